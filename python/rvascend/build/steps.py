@@ -1,0 +1,156 @@
+"""The set-up steps behind `./dev`, each idempotent and loud about what it installs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from typing import Sequence
+
+from absl import logging
+
+from rvascend.build import debian, debian_lock
+from rvascend.build.debian import SetupError
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+DEPS_DIR = os.path.join(REPO_ROOT, ".deps")
+VENV_DIR = os.path.join(REPO_ROOT, ".venv")
+
+# Debian 12 packages of the build machine; the reason for each is in
+# ../shared/docs/TOOLCHAIN_NOTES.md and the README.
+DEBIAN_PACKAGES = (
+    "bazel-bootstrap",          # Bazel 4.2.3, the only Bazel reachable offline
+    "default-jdk-headless",     # Bazel's server
+    "clang-19", "lld-19", "llvm-19",  # riscv64 RVV cross toolchain
+    "libc6-dev-riscv64-cross", "libstdc++-12-dev-riscv64-cross", "libgcc-12-dev-riscv64-cross",
+    "gcc-riscv64-linux-gnu", "g++-riscv64-linux-gnu",  # GCC 12: scalar riscv64 builds
+    "qemu-user",                # fallback emulator (the pinned QEMU 10 is preferred)
+    "mmdebstrap", "bubblewrap", "nix-bin",
+    "dpkg-dev", "xz-utils", "git",
+)
+
+LOCKS = {
+    "qemu": os.path.join(REPO_ROOT, "toolchains", "qemu", "qemu.lock.json"),
+}
+_LOCK_PACKAGES = {
+    "qemu": ("qemu-user",),
+}
+
+
+def _step(title: str):
+    logging.info("==> %s", title)
+    return time.monotonic()
+
+
+def _run(cmd: Sequence[str], dry_run: bool, **kwargs) -> int:
+    logging.info("$ %s", " ".join(cmd))
+    if dry_run:
+        return 0
+    return subprocess.run(list(cmd), check=False, **kwargs).returncode
+
+
+def ensure_venv(dry_run: bool) -> None:
+    """Installs requirements.txt into .venv unless it is already installed as pinned."""
+    requirements = os.path.join(REPO_ROOT, "requirements.txt")
+    with open(requirements, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    stamp = os.path.join(VENV_DIR, ".requirements.sha256")
+    if os.path.exists(stamp) and open(stamp).read().strip() == digest:
+        logging.info("venv: pinned requirements already installed")
+        return
+    python = os.path.join(VENV_DIR, "bin", "python3")
+    logging.info("venv: installing the pinned requirements (torch 2.13.0 CPU and %s others)",
+                 sum(1 for line in open(requirements) if "==" in line) - 1)
+    rc = _run([python, "-m", "pip", "install", "--progress-bar", "off", "-r", requirements], dry_run)
+    if rc != 0:
+        raise SetupError("pip could not install requirements.txt into .venv (see pip's output above)")
+    if not dry_run:
+        with open(stamp, "w") as f:
+            f.write(digest + "\n")
+
+
+def ensure_locked_root(lock_name: str, dry_run: bool) -> str:
+    """Unpacks the packages of a lock into .deps/<lock_name>; returns that root."""
+    lock = debian_lock.DebianLock.load(LOCKS[lock_name])
+    root = os.path.join(DEPS_DIR, lock_name)
+    stamp = os.path.join(root, "INSTALLED")
+    expected = "\n".join(p.sha256 for p in lock.packages)
+    if os.path.exists(stamp) and open(stamp).read().strip() == expected:
+        logging.info("%s: pinned %s already unpacked", lock_name,
+                     ", ".join(f"{p.name} {p.version}" for p in lock.packages))
+        return root
+    logging.info("%s: fetching %s", lock_name,
+                 ", ".join(f"{p.name} {p.version}" for p in lock.packages))
+    if dry_run:
+        return root
+    debs = debian_lock.fetch(lock, os.path.join(DEPS_DIR, "downloads"))
+    shutil.rmtree(root, ignore_errors=True)
+    debian_lock.extract(debs, root)
+    with open(stamp, "w") as f:
+        f.write(expected + "\n")
+    return root
+
+
+def install_into_venv(dry_run: bool) -> None:
+    """Makes `import rvascend` work in .venv: the source tree on sys.path plus the built extension."""
+    site = subprocess.run(
+        [os.path.join(VENV_DIR, "bin", "python3"), "-c",
+         "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    if dry_run:
+        return
+    with open(os.path.join(site, "rvascend.pth"), "w") as f:
+        f.write(os.path.join(REPO_ROOT, "python") + "\n")
+    for target, built in NATIVE_EXTENSIONS:
+        rc = _run(["bazel", "build", target], dry_run, cwd=REPO_ROOT)
+        if rc != 0:
+            raise SetupError(f"bazel could not build {target}")
+        src = os.path.join(REPO_ROOT, "bazel-bin", built)
+        dest = os.path.join(REPO_ROOT, "python", "rvascend", os.path.basename(built))
+        shutil.copyfile(src, dest + ".tmp")
+        os.replace(dest + ".tmp", dest)
+        logging.info("venv: installed %s", os.path.relpath(dest, REPO_ROOT))
+
+
+# (Bazel target, its output under bazel-bin) of every compiled extension that
+# `import rvascend` needs outside Bazel.
+NATIVE_EXTENSIONS: tuple[tuple[str, str], ...] = ()
+
+
+def setup(dry_run: bool = False) -> None:
+    start = time.monotonic()
+    _step("Debian packages")
+    if not dry_run:
+        debian.ensure_packages(DEBIAN_PACKAGES)
+    _step("Python venv (.venv)")
+    ensure_venv(dry_run)
+    _step("pinned QEMU 10 (Debian 13 qemu-user, unpacked)")
+    ensure_locked_root("qemu", dry_run)
+    _step("rvascend into the venv")
+    install_into_venv(dry_run)
+    logging.info("set-up done in %.0f s", time.monotonic() - start)
+
+
+def bazel(args: Sequence[str], dry_run: bool = False) -> int:
+    return _run(["bazel", *args], dry_run, cwd=REPO_ROOT)
+
+
+def bench(args: Sequence[str], dry_run: bool = False) -> int:
+    python = os.path.join(VENV_DIR, "bin", "python3")
+    return _run([python, "-m", "rvascend.bench", *args], dry_run, cwd=REPO_ROOT)
+
+
+def regenerate_lock(name: str, dry_run: bool = False) -> None:
+    path = LOCKS[name]
+    lock = debian_lock.DebianLock.load(path)
+    new = debian_lock.regenerate(lock, _LOCK_PACKAGES[name])
+    for old_pkg, new_pkg in zip(lock.packages, new.packages):
+        if old_pkg != new_pkg:
+            logging.info("%s: %s -> %s", new_pkg.name, old_pkg.version, new_pkg.version)
+    if not dry_run:
+        new.save(path)
+        logging.info("wrote %s (digest %s)", os.path.relpath(path, REPO_ROOT), new.digest())
