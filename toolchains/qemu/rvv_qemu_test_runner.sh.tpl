@@ -6,6 +6,7 @@ BINARY="%BINARY%"
 CPU_BASE="%CPU_BASE%"
 VLENS=(%VLENS%)
 EXPECT_SIGILL_WITHOUT_VECTOR=%EXPECT_SIGILL%
+%ENV%
 
 origin=$(cat "%ORIGIN%")
 echo "qemu: ${origin}"

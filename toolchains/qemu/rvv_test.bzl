@@ -18,6 +18,9 @@ _riscv64_transition = transition(
     outputs = ["//command_line_option:platforms"],
 )
 
+def _shell_quote(s):
+    return "'" + s.replace("'", "'\\''") + "'"
+
 def _single(target_or_list):
     return target_or_list[0] if type(target_or_list) == "list" else target_or_list
 
@@ -36,6 +39,7 @@ def _rvv_qemu_test_impl(ctx):
             "%CPU_BASE%": ",".join(cpu),
             "%VLENS%": " ".join([str(v) for v in ctx.attr.vlens]),
             "%EXPECT_SIGILL%": "1" if ctx.attr.expect_sigill_without_vector else "0",
+            "%ENV%": "\n".join(["export %s=%s" % (k, _shell_quote(v)) for k, v in sorted(ctx.attr.env.items())]),
         },
         is_executable = True,
     )
@@ -50,6 +54,7 @@ rvv_qemu_test = rule(
         "platform": attr.label(default = "//toolchains/platforms:linux_riscv64"),
         "vlens": attr.int_list(default = [128, 256, 512, 1024]),
         "cpu_extensions": attr.string_list(),
+        "env": attr.string_dict(doc = "Environment of the emulated program."),
         "expect_sigill_without_vector": attr.bool(default = False),
         "_runner_template": attr.label(
             default = "//toolchains/qemu:rvv_qemu_test_runner.sh.tpl",
@@ -63,7 +68,7 @@ rvv_qemu_test = rule(
     },
 )
 
-def rvv_cc_test(name, srcs, deps = [], copts = [], platform = "//toolchains/platforms:linux_riscv64", vlens = None, cpu_extensions = [], expect_sigill_without_vector = False, args = [], size = "medium", tags = [], **kwargs):
+def rvv_cc_test(name, srcs, deps = [], copts = [], platform = "//toolchains/platforms:linux_riscv64", vlens = None, cpu_extensions = [], env = {}, expect_sigill_without_vector = False, args = [], size = "medium", tags = [], **kwargs):
     """A C++ test compiled for riscv64 (static) and run under QEMU once per VLEN."""
     cc_binary(
         name = name + "_bin",
@@ -82,6 +87,7 @@ def rvv_cc_test(name, srcs, deps = [], copts = [], platform = "//toolchains/plat
         platform = platform,
         vlens = vlens if vlens != None else [128, 256, 512, 1024],
         cpu_extensions = cpu_extensions,
+        env = env,
         expect_sigill_without_vector = expect_sigill_without_vector,
         args = args,
         size = size,
