@@ -18,74 +18,86 @@
 namespace rvascend {
 namespace {
 
-typedef float F16 __attribute__((vector_size(64)));
-typedef uint32_t U16x32 __attribute__((vector_size(64)));
-typedef uint16_t H16 __attribute__((vector_size(32)));
+// Vector width: 16 FP32 lanes where the ISA has 512-bit registers, else 8
+// (GCC splits wider generic vectors badly on AVX2, down to scalar code).
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
+constexpr int kVecs = kPackedBlockN / kLanes;  // vectors per 32-column block
 
-// 16 BF16 values -> 16 FP32 lanes (zero-extend, shift into the high half).
-inline F16 Widen(const uint16_t* p) {
-  H16 h;
+typedef float Vf __attribute__((vector_size(kLanes * 4)));
+typedef uint32_t Vu __attribute__((vector_size(kLanes * 4)));
+typedef uint16_t Vh __attribute__((vector_size(kLanes * 2)));
+
+// kLanes BF16 values -> FP32 lanes (zero-extend, shift into the high half).
+inline Vf Widen(const uint16_t* p) {
+  Vh h;
   std::memcpy(&h, p, sizeof(h));
-  const U16x32 u = __builtin_convertvector(h, U16x32) << 16;
-  F16 f;
+  const Vu u = __builtin_convertvector(h, Vu) << 16;
+  Vf f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
 }
 
-// Round to nearest even; NaN lanes become quiet NaNs.
-inline void Store(uint16_t* dst, F16 acc, size_t n) {
-  U16x32 bits;
+// Round to nearest even; NaN lanes become quiet NaNs. Stores n <= kLanes lanes.
+inline void Store(uint16_t* dst, Vf acc, size_t n) {
+  Vu bits;
   std::memcpy(&bits, &acc, sizeof(bits));
-  const U16x32 rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const U16x32 nan = (bits & 0x7fffffffu) > 0x7f800000u;  // all-ones where NaN
-  const U16x32 out = (rounded & ~nan) | (((bits >> 16) | 0x40u) & nan);
-  const H16 narrow = __builtin_convertvector(out, H16);
-  if (n == 16) {
+  const Vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const Vu nan = (bits & 0x7fffffffu) > 0x7f800000u;  // all-ones where NaN
+  const Vu out = (rounded & ~nan) | (((bits >> 16) | 0x40u) & nan);
+  const Vh narrow = __builtin_convertvector(out, Vh);
+  if (n == static_cast<size_t>(kLanes)) {
     std::memcpy(dst, &narrow, sizeof(narrow));
   } else {
-    uint16_t tmp[16];
+    uint16_t tmp[kLanes];
     std::memcpy(tmp, &narrow, sizeof(narrow));
     std::memcpy(dst, tmp, n * sizeof(uint16_t));
   }
 }
 
-inline void StoreBlock(uint16_t* dst, F16 lo, F16 hi, size_t nc) {
-  Store(dst, lo, nc < 16 ? nc : 16);
-  if (nc > 16) Store(dst + 16, hi, nc - 16);
+inline void StoreBlock(uint16_t* dst, const Vf* acc, size_t nc) {
+  for (int v = 0; v < kVecs && static_cast<size_t>(v * kLanes) < nc; ++v) {
+    const size_t left = nc - v * kLanes;
+    Store(dst + v * kLanes, acc[v], left < static_cast<size_t>(kLanes) ? left : kLanes);
+  }
 }
 
 template <int kRows>
 void Tile(size_t nc, size_t k, const float* a, size_t a_stride, const uint16_t* w, uint16_t* c,
           size_t c_stride) {
-  F16 lo[kRows], hi[kRows];
-  for (int r = 0; r < kRows; ++r) lo[r] = hi[r] = F16{};
+  Vf acc[kRows][kVecs];
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = Vf{};
   RVASCEND_UNROLL(2)
   for (size_t kk = 0; kk < k; ++kk) {
-    const F16 w0 = Widen(w + kk * kPackedBlockN);
-    const F16 w1 = Widen(w + kk * kPackedBlockN + 16);
+    Vf wv[kVecs];
+    for (int v = 0; v < kVecs; ++v) wv[v] = Widen(w + kk * kPackedBlockN + v * kLanes);
     for (int r = 0; r < kRows; ++r) {
       const float av = a[r * a_stride + kk];
-      lo[r] += av * w0;
-      hi[r] += av * w1;
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += av * wv[v];
     }
   }
-  for (int r = 0; r < kRows; ++r) StoreBlock(c + r * c_stride, lo[r], hi[r], nc);
+  for (int r = 0; r < kRows; ++r) StoreBlock(c + r * c_stride, acc[r], nc);
 }
 
 // Two blocks per activation load for the memory-bound M = 1 case.
 void GemvPair(size_t nc, size_t k, const float* a, const uint16_t* w, uint16_t* c) {
   const uint16_t* w1 = w + k * kPackedBlockN;
-  F16 a0 = F16{}, a1 = F16{}, b0 = F16{}, b1 = F16{};
+  Vf acc0[kVecs], acc1[kVecs];
+  for (int v = 0; v < kVecs; ++v) acc0[v] = acc1[v] = Vf{};
   RVASCEND_UNROLL(2)
   for (size_t kk = 0; kk < k; ++kk) {
     const float av = a[kk];
-    a0 += av * Widen(w + kk * kPackedBlockN);
-    a1 += av * Widen(w + kk * kPackedBlockN + 16);
-    b0 += av * Widen(w1 + kk * kPackedBlockN);
-    b1 += av * Widen(w1 + kk * kPackedBlockN + 16);
+    for (int v = 0; v < kVecs; ++v) {
+      acc0[v] += av * Widen(w + kk * kPackedBlockN + v * kLanes);
+      acc1[v] += av * Widen(w1 + kk * kPackedBlockN + v * kLanes);
+    }
   }
-  StoreBlock(c, a0, a1, nc < kPackedBlockN ? nc : kPackedBlockN);
-  StoreBlock(c + kPackedBlockN, b0, b1, nc - kPackedBlockN);
+  StoreBlock(c, acc0, kPackedBlockN);
+  StoreBlock(c + kPackedBlockN, acc1, nc - kPackedBlockN);
 }
 
 }  // namespace

@@ -27,6 +27,9 @@ const Entry kEntries[] = {
      [](const CpuFeatures& f) { return f.rvv; }},
 #endif
 #if defined(RVASCEND_HAVE_X86_VARIANTS)
+    {{"avx512bf16", false, bf16_gemv_packed_ukernel_1x64__avx512bf16, 64,
+      bf16_gemm_packed_ukernel_8x32__avx512bf16, 8, 32},
+     [](const CpuFeatures& f) { return f.avx512bf16; }},
     {{"portable_avx512", true, bf16_gemv_packed_ukernel_1x64__portable_avx512, 64,
       bf16_gemm_packed_ukernel_4x32__portable_avx512, 4, 32},
      [](const CpuFeatures& f) { return f.avx512; }},

@@ -24,6 +24,10 @@ RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_4x32__portable_avx2)
 RVASCEND_DECLARE_UKERNEL(bf16_gemv_packed_ukernel_1x64__portable_avx512)
 RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_4x32__portable_avx512)
 
+// x86-64 AVX512-BF16 (vdpbf16ps) host kernels.
+RVASCEND_DECLARE_UKERNEL(bf16_gemv_packed_ukernel_1x64__avx512bf16)
+RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_8x32__avx512bf16)
+
 // RVV 1.0: zero-extend + shift widening (default), and Zvfbfwma (vfwmaccbf16).
 RVASCEND_DECLARE_UKERNEL(bf16_gemv_packed_ukernel_1x128__rvv)
 RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_4x32__rvv)

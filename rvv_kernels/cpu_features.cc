@@ -96,6 +96,7 @@ CpuFeatures Detect() {
   f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");
+  f.avx512bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
 #endif
   return f;
 }
@@ -108,7 +109,7 @@ std::string CpuFeatures::Describe() const {
   out << "riscv64 rvv=" << rvv << " vlen=" << vlen_bits << " zvfbfwma=" << zvfbfwma << " ("
       << zvfbfwma_source << ")";
 #elif defined(__x86_64__)
-  out << "x86-64 avx2=" << avx2 << " avx512=" << avx512;
+  out << "x86-64 avx2=" << avx2 << " avx512=" << avx512 << " avx512bf16=" << avx512bf16;
 #else
   out << "generic CPU";
 #endif

@@ -14,6 +14,7 @@ struct CpuFeatures {
   size_t vlen_bits = 0;    // 0 when there is no RVV
   bool avx2 = false;       // x86-64: AVX2 + FMA
   bool avx512 = false;     // x86-64: AVX-512 F/BW/VL
+  bool avx512bf16 = false; // x86-64: AVX-512 F/BW/VL + BF16 (vdpbf16ps)
   std::string Describe() const;
 };
 

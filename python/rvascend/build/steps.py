@@ -105,20 +105,25 @@ def install_into_venv(dry_run: bool) -> None:
         return
     with open(os.path.join(site, "rvascend.pth"), "w") as f:
         f.write(os.path.join(REPO_ROOT, "python") + "\n")
-    for target, built in NATIVE_EXTENSIONS:
-        rc = _run(["bazel", "build", target], dry_run, cwd=REPO_ROOT)
-        if rc != 0:
-            raise SetupError(f"bazel could not build {target}")
-        src = os.path.join(REPO_ROOT, "bazel-bin", built)
-        dest = os.path.join(REPO_ROOT, "python", "rvascend", os.path.basename(built))
-        shutil.copyfile(src, dest + ".tmp")
+    native_dir = os.path.join(REPO_ROOT, "python", "rvascend", "_native")
+    os.makedirs(native_dir, exist_ok=True)
+    with open(os.path.join(native_dir, "__init__.py"), "w") as f:
+        f.write('"""Compiled extensions installed by `./dev setup` (git-ignored)."""\n')
+    targets = [target for target, _ in NATIVE_EXTENSIONS]
+    if _run(["bazel", "build", *targets], dry_run, cwd=REPO_ROOT) != 0:
+        raise SetupError("bazel could not build " + " ".join(targets))
+    for _, built in NATIVE_EXTENSIONS:
+        dest = os.path.join(native_dir, os.path.basename(built))
+        shutil.copyfile(os.path.join(REPO_ROOT, "bazel-bin", built), dest + ".tmp")
         os.replace(dest + ".tmp", dest)
         logging.info("venv: installed %s", os.path.relpath(dest, REPO_ROOT))
 
 
 # (Bazel target, its output under bazel-bin) of every compiled extension that
-# `import rvascend` needs outside Bazel.
-NATIVE_EXTENSIONS: tuple[tuple[str, str], ...] = ()
+# `import rvascend` needs outside Bazel; copied into rvascend/_native/.
+NATIVE_EXTENSIONS: tuple[tuple[str, str], ...] = (
+    ("//python:rvascend/ops/_rvv_kernels.so", "python/rvascend/ops/_rvv_kernels.so"),
+)
 
 
 def setup(dry_run: bool = False) -> None:

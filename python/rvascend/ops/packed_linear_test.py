@@ -1,0 +1,185 @@
+"""The packed BF16 ops against PyTorch's F.linear and an FP64 reference, eager and compiled."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rvascend import ops
+
+
+def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """Spacing of BF16 numbers at |x| (8 significant bits)."""
+    ax = x.abs().clamp_min(2.0 ** -126)
+    return torch.exp2(torch.floor(torch.log2(ax)) - 7)
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact (FP64) result and the allowed error: 1 BF16 ulp + FP32 re-association bound."""
+    xd, wd = x.double().reshape(-1, x.shape[-1]), w.double()
+    exact = xd @ wd.T
+    k = x.shape[-1]
+    bound = _bf16_ulp(exact) + 2 * k * 2.0 ** -24 * (xd.abs() @ wd.abs().T)
+    return exact, bound
+
+
+def _pack_reference(w: torch.Tensor) -> torch.Tensor:
+    n, k = w.shape
+    padded = -(-n // 32) * 32
+    return F.pad(w, (0, 0, 0, padded - n)).reshape(padded // 32, 32, k).permute(0, 2, 1).contiguous()
+
+
+@pytest.mark.parametrize("n,k", [(1, 7), (31, 64), (33, 64), (100, 7), (1024, 2048), (3072, 1024)])
+def test_pack_matches_layout_definition(n, k):
+    w = torch.randn(n, k).bfloat16()
+    packed = ops.pack_bf16_weight(w)
+    assert packed.shape == (-(-n // 32), k, 32)
+    assert torch.equal(packed, _pack_reference(w))
+
+
+def test_pack_example_shape_from_the_contract():
+    assert ops.pack_bf16_weight(torch.zeros(3072, 2048, dtype=torch.bfloat16)).shape == (96, 2048, 32)
+
+
+def test_pack_non_contiguous_weight():
+    w = torch.randn(64, 96).bfloat16()
+    assert torch.equal(ops.pack_bf16_weight(w.T.contiguous().T), ops.pack_bf16_weight(w))
+    assert torch.equal(ops.pack_bf16_weight(w[:, ::2]), _pack_reference(w[:, ::2].contiguous()))
+
+
+SHAPES = [(m, n, k) for m in list(range(1, 18)) + [64, 128] for n, k in [(1, 7), (33, 64), (100, 129)]]
+SHAPES += [(m, 1024, 2048) for m in (1, 2, 3, 4, 8, 16, 64)] + [(1, 3072, 2048), (4, 2048, 8192)]
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_linear_matches_fp64_and_f_linear(m, n, k):
+    torch.manual_seed(m * 7919 + n * 31 + k)
+    x = torch.randn(m, k).bfloat16()
+    w = (torch.randn(n, k) / k ** 0.5).bfloat16()
+    got = ops.packed_bf16_linear(x, ops.pack_bf16_weight(w), n)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    exact, bound = _reference(x, w)
+    err = (got.double() - exact).abs()
+    assert bool((err <= bound).all()), f"max excess {(err - bound).max().item():.3g}"
+    # PyTorch's own BF16 linear rounds once too: the two may differ by at most
+    # one rounding step each side of the exact value.
+    theirs = F.linear(x, w)
+    assert bool(((got.double() - theirs.double()).abs() <= 2 * bound).all())
+
+
+@pytest.mark.parametrize("kernel_set", ops.available_kernel_sets())
+def test_every_kernel_set_agrees(kernel_set):
+    torch.manual_seed(0)
+    x = torch.randn(5, 300).bfloat16()
+    w = torch.randn(257, 300).bfloat16()
+    packed = ops.pack_bf16_weight(w)
+    with ops.use_kernel_set(kernel_set):
+        got = ops.packed_bf16_linear(x, packed, 257)
+    exact, bound = _reference(x, w)
+    assert bool(((got.double() - exact).abs() <= bound).all())
+
+
+def test_leading_dims_are_flattened_and_restored():
+    x = torch.randn(2, 3, 64).bfloat16()
+    w = torch.randn(40, 64).bfloat16()
+    got = ops.packed_bf16_linear(x, ops.pack_bf16_weight(w), 40)
+    assert got.shape == (2, 3, 40)
+    assert torch.equal(got.reshape(6, 40), ops.packed_bf16_linear(x.reshape(6, 64), ops.pack_bf16_weight(w), 40))
+
+
+def test_non_contiguous_input_is_not_misread():
+    w = torch.randn(96, 64).bfloat16()
+    packed = ops.pack_bf16_weight(w)
+    base = torch.randn(64, 10).bfloat16()
+    x = base.T  # [10, 64] with stride (1, 10)
+    assert not x.is_contiguous()
+    assert torch.equal(ops.packed_bf16_linear(x, packed, 96), ops.packed_bf16_linear(x.contiguous(), packed, 96))
+    wide = torch.randn(10, 200).bfloat16()[:, 50:114]  # row stride 200
+    assert torch.equal(ops.packed_bf16_linear(wide, packed, 96), ops.packed_bf16_linear(wide.contiguous(), packed, 96))
+
+
+def test_results_do_not_depend_on_thread_count():
+    x = torch.randn(9, 512).bfloat16()
+    packed = ops.pack_bf16_weight(torch.randn(1000, 512).bfloat16())
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ops.packed_bf16_linear(x, packed, 1000)
+        torch.set_num_threads(2)
+        two = ops.packed_bf16_linear(x, packed, 1000)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_rounding_is_nearest_even_not_truncation():
+    # The exact sum 1 + 3*2^-9 is 0.75 of a BF16 step (2^-7) above 1.0:
+    # round-to-nearest gives 1 + 2^-7, truncation (a known peer's choice) 1.0.
+    x = torch.tensor([[1.0, 1.0]], dtype=torch.bfloat16)
+    w = torch.tensor([[1.0, 3 * 2.0 ** -9]], dtype=torch.bfloat16)
+    got = ops.packed_bf16_linear(x, ops.pack_bf16_weight(w), 1)
+    assert got.item() == 1 + 2.0 ** -7
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    w = torch.randn(100, 64).bfloat16()
+    packed = ops.pack_bf16_weight(w)
+
+    def f(x):
+        return torch.relu(torch.ops.rvascend.packed_bf16_linear(x, packed, 100)) * 2
+
+    x = torch.randn(3, 64).bfloat16()
+    compiled = torch.compile(f, fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(x), f(x))
+
+
+def test_fake_implementations_give_shapes_without_data():
+    w = torch.empty(100, 64, dtype=torch.bfloat16, device="meta")
+    packed = torch.ops.rvascend.pack_bf16_weight(w)
+    assert packed.device.type == "meta" and packed.shape == (4, 64, 32)
+    x = torch.empty(2, 5, 64, dtype=torch.bfloat16, device="meta")
+    assert torch.ops.rvascend.packed_bf16_linear(x, packed, 100).shape == (2, 5, 100)
+
+
+@pytest.mark.parametrize("make,error,match", [
+    (lambda x, p: ops.packed_bf16_linear(x.float(), p, 40), TypeError, "input must be bfloat16"),
+    (lambda x, p: ops.packed_bf16_linear(x, p.float(), 40), TypeError, "packed_weight must be bfloat16"),
+    (lambda x, p: ops.packed_bf16_linear(x, p[0], 40), ValueError, r"must have shape \[ceil"),
+    (lambda x, p: ops.packed_bf16_linear(x[:, :63], p, 40), ValueError, "K = 63"),
+    (lambda x, p: ops.packed_bf16_linear(x, p, 65), ValueError, "out_features = 65 does not fit"),
+    (lambda x, p: ops.packed_bf16_linear(x, p, 20), ValueError, "packed for another weight"),
+    (lambda x, p: ops.packed_bf16_linear(x, p, 40, layout_version=2), ValueError, "layout version 2"),
+    (lambda x, p: ops.pack_bf16_weight(torch.zeros(4, 4)), TypeError, "weight must be bfloat16"),
+    (lambda x, p: ops.pack_bf16_weight(torch.zeros(4, dtype=torch.bfloat16)), ValueError, "2-D"),
+    (lambda x, p: ops.pack_bf16_weight(torch.zeros(4, 4, dtype=torch.bfloat16), 0), ValueError, "layout version 0"),
+])
+def test_bad_input_raises_a_clear_error(make, error, match):
+    x = torch.randn(3, 64).bfloat16()
+    packed = ops.pack_bf16_weight(torch.randn(40, 64).bfloat16())
+    with pytest.raises(error, match=match):
+        make(x, packed)
+
+
+def test_mixed_devices_are_rejected():
+    packed = ops.pack_bf16_weight(torch.randn(40, 64).bfloat16())
+    x = torch.empty(3, 64, dtype=torch.bfloat16, device="meta")
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        ops.packed_bf16_linear(x, packed, 40).cpu()
+
+
+def test_unknown_kernel_set_is_rejected():
+    with pytest.raises(ValueError, match="not available"):
+        with ops.use_kernel_set("no-such-kernels"):
+            pass
+
+
+def test_packed_weight_bytes():
+    assert ops.packed_weight_bytes(3072, 2048) == 96 * 32 * 2048 * 2
+    assert ops.packed_weight_bytes(33, 10) == 64 * 10 * 2
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
