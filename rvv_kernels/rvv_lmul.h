@@ -60,6 +60,40 @@ RVASCEND_DEFINE_LMUL(8, vfloat32m8_t, vuint32m8_t, vuint16m4_t, m8, m4, vbool4_t
 
 #undef RVASCEND_DEFINE_LMUL
 
+// Two 32-column blocks in one accumulator group of 64 FP32 lanes (LMUL L
+// holding exactly 64 lanes: m8 at VLEN 256, m4 at 512; at 1024 the BF16 half
+// would be a fractional group, which cannot be inserted into a whole one). Each
+// block's row k is loaded into one half of a BF16 group, then one
+// zero-extend, one shift and one FMA cover both blocks.
+template <int kLmul>
+struct BlockPair;
+
+#define RVASCEND_DEFINE_BLOCK_PAIR(L, HALF, M32, M16, H16)                                   \
+  template <>                                                                                \
+  struct BlockPair<L> {                                                                      \
+    using Half = Lmul<HALF>;                                                                 \
+    using F = vfloat32##M32##_t;                                                             \
+    static size_t SetVl(size_t n) { return __riscv_vsetvl_e32##M32(n); }                     \
+    static F Zero(size_t vl) { return __riscv_vfmv_v_f_f32##M32(0.0f, vl); }                 \
+    /* rows of two blocks -> 64 widened lanes; vl32 = 32, vl64 = 64 */                       \
+    static F LoadBf16(const uint16_t* b0, const uint16_t* b1, size_t vl32, size_t vl64) {    \
+      vuint16##M16##_t h = __riscv_vundefined_u16##M16();                                    \
+      h = __riscv_vset_v_u16##H16##_u16##M16(h, 0, __riscv_vle16_v_u16##H16(b0, vl32));      \
+      h = __riscv_vset_v_u16##H16##_u16##M16(h, 1, __riscv_vle16_v_u16##H16(b1, vl32));      \
+      vuint32##M32##_t u = __riscv_vsll_vx_u32##M32(__riscv_vzext_vf2_u32##M32(h, vl64), 16, vl64); \
+      return __riscv_vreinterpret_v_u32##M32##_f32##M32(u);                                  \
+    }                                                                                        \
+    static F Fmacc(F acc, float a, F w, size_t vl64) {                                       \
+      return __riscv_vfmacc_vf_f32##M32(acc, a, w, vl64);                                    \
+    }                                                                                        \
+    static typename Half::F Lo(F x) { return __riscv_vget_v_f32##M32##_f32m##HALF(x, 0); }   \
+    static typename Half::F Hi(F x) { return __riscv_vget_v_f32##M32##_f32m##HALF(x, 1); }   \
+  };
+
+RVASCEND_DEFINE_BLOCK_PAIR(8, 4, m8, m4, m2)
+RVASCEND_DEFINE_BLOCK_PAIR(4, 2, m4, m2, m1)
+#undef RVASCEND_DEFINE_BLOCK_PAIR
+
 // VLEN in bits, read from the vlenb CSR.
 inline size_t VlenBits() { return __riscv_vlenb() * 8; }
 
