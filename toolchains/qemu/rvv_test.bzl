@@ -93,3 +93,21 @@ def rvv_cc_test(name, srcs, deps = [], copts = [], platform = "//toolchains/plat
         size = size,
         tags = tags + ["qemu"],
     )
+
+def _riscv64_files_impl(ctx):
+    files = []
+    for target in ctx.attr.srcs:
+        files.extend(target[DefaultInfo].files.to_list())
+    return [DefaultInfo(files = depset(files), runfiles = ctx.runfiles(files = files))]
+
+riscv64_files = rule(
+    implementation = _riscv64_files_impl,
+    doc = "The outputs of `srcs` built for a riscv64 platform, usable as data of host targets.",
+    attrs = {
+        "srcs": attr.label_list(mandatory = True, cfg = _riscv64_transition),
+        "platform": attr.label(default = "//toolchains/platforms:linux_riscv64"),
+        "_allowlist_function_transition": attr.label(
+            default = "@bazel_tools//tools/allowlists/function_transition_allowlist",
+        ),
+    },
+)

@@ -1,0 +1,29 @@
+"""Benchmark output: a printed table and jsonl records (with the run's manifest)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> None:
+    """columns: (key, header, format spec)."""
+    widths = [max(len(h), 10) for _, h, _ in columns]
+    print("  ".join(h.rjust(w) for (_, h, _), w in zip(columns, widths)))
+    for row in rows:
+        cells = []
+        for (key, _, spec), w in zip(columns, widths):
+            value = row.get(key, "")
+            cells.append((format(value, spec) if value != "" else "").rjust(w))
+        print("  ".join(cells))
+
+
+def write_jsonl(path: str, records: Iterable[dict[str, Any]], manifest: dict[str, Any] | None = None) -> None:
+    """Appends records to a jsonl file; each carries the manifest when there is one."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        for record in records:
+            if manifest is not None:
+                record = {**record, "manifest": manifest}
+            f.write(json.dumps(record, sort_keys=True) + "\n")

@@ -1,0 +1,98 @@
+"""Dynamic instruction counts of the RVV microkernels under QEMU, per weight element.
+
+Method (deterministic): the riscv64 benchmark binary runs once under
+`qemu-riscv64 -one-insn-per-tb -d exec,nochain -dfilter <kernel ranges>`, so
+QEMU logs one line per executed guest instruction whose PC lies inside the
+microkernel functions (their ranges come from the binary's symbol table).
+The count is compared with the minimal sequence per 32 columns per k: load,
+widen, shift, FMA (4) for the shift-widening kernels; load, widening BF16 FMA
+(2) with Zvfbfwma.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("binary", None, "riscv64 bf16_packed_linear_bench binary.")
+flags.DEFINE_string("qemu", None, "qemu-riscv64 to run it with.")
+flags.DEFINE_string("nm", "llvm-nm-19", "nm that reads riscv64 ELF files.")
+flags.DEFINE_list("vlens", ["256"], "VLENs to count at.")
+flags.DEFINE_list("shapes", ["1x2048x2048", "4x2048x2048"], "MxNxK shapes.")
+flags.DEFINE_list("kernel_sets", ["rvv", "zvfbfwma"], "Kernel sets to count.")
+flags.DEFINE_string("output", None, "Append one JSON line per count to this file.")
+
+MINIMAL_PER_32_COLUMNS_PER_K = {"rvv": 4, "zvfbfwma": 2}
+_KERNEL_SYMBOL = re.compile(r"rvascend::.*(ukernel|Gemv|Gemm|BlockPair|Lmul)")
+
+
+def kernel_ranges(binary: str, nm: str) -> list[tuple[int, int]]:
+    out = subprocess.run([nm, "-C", "-S", "--defined-only", binary], capture_output=True,
+                         text=True, check=True).stdout
+    ranges = []
+    for line in out.splitlines():
+        parts = line.split(None, 3)
+        if len(parts) == 4 and parts[2] in "tTwW" and _KERNEL_SYMBOL.search(parts[3]):
+            start, size = int(parts[0], 16), int(parts[1], 16)
+            if size:
+                ranges.append((start, start + size))
+    if not ranges:
+        raise RuntimeError(f"no microkernel symbols found in {binary}")
+    return sorted(ranges)
+
+
+def count(binary: str, qemu: str, cpu: str, args: list[str], ranges: list[tuple[int, int]]) -> int:
+    dfilter = ",".join(f"0x{a:x}..0x{b - 1:x}" for a, b in ranges)
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "exec.log")
+        subprocess.run([qemu, "-one-insn-per-tb", "-d", "exec,nochain", "-dfilter", dfilter,
+                        "-D", log, "-cpu", cpu, binary, *args], check=True,
+                       stdout=subprocess.DEVNULL)
+        n = 0
+        with open(log, "rb") as f:
+            for line in f:
+                if line.startswith(b"Trace "):
+                    n += 1
+        return n
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    ranges = kernel_ranges(FLAGS.binary, FLAGS.nm)
+    rows = []
+    print(f"{'kernels':10s} {'VLEN':>5s} {'M':>4s} {'N':>6s} {'K':>6s} {'insns':>12s} "
+          f"{'per weight':>11s} {'minimum':>9s} {'ratio':>6s}")
+    for kernel_set in FLAGS.kernel_sets:
+        cpu_ext = ",zfbfmin=true,zvfbfmin=true,zvfbfwma=true" if kernel_set == "zvfbfwma" else ""
+        for vlen in FLAGS.vlens:
+            cpu = f"rv64,v=true,vext_spec=v1.0,vlen={vlen}{cpu_ext}"
+            for shape in FLAGS.shapes:
+                m, n, k = (int(x) for x in shape.split("x"))
+                insns = count(FLAGS.binary, FLAGS.qemu, cpu,
+                              [f"--kernel_set={kernel_set}", f"--m={m}", f"--n={n}", f"--k={k}",
+                               "--reps=1", "--threads=1"], ranges)
+                minimum = MINIMAL_PER_32_COLUMNS_PER_K[kernel_set] * -(-n // 32) * k
+                row = {"bench": "rvv_instruction_count", "kernel_set": kernel_set, "vlen": int(vlen),
+                       "m": m, "n": n, "k": k, "instructions": insns,
+                       "instructions_per_weight": insns / (n * k),
+                       "minimal_instructions_m1": minimum, "ratio_to_minimum_per_row": insns / (m * minimum)}
+                rows.append(row)
+                print(f"{kernel_set:10s} {vlen:>5s} {m:4d} {n:6d} {k:6d} {insns:12d} "
+                      f"{insns / (n * k):11.4f} {minimum / (n * k):9.4f} {insns / (m * minimum):6.2f}")
+    if FLAGS.output:
+        with open(FLAGS.output, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["binary", "qemu"])
+    app.run(main)
