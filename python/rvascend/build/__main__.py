@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
         if command == "setup":
             return 0
         if command == "test":
-            return steps.bazel(["test", "//...", *rest], dry_run=FLAGS.dry_run)
+            return steps.bazel_test(["//...", *rest], dry_run=FLAGS.dry_run)
         if command == "serve":
             return steps.bazel(["run", "//python:serve", "--", *rest], dry_run=FLAGS.dry_run)
         return steps.bench(rest, dry_run=FLAGS.dry_run)

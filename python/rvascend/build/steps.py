@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 from typing import Sequence
 
@@ -142,6 +142,32 @@ def setup(dry_run: bool = False) -> None:
 
 def bazel(args: Sequence[str], dry_run: bool = False) -> int:
     return _run(["bazel", *args], dry_run, cwd=REPO_ROOT)
+
+
+_TEST_STATUS = re.compile(r"^(//\S+)\s+(?:\(cached\) )?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE|REMOTE FAILURE|FAILED TO BUILD)\b")
+
+
+def bazel_test(args: Sequence[str], dry_run: bool = False) -> int:
+    """`bazel test` with its output streamed, closed by a plain 'N passed, N failed' line."""
+    cmd = ["bazel", "test", "--test_summary=short", *args]
+    logging.info("$ %s", " ".join(cmd))
+    if dry_run:
+        return 0
+    statuses: dict[str, str] = {}
+    with subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, bufsize=1) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            m = _TEST_STATUS.match(line.strip())
+            if m:
+                statuses[m.group(1)] = m.group(2)
+    passed = sum(1 for s in statuses.values() if s == "PASSED")
+    failed = len(statuses) - passed
+    if proc.returncode != 0 and failed == 0:
+        failed = 1  # the build itself failed before any test ran
+    sys.stdout.write(f"{passed} passed, {failed} failed\n")
+    return proc.returncode
 
 
 def bench(args: Sequence[str], dry_run: bool = False) -> int:
