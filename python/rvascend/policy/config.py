@@ -1,0 +1,29 @@
+"""Policy configuration: one user-facing flag, finer switches underneath."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+CompileMode = Literal["regional", "eager"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RvvPolicyConfig:
+    """What `install_rvv_policy` turns on.
+
+    `--enable-cpu-rvv-inductor` is `RvvPolicyConfig.from_flag()`: regional
+    compile, explicit packed weights and small-batch buckets together;
+    full-graph capture stays off.
+    """
+
+    packed_weights: bool = True       # explicit packed BF16 side buffers
+    small_batch: bool = True          # route M = 2..15 (buckets 2, 4, 8, 16)
+    compile_mode: CompileMode = "regional"
+    memory_budget_mib: Optional[int] = None  # None: derived from available memory
+
+    @classmethod
+    def from_flag(cls, memory_budget_mib: Optional[int] = None,
+                  compile_mode: CompileMode = "regional") -> "RvvPolicyConfig":
+        return cls(packed_weights=True, small_batch=True, compile_mode=compile_mode,
+                   memory_budget_mib=memory_budget_mib)

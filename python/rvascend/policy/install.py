@@ -1,0 +1,196 @@
+"""`install_rvv_policy`, `repack`, `invalidate_packed_weights` and the policy object."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from absl import logging
+from torch import nn
+
+from rvascend import ops
+from rvascend.policy import adapters, budget, shape_gate
+from rvascend.policy.config import RvvPolicyConfig
+from rvascend.policy.counters import RouteCounters
+from rvascend.policy.route import PACKED_BUFFER, ProjectionRoute
+
+_POLICY_ATTR = "_rvv_policy"
+
+CacheKey = tuple[torch.dtype, str, str, int, int, int, str]
+
+
+@dataclasses.dataclass
+class PolicyReport:
+    """What install (or repack) did: bytes are packed-buffer bytes."""
+
+    adapter: str
+    budget_bytes: int
+    packed: list[tuple[str, str, int]]        # (module, projection, bytes)
+    not_packed: list[tuple[str, str, str]]    # (module, projection, reason)
+
+    @property
+    def packed_bytes(self) -> int:
+        return sum(b for _, _, b in self.packed)
+
+    def summary(self) -> str:
+        return (f"RVV policy ({self.adapter} adapter): packed {len(self.packed)} projections, "
+                f"{self.packed_bytes / 2**20:.1f} MiB of a {self.budget_bytes / 2**20:.1f} MiB budget; "
+                f"{len(self.not_packed)} row-major")
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.ops.rvascend.packed_bf16_linear(x, packed, n)
+
+
+def _row_major_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, weight)
+
+
+def _fresh_function(fn: Callable, tag: str) -> Callable:
+    """A copy of fn with its own code object. Dynamo keeps compiled graphs per
+    code object with a small recompile limit; one code object per cache key
+    keeps every bucket compiled instead of silently falling back to eager."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}__{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+class RvvPolicy:
+    """The installed policy of one model: routes, compiled callables, counters."""
+
+    def __init__(self, config: RvvPolicyConfig, adapter: adapters.ModelAdapter) -> None:
+        self.config = config
+        self.adapter = adapter
+        self.counters = RouteCounters()
+        self.routes: dict[str, ProjectionRoute] = {}
+        self._callables: dict[CacheKey, Callable] = {}
+        self.report: Optional[PolicyReport] = None
+
+    def callable_for(self, x: torch.Tensor, projection: str, rows: int, n: int, k: int,
+                     mode: str) -> Callable:
+        key: CacheKey = (x.dtype, x.device.type, projection, rows, n, k, mode)
+        fn = self._callables.get(key)
+        if fn is None:
+            # The cache is bounded by the bucket set: one entry per bucket, shape and mode.
+            assert rows in shape_gate.bucket_set(self.config.small_batch), key
+            base = _packed_linear if mode == "explicit_packed" else _row_major_linear
+            if self.config.compile_mode == "regional":
+                tag = f"{projection}_{rows}x{n}x{k}_{mode}"
+                fn = torch.compile(_fresh_function(base, tag), dynamic=False, fullgraph=True)
+            else:
+                fn = base
+            self._callables[key] = fn
+        return fn
+
+    @property
+    def cache_keys(self) -> list[CacheKey]:
+        return list(self._callables)
+
+    def pack_all(self, model: nn.Module) -> PolicyReport:
+        budget_bytes = budget.derive_budget_bytes(self.config.memory_budget_mib)
+        routes = list(self.routes.values())
+        packed, not_packed = [], []
+        if not self.config.packed_weights:
+            for r in routes:
+                r.drop("packing_off")
+                not_packed.append((r.name, r.projection, "packing_off"))
+        else:
+            eligible = [r for r in routes if _packable(r)]
+            fits = budget.plan([tuple(r._module().weight.shape) for r in eligible], budget_bytes)
+            for r in routes:
+                if r not in eligible:
+                    r.drop("not_packable")
+                    not_packed.append((r.name, r.projection, "not_packable"))
+            for r, ok in zip(eligible, fits):
+                if ok:
+                    packed.append((r.name, r.projection, r.pack()))
+                else:
+                    r.drop("not_packed_budget")
+                    not_packed.append((r.name, r.projection, "not_packed_budget"))
+        self.report = PolicyReport(self.adapter.name, budget_bytes, packed, not_packed)
+        return self.report
+
+
+def _packable(route: ProjectionRoute) -> bool:
+    """Packing pays only for weights the gate can ever route: BF16, CPU, 2-D, large."""
+    module = route._module()
+    w = module.weight
+    return (w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.dim() == 2
+            and getattr(module, "bias", None) is None
+            and w.shape[0] >= shape_gate.MIN_FEATURES and w.shape[1] >= shape_gate.MIN_FEATURES)
+
+
+def _check_tied_lm_head(model: nn.Module) -> None:
+    if not adapters.ties_word_embeddings(model):
+        return
+    embed, head = adapters.embed_tokens(model), adapters.lm_head(model)
+    if embed is None or head is None:
+        raise RuntimeError("tie_word_embeddings is set but the model has no embed_tokens/lm_head to check")
+    if head is not embed and head.weight is not embed.weight:
+        raise RuntimeError(
+            "tie_word_embeddings is set but lm_head and embed_tokens no longer share one module "
+            "or one weight object: the tie was broken before the RVV policy was installed")
+
+
+def get_policy(model: nn.Module) -> Optional[RvvPolicy]:
+    return model.__dict__.get(_POLICY_ATTR)
+
+
+def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = None,
+                       adapter: Optional[str] = None) -> PolicyReport:
+    """Installs the RVV policy into a model loaded as usual; returns what was packed.
+
+    Never replaces a weight: packed copies are side buffers and tied
+    embeddings keep their single weight object.
+    """
+    if get_policy(model) is not None:
+        raise RuntimeError("the RVV policy is already installed on this model")
+    config = config or RvvPolicyConfig.from_flag()
+    chosen = adapters.ADAPTERS[adapter] if adapter else adapters.select_adapter(model)
+    _check_tied_lm_head(model)
+    policy = RvvPolicy(config, chosen)
+    embed = adapters.embed_tokens(model)
+    for name, module, projection in chosen.projections(model):
+        route = ProjectionRoute(policy, module, name, projection)
+        policy.routes[name] = route
+        module.__dict__["_rvv_route"] = route
+        # nn.Linear-like modules are routed when called; an embedding module
+        # doubling as tied lm_head keeps its lookup forward and is reached via
+        # projection_linear() by the engine.
+        if module is not embed:
+            module.forward = route
+    model.__dict__[_POLICY_ATTR] = policy
+    model.register_load_state_dict_post_hook(_invalidate_after_load)
+    report = policy.pack_all(model)
+    logging.info("%s", report.summary())
+    return report
+
+
+def _invalidate_after_load(model: nn.Module, incompatible_keys) -> None:
+    del incompatible_keys
+    invalidate_packed_weights(model)
+
+
+def invalidate_packed_weights(model: nn.Module) -> None:
+    """Frees every packed buffer; calls run row-major until `repack(model)`."""
+    policy = get_policy(model)
+    if policy is None:
+        return
+    for route in policy.routes.values():
+        route.drop("invalidated")
+
+
+def repack(model: nn.Module) -> PolicyReport:
+    """Re-packs every routed projection from its current weight (explicit, never silent)."""
+    policy = get_policy(model)
+    if policy is None:
+        raise RuntimeError("the RVV policy is not installed on this model")
+    for route in policy.routes.values():
+        route.drop("repacking")
+    return policy.pack_all(model)
+
+
+def packed_buffer_names(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if PACKED_BUFFER in m._buffers]

@@ -1,0 +1,323 @@
+"""The RVV policy on a small fused-projection model and on Hugging Face's Llama."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import sys
+import types
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rvascend import ops
+from rvascend.policy import (RvvPolicyConfig, get_policy, install_rvv_policy, invalidate_packed_weights,
+                             projection_linear, repack)
+from rvascend.policy import shape_gate
+from rvascend.policy.install import packed_buffer_names
+
+MIB = 1 << 20
+EAGER = RvvPolicyConfig(compile_mode="eager")
+
+
+class Layer(nn.Module):
+    def __init__(self, hidden: int, inter: int, qkv_bias: bool) -> None:
+        super().__init__()
+        self.self_attn = nn.Module()
+        self.self_attn.qkv_proj = nn.Linear(hidden, 3 * hidden, bias=qkv_bias)
+        self.self_attn.o_proj = nn.Linear(hidden, hidden, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)
+        self.mlp.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.hidden = hidden
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        q = self.self_attn.qkv_proj(h)[..., : self.hidden]
+        h = h + self.self_attn.o_proj(torch.tanh(q))
+        gate, up = self.mlp.gate_up_proj(h).chunk(2, dim=-1)
+        return h + self.mlp.down_proj(F.silu(gate) * up)
+
+
+class TinyDecoder(nn.Module):
+    """Fused SGLang-style module names; lm_head IS embed_tokens when tied."""
+
+    def __init__(self, hidden=1024, inter=2048, vocab=2048, layers=2, tie=True, qkv_bias=False):
+        super().__init__()
+        self.config = types.SimpleNamespace(tie_word_embeddings=tie)
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(vocab, hidden)
+        self.model.layers = nn.ModuleList([Layer(hidden, inter, qkv_bias) for _ in range(layers)])
+        self.lm_head = self.model.embed_tokens if tie else nn.Linear(hidden, vocab, bias=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.normal_(0, 0.02)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            h = layer(h)
+        return projection_linear(self.lm_head, h)
+
+
+def make(**kw) -> TinyDecoder:
+    torch.manual_seed(0)
+    return TinyDecoder(**kw).to(torch.bfloat16)
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a.float(), b.float(), rtol=3e-2, atol=3e-2 * b.float().abs().max().item())
+
+
+@pytest.fixture(scope="module")
+def pair():
+    base = make()
+    routed = copy.deepcopy(base)
+    report = install_rvv_policy(routed, EAGER)
+    return base, routed, report
+
+
+def test_report_lists_what_was_packed(pair):
+    _, routed, report = pair
+    kinds = sorted({p for _, p, _ in report.packed})
+    assert kinds == ["down_proj", "gate_up_proj", "lm_head", "o_proj", "qkv_proj"]
+    modules = dict(routed.named_modules(remove_duplicate=False))
+    assert report.packed_bytes == sum(ops.packed_weight_bytes(*modules[name].weight.shape)
+                                      for name, _, _ in report.packed)
+
+
+@pytest.mark.parametrize("rows", list(range(1, 21)) + [16, 31, 64, 100, 128])
+def test_same_logits_and_greedy_tokens(pair, rows):
+    base, routed, _ = pair
+    ids = torch.randint(0, 2048, (rows,), generator=torch.Generator().manual_seed(rows))
+    with torch.no_grad():
+        want, got = base(ids), routed(ids)
+    assert close(got, want)
+    top2 = want.float().topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.05 * top2[:, 0].abs().clamp_min(1e-3)
+    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+def test_rows_take_packed_path_through_buckets(pair):
+    _, routed, _ = pair
+    policy = get_policy(routed)
+    policy.counters.reset()
+    with torch.no_grad():
+        routed(torch.arange(3))   # M = 3 runs the 4-row callable
+        routed(torch.arange(9))   # M = 9 shares the 16-row one
+    assert policy.counters.rows_seen("qkv_proj", "packed") == {3: 2, 9: 2}
+    assert policy.counters.calls("lm_head", "packed") == 2
+    rows = {key[3] for key in policy.cache_keys}
+    assert rows <= set(shape_gate.bucket_set(True)) and {4, 16} <= rows
+
+
+def test_compile_cache_is_bounded_by_buckets(pair):
+    _, routed, _ = pair
+    policy = get_policy(routed)
+    with torch.no_grad():
+        for m in range(1, 129, 7):
+            routed(torch.arange(m) % 2048)
+    buckets = shape_gate.bucket_set(True)
+    assert {key[3] for key in policy.cache_keys} <= set(buckets)
+    shapes = {(k[2], k[4], k[5]) for k in policy.cache_keys}
+    assert len(policy.cache_keys) <= len(shapes) * len(buckets) * 2
+
+
+def test_state_dict_has_no_packed_buffer(pair):
+    _, routed, _ = pair
+    assert packed_buffer_names(routed)
+    assert not any("_rvv_packed" in key for key in routed.state_dict())
+
+
+def test_tied_lm_head_keeps_identity(pair):
+    _, routed, _ = pair
+    assert routed.lm_head is routed.model.embed_tokens
+    ids = torch.tensor([5, 7])
+    assert torch.equal(routed.model.embed_tokens(ids), routed.model.embed_tokens.weight[ids])
+
+
+def test_broken_tie_is_rejected():
+    model = make()
+    model.lm_head = nn.Linear(1024, 2048, bias=False).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="tie_word_embeddings"):
+        install_rvv_policy(model, EAGER)
+
+
+def test_deleting_the_model_frees_packed_memory():
+    model = make(layers=1)
+    install_rvv_policy(model, EAGER)
+    buffers = [weakref.ref(m._buffers["_rvv_packed_weight"]) for m in model.modules()
+               if "_rvv_packed_weight" in m._buffers]
+    assert buffers and all(b() is not None for b in buffers)
+    del model
+    gc.collect()
+    assert all(b() is None for b in buffers)
+
+
+def _counted(model, reason: str) -> int:
+    return get_policy(model).counters.calls(route="fallback", reason=reason)
+
+
+def _qkv(model):
+    return model.model.layers[0].self_attn.qkv_proj
+
+
+@pytest.mark.parametrize("reason,setup,inputs", [
+    ("bias", lambda m: None, None),
+    ("small_features", None, None),
+    ("small_macs", lambda m: None, lambda: torch.zeros(0, dtype=torch.long)),
+    ("non_cpu", lambda m: None, "meta"),
+    ("lm_head_prefill_rows", lambda m: None, lambda: torch.arange(20)),
+    ("weight_replaced", lambda m: setattr(_qkv(m), "weight", nn.Parameter(_qkv(m).weight.detach().clone())), None),
+    ("weight_storage_changed", lambda m: setattr(_qkv(m).weight, "data", _qkv(m).weight.detach().clone()), None),
+    ("weight_mutated_in_place", lambda m: _in_place(_qkv(m).weight), None),
+    ("invalidated", lambda m: m.load_state_dict(m.state_dict()), None),
+])
+def test_each_fallback_reason_is_reached_and_counted(reason, setup, inputs):
+    if reason == "bias":
+        model = make(layers=1, qkv_bias=True)
+    elif reason == "small_features":
+        model = make(hidden=512, inter=512, vocab=512, layers=1)
+    else:
+        model = make(layers=1)
+    reference = copy.deepcopy(model)
+    install_rvv_policy(model, EAGER)
+    if setup is not None:
+        setup(model)
+        setup(reference) if reason in ("weight_mutated_in_place",) else None
+    if inputs == "meta":
+        qkv = _qkv(model)
+        out = qkv(torch.randn(2, qkv.in_features, device="meta", dtype=torch.bfloat16))
+        assert out.shape == (2, qkv.out_features)
+    else:
+        ids = inputs() if inputs else torch.arange(4)
+        with torch.no_grad():
+            out = model(ids)
+        with torch.no_grad():
+            want = reference(ids)
+        # A stale packed copy is never used: results follow the current weight.
+        assert close(out, want) if out.numel() else out.shape == want.shape
+    assert _counted(model, reason) >= 1, get_policy(model).counters.snapshot()
+
+
+def test_fp32_model_falls_back_on_input_dtype():
+    model = make(layers=1)
+    install_rvv_policy(model, EAGER)
+    model.float()
+    reference = make(layers=1).float()
+    with torch.no_grad():
+        assert close(model(torch.arange(3)), reference(torch.arange(3)))
+    assert _counted(model, "input_dtype") == 5
+
+
+def test_weight_dtype_change_is_never_served_from_the_stale_copy():
+    model = make(layers=1)
+    reference = copy.deepcopy(model)
+    install_rvv_policy(model, EAGER)
+    qkv = _qkv(model)
+    qkv.float()
+    with pytest.raises(RuntimeError):  # exactly what F.linear does with mixed dtypes
+        qkv(torch.randn(2, 1024, dtype=torch.bfloat16))
+    assert _counted(model, "weight_dtype") == 1
+    qkv.bfloat16()  # back to BF16: new storage, the packed copy stays unused
+    with torch.no_grad():
+        assert close(model(torch.arange(3)), reference(torch.arange(3)))
+    assert _counted(model, "weight_storage_changed") == 1
+
+
+def _in_place(weight: torch.Tensor) -> None:
+    with torch.no_grad():
+        weight.mul_(2)
+
+
+def test_in_place_mutation_result_follows_the_new_weight():
+    model = make(layers=1)
+    reference = copy.deepcopy(model)
+    install_rvv_policy(model, EAGER)
+    for m in (model, reference):
+        _in_place(_qkv(m).weight)
+    with torch.no_grad():
+        assert close(model(torch.arange(4)), reference(torch.arange(4)))
+    assert _counted(model, "weight_mutated_in_place") >= 1
+
+
+def test_repack_restores_the_packed_route():
+    model = make(layers=1)
+    install_rvv_policy(model, EAGER)
+    invalidate_packed_weights(model)
+    assert not packed_buffer_names(model)
+    report = repack(model)
+    assert len(report.packed) == 5
+    policy = get_policy(model)
+    policy.counters.reset()
+    with torch.no_grad():
+        model(torch.arange(2))
+    assert policy.counters.calls(route="fallback") == 0 and policy.counters.calls(route="packed") == 5
+
+
+def test_budget_packs_exactly_the_modules_that_fit():
+    model = make(layers=1)
+    reference = copy.deepcopy(model)
+    # qkv 6 MiB, o 2 MiB, gate_up 8 MiB, down 4 MiB, lm_head 4 MiB (in order).
+    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", memory_budget_mib=12))
+    assert [p for _, p, _ in report.packed] == ["qkv_proj", "o_proj", "down_proj"]
+    assert [(p, why) for _, p, why in report.not_packed] == [("gate_up_proj", "not_packed_budget"),
+                                                            ("lm_head", "not_packed_budget")]
+    assert report.packed_bytes == 12 * MIB
+    with torch.no_grad():
+        assert close(model(torch.arange(3)), reference(torch.arange(3)))
+    counters = get_policy(model).counters
+    assert counters.calls("gate_up_proj", "row_major") == 1 and counters.calls("qkv_proj", "packed") == 1
+
+
+def test_zero_budget_still_serves_row_major():
+    model = make(layers=1)
+    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", memory_budget_mib=0))
+    assert not report.packed and report.packed_bytes == 0
+    with torch.no_grad():
+        model(torch.arange(2))
+    assert get_policy(model).counters.calls(route="packed") == 0
+
+
+def test_installing_twice_is_an_error():
+    model = make(layers=1)
+    install_rvv_policy(model, EAGER)
+    with pytest.raises(RuntimeError, match="already installed"):
+        install_rvv_policy(model, EAGER)
+
+
+def test_regional_compile_matches_eager():
+    base = make(layers=1)
+    routed = copy.deepcopy(base)
+    install_rvv_policy(routed, RvvPolicyConfig.from_flag(memory_budget_mib=None))
+    with torch.no_grad():
+        for m in (1, 3):
+            assert close(routed(torch.arange(m)), base(torch.arange(m)))
+    keys = get_policy(routed).cache_keys
+    assert {k[3] for k in keys} == {1, 4} and {k[6] for k in keys} == {"explicit_packed"}
+
+
+def test_transformers_llama_with_and_without_policy():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2048, num_hidden_layers=1,
+                                      num_attention_heads=8, num_key_value_heads=4, vocab_size=2048,
+                                      tie_word_embeddings=True, max_position_embeddings=256)
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    routed = copy.deepcopy(base)
+    report = install_rvv_policy(routed, EAGER)
+    assert report.adapter == "transformers"
+    assert routed.lm_head.weight is routed.model.embed_tokens.weight
+    ids = torch.randint(0, 2048, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert close(routed(ids).logits, base(ids).logits)
+        want = base.generate(ids, max_new_tokens=6, do_sample=False)
+        got = routed.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(got, want)
+    assert get_policy(routed).counters.calls(route="packed") > 0
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
