@@ -1,0 +1,262 @@
+"""The engine: FCFS admission against the KV pool, prefill and batched decode steps.
+
+Each step runs one forward pass: new requests' prefills first (several
+prompts concatenated), otherwise one decode token for every running sequence
+together, so two running sequences make M = 2 in every projection. KV memory
+is reserved at admission for prompt + max_tokens, so a running request never
+runs out of slots; requests wait until their reservation fits.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Callable, Optional
+
+import torch
+from absl import logging
+
+from rvascend.engine import sampler
+from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
+from rvascend.engine.tokenizer import Tokenizer
+from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
+
+
+class RequestError(ValueError):
+    """A request that can never be served as asked (the client's fault)."""
+
+
+class QueueFullError(RuntimeError):
+    """Too many requests queued or running; retry later."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    max_running_requests: int = 8
+    max_total_tokens: int = 8192       # KV pool slots
+    max_prefill_tokens: int = 4096     # tokens of new prompts per prefill step
+    max_queued_requests: int = 64      # waiting + running, beyond it: QueueFullError
+    context_length: Optional[int] = None  # default: the model's max_position_embeddings
+
+
+class Engine:
+    def __init__(self, model: CausalLM, tokenizer: Optional[Tokenizer], config: EngineConfig = EngineConfig()) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.context_length = min(config.context_length or model.config.max_position_embeddings,
+                                  model.config.max_position_embeddings)
+        dtype = next(model.parameters()).dtype
+        self.pool = KVPool(model.config, config.max_total_tokens, dtype)
+        self._free_slots = list(range(config.max_total_tokens - 1, -1, -1))
+        self._reserved = 0
+        self._lock = threading.Lock()
+        self._pending: collections.deque[Sequence] = collections.deque()
+        self._waiting: collections.deque[Sequence] = collections.deque()
+        self._running: list[Sequence] = []
+        self.eos_ids = set(model.config.eos_token_ids)
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            self.eos_ids.add(tokenizer.eos_token_id)
+        self.last_batch_rows = 0
+        self.wakeup = threading.Condition()
+
+    # -- requests (any thread) ---------------------------------------------------
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise RequestError("the prompt is empty")
+        if params.max_tokens < 1:
+            raise RequestError(f"max_tokens must be at least 1, got {params.max_tokens}")
+        if len(prompt_ids) >= self.context_length:
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the context length is "
+                               f"{self.context_length}")
+        if len(prompt_ids) + params.max_tokens > self.context_length:
+            raise RequestError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                               f"the context length of {self.context_length}")
+        if len(prompt_ids) + params.max_tokens > self.config.max_total_tokens:
+            raise RequestError(f"prompt + max_tokens = {len(prompt_ids) + params.max_tokens} tokens exceeds the "
+                               f"KV pool of {self.config.max_total_tokens} tokens")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"token id {bad[0]} is outside the vocabulary of {vocab}")
+        if not 0.0 <= params.temperature <= 100.0:
+            raise RequestError(f"temperature must be in [0, 100], got {params.temperature}")
+        if not 0.0 < params.top_p <= 1.0:
+            raise RequestError(f"top_p must be in (0, 1], got {params.top_p}")
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    on_output: Optional[Callable[[Sequence, Output], None]] = None) -> Sequence:
+        self.validate(prompt_ids, params)
+        seq = Sequence(prompt_ids, params, on_output)
+        with self._lock:
+            if len(self._pending) + len(self._waiting) + len(self._running) >= self.config.max_queued_requests:
+                raise QueueFullError(f"{self.config.max_queued_requests} requests are already queued or running")
+            self._pending.append(seq)
+        with self.wakeup:
+            self.wakeup.notify()
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Stops a request (e.g. its client went away); its KV slots are freed at the next step."""
+        seq.aborted = True
+        with self.wakeup:
+            self.wakeup.notify()
+
+    # -- introspection ---------------------------------------------------------
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self._pending or self._waiting or self._running)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"running": len(self._running), "waiting": len(self._waiting) + len(self._pending),
+                    "kv_used_tokens": self.config.max_total_tokens - len(self._free_slots),
+                    "kv_reserved_tokens": self._reserved, "kv_total_tokens": self.config.max_total_tokens}
+
+    # -- the step (engine thread only) ------------------------------------------
+    def step(self) -> int:
+        """Runs one forward pass if there is work; returns the number of sequences it advanced."""
+        with self._lock:
+            self._waiting.extend(self._pending)
+            self._pending.clear()
+        self._drop_aborted()
+        prefill = self._admit()
+        if prefill:
+            self._forward(prefill, prefill=True)
+            self._running.extend(s for s in prefill if s.status is Status.RUNNING)
+            return len(prefill)
+        if self._running:
+            batch = list(self._running)
+            self._forward(batch, prefill=False)
+            return len(batch)
+        return 0
+
+    def _admit(self) -> list[Sequence]:
+        admitted: list[Sequence] = []
+        tokens = 0
+        with self._lock:
+            while self._waiting and len(self._running) + len(admitted) < self.config.max_running_requests:
+                seq = self._waiting[0]
+                if self._reserved + seq.reserved > self.config.max_total_tokens:
+                    break  # FCFS: the head waits for memory, nobody overtakes it
+                if admitted and tokens + len(seq.prompt_ids) > self.config.max_prefill_tokens:
+                    break
+                self._waiting.popleft()
+                self._reserved += seq.reserved
+                tokens += len(seq.prompt_ids)
+                seq.status = Status.RUNNING
+                admitted.append(seq)
+        return admitted
+
+    def _drop_aborted(self) -> None:
+        with self._lock:
+            for queue in (self._waiting,):
+                for seq in [s for s in queue if s.aborted]:
+                    queue.remove(seq)
+                    self._finish(seq, "abort")
+            for seq in [s for s in self._running if s.aborted]:
+                self._running.remove(seq)
+                self._finish(seq, "abort")
+
+    def _forward(self, seqs: list[Sequence], prefill: bool) -> None:
+        ids, positions, new_lens, prefix_lens, kv_slots, write = [], [], [], [], [], []
+        with self._lock:
+            for seq in seqs:
+                new = seq.prompt_ids if prefill else [seq.last_token]
+                start = 0 if prefill else seq.num_tokens - 1
+                fresh = [self._free_slots.pop() for _ in new]
+                seq.slots.extend(fresh)
+                ids.extend(new)
+                positions.extend(range(start, start + len(new)))
+                new_lens.append(len(new))
+                prefix_lens.append(start)
+                kv_slots.append(torch.tensor(seq.slots, dtype=torch.long))
+                write.extend(fresh)
+        batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
+                             new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long))
+        self.last_batch_rows = len(ids)
+        with torch.inference_mode():
+            logits = self.model(batch, self.pool)
+        now = time.perf_counter()
+        for seq, row in zip(seqs, logits):
+            token = sampler.sample(row, seq.params, seq.generator)
+            seq.output_ids.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            seq.token_times.append(now)
+            self._emit(seq, token)
+        finished = [s for s in seqs if s.finish_reason is not None]
+        if finished:
+            with self._lock:
+                for seq in finished:
+                    if seq in self._running:
+                        self._running.remove(seq)
+                    self._release(seq)
+
+    def _emit(self, seq: Sequence, token: int) -> None:
+        params = seq.params
+        reason = None
+        if token in self.eos_ids and not params.ignore_eos:
+            reason = "stop"
+        elif len(seq.output_ids) >= params.max_tokens:
+            reason = "length"
+        ids = seq.output_ids[:-1] if reason == "stop" else seq.output_ids
+        if self.tokenizer is not None:
+            seq.text = self.tokenizer.decode(ids)
+        if params.stop and seq.text:
+            hits = [h for h in (seq.text.find(s) for s in params.stop if s) if h >= 0]
+            if hits:
+                seq.text = seq.text[:min(hits)]
+                reason = "stop"
+        # Hold back text that may still become a stop string or is a partial UTF-8 character.
+        hold = 0 if reason else max((len(s) for s in params.stop), default=1) - 1
+        safe = len(seq.text) - hold
+        if not reason and seq.text.endswith("\ufffd"):
+            safe = min(safe, len(seq.text) - 1)
+        delta = seq.text[seq.emitted:max(seq.emitted, safe)]
+        seq.emitted += len(delta)
+        seq.finish_reason = reason
+        if reason:
+            seq.status = Status.FINISHED
+        if seq.on_output is not None:
+            seq.on_output(seq, Output(delta, token, reason is not None, reason))
+
+    def _release(self, seq: Sequence) -> None:
+        """Returns a finished sequence's slots and reservation (caller holds the lock)."""
+        self._free_slots.extend(reversed(seq.slots))
+        seq.slots = []
+        self._reserved -= seq.reserved
+        seq.reserved = 0
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        if seq.status is Status.RUNNING:
+            self._release(seq)
+        seq.status = Status.FINISHED
+        if seq.on_output is not None:
+            seq.on_output(seq, Output("", None, True, reason))
+
+    # -- synchronous use (benchmarks, tests) -------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sequence]:
+        seqs = [self.add_request(p, params) for p in prompts]
+        while any(s.status is not Status.FINISHED for s in seqs):
+            self.step()
+        return seqs
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """The server's engine thread: steps while there is work, sleeps otherwise."""
+        while not stop.is_set():
+            if not self.has_work():
+                with self.wakeup:
+                    self.wakeup.wait(timeout=0.1)
+                continue
+            try:
+                self.step()
+            except Exception:  # keep serving; fail the affected requests
+                logging.exception("engine step failed; aborting running requests")
+                with self._lock:
+                    for seq in list(self._running):
+                        self._running.remove(seq)
+                        self._finish(seq, "abort")

@@ -1,0 +1,82 @@
+"""The subset of a Hugging Face `config.json` the supported families use."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: Optional[dict[str, Any]]
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool        # bias on q/k/v (Qwen2: always)
+    qk_norm: bool               # RMSNorm on q and k per head (Qwen3)
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: Optional[int]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
+        archs = raw.get("architectures") or []
+        if not archs:
+            raise ValueError("config.json has no 'architectures' entry")
+        arch = archs[0]
+        missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads", "vocab_size") if k not in raw]
+        if missing:
+            raise ValueError(f"config.json lacks {', '.join(missing)}")
+        heads = int(raw["num_attention_heads"])
+        # transformers >= 5 keeps rope settings in rope_parameters; older files
+        # have rope_theta and rope_scaling at the top level.
+        rope = raw.get("rope_parameters") or {}
+        theta = float(raw.get("rope_theta", rope.get("rope_theta", 10000.0)))
+        scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        if scaling is not None and scaling.get("rope_type", scaling.get("type")) not in ("llama3", "default"):
+            raise ValueError(f"unsupported rope scaling {scaling.get('rope_type', scaling.get('type'))!r}")
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        return cls(
+            architecture=arch,
+            hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads", heads)),
+            head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+            vocab_size=int(raw["vocab_size"]),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3" else None,
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            eos_token_ids=eos_ids,
+            bos_token_id=raw.get("bos_token_id"),
+        )
+
+    @classmethod
+    def from_dir(cls, model_path: str) -> "ModelConfig":
+        path = os.path.join(model_path, "config.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{model_path} has no config.json: not a Hugging Face checkpoint directory")
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+        gen = os.path.join(model_path, "generation_config.json")
+        if os.path.exists(gen) and "eos_token_id" not in raw:
+            with open(gen, encoding="utf-8") as f:
+                raw["eos_token_id"] = json.load(f).get("eos_token_id")
+        return cls.from_dict(raw)

@@ -1,0 +1,153 @@
+"""The decoder-only causal LM of the supported families.
+
+Llama, Qwen2 and Qwen3 share one structure and differ in three switches that
+come from the config: llama3 RoPE scaling, q/k/v bias (Qwen2) and per-head
+q/k RMSNorm (Qwen3). q/k/v and gate/up are fused projections, as in SGLang and
+vLLM, so the RVV policy sees one large Linear each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rvascend.models.config import ModelConfig
+from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, apply_rotary, maybe_norm, silu_and_mul
+from rvascend.policy import projection_linear
+
+
+@dataclasses.dataclass
+class ForwardBatch:
+    """Tokens of several sequences, concatenated; each sequence's K/V slots in the pool."""
+
+    input_ids: torch.Tensor            # [T] int64
+    positions: torch.Tensor            # [T] int64
+    new_lens: list[int]                # new tokens per sequence (sum = T)
+    prefix_lens: list[int]             # tokens already cached per sequence
+    kv_slots: list[torch.Tensor]       # per sequence: slots of all its tokens (prefix + new)
+    write_slots: torch.Tensor          # [T] slots the new tokens' K/V go to
+
+
+class KVPool:
+    """Fixed per-token K/V storage: [layers][slots, kv_heads, head_dim], allocated once."""
+
+    def __init__(self, config: ModelConfig, num_slots: int, dtype: torch.dtype) -> None:
+        shape = (num_slots, config.num_key_value_heads, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.num_slots = num_slots
+
+    @staticmethod
+    def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * elem
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.qkv_proj = FusedLinear(config.hidden_size, {
+            "q": self.heads * self.head_dim, "k": self.kv_heads * self.head_dim,
+            "v": self.kv_heads * self.head_dim}, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+                pool: KVPool) -> torch.Tensor:
+        t = h.shape[0]
+        q, k, v = self.qkv_proj(h).split(
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        q = maybe_norm(self.q_norm, q.reshape(t, self.heads, self.head_dim))
+        k = maybe_norm(self.k_norm, k.reshape(t, self.kv_heads, self.head_dim))
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        k_cache, v_cache = pool.k[self.layer], pool.v[self.layer]
+        k_cache[batch.write_slots] = k
+        v_cache[batch.write_slots] = v.reshape(t, self.kv_heads, self.head_dim)
+        out = torch.empty_like(q)
+        start = 0
+        group = self.heads // self.kv_heads
+        for n, prefix, slots in zip(batch.new_lens, batch.prefix_lens, batch.kv_slots):
+            qs = q[start:start + n].transpose(0, 1)                          # [H, n, D]
+            ks = k_cache[slots].transpose(0, 1).repeat_interleave(group, 0)  # [H, L, D]
+            vs = v_cache[slots].transpose(0, 1).repeat_interleave(group, 0)
+            if prefix == 0 and n > 1:
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale)
+            elif n == 1:
+                o = F.scaled_dot_product_attention(qs, ks, vs, scale=self.scale)
+            else:
+                length = prefix + n
+                mask = torch.arange(length)[None, :] <= (prefix + torch.arange(n))[:, None]
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=self.scale)
+            out[start:start + n] = o.transpose(0, 1)
+            start += n
+        return self.o_proj(out.reshape(t, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = FusedLinear(config.hidden_size, {
+            "gate": config.intermediate_size, "up": config.intermediate_size}, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(h)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, h, cos, sin, batch, pool):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, pool)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Llama / Qwen2 / Qwen3 for causal LM; `forward` returns the logits of the
+    last new token of every sequence in the batch ([batch, vocab])."""
+
+    # checkpoint name -> (fused module attribute, shard)
+    STACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+               "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.rotary = RotaryEmbedding(config)
+        # Tied: one module and one weight, as SGLang does; the logits go through
+        # projection_linear so the RVV policy can route them.
+        self.lm_head = self.model.embed_tokens if config.tie_word_embeddings else \
+            nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, batch: ForwardBatch, pool: KVPool, all_logits: bool = False) -> torch.Tensor:
+        h = self.model.embed_tokens(batch.input_ids)
+        cos, sin = self.rotary(batch.positions, h.dtype)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, batch, pool)
+        h = self.model.norm(h)
+        if not all_logits:
+            last = torch.tensor(batch.new_lens).cumsum(0) - 1
+            h = h[last]
+        return projection_linear(self.lm_head, h)

@@ -1,0 +1,93 @@
+"""Building blocks shared by the families: RMSNorm, rotary embedding (with llama3
+scaling), fused projections that load their shards, and SiLU-and-multiply."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rvascend.models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # FP32 statistics, as the reference implementations compute them.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class FusedLinear(nn.Linear):
+    """A Linear whose rows are the concatenation of several checkpoint tensors
+    (q/k/v or gate/up). `shard_rows` gives each shard's row count, in order."""
+
+    def __init__(self, in_features: int, shard_rows: dict[str, int], bias: bool) -> None:
+        super().__init__(in_features, sum(shard_rows.values()), bias=bias)
+        self.shard_offsets: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, rows in shard_rows.items():
+            self.shard_offsets[name] = (offset, rows)
+            offset += rows
+
+    def load_shard(self, param: str, shard: str, tensor: torch.Tensor) -> None:
+        offset, rows = self.shard_offsets[shard]
+        target = getattr(self, param)
+        expected = (rows,) + tuple(target.shape[1:])
+        if tuple(tensor.shape) != expected:
+            raise ValueError(f"shard {shard!r} of {param} has shape {tuple(tensor.shape)}, expected {expected}")
+        with torch.no_grad():
+            target[offset:offset + rows].copy_(tensor)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half RoPE; cos/sin computed in FP32 and cast to the activation dtype."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        dim = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        if config.rope_scaling is not None:
+            inv_freq = _llama3_inv_freq(inv_freq, config.rope_scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos/sin: [T, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def maybe_norm(norm: Optional[RMSNorm], x: torch.Tensor) -> torch.Tensor:
+    return norm(x) if norm is not None else x

@@ -1,0 +1,94 @@
+"""Loads a Hugging Face checkpoint directory (config.json + *.safetensors) into a CausalLM."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from rvascend.models.config import ModelConfig
+from rvascend.models.decoder import CausalLM
+from rvascend.models.layers import FusedLinear
+from rvascend.models.registry import model_class_for
+
+
+def weight_files(model_path: str) -> list[str]:
+    """The checkpoint's safetensors files (sharded checkpoints through their index)."""
+    index = os.path.join(model_path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        paths = [os.path.join(model_path, name) for name in files]
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing:
+            raise FileNotFoundError(f"weight shard(s) listed in the index are missing: {', '.join(missing)}")
+        return paths
+    paths = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
+    if not paths:
+        raise FileNotFoundError(f"{model_path} has no *.safetensors weight files")
+    return paths
+
+
+def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16) -> CausalLM:
+    config = ModelConfig.from_dir(model_path)
+    cls = model_class_for(config.architecture)
+    with torch.device("meta"):
+        model = cls(config)
+    model = model.to_empty(device="cpu").to(dtype)
+    model.rotary.__init__(config)  # buffers made on meta hold no values
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for path in weight_files(model_path):
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                _load_tensor(model, params, name, f.get_tensor(name), loaded)
+    expected = set(params)
+    if config.tie_word_embeddings:
+        expected.discard("lm_head.weight")
+    # A fused parameter counts as loaded only when every one of its shards was.
+    for module_path, module in model.named_modules():
+        if isinstance(module, FusedLinear):
+            for param, _ in module.named_parameters(recurse=False):
+                full = f"{module_path}.{param}"
+                shards = [f"{full}#{s}" for s in module.shard_offsets]
+                if all(s in loaded for s in shards):
+                    loaded.add(full)
+                else:
+                    expected |= {s for s in shards if s not in loaded}
+                    expected.discard(full)
+    missing = sorted(expected - loaded)
+    if missing:
+        raise ValueError(f"checkpoint {model_path} lacks tensors: {', '.join(missing[:8])}"
+                         + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    return model.eval()
+
+
+def _load_tensor(model: CausalLM, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor,
+                 loaded: set[str]) -> None:
+    if name.endswith("rotary_emb.inv_freq"):
+        return
+    if name == "lm_head.weight" and model.config.tie_word_embeddings:
+        return  # some tied checkpoints still store it; the embedding is authoritative
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in CausalLM.STACKED:
+            fused_name, shard = CausalLM.STACKED[part]
+            module_path = ".".join(parts[:i] + [fused_name])
+            module = model.get_submodule(module_path)
+            assert isinstance(module, FusedLinear)
+            param = parts[-1]
+            module.load_shard(param, shard, tensor)
+            loaded.add(f"{module_path}.{param}#{shard}")
+            return
+    if name not in params:
+        raise ValueError(f"unexpected tensor {name!r} in the checkpoint (architecture {model.config.architecture})")
+    target = params[name]
+    if tuple(tensor.shape) != tuple(target.shape):
+        raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(target.shape)}")
+    with torch.no_grad():
+        target.copy_(tensor)
+    loaded.add(name)

@@ -1,0 +1,63 @@
+"""`serve`: an OpenAI-compatible server (flags follow SGLang's names).
+
+  bazel run //python:serve -- [--model-path DIR] [--enable-cpu-rvv-inductor] [--port 30000]
+
+Without --model-path it serves the embedded default model (generated at first use).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+from absl import app, flags, logging
+
+from rvascend.server.app import create_app
+from rvascend.server.launch import ServeOptions, build_engine
+
+flags.DEFINE_string("model-path", None, "Hugging Face checkpoint directory (default: the embedded model).")
+flags.DEFINE_string("served-model-name", None, "Model name reported by the API.")
+flags.DEFINE_string("device", "cpu", "Device (cpu).")
+flags.DEFINE_string("dtype", "bfloat16", "Weights and activations: bfloat16 or float32.")
+flags.DEFINE_string("attention-backend", "torch_native", "Attention backend (torch_native: SDPA per request).")
+flags.DEFINE_bool("enable-cpu-rvv-inductor", False,
+                  "Packed BF16 RVV kernels with regional compile and small-batch buckets.")
+flags.DEFINE_integer("cpu-rvv-memory-budget-mib", None, "Memory budget for packed weights (default: derived).")
+flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "How routed projections run.")
+flags.DEFINE_string("host", "127.0.0.1", "Address to bind.")
+flags.DEFINE_integer("port", 30000, "Port to bind.")
+flags.DEFINE_string("api-key", None, "Require `Authorization: Bearer KEY` on /v1/ endpoints.")
+flags.DEFINE_integer("max-running-requests", 8, "Sequences decoding together at most.")
+flags.DEFINE_integer("max-total-tokens", None, "KV pool size in tokens (default: from free memory).")
+flags.DEFINE_integer("max-queued-requests", 64, "Requests queued or running before 503s.")
+flags.DEFINE_integer("context-length", None, "Context length (default: the model's).")
+
+FLAGS = flags.FLAGS
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    opts = ServeOptions(
+        model_path=FLAGS["model-path"].value, dtype=FLAGS["dtype"].value, device=FLAGS["device"].value,
+        attention_backend=FLAGS["attention-backend"].value,
+        enable_cpu_rvv_inductor=FLAGS["enable-cpu-rvv-inductor"].value,
+        cpu_rvv_memory_budget_mib=FLAGS["cpu-rvv-memory-budget-mib"].value,
+        cpu_compile_mode=FLAGS["cpu-compile-mode"].value,
+        max_running_requests=FLAGS["max-running-requests"].value,
+        max_total_tokens=FLAGS["max-total-tokens"].value,
+        max_queued_requests=FLAGS["max-queued-requests"].value,
+        context_length=FLAGS["context-length"].value)
+    try:
+        engine, name, policy = build_engine(opts)
+    except (ValueError, FileNotFoundError) as e:
+        logging.error("%s", e)
+        return 2
+    name = FLAGS["served-model-name"].value or name
+    logging.info("serving %s on http://%s:%d", name, FLAGS.host, FLAGS.port)
+    uvicorn.run(create_app(engine, name, policy, FLAGS["api-key"].value), host=FLAGS.host, port=FLAGS.port,
+                log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))

@@ -1,0 +1,66 @@
+"""Builds a ready engine from serving options: model, tokenizer, KV pool, RVV policy."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import psutil
+import torch
+from absl import logging
+
+from rvascend.engine import Engine, EngineConfig
+from rvascend.engine.default_model import ensure_default_model
+from rvascend.engine.tokenizer import Tokenizer
+from rvascend.models.decoder import KVPool
+from rvascend.models.loader import load_model
+from rvascend.policy import RvvPolicy, RvvPolicyConfig, get_policy, install_rvv_policy
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+# Without --max-total-tokens the KV pool gets at most this share of free memory.
+_KV_MEMORY_FRACTION = 0.25
+_KV_MAX_DEFAULT_TOKENS = 32768
+
+
+@dataclasses.dataclass
+class ServeOptions:
+    model_path: Optional[str] = None
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    attention_backend: str = "torch_native"
+    enable_cpu_rvv_inductor: bool = False
+    cpu_rvv_memory_budget_mib: Optional[int] = None
+    cpu_compile_mode: str = "regional"
+    max_running_requests: int = 8
+    max_total_tokens: Optional[int] = None
+    max_queued_requests: int = 64
+    context_length: Optional[int] = None
+
+
+def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
+    """(engine, served model name, installed policy or None)."""
+    if opts.device != "cpu":
+        raise ValueError(f"--device {opts.device!r} is not supported: this engine serves on the CPU")
+    if opts.attention_backend != "torch_native":
+        raise ValueError(f"--attention-backend {opts.attention_backend!r} is not supported (torch_native only)")
+    if opts.dtype not in _DTYPES:
+        raise ValueError(f"--dtype {opts.dtype!r} is not supported ({', '.join(_DTYPES)})")
+    path = opts.model_path or ensure_default_model()
+    name = opts.model_path.rstrip("/").rsplit("/", 1)[-1] if opts.model_path else "rvascend-default"
+    model = load_model(path, _DTYPES[opts.dtype])
+    tokenizer = Tokenizer(path)
+    policy = None
+    if opts.enable_cpu_rvv_inductor:
+        config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib,
+                                           compile_mode=opts.cpu_compile_mode)
+        install_rvv_policy(model, config)
+        policy = get_policy(model)
+    tokens = opts.max_total_tokens
+    if tokens is None:
+        per_token = KVPool.bytes_per_token(model.config, _DTYPES[opts.dtype])
+        tokens = int(min(_KV_MAX_DEFAULT_TOKENS, psutil.virtual_memory().available * _KV_MEMORY_FRACTION // per_token))
+        logging.info("KV pool: %d tokens (%.1f MiB)", tokens, tokens * per_token / 2**20)
+    engine = Engine(model, tokenizer, EngineConfig(
+        max_running_requests=opts.max_running_requests, max_total_tokens=tokens,
+        max_queued_requests=opts.max_queued_requests, context_length=opts.context_length))
+    return engine, name, policy
