@@ -1,0 +1,221 @@
+"""The engine against Hugging Face transformers' own models on the same checkpoints.
+
+Tiny random checkpoints of all three families are written with
+`save_pretrained` and read back by both. BF16 logits must agree within BF16
+noise; greedy tokens must agree exactly in FP32, and in BF16 wherever the
+reference's choice is not a near tie. All of it with and without the policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+
+import pytest
+import torch
+import transformers
+
+from rvascend.engine import Engine, EngineConfig, QueueFullError, RequestError, SamplingParams
+from rvascend.models.decoder import ForwardBatch, KVPool
+from rvascend.models.loader import load_model
+from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+
+COMMON = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
+              num_key_value_heads=4, vocab_size=2048, max_position_embeddings=256, initializer_range=0.05)
+FAMILIES = {
+    "llama": lambda: transformers.LlamaConfig(**COMMON, tie_word_embeddings=True, rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}),
+    "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=128, tie_word_embeddings=True),
+    "qwen2": lambda: transformers.Qwen2Config(**COMMON, tie_word_embeddings=False),
+}
+EAGER = RvvPolicyConfig(compile_mode="eager")
+PROMPT = 20
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def checkpoint(request, tmp_path_factory):
+    torch.manual_seed(0)
+    path = str(tmp_path_factory.mktemp(request.param))
+    transformers.AutoModelForCausalLM.from_config(FAMILIES[request.param]()).save_pretrained(path)
+    return request.param, path
+
+
+def _hf(path: str, dtype: torch.dtype):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+def _ours(path: str, dtype: torch.dtype, policy: bool):
+    model = load_model(path, dtype)
+    if policy:
+        install_rvv_policy(model, EAGER)
+    return model
+
+
+def _prompt() -> torch.Tensor:
+    return torch.randint(0, 2048, (PROMPT,), generator=torch.Generator().manual_seed(1))
+
+
+def _all_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    n = ids.shape[0]
+    batch = ForwardBatch(ids, torch.arange(n), [n], [0], [torch.arange(n)], torch.arange(n))
+    with torch.inference_mode():
+        return model(batch, KVPool(model.config, n, next(model.parameters()).dtype), all_logits=True).float()
+
+
+def _greedy(model, ids: torch.Tensor, n: int) -> list[int]:
+    engine = Engine(model, None, EngineConfig(max_total_tokens=128))
+    (seq,) = engine.generate([ids.tolist()], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
+    assert engine.stats()["kv_used_tokens"] == 0
+    return seq.output_ids
+
+
+@pytest.mark.parametrize("policy", [False, True])
+def test_bf16_logits_match_transformers(checkpoint, policy):
+    _, path = checkpoint
+    ids = _prompt()
+    with torch.no_grad():
+        want = _hf(path, torch.bfloat16)(ids[None]).logits[0].float()
+    model = _ours(path, torch.bfloat16, policy)
+    got = _all_logits(model, ids)
+    assert (got - want).abs().max().item() <= 0.03 * want.abs().max().item()
+    if policy:
+        assert get_policy(model).counters.calls(route="packed") > 0
+
+
+def test_fp32_greedy_tokens_match_transformers(checkpoint):
+    _, path = checkpoint
+    ids = _prompt()
+    with torch.no_grad():
+        want = _hf(path, torch.float32).generate(ids[None], max_new_tokens=12, do_sample=False)[0, PROMPT:].tolist()
+    assert _greedy(_ours(path, torch.float32, False), ids, 12) == want
+
+
+@pytest.mark.parametrize("policy", [False, True])
+def test_bf16_greedy_tokens_match_transformers_away_from_ties(checkpoint, policy):
+    _, path = checkpoint
+    ids = _prompt()
+    hf = _hf(path, torch.bfloat16)
+    with torch.no_grad():
+        want = hf.generate(ids[None], max_new_tokens=12, do_sample=False)[0, PROMPT:].tolist()
+        # The reference's logits along its own continuation: where its top two
+        # are within BF16 noise the choice is a coin toss for any implementation.
+        ref = hf(torch.tensor([ids.tolist() + want[:-1]])).logits[0, PROMPT - 1:].float()
+    top2 = ref.topk(2, dim=-1).values
+    clear = ((top2[:, 0] - top2[:, 1]) > 0.05 * ref.abs().max()).tolist()
+    got = _greedy(_ours(path, torch.bfloat16, policy), ids, 12)
+    agreed = 0
+    for g, w, ok in zip(got, want, clear):
+        if not ok:
+            break
+        assert g == w
+        agreed += 1
+    assert agreed >= 1 or not clear[0]
+
+
+def test_continuous_batching_gives_m2_and_same_tokens(checkpoint):
+    family, path = checkpoint
+    model = _ours(path, torch.bfloat16, True)
+    a, b = _prompt().tolist(), _prompt().flip(0).tolist()
+    alone = [_greedy(model, torch.tensor(p), 6) for p in (a, b)]
+    policy = get_policy(model)
+    policy.counters.reset()
+    engine = Engine(model, None, EngineConfig(max_total_tokens=128))
+    seqs = engine.generate([a, b], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    assert [s.output_ids for s in seqs] == alone
+    assert policy.counters.rows_seen("o_proj", "packed").get(2, 0) > 0
+    assert policy.counters.rows_seen("lm_head", "packed").get(2, 0) > 0
+    if family == "qwen2":  # q/k/v bias: the gate sends qkv_proj to F.linear
+        assert policy.counters.calls("qkv_proj", "fallback", "bias") > 0
+        assert policy.counters.calls("qkv_proj", "packed") == 0
+    else:
+        assert policy.counters.rows_seen("qkv_proj", "packed").get(2, 0) > 0
+
+
+def test_checkpoint_errors(tmp_path, checkpoint):
+    _, path = checkpoint
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(str(tmp_path))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="unsupported architecture"):
+        load_model(str(bad))
+    config["architectures"] = ["LlamaForCausalLM"]
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_model(str(bad))
+
+
+def test_missing_and_misshaped_tensors(tmp_path):
+    from safetensors.torch import load_file, save_file
+    torch.manual_seed(0)
+    src = tmp_path / "src"
+    transformers.AutoModelForCausalLM.from_config(FAMILIES["qwen2"]()).save_pretrained(str(src))
+    tensors = load_file(str(src / "model.safetensors"))
+    for case, edit, match in [
+        ("missing", lambda t: t.pop("model.layers.0.self_attn.k_proj.weight"), "lacks tensors"),
+        ("shape", lambda t: t.__setitem__("model.norm.weight", torch.ones(7)), "has shape"),
+        ("extra", lambda t: t.__setitem__("model.bogus.weight", torch.ones(1)), "unexpected tensor"),
+    ]:
+        d = tmp_path / case
+        d.mkdir()
+        (d / "config.json").write_text((src / "config.json").read_text())
+        t = dict(tensors)
+        edit(t)
+        save_file(t, str(d / "model.safetensors"))
+        with pytest.raises(ValueError, match=match):
+            load_model(str(d))
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES["qwen3"]())
+    model.save_pretrained(str(tmp_path), max_shard_size="5MB")
+    assert os.path.exists(tmp_path / "model.safetensors.index.json")
+    ours = load_model(str(tmp_path), torch.float32)
+    with torch.no_grad():
+        want = model(_prompt()[None]).logits[0]
+    assert torch.allclose(_all_logits(ours, _prompt()), want, atol=1e-3)
+
+
+def test_request_validation_and_queue_limit():
+    from rvascend.engine.default_model import ensure_default_model
+    model = load_model(ensure_default_model())
+    engine = Engine(model, None, EngineConfig(max_total_tokens=64, max_queued_requests=2, context_length=48))
+    for prompt, params, match in [
+        ([], SamplingParams(), "empty"),
+        ([1, 2], SamplingParams(max_tokens=0), "at least 1"),
+        (list(range(48)), SamplingParams(max_tokens=1), "context length"),
+        ([1, 2], SamplingParams(max_tokens=47), "exceeds the context"),
+        ([5000], SamplingParams(), "outside the vocabulary"),
+        ([1], SamplingParams(top_p=0), "top_p"),
+    ]:
+        with pytest.raises(RequestError, match=match):
+            engine.add_request(prompt, params)
+    engine.add_request([1, 2], SamplingParams(max_tokens=2))
+    engine.add_request([1, 2], SamplingParams(max_tokens=2))
+    with pytest.raises(QueueFullError):
+        engine.add_request([1, 2], SamplingParams(max_tokens=2))
+    while engine.has_work():
+        engine.step()
+    assert engine.stats()["kv_used_tokens"] == 0 and engine.stats()["kv_reserved_tokens"] == 0
+
+
+def test_sampling_is_reproducible_with_a_seed():
+    from rvascend.engine.default_model import ensure_default_model
+    model = load_model(ensure_default_model())
+    engine = Engine(model, None, EngineConfig(max_total_tokens=256))
+    params = SamplingParams(max_tokens=8, temperature=1.5, top_p=0.9, seed=1234, ignore_eos=True)
+    first = engine.generate([[0, 10, 20]], params)[0].output_ids
+    second = engine.generate([[0, 10, 20]], params)[0].output_ids
+    assert first == second
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
