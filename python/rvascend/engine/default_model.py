@@ -19,7 +19,7 @@ import torch
 from absl import logging
 from safetensors.torch import save_file
 
-VERSION = 1
+VERSION = 2
 NAME = "rvascend-default-llama"
 
 CONFIG = {
@@ -35,7 +35,7 @@ CONFIG = {
     "rms_norm_eps": 1e-5,
     "rope_theta": 500000.0,
     "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
     "max_position_embeddings": 4096,
     "tie_word_embeddings": True,
     "bos_token_id": 0,
@@ -57,8 +57,21 @@ _CORPUS_MODULES = ["builtins", "collections", "itertools", "functools", "json", 
 
 
 def cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "rvascend", f"{NAME}-v{VERSION}")
+    """RVASCEND_CACHE_DIR, else the user cache; a read-only home (a Bazel test
+    sandbox) falls back to the test's or the system's temporary directory."""
+    base = os.environ.get("RVASCEND_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "rvascend")
+    path = os.path.join(base, f"{NAME}-v{VERSION}")
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        return path
+    try:
+        os.makedirs(base, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=base)
+        probe.close()
+        return path
+    except OSError:
+        tmp = os.environ.get("TEST_TMPDIR") or tempfile.gettempdir()
+        return os.path.join(tmp, "rvascend", f"{NAME}-v{VERSION}")
 
 
 def ensure_default_model() -> str:

@@ -1,0 +1,63 @@
+"""The benchmark suite (`./dev bench`, `nix run .#bench`): kernels, policy, one batch, serving.
+
+Each part runs as its own process (fresh memory, fresh compile state) and
+appends jsonl records, each carrying the reproducibility manifest, under
+--output-dir. Pass --parts to run a subset.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import time
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("parts", ["kernels", "policy", "one_batch", "serving"], "Which benchmarks to run.")
+flags.DEFINE_string("output-dir", None, "Directory for jsonl and PNG files (default: bench_results/<time>).")
+flags.DEFINE_string("model-path", None, "Checkpoint for one_batch and serving (default: the embedded model).")
+flags.DEFINE_bool("quick", False, "Smaller shapes and fewer rows: a smoke run of the whole suite.")
+
+
+def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
+    return {
+        "kernels": ["rvascend.bench.linear_bench", f"--output={out}/kernels.jsonl"]
+        + (["--rows=1,16", "--projections=o_proj,gate_up_proj", "--min_seconds=0.05"] if quick else []),
+        "policy": ["rvascend.bench.policy_bench", f"--output={out}/policy.jsonl"]
+        + (["--layers=1", "--rows=1,2", "--budgets=0,100", "--cpu-compile-mode=eager"] if quick else []),
+        "one_batch": ["rvascend.bench.one_batch", f"--output={out}/one_batch.jsonl", f"--plot={out}/one_batch.png",
+                      "--hf"] + model + (["--cpu-compile-mode=eager"] if quick else []),
+        "serving": ["rvascend.bench.serving", f"--output={out}/serving.jsonl", f"--plot={out}/serving.png"]
+        + model + (["--server-args=--cpu-compile-mode=eager", "--num-prompts=2"] if quick else []),
+    }
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    out = FLAGS["output-dir"].value or os.path.join(
+        "bench_results", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
+    model = [f"--model-path={FLAGS['model-path'].value}"] if FLAGS["model-path"].value else []
+    parts = _parts(out, model, FLAGS.quick)
+    unknown = [p for p in FLAGS.parts if p not in parts]
+    if unknown:
+        logging.error("unknown part(s) %s; known: %s", unknown, ", ".join(parts))
+        return 2
+    failed = []
+    for i, name in enumerate(FLAGS.parts, 1):
+        logging.info("[%d/%d] %s", i, len(FLAGS.parts), name)
+        t0 = time.monotonic()
+        rc = subprocess.run([sys.executable, "-m", *parts[name]]).returncode
+        logging.info("[%d/%d] %s: %s in %.0f s", i, len(FLAGS.parts), name, "ok" if rc == 0 else f"exit {rc}",
+                     time.monotonic() - t0)
+        if rc != 0:
+            failed.append(name)
+    logging.info("results in %s", out)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))

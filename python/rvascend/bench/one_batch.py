@@ -1,0 +1,133 @@
+"""One-batch latency benchmark (SGLang's bench_one_batch settings and jsonl keys).
+
+Batch 1, input 64, output 8 by default: prefill latency/throughput, median
+decode latency/throughput, total latency/throughput, peak RSS. Runs this
+engine with the RVV policy off and on (`--policy`), and optionally Hugging
+Face transformers' `generate` on the same checkpoint and thread count.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from typing import Any, Optional
+
+import torch
+from absl import app, flags, logging
+
+from rvascend.bench.plots import bar_plot
+from rvascend.bench.results import print_table, write_jsonl
+from rvascend.bench.rss import peak_rss_mib
+from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine.default_model import ensure_default_model
+from rvascend.models.loader import load_model
+from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model-path", None, "Checkpoint directory (default: the embedded model).")
+flags.DEFINE_integer("batch-size", 1, "Sequences in the batch.")
+flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
+flags.DEFINE_integer("output-len", 8, "Generated tokens per sequence.")
+flags.DEFINE_list("policy", ["off", "on"], "Runs: RVV policy off and/or on.")
+flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "Policy compile mode.")
+flags.DEFINE_bool("hf", False, "Also time transformers' generate on the same checkpoint.")
+flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
+flags.DEFINE_integer("warmup", 1, "Untimed runs first (compiles the buckets).")
+flags.DEFINE_string("output", "bench_results/one_batch.jsonl", "jsonl file to append to.")
+flags.DEFINE_string("plot", "bench_results/one_batch.png", "PNG plot (empty: none).")
+
+
+def run_engine(model, batch: int, input_len: int, output_len: int, warmup: int) -> dict[str, Any]:
+    engine = Engine(model, None, EngineConfig(max_total_tokens=batch * (input_len + output_len) + 16,
+                                              max_running_requests=batch, max_prefill_tokens=batch * input_len))
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    for attempt in range(warmup + 1):
+        prompts = [torch.randint(0, vocab, (input_len,), generator=g).tolist() for _ in range(batch)]
+        for p in prompts:
+            engine.add_request(p, params)
+        steps = []
+        while engine.has_work():
+            t0 = time.perf_counter()
+            engine.step()
+            steps.append(time.perf_counter() - t0)
+    prefill, decode = steps[0], steps[1:]
+    total = sum(steps)
+    median_decode = statistics.median(decode) if decode else float("nan")
+    return {"prefill_latency": prefill, "prefill_throughput": batch * input_len / prefill,
+            "median_decode_latency": median_decode, "median_decode_throughput": batch / median_decode,
+            "total_latency": total, "overall_throughput": batch * (input_len + output_len) / total}
+
+
+def run_hf(path: str, batch: int, input_len: int, output_len: int, warmup: int) -> dict[str, Any]:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    for _ in range(warmup + 1):
+        ids = torch.randint(0, vocab, (batch, input_len), generator=g)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            model(ids)
+            prefill = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False)
+            total = time.perf_counter() - t0
+    # generate = one prefill + (output_len - 1) decode steps.
+    decode = (total - prefill) / max(1, output_len - 1)
+    return {"prefill_latency": prefill, "prefill_throughput": batch * input_len / prefill,
+            "median_decode_latency": decode, "median_decode_throughput": batch / decode,
+            "total_latency": total, "overall_throughput": batch * (input_len + output_len) / total,
+            "note": "decode latency is the mean of generate's decode steps"}
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    if FLAGS.threads:
+        torch.set_num_threads(FLAGS.threads)
+    path = FLAGS["model-path"].value or ensure_default_model()
+    batch, input_len, output_len = FLAGS["batch-size"].value, FLAGS["input-len"].value, FLAGS["output-len"].value
+    base = {"batch_size": batch, "input_len": input_len, "output_len": output_len, "model_path": path,
+            "threads": torch.get_num_threads(), "dtype": "bfloat16"}
+    records = []
+    for mode in FLAGS.policy:
+        model = load_model(path)
+        if mode == "on":
+            install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode=FLAGS["cpu-compile-mode"].value))
+        logging.info("policy %s: running", mode)
+        result = run_engine(model, batch, input_len, output_len, FLAGS.warmup)
+        records.append({**base, "run_name": f"rvascend-policy-{mode}", "backend": "rvascend", "policy": mode,
+                        **result, "peak_rss_mib": peak_rss_mib()})
+        del model
+    if FLAGS.hf:
+        records.append({**base, "run_name": "hf-generate", "backend": "transformers", "policy": "n/a",
+                        **run_hf(path, batch, input_len, output_len, FLAGS.warmup), "peak_rss_mib": peak_rss_mib()})
+    print_table(records, [("run_name", "run", "s"), ("prefill_latency", "prefill s", ".4f"),
+                          ("prefill_throughput", "prefill tok/s", ".1f"),
+                          ("median_decode_latency", "decode s", ".4f"),
+                          ("median_decode_throughput", "decode tok/s", ".2f"),
+                          ("total_latency", "total s", ".3f"), ("overall_throughput", "total tok/s", ".1f"),
+                          ("peak_rss_mib", "peak RSS MiB", ".0f")])
+    write_jsonl(FLAGS.output, records, _manifest(path))
+    if FLAGS.plot:
+        bar_plot(FLAGS.plot, f"one batch: bs {batch}, in {input_len}, out {output_len}",
+                 [r["run_name"] for r in records],
+                 {"decode tok/s": [r["median_decode_throughput"] for r in records]}, "tokens / s")
+    logging.info("wrote %s", FLAGS.output)
+    return 0
+
+
+def _manifest(model_path: str) -> Optional[dict[str, Any]]:
+    try:
+        from rvascend.repro import manifest
+    except ImportError:
+        return None
+    return manifest.capture(checkpoint_dir=model_path)
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))

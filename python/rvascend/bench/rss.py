@@ -1,0 +1,23 @@
+"""Peak resident set size of a process (Linux VmHWM), in MiB."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+
+def peak_rss_mib(pid: Optional[int] = None) -> float:
+    path = f"/proc/{pid or os.getpid()}/status"
+    with open(path, encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM in {path}")
+
+
+def current_rss_mib(pid: Optional[int] = None) -> float:
+    with open(f"/proc/{pid or os.getpid()}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
