@@ -1,0 +1,69 @@
+"""Writes a random-weight checkpoint with a real model's shapes (for benchmarks).
+
+  python -m rvascend.engine.random_checkpoint --shape=qwen3-0.6b --output=DIR
+
+The tokenizer is the embedded default model's (2048 entries); benchmarks send
+token ids, so the model's full vocabulary is still exercised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+from absl import app, flags, logging
+from safetensors.torch import save_file
+
+from rvascend.engine.default_model import ensure_default_model, random_weights
+
+SHAPES = {
+    "llama-3.2-1b": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+        "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+        "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 1},
+    "qwen3-0.6b": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+        "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 1},
+    "deepseek-r1-distill-qwen-1.5b": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960,
+        "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128,
+        "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 131072,
+        "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1},
+}
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("shape", "qwen3-0.6b", sorted(SHAPES), "Which model's shapes.")
+flags.DEFINE_string("output", None, "Directory to write.")
+flags.DEFINE_integer("seed", 0, "Weights seed.")
+
+
+def write(shape: str, output: str, seed: int = 0) -> str:
+    os.makedirs(output, exist_ok=True)
+    config = dict(SHAPES[shape], torch_dtype="bfloat16")
+    with open(os.path.join(output, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    default = ensure_default_model()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(default, name), os.path.join(output, name))
+    save_file(random_weights(config, seed), os.path.join(output, "model.safetensors"))
+    return output
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    if not FLAGS.output:
+        logging.error("--output is required")
+        return 2
+    logging.info("wrote %s", write(FLAGS.shape, FLAGS.output, FLAGS.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))
