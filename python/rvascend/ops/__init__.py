@@ -16,7 +16,10 @@ from rvascend.ops.packed_linear import (
     use_kernel_set,
 )
 
+from rvascend.ops.gated_delta_rule import recurrent_gated_delta_rule
+
 __all__ = [
+    "recurrent_gated_delta_rule",
     "BLOCK_N",
     "LAYOUT_VERSION",
     "available_kernel_sets",

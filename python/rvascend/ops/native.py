@@ -1,4 +1,4 @@
-"""Finds and loads the compiled `_rvv_kernels` extension.
+"""Finds and loads the compiled extensions (`_rvv_kernels`, `_rgdr`).
 
 Under Bazel it sits next to this file (a runfile of //python:rvascend). In the
 project venv `./dev setup` installs a copy into `rvascend/_native/`; a name
@@ -15,15 +15,20 @@ from types import ModuleType
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _has_extension(directory: str) -> bool:
-    return bool(glob.glob(os.path.join(directory, "_rvv_kernels*.so")))
+def _has_extension(directory: str, name: str) -> bool:
+    return bool(glob.glob(os.path.join(directory, f"{name}*.so")))
+
+
+def load_extension(name: str) -> ModuleType:
+    """The compiled module `name` (e.g. "_rvv_kernels", "_rgdr")."""
+    if _has_extension(_HERE, name):
+        return importlib.import_module(f"rvascend.ops.{name}")
+    if _has_extension(os.path.join(os.path.dirname(_HERE), "_native"), name):
+        return importlib.import_module(f"rvascend._native.{name}")
+    raise ImportError(
+        f"the rvascend extension {name} is not built: run `./dev setup`, "
+        "or use it through Bazel (//python:rvascend)")
 
 
 def load_rvv_kernels() -> ModuleType:
-    if _has_extension(_HERE):
-        return importlib.import_module("rvascend.ops._rvv_kernels")
-    if _has_extension(os.path.join(os.path.dirname(_HERE), "_native")):
-        return importlib.import_module("rvascend._native._rvv_kernels")
-    raise ImportError(
-        "the rvascend kernel extension (_rvv_kernels) is not built: run `./dev setup`, "
-        "or use it through Bazel (//python:rvascend)")
+    return load_extension("_rvv_kernels")

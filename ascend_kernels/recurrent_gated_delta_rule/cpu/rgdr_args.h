@@ -1,0 +1,36 @@
+// Arguments of recurrent_gated_delta_rule as raw tensors (shared by the CPU
+// implementation and the twin launcher). Shapes follow the op definition:
+// query/key [T, NK, Dk], value [T, NV, Dv], beta [T, NV], g [T, NV] (FP32),
+// gk [T, NV] or [T, NV, Dk] (FP32), state [S, NV, Dv, Dk], out [T, NV, Dv].
+#ifndef RGDR_CPU_RGDR_ARGS_H_
+#define RGDR_CPU_RGDR_ARGS_H_
+
+#include <cstdint>
+
+namespace rgdr {
+
+enum class Elem : uint32_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
+
+struct RgdrArgs {
+  Elem elem = Elem::kBFloat16;
+  uint32_t t = 0, b = 0, nk = 0, nv = 0, dk = 0, dv = 0, num_slots = 0;
+  const void* query = nullptr;
+  const void* key = nullptr;
+  const void* value = nullptr;
+  const void* beta = nullptr;
+  const float* g = nullptr;             // optional
+  const float* gk = nullptr;            // optional
+  bool gk_per_dim = false;
+  void* state = nullptr;                // read and written
+  const void* seq_lens = nullptr;       // [B] per-sample lengths
+  bool seq_lens_int64 = false;
+  const void* indices = nullptr;        // [T] one slot per token
+  bool indices_int64 = false;
+  const int32_t* accepted = nullptr;    // optional [B]
+  void* out = nullptr;
+  float scale = 1.0f;
+};
+
+}  // namespace rgdr
+
+#endif  // RGDR_CPU_RGDR_ARGS_H_

@@ -1,0 +1,489 @@
+// CPU twin of the AscendC API subset the RGDR kernel uses. The kernel source
+// compiles unchanged against this header (instead of CANN's) and runs once
+// per block on the CPU, with the hardware's rules enforced:
+//  - UB capacity per core (InitBuffer past the end throws),
+//  - 32-byte alignment of UB operands of DMA and vector instructions,
+//  - queue discipline (AllocTensor/EnQue/DeQue/FreeTensor, depth, leaks),
+//  - reads of UB bytes nothing wrote, scalar reads without a V_S sync,
+//  - GM reads and writes outside the tensors of the launch (this is how a
+//    DMA tail that rounds up to 32 bytes gets caught),
+//  - SetFlag without WaitFlag.
+// DMA bytes in and out are counted.
+#ifndef RGDR_CPU_TWIN_KERNEL_OPERATOR_H_
+#define RGDR_CPU_TWIN_KERNEL_OPERATOR_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "cpu_twin/twin_runtime.h"
+
+#define __aicore__
+#define __global__
+#define __gm__
+using GM_ADDR = uint8_t*;
+
+struct bfloat16_t {
+  uint16_t bits;
+};
+using half = _Float16;
+
+namespace AscendC {
+
+using twin::TwinError;
+
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(half x) { return static_cast<float>(x); }
+inline float ToFloat(bfloat16_t x) {
+  uint32_t u = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+template <typename T>
+inline T FromFloat(float f);
+template <>
+inline float FromFloat<float>(float f) { return f; }
+template <>
+inline half FromFloat<half>(float f) { return static_cast<half>(f); }
+template <>
+inline bfloat16_t FromFloat<bfloat16_t>(float f) {  // round to nearest even, NaN kept
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bfloat16_t{static_cast<uint16_t>((u >> 16) | 0x40)};
+  return bfloat16_t{static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+
+enum class TPosition { GM, VECIN, VECOUT, VECCALC };
+using QuePosition = TPosition;
+enum class RoundMode { CAST_NONE, CAST_RINT, CAST_ROUND, CAST_FLOOR, CAST_CEIL, CAST_TRUNC };
+enum class HardEvent { MTE2_V, V_MTE2, V_MTE3, MTE3_V, V_S, S_V, MTE2_S, S_MTE2, MTE3_S, S_MTE3, MTE3_MTE2 };
+enum pipe_t { PIPE_S, PIPE_V, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
+using event_t = int32_t;
+
+inline int64_t GetBlockIdx() { return twin::Runtime::Get().block_idx(); }
+inline int64_t GetBlockNum() { return twin::Runtime::Get().block_num(); }
+
+template <HardEvent event>
+inline void SetFlag(event_t id) {
+  ++twin::Runtime::Get().events()[{static_cast<int>(event), id}];
+}
+
+template <HardEvent event>
+inline void WaitFlag(event_t id) {
+  auto& count = twin::Runtime::Get().events()[{static_cast<int>(event), id}];
+  if (count <= 0) throw TwinError("WaitFlag on an event that was never set: the core would hang");
+  --count;
+  if (event == HardEvent::V_S) twin::Runtime::Get().ScalarSynced();
+}
+
+template <pipe_t pipe>
+inline void PipeBarrier() {
+  if (pipe == PIPE_V || pipe == PIPE_ALL) twin::Runtime::Get().ScalarSynced();
+}
+
+// ---------------------------------------------------------------------------
+template <typename T>
+class GlobalTensor {
+ public:
+  void SetGlobalBuffer(__gm__ T* base, uint64_t size = 0) {
+    base_ = base;
+    size_ = size;
+  }
+  GlobalTensor operator[](uint64_t offset) const {
+    GlobalTensor g;
+    g.base_ = base_ + offset;
+    g.size_ = size_ > offset ? size_ - offset : 0;
+    return g;
+  }
+  T GetValue(uint64_t i) const {
+    twin::Runtime::Get().CheckGm(base_ + i, sizeof(T), "GlobalTensor::GetValue");
+    return base_[i];
+  }
+  void SetValue(uint64_t i, T v) const {
+    twin::Runtime::Get().CheckGm(base_ + i, sizeof(T), "GlobalTensor::SetValue");
+    base_[i] = v;
+  }
+  T* GetPhyAddr() const { return base_; }
+
+ private:
+  T* base_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+class TQueBase;
+
+template <typename T>
+class LocalTensor {
+ public:
+  LocalTensor() = default;
+  LocalTensor(uint32_t offset, uint32_t count, TQueBase* queue = nullptr, int slot = -1)
+      : offset_(offset), count_(count), queue_(queue), slot_(slot) {}
+
+  LocalTensor operator[](uint32_t i) const {
+    if (i > count_) throw TwinError("LocalTensor index past the tensor");
+    return LocalTensor(offset_ + i * sizeof(T), count_ - i, queue_, slot_);
+  }
+  T GetValue(uint32_t i) const {
+    auto& rt = twin::Runtime::Get();
+    if (rt.VectorDirty(offset_ + i * sizeof(T), sizeof(T))) {
+      throw TwinError("scalar read of UB a vector instruction wrote, without a V_S synchronisation");
+    }
+    rt.CheckUbRead(offset_ + i * sizeof(T), sizeof(T), "LocalTensor::GetValue");
+    T v;
+    std::memcpy(&v, rt.ub() + offset_ + i * sizeof(T), sizeof(T));
+    return v;
+  }
+  void SetValue(uint32_t i, T v) const {
+    auto& rt = twin::Runtime::Get();
+    std::memcpy(rt.ub() + offset_ + i * sizeof(T), &v, sizeof(T));
+    rt.MarkUbWritten(offset_ + i * sizeof(T), sizeof(T));
+  }
+  uint32_t GetSize() const { return count_; }
+  uint32_t offset() const { return offset_; }
+  TQueBase* queue() const { return queue_; }
+  int slot() const { return slot_; }
+  T* data() const { return reinterpret_cast<T*>(twin::Runtime::Get().ub() + offset_); }
+  template <typename U>
+  LocalTensor<U> ReinterpretCast() const {
+    return LocalTensor<U>(offset_, count_ * sizeof(T) / sizeof(U), queue_, slot_);
+  }
+
+ private:
+  uint32_t offset_ = 0;
+  uint32_t count_ = 0;
+  TQueBase* queue_ = nullptr;
+  int slot_ = -1;
+};
+
+// ---------------------------------------------------------------------------
+class TQueBase {
+ public:
+  enum class State { kFree, kAllocated, kQueued, kDequeued };
+  void Init(uint32_t depth, uint32_t bytes, uint32_t max_depth, const char* what) {
+    if (depth == 0 || depth > max_depth) {
+      throw TwinError(std::string("InitBuffer: queue depth ") + std::to_string(depth) + " outside 1.." +
+                      std::to_string(max_depth) + " of the TQue template");
+    }
+    bytes_ = (bytes + 31) / 32 * 32;
+    for (uint32_t i = 0; i < depth; ++i) {
+      offsets_[i] = twin::Runtime::Get().AllocateUb(bytes_, what);
+      state_[i] = State::kFree;
+    }
+    depth_ = depth;
+    name_ = what;
+  }
+  ~TQueBase() {
+    for (uint32_t i = 0; i < depth_; ++i) {
+      if (state_[i] != State::kFree) {
+        twin::Runtime::Get().DeferError(name_ + ": buffer still held when the block ended");
+        return;
+      }
+    }
+  }
+  int Alloc() {
+    for (uint32_t i = 0; i < depth_; ++i) {
+      if (state_[i] == State::kFree) {
+        state_[i] = State::kAllocated;
+        return static_cast<int>(i);
+      }
+    }
+    throw TwinError(name_ + ": AllocTensor with all " + std::to_string(depth_) + " buffers in use");
+  }
+  void Enque(int slot) {
+    Expect(slot, State::kAllocated, "EnQue");
+    state_[slot] = State::kQueued;
+    order_[tail_++ % 8] = slot;
+  }
+  int Deque() {
+    if (head_ == tail_) throw TwinError(name_ + ": DeQue with nothing enqueued");
+    const int slot = order_[head_++ % 8];
+    state_[slot] = State::kDequeued;
+    return slot;
+  }
+  void Free(int slot) {
+    if (slot < 0 || static_cast<uint32_t>(slot) >= depth_ || state_[slot] == State::kFree ||
+        state_[slot] == State::kQueued) {
+      throw TwinError(name_ + ": FreeTensor of a buffer that is not allocated or dequeued");
+    }
+    state_[slot] = State::kFree;
+  }
+  uint32_t offset(int slot) const { return offsets_[slot]; }
+  uint32_t bytes() const { return bytes_; }
+
+ private:
+  void Expect(int slot, State s, const char* op) {
+    if (slot < 0 || static_cast<uint32_t>(slot) >= depth_ || state_[slot] != s) {
+      throw TwinError(name_ + ": " + op + " of a tensor in the wrong state");
+    }
+  }
+  uint32_t depth_ = 0, bytes_ = 0;
+  uint32_t offsets_[8] = {};
+  State state_[8] = {};
+  int order_[8] = {};
+  uint32_t head_ = 0, tail_ = 0;
+  std::string name_;
+};
+
+template <TPosition pos, int32_t depth>
+class TQue : public TQueBase {
+ public:
+  static constexpr int32_t kDepth = depth;
+  template <typename T>
+  LocalTensor<T> AllocTensor() {
+    const int slot = Alloc();
+    return LocalTensor<T>(offset(slot), bytes() / sizeof(T), this, slot);
+  }
+  template <typename T>
+  void EnQue(const LocalTensor<T>& t) {
+    if (t.queue() != this) throw TwinError("EnQue of a tensor from another queue");
+    Enque(t.slot());
+  }
+  template <typename T>
+  LocalTensor<T> DeQue() {
+    const int slot = Deque();
+    return LocalTensor<T>(offset(slot), bytes() / sizeof(T), this, slot);
+  }
+  template <typename T>
+  void FreeTensor(const LocalTensor<T>& t) {
+    if (t.queue() != this) throw TwinError("FreeTensor of a tensor from another queue");
+    Free(t.slot());
+  }
+};
+
+template <TPosition pos>
+class TBuf {
+ public:
+  void Init(uint32_t bytes) {
+    bytes_ = (bytes + 31) / 32 * 32;
+    offset_ = twin::Runtime::Get().AllocateUb(bytes_, "TBuf");
+  }
+  template <typename T>
+  LocalTensor<T> Get() const {
+    return LocalTensor<T>(offset_, bytes_ / sizeof(T));
+  }
+  template <typename T>
+  LocalTensor<T> GetWithOffset(uint32_t count, uint32_t byte_offset) const {
+    if (byte_offset % 32 != 0) throw TwinError("TBuf::GetWithOffset: offset not 32-byte aligned");
+    if (static_cast<uint64_t>(byte_offset) + count * sizeof(T) > bytes_) {
+      throw TwinError("TBuf::GetWithOffset: " + std::to_string(count * sizeof(T)) + " bytes at offset " +
+                      std::to_string(byte_offset) + " exceed the buffer's " + std::to_string(bytes_));
+    }
+    return LocalTensor<T>(offset_ + byte_offset, count);
+  }
+
+ private:
+  uint32_t offset_ = 0, bytes_ = 0;
+};
+
+class TPipe {
+ public:
+  TPipe();
+  template <TPosition pos, int32_t depth>
+  void InitBuffer(TQue<pos, depth>& que, uint32_t num, uint32_t len) {
+    que.Init(num, len, depth, "TQue");
+  }
+  template <TPosition pos>
+  void InitBuffer(TBuf<pos>& buf, uint32_t len) {
+    buf.Init(len);
+  }
+  event_t FetchEventID(HardEvent) { return next_event_++ % 8; }
+
+ private:
+  event_t next_event_ = 0;
+};
+
+inline TPipe*& CurrentPipe() {
+  static TPipe* pipe = nullptr;
+  return pipe;
+}
+inline TPipe::TPipe() { CurrentPipe() = this; }
+inline TPipe* GetTPipePtr() { return CurrentPipe(); }
+
+// ---------------------------------------------------------------------------
+struct DataCopyExtParams {
+  uint16_t blockCount = 1;
+  uint32_t blockLen = 0;   // bytes per row
+  uint32_t srcStride = 0;  // gap after each row: bytes on GM, 32-byte blocks on UB
+  uint32_t dstStride = 0;  // gap after each row: 32-byte blocks on UB, bytes on GM
+  uint32_t rsv = 0;
+};
+
+template <typename T>
+struct DataCopyPadExtParams {
+  bool isPad = false;
+  uint8_t leftPadding = 0;
+  uint8_t rightPadding = 0;  // elements filled with paddingValue after each row
+  T paddingValue = T{};
+};
+
+namespace detail {
+inline void CheckUbAligned(uint32_t offset, const char* what) {
+  if (offset % 32 != 0) throw TwinError(std::string(what) + ": UB address not 32-byte aligned");
+}
+template <typename T>
+inline void CheckRange(const LocalTensor<T>& t, uint64_t count, const char* what) {
+  if (count > t.GetSize()) {
+    throw TwinError(std::string(what) + ": " + std::to_string(count) + " elements exceed the tensor's " +
+                    std::to_string(t.GetSize()));
+  }
+}
+}  // namespace detail
+
+// GM -> UB. Each row lands at a 32-byte aligned UB address; the bytes after a
+// row up to the next 32-byte boundary hold padding only if isPad asks for it.
+template <typename T>
+inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyExtParams& p,
+                        const DataCopyPadExtParams<T>& pad) {
+  auto& rt = twin::Runtime::Get();
+  detail::CheckUbAligned(dst.offset(), "DataCopyPad GM->UB");
+  const uint32_t row_ub = (p.blockLen + 31) / 32 * 32 + p.dstStride * 32;
+  const uint8_t* gm = reinterpret_cast<const uint8_t*>(src.GetPhyAddr());
+  if (static_cast<uint64_t>(row_ub) * p.blockCount > static_cast<uint64_t>(dst.GetSize()) * sizeof(T)) {
+    throw TwinError("DataCopyPad GM->UB: rows exceed the destination tensor");
+  }
+  for (uint32_t r = 0; r < p.blockCount; ++r) {
+    const uint8_t* row = gm + static_cast<uint64_t>(r) * (p.blockLen + p.srcStride);
+    rt.CheckGm(row, p.blockLen, "DataCopyPad GM->UB");
+    const uint32_t at = dst.offset() + r * row_ub;
+    std::memcpy(rt.ub() + at, row, p.blockLen);
+    rt.MarkUbWritten(at, p.blockLen);
+    if (pad.isPad && pad.rightPadding) {
+      for (uint32_t i = 0; i < pad.rightPadding; ++i) {
+        std::memcpy(rt.ub() + at + p.blockLen + i * sizeof(T), &pad.paddingValue, sizeof(T));
+      }
+      rt.MarkUbWritten(at + p.blockLen, pad.rightPadding * sizeof(T));
+    }
+  }
+  rt.counters.dmaInBytes += static_cast<uint64_t>(p.blockLen) * p.blockCount;
+}
+
+// UB -> GM, exactly blockLen bytes per row (no rounding up to 32 bytes).
+template <typename T>
+inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyExtParams& p) {
+  auto& rt = twin::Runtime::Get();
+  detail::CheckUbAligned(src.offset(), "DataCopyPad UB->GM");
+  const uint32_t row_ub = (p.blockLen + 31) / 32 * 32 + p.srcStride * 32;
+  uint8_t* gm = reinterpret_cast<uint8_t*>(dst.GetPhyAddr());
+  for (uint32_t r = 0; r < p.blockCount; ++r) {
+    uint8_t* row = gm + static_cast<uint64_t>(r) * (p.blockLen + p.dstStride);
+    rt.CheckGm(row, p.blockLen, "DataCopyPad UB->GM");
+    const uint32_t at = src.offset() + r * row_ub;
+    rt.CheckUbRead(at, p.blockLen, "DataCopyPad UB->GM");
+    std::memcpy(row, rt.ub() + at, p.blockLen);
+  }
+  rt.counters.dmaOutBytes += static_cast<uint64_t>(p.blockLen) * p.blockCount;
+}
+
+// Element-wise vector instructions: operands 32-byte aligned, inputs written.
+namespace detail {
+template <typename D, typename S, typename F>
+inline void Unary(const LocalTensor<D>& dst, const LocalTensor<S>& src, uint32_t count, const char* what, F f) {
+  auto& rt = twin::Runtime::Get();
+  CheckUbAligned(dst.offset(), what);
+  CheckUbAligned(src.offset(), what);
+  CheckRange(dst, count, what);
+  CheckRange(src, count, what);
+  rt.CheckUbRead(src.offset(), count * sizeof(S), what);
+  for (uint32_t i = 0; i < count; ++i) {
+    S s;
+    std::memcpy(&s, rt.ub() + src.offset() + i * sizeof(S), sizeof(S));
+    const D d = f(s);
+    std::memcpy(rt.ub() + dst.offset() + i * sizeof(D), &d, sizeof(D));
+  }
+  rt.MarkUbWritten(dst.offset(), count * sizeof(D));
+  rt.VectorWrote(dst.offset(), count * sizeof(D));
+}
+template <typename T, typename F>
+inline void Binary(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, uint32_t count,
+                   const char* what, F f) {
+  auto& rt = twin::Runtime::Get();
+  for (auto* t : {&dst, &a, &b}) {
+    CheckUbAligned(t->offset(), what);
+    CheckRange(*t, count, what);
+  }
+  rt.CheckUbRead(a.offset(), count * sizeof(T), what);
+  rt.CheckUbRead(b.offset(), count * sizeof(T), what);
+  for (uint32_t i = 0; i < count; ++i) {
+    T x, y;
+    std::memcpy(&x, rt.ub() + a.offset() + i * sizeof(T), sizeof(T));
+    std::memcpy(&y, rt.ub() + b.offset() + i * sizeof(T), sizeof(T));
+    const T z = f(x, y);
+    std::memcpy(rt.ub() + dst.offset() + i * sizeof(T), &z, sizeof(T));
+  }
+  rt.MarkUbWritten(dst.offset(), count * sizeof(T));
+  rt.VectorWrote(dst.offset(), count * sizeof(T));
+}
+}  // namespace detail
+
+template <typename D, typename S>
+inline void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode, uint32_t count) {
+  detail::Unary(dst, src, count, "Cast", [](S s) { return FromFloat<D>(ToFloat(s)); });
+}
+inline void Exp(const LocalTensor<float>& dst, const LocalTensor<float>& src, uint32_t count) {
+  detail::Unary(dst, src, count, "Exp", [](float x) { return std::exp(x); });
+}
+inline void Muls(const LocalTensor<float>& dst, const LocalTensor<float>& src, float s, uint32_t count) {
+  detail::Unary(dst, src, count, "Muls", [s](float x) { return x * s; });
+}
+inline void Adds(const LocalTensor<float>& dst, const LocalTensor<float>& src, float s, uint32_t count) {
+  detail::Unary(dst, src, count, "Adds", [s](float x) { return x + s; });
+}
+inline void Mul(const LocalTensor<float>& dst, const LocalTensor<float>& a, const LocalTensor<float>& b,
+                uint32_t count) {
+  detail::Binary(dst, a, b, count, "Mul", [](float x, float y) { return x * y; });
+}
+inline void Add(const LocalTensor<float>& dst, const LocalTensor<float>& a, const LocalTensor<float>& b,
+                uint32_t count) {
+  detail::Binary(dst, a, b, count, "Add", [](float x, float y) { return x + y; });
+}
+inline void Sub(const LocalTensor<float>& dst, const LocalTensor<float>& a, const LocalTensor<float>& b,
+                uint32_t count) {
+  detail::Binary(dst, a, b, count, "Sub", [](float x, float y) { return x - y; });
+}
+// dst += src * s
+inline void Axpy(const LocalTensor<float>& dst, const LocalTensor<float>& src, float s, uint32_t count) {
+  detail::Binary(dst, dst, src, count, "Axpy", [s](float d, float x) { return d + x * s; });
+}
+inline void Duplicate(const LocalTensor<float>& dst, float v, uint32_t count) {
+  auto& rt = twin::Runtime::Get();
+  detail::CheckUbAligned(dst.offset(), "Duplicate");
+  detail::CheckRange(dst, count, "Duplicate");
+  for (uint32_t i = 0; i < count; ++i) std::memcpy(rt.ub() + dst.offset() + i * 4, &v, 4);
+  rt.MarkUbWritten(dst.offset(), count * 4);
+  rt.VectorWrote(dst.offset(), count * 4);
+}
+// For r in [0, repeat): dst[r * dstRepStride] = sum of `mask` elements starting
+// at src + r * srcRepStride blocks (8 FP32 per 32-byte block).
+inline void WholeReduceSum(const LocalTensor<float>& dst, const LocalTensor<float>& src, int32_t mask,
+                           int32_t repeat, int32_t dstRepStride, int32_t srcBlkStride, int32_t srcRepStride) {
+  auto& rt = twin::Runtime::Get();
+  detail::CheckUbAligned(src.offset(), "WholeReduceSum");
+  if (mask < 1 || mask > 64 || repeat < 1 || repeat > 255 || srcBlkStride != 1) {
+    throw TwinError("WholeReduceSum: unsupported mask/repeat/stride");
+  }
+  for (int32_t r = 0; r < repeat; ++r) {
+    const uint32_t at = src.offset() + static_cast<uint32_t>(r * srcRepStride * 32);
+    rt.CheckUbRead(at, mask * 4, "WholeReduceSum");
+    float sum = 0.0f;
+    for (int32_t i = 0; i < mask; ++i) {
+      float x;
+      std::memcpy(&x, rt.ub() + at + i * 4, 4);
+      sum += x;
+    }
+    const uint32_t out = dst.offset() + static_cast<uint32_t>(r * dstRepStride * 4);
+    std::memcpy(rt.ub() + out, &sum, 4);
+    rt.MarkUbWritten(out, 4);
+    rt.VectorWrote(out, 4);
+  }
+}
+
+}  // namespace AscendC
+
+#define GET_TILING_DATA(name, tiling)                          \
+  ::rgdr::RecurrentGatedDeltaRuleTilingData name;              \
+  std::memcpy(&name, tiling, sizeof(name))
+
+#endif  // RGDR_CPU_TWIN_KERNEL_OPERATOR_H_

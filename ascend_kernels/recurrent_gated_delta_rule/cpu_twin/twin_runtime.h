@@ -1,0 +1,89 @@
+// State of the CPU twin: the emulated cores' unified buffers, the registered
+// global-memory buffers, DMA counters, and the errors the hardware would hit.
+#ifndef RGDR_CPU_TWIN_TWIN_RUNTIME_H_
+#define RGDR_CPU_TWIN_TWIN_RUNTIME_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace twin {
+
+// Anything the real hardware or toolchain would reject or corrupt.
+class TwinError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Counters {
+  uint64_t dmaInBytes = 0;   // GM -> UB
+  uint64_t dmaOutBytes = 0;  // UB -> GM
+  uint64_t peakUbBytes = 0;  // most UB any core allocated
+};
+
+struct GmBuffer {
+  const uint8_t* base;
+  uint64_t bytes;
+  std::string name;
+};
+
+class Runtime {
+ public:
+  static Runtime& Get();
+
+  void Reset(uint32_t ub_bytes);
+  void RegisterGm(const void* base, uint64_t bytes, const std::string& name);
+  // The registered buffer holding [p, p + bytes); throws if none does.
+  const GmBuffer& CheckGm(const void* p, uint64_t bytes, const char* what) const;
+  const GmBuffer* FindGm(const void* p) const;
+
+  // Runs body once per block index 0..block_dim-1, each with a fresh UB.
+  void Launch(uint32_t block_dim, const std::function<void()>& body);
+
+  // The current core's UB.
+  uint8_t* ub() { return ub_.data(); }
+  uint8_t* ub_init() { return ub_init_.data(); }
+  uint32_t ub_bytes() const { return ub_bytes_; }
+  uint32_t AllocateUb(uint32_t bytes, const char* what);  // returns the offset
+  void CheckUbRead(uint32_t offset, uint32_t bytes, const char* what) const;
+  void MarkUbWritten(uint32_t offset, uint32_t bytes);
+
+  uint32_t block_idx() const { return block_idx_; }
+  uint32_t block_num() const { return block_num_; }
+
+  // Scalar reads of UB must follow a V_S (vector -> scalar) synchronisation.
+  void VectorWrote(uint32_t offset, uint32_t bytes) { dirty_.emplace_back(offset, bytes); }
+  void ScalarSynced() { dirty_.clear(); }
+  bool VectorDirty(uint32_t offset, uint32_t bytes) const {
+    for (const auto& [o, n] : dirty_) {
+      if (offset < o + n && o < offset + bytes) return true;
+    }
+    return false;
+  }
+
+  // Event IDs set and not yet waited on, per hardware event kind.
+  std::map<std::pair<int, int>, int>& events() { return events_; }
+  // Problems found in destructors (queues still holding buffers), raised when the block ends.
+  void DeferError(const std::string& message) {
+    if (deferred_.empty()) deferred_ = message;
+  }
+
+  Counters counters;
+
+ private:
+  std::vector<GmBuffer> gm_;
+  std::vector<uint8_t> ub_, ub_init_;
+  uint32_t ub_bytes_ = 0, ub_used_ = 0;
+  uint32_t block_idx_ = 0, block_num_ = 1;
+  std::vector<std::pair<uint32_t, uint32_t>> dirty_;  // UB written by vector ops since the last V_S sync
+  std::map<std::pair<int, int>, int> events_;
+  std::string deferred_;
+};
+
+}  // namespace twin
+
+#endif  // RGDR_CPU_TWIN_TWIN_RUNTIME_H_

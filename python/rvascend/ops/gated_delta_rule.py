@@ -1,0 +1,223 @@
+"""`torch.ops.rvascend.recurrent_gated_delta_rule`: Gated DeltaNet decode / MTP.
+
+Per sequence b (tokens [seq0, seq0 + len), len <= 8) and value head h, in FP32:
+the state S = state[read_slot, h] ([Dv, Dk]) is decayed by exp(g) and exp(gk),
+updated by the delta rule with beta, read out with scale * query, and written
+to state[ssm_state_indices[t], h] after every token t. The state pool is
+updated in place; the op returns out [T, NV, Dv].
+
+On the CPU it runs a native implementation; `run_on_twin` runs the AscendC
+kernel source on the CPU twin instead (for proving the kernel). Every input is
+validated before the state is touched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Optional
+
+import torch
+
+from rvascend.ops.native import load_extension
+
+_rgdr = load_extension("_rgdr")
+
+MAX_MTP: int = int(_rgdr.MAX_MTP)
+MAX_HEADS: int = int(_rgdr.MAX_HEADS)
+MAX_HEAD_DIM: int = int(_rgdr.MAX_HEAD_DIM)
+TwinError = _rgdr.TwinError
+PLATFORMS = {"910B": (int(_rgdr.UB_910B), int(_rgdr.CORES_910B)), "310P": (int(_rgdr.UB_310P), int(_rgdr.CORES_310P))}
+
+_ELEM = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_INT32_MAX = 2**31 - 1
+
+
+def _shape_error(name: str, t: torch.Tensor, expected: str) -> ValueError:
+    return ValueError(f"{name} has shape {tuple(t.shape)}, expected {expected}")
+
+
+def validate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: torch.Tensor, beta: torch.Tensor,
+             actual_seq_lengths: torch.Tensor, ssm_state_indices: torch.Tensor,
+             num_accepted_tokens: Optional[torch.Tensor], g: Optional[torch.Tensor], gk: Optional[torch.Tensor],
+             kernel_dtypes_only: bool = False) -> dict[str, int]:
+    """Checks every input against the op definition; returns T, B, NK, NV, Dk, Dv, S."""
+    if query.dtype not in _ELEM or (kernel_dtypes_only and query.dtype == torch.float32):
+        raise TypeError(f"query must be float16 or bfloat16{'' if kernel_dtypes_only else ' (or float32 on the CPU)'}, "
+                        f"got {query.dtype}")
+    for name, t in (("key", key), ("value", value), ("beta", beta), ("state", state)):
+        if t.dtype != query.dtype:
+            raise TypeError(f"{name} is {t.dtype} but query is {query.dtype}: they must match")
+    if query.dim() != 3:
+        raise _shape_error("query", query, "[T, NK, Dk]")
+    T, NK, Dk = query.shape
+    if key.shape != query.shape:
+        raise _shape_error("key", key, f"{tuple(query.shape)} like query")
+    if value.dim() != 3 or value.shape[0] != T:
+        raise _shape_error("value", value, f"[{T}, NV, Dv]")
+    NV, Dv = value.shape[1], value.shape[2]
+    if not (1 <= NK <= MAX_HEADS and 1 <= NV <= MAX_HEADS):
+        raise ValueError(f"NK = {NK}, NV = {NV}: head counts must be in 1..{MAX_HEADS}")
+    if NV % NK:
+        raise ValueError(f"NV = {NV} is not a multiple of NK = {NK}")
+    if not (1 <= Dk <= MAX_HEAD_DIM and 1 <= Dv <= MAX_HEAD_DIM):
+        raise ValueError(f"Dk = {Dk}, Dv = {Dv}: head dims must be in 1..{MAX_HEAD_DIM}")
+    if beta.shape != (T, NV):
+        raise _shape_error("beta", beta, f"[{T}, {NV}]")
+    if state.dim() != 4 or tuple(state.shape[1:]) != (NV, Dv, Dk):
+        raise _shape_error("state", state, f"[S, {NV}, {Dv}, {Dk}] (Dk contiguous)")
+    if not state.is_contiguous():
+        raise ValueError("state must be contiguous: it is updated in place")
+    S = state.shape[0]
+    if g is not None:
+        if g.dtype != torch.float32:
+            raise TypeError(f"g must be float32, got {g.dtype}")
+        if g.shape != (T, NV):
+            raise _shape_error("g", g, f"[{T}, {NV}]")
+    if gk is not None:
+        if gk.dtype != torch.float32:
+            raise TypeError(f"gk must be float32, got {gk.dtype}")
+        if gk.shape not in ((T, NV), (T, NV, Dk)):
+            raise _shape_error("gk", gk, f"[{T}, {NV}] or [{T}, {NV}, {Dk}]")
+    for name, t in (("actual_seq_lengths", actual_seq_lengths), ("ssm_state_indices", ssm_state_indices)):
+        if t.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+        if t.dim() != 1:
+            raise _shape_error(name, t, "1-D")
+    B = actual_seq_lengths.shape[0]
+    if ssm_state_indices.shape[0] != T:
+        raise _shape_error("ssm_state_indices", ssm_state_indices, f"[{T}] (one slot per token)")
+    if num_accepted_tokens is not None:
+        if num_accepted_tokens.dtype != torch.int32:
+            raise TypeError(f"num_accepted_tokens must be int32, got {num_accepted_tokens.dtype}")
+        if num_accepted_tokens.shape != (B,):
+            raise _shape_error("num_accepted_tokens", num_accepted_tokens, f"[{B}]")
+    lengths = actual_seq_lengths.tolist()
+    for b, n in enumerate(lengths):
+        if n > MAX_MTP:
+            raise ValueError(f"actual_seq_lengths[{b}] = {n} exceeds MAX_MTP = {MAX_MTP} tokens per sequence")
+    total = sum(max(n, 0) for n in lengths)
+    if total != T:
+        raise ValueError(f"actual_seq_lengths add up to {total} tokens but query has T = {T}")
+    if T:
+        indices = ssm_state_indices
+        bad = torch.nonzero((indices < 0) | (indices >= S)).flatten()
+        if bad.numel():
+            i = int(bad[0])
+            v = int(indices[i])
+            if v > _INT32_MAX or v < -_INT32_MAX - 1:
+                raise ValueError(f"ssm_state_indices[{i}] = {v} does not fit in int32")
+            raise ValueError(f"ssm_state_indices[{i}] = {v} is outside the state pool of {S} slots")
+    return {"t": T, "b": B, "nk": NK, "nv": NV, "dk": Dk, "dv": Dv, "num_slots": S}
+
+
+def _spec(shapes: dict[str, int], query, key, value, state, beta, scale, lengths, indices, accepted, g, gk,
+          out) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    keep = [query.contiguous(), key.contiguous(), value.contiguous(), beta.contiguous(), lengths.contiguous(),
+            indices.contiguous()]
+    q, k, v, b, lens, idx = keep
+    spec: dict[str, Any] = dict(shapes, elem=_ELEM[query.dtype], query=q.data_ptr(), key=k.data_ptr(),
+                                value=v.data_ptr(), beta=b.data_ptr(), state=state.data_ptr(),
+                                seq_lens=lens.data_ptr(), seq_lens_int64=lens.dtype == torch.int64,
+                                indices=idx.data_ptr(), indices_int64=idx.dtype == torch.int64, out=out.data_ptr(),
+                                scale=float(scale), gk_per_dim=gk is not None and gk.dim() == 3, g=0, gk=0, accepted=0)
+    for name, t in (("g", g), ("gk", gk), ("accepted", accepted)):
+        if t is not None:
+            t = t.contiguous()
+            keep.append(t)
+            spec[name] = t.data_ptr()
+    return spec, keep
+
+
+torch.library.define(
+    "rvascend::recurrent_gated_delta_rule",
+    "(Tensor query, Tensor key, Tensor value, Tensor(a!) state, Tensor beta, float scale, "
+    "Tensor actual_seq_lengths, Tensor ssm_state_indices, Tensor? num_accepted_tokens=None, "
+    "Tensor? g=None, Tensor? gk=None) -> Tensor")
+
+
+@torch.library.impl("rvascend::recurrent_gated_delta_rule", "CPU")
+def _rgdr_cpu(query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
+              num_accepted_tokens=None, g=None, gk=None):
+    shapes = validate(query, key, value, state, beta, actual_seq_lengths, ssm_state_indices, num_accepted_tokens,
+                      g, gk)
+    out = torch.empty((shapes["t"], shapes["nv"], shapes["dv"]), dtype=query.dtype)
+    if shapes["t"]:
+        spec, _keep = _spec(shapes, query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
+                            num_accepted_tokens, g, gk, out)
+        _rgdr.run_cpu(spec, torch.get_num_threads())
+    return out
+
+
+def _register_fake(name: str):
+    register = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
+    return register(name)
+
+
+@_register_fake("rvascend::recurrent_gated_delta_rule")
+def _rgdr_fake(query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
+               num_accepted_tokens=None, g=None, gk=None):
+    return query.new_empty((query.shape[0], value.shape[1], value.shape[2]))
+
+
+def _npu_module():
+    try:
+        return importlib.import_module("rvascend_npu")
+    except ImportError:
+        return None
+
+
+@torch.library.impl("rvascend::recurrent_gated_delta_rule", "PrivateUse1")
+def _rgdr_npu(query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
+              num_accepted_tokens=None, g=None, gk=None):
+    validate(query.cpu(), key.cpu(), value.cpu(), state, beta.cpu(), actual_seq_lengths.cpu(),
+             ssm_state_indices.cpu(), None if num_accepted_tokens is None else num_accepted_tokens.cpu(),
+             None if g is None else g.cpu(), None if gk is None else gk.cpu(), kernel_dtypes_only=True)
+    npu = _npu_module()
+    if npu is None:
+        raise NotImplementedError(
+            "recurrent_gated_delta_rule on the NPU needs the CANN build of this op (module rvascend_npu): "
+            "see ascend_kernels/recurrent_gated_delta_rule/README.md")
+    return npu.recurrent_gated_delta_rule(query, key, value, state, beta, scale, actual_seq_lengths,
+                                          ssm_state_indices, num_accepted_tokens, g, gk)
+
+
+def recurrent_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: torch.Tensor,
+                               beta: torch.Tensor, scale: float, actual_seq_lengths: torch.Tensor,
+                               ssm_state_indices: torch.Tensor, num_accepted_tokens: Optional[torch.Tensor] = None,
+                               g: Optional[torch.Tensor] = None, gk: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Runs the op (state updated in place); returns out [T, NV, Dv]."""
+    return torch.ops.rvascend.recurrent_gated_delta_rule(query, key, value, state, beta, scale, actual_seq_lengths,
+                                                         ssm_state_indices, num_accepted_tokens, g, gk)
+
+
+def tiling(query: torch.Tensor, value: torch.Tensor, state: torch.Tensor, batches: int, *, has_g: bool,
+           gk: Optional[torch.Tensor], has_accepted: bool, seq_lens_int64: bool, indices_int64: bool, scale: float,
+           platform: str = "910B") -> dict[str, Any]:
+    """The host tiling the NPU launch would use (UB plan, vStep, blockDim)."""
+    ub, cores = PLATFORMS[platform]
+    spec = {"elem": _ELEM[query.dtype], "t": query.shape[0], "b": batches, "nk": query.shape[1],
+            "nv": value.shape[1], "dk": query.shape[2], "dv": value.shape[2], "num_slots": state.shape[0],
+            "has_g": has_g, "has_gk": gk is not None, "gk_per_dim": gk is not None and gk.dim() == 3,
+            "has_accepted": has_accepted, "seq_lens_int64": seq_lens_int64, "indices_int64": indices_int64,
+            "scale": float(scale)}
+    return _rgdr.compute_tiling(spec, ub, cores)
+
+
+def run_on_twin(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: torch.Tensor, beta: torch.Tensor,
+                scale: float, actual_seq_lengths: torch.Tensor, ssm_state_indices: torch.Tensor,
+                num_accepted_tokens: Optional[torch.Tensor] = None, g: Optional[torch.Tensor] = None,
+                gk: Optional[torch.Tensor] = None, platform: str = "910B",
+                tiling_override: Optional[dict[str, Any]] = None) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
+    """Runs the AscendC kernel source on the CPU twin: (out, DMA/UB counters, tiling)."""
+    shapes = validate(query, key, value, state, beta, actual_seq_lengths, ssm_state_indices, num_accepted_tokens,
+                      g, gk, kernel_dtypes_only=True)
+    plan = tiling_override or tiling(query, value, state, shapes["b"], has_g=g is not None, gk=gk,
+                                     has_accepted=num_accepted_tokens is not None,
+                                     seq_lens_int64=actual_seq_lengths.dtype == torch.int64,
+                                     indices_int64=ssm_state_indices.dtype == torch.int64, scale=scale,
+                                     platform=platform)
+    out = torch.empty((shapes["t"], shapes["nv"], shapes["dv"]), dtype=query.dtype)
+    spec, _keep = _spec(shapes, query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
+                        num_accepted_tokens, g, gk, out)
+    counters = _rgdr.run_twin(spec, plan)
+    return out, counters, plan

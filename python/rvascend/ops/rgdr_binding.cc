@@ -1,0 +1,140 @@
+// pybind11 module `_rgdr`: recurrent_gated_delta_rule's native CPU
+// implementation, its host tiling, and the CPU twin that runs the AscendC
+// kernel source. Tensors cross as data pointers inside a spec dict; the torch
+// op (gated_delta_rule.py) validates every shape, dtype and index
+// before calling in.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/rgdr_cpu.h"
+#include "cpu_twin/twin_launch.h"
+#include "op_host/recurrent_gated_delta_rule_tiling.h"
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename T>
+T Get(const py::dict& d, const char* key) {
+  if (!d.contains(key)) throw std::invalid_argument(std::string("spec lacks '") + key + "'");
+  return d[key].cast<T>();
+}
+
+const void* Ptr(const py::dict& d, const char* key) {
+  return reinterpret_cast<const void*>(d.contains(key) ? d[key].cast<uintptr_t>() : 0);
+}
+
+rgdr::RgdrArgs ArgsFrom(const py::dict& d) {
+  rgdr::RgdrArgs a;
+  const std::string elem = Get<std::string>(d, "elem");
+  a.elem = elem == "float16" ? rgdr::Elem::kFloat16 : elem == "bfloat16" ? rgdr::Elem::kBFloat16 : rgdr::Elem::kFloat32;
+  a.t = Get<uint32_t>(d, "t");
+  a.b = Get<uint32_t>(d, "b");
+  a.nk = Get<uint32_t>(d, "nk");
+  a.nv = Get<uint32_t>(d, "nv");
+  a.dk = Get<uint32_t>(d, "dk");
+  a.dv = Get<uint32_t>(d, "dv");
+  a.num_slots = Get<uint32_t>(d, "num_slots");
+  a.query = Ptr(d, "query");
+  a.key = Ptr(d, "key");
+  a.value = Ptr(d, "value");
+  a.beta = Ptr(d, "beta");
+  a.g = static_cast<const float*>(Ptr(d, "g"));
+  a.gk = static_cast<const float*>(Ptr(d, "gk"));
+  a.gk_per_dim = Get<bool>(d, "gk_per_dim");
+  a.state = const_cast<void*>(Ptr(d, "state"));
+  a.seq_lens = Ptr(d, "seq_lens");
+  a.seq_lens_int64 = Get<bool>(d, "seq_lens_int64");
+  a.indices = Ptr(d, "indices");
+  a.indices_int64 = Get<bool>(d, "indices_int64");
+  a.accepted = static_cast<const int32_t*>(Ptr(d, "accepted"));
+  a.out = const_cast<void*>(Ptr(d, "out"));
+  a.scale = Get<float>(d, "scale");
+  if (!a.query || !a.key || !a.value || !a.beta || !a.state || !a.seq_lens || !a.indices || !a.out) {
+    throw std::invalid_argument("a required tensor pointer is null");
+  }
+  return a;
+}
+
+#define RGDR_TILING_FIELDS(X)                                                                          \
+  X(b) X(t) X(nk) X(nv) X(dk) X(dv) X(alignK) X(alignV) X(numSlots) X(vStep) X(stateOutBufferNum)      \
+  X(attnOutBufferNum) X(ubRestBytes) X(ubTotalBytes) X(blockDim) X(hasG) X(hasGk) X(gkPerDim)           \
+  X(hasAcceptedTokens) X(seqLensInt64) X(indicesInt64)
+
+py::dict TilingToDict(const rgdr::RecurrentGatedDeltaRuleTilingData& t) {
+  py::dict d;
+#define X(f) d[#f] = t.f;
+  RGDR_TILING_FIELDS(X)
+#undef X
+  d["scale"] = t.scale;
+  return d;
+}
+
+rgdr::RecurrentGatedDeltaRuleTilingData TilingFromDict(const py::dict& d) {
+  rgdr::RecurrentGatedDeltaRuleTilingData t{};
+#define X(f) t.f = Get<uint32_t>(d, #f);
+  RGDR_TILING_FIELDS(X)
+#undef X
+  t.scale = Get<float>(d, "scale");
+  return t;
+}
+
+py::dict ComputeTiling(const py::dict& spec, uint32_t ub_bytes, uint32_t vector_cores) {
+  rgdr::Shapes s;
+  const std::string elem = Get<std::string>(spec, "elem");
+  s.inType = elem == "float16" ? rgdr::DType::kFloat16 : elem == "bfloat16" ? rgdr::DType::kBFloat16 : rgdr::DType::kFloat32;
+  s.t = Get<uint32_t>(spec, "t");
+  s.b = Get<uint32_t>(spec, "b");
+  s.nk = Get<uint32_t>(spec, "nk");
+  s.nv = Get<uint32_t>(spec, "nv");
+  s.dk = Get<uint32_t>(spec, "dk");
+  s.dv = Get<uint32_t>(spec, "dv");
+  s.numSlots = Get<uint32_t>(spec, "num_slots");
+  s.hasG = Get<bool>(spec, "has_g");
+  s.hasGk = Get<bool>(spec, "has_gk");
+  s.gkPerDim = Get<bool>(spec, "gk_per_dim");
+  s.hasAcceptedTokens = Get<bool>(spec, "has_accepted");
+  s.seqLensType = Get<bool>(spec, "seq_lens_int64") ? rgdr::DType::kInt64 : rgdr::DType::kInt32;
+  s.indicesType = Get<bool>(spec, "indices_int64") ? rgdr::DType::kInt64 : rgdr::DType::kInt32;
+  s.scale = Get<float>(spec, "scale");
+  const rgdr::TilingResult r = rgdr::ComputeTiling(s, rgdr::Platform{ub_bytes, vector_cores});
+  if (!r.ok) throw std::invalid_argument(r.error);
+  py::dict out = TilingToDict(r.data);
+  out["planned_ub_bytes"] = rgdr::PlannedUbBytes(r.data, s.inType);
+  out["chunks"] = r.chunks;
+  out["fixed_bytes"] = r.fixedBytes;
+  out["per_row_bytes"] = r.perRowBytes;
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_rgdr, m) {
+  m.doc() = "recurrent_gated_delta_rule: native CPU op, host tiling, and the AscendC kernel on the CPU twin";
+  m.attr("MAX_MTP") = rgdr::kMaxMtp;
+  m.attr("MAX_HEADS") = rgdr::kMaxHeads;
+  m.attr("MAX_HEAD_DIM") = rgdr::kMaxHeadDim;
+  m.attr("UB_910B") = rgdr::k910B.ubBytes;
+  m.attr("CORES_910B") = rgdr::k910B.vectorCores;
+  m.attr("UB_310P") = rgdr::k310P.ubBytes;
+  m.attr("CORES_310P") = rgdr::k310P.vectorCores;
+  py::register_exception<twin::TwinError>(m, "TwinError");
+  m.def("run_cpu", [](const py::dict& spec, size_t threads) {
+    const rgdr::RgdrArgs a = ArgsFrom(spec);
+    py::gil_scoped_release release;
+    rgdr::RecurrentGatedDeltaRuleCpu(a, threads == 0 ? 1 : threads);
+  });
+  m.def("compute_tiling", &ComputeTiling, py::arg("spec"), py::arg("ub_bytes"), py::arg("vector_cores"));
+  m.def("run_twin", [](const py::dict& spec, const py::dict& tiling) {
+    const twin::Counters c = rgdr::RunKernelOnTwin(TilingFromDict(tiling), ArgsFrom(spec));
+    py::dict out;
+    out["dma_in_bytes"] = c.dmaInBytes;
+    out["dma_out_bytes"] = c.dmaOutBytes;
+    out["peak_ub_bytes"] = c.peakUbBytes;
+    return out;
+  });
+}
