@@ -9,64 +9,83 @@
 namespace rgdr {
 namespace {
 
-inline float Load(const void* p, size_t i, Elem e) {
-  switch (e) {
-    case Elem::kFloat32:
-      return static_cast<const float*>(p)[i];
-    case Elem::kFloat16:
-      return static_cast<float>(static_cast<const _Float16*>(p)[i]);
-    default: {
-      const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    }
-  }
-}
+// Element conversions, one type per template instance so the row loops
+// vectorise (a per-element switch on the dtype would not).
+struct Bf16 {
+  uint16_t bits;
+};
 
-inline void Store(void* p, size_t i, float f, Elem e) {
-  switch (e) {
-    case Elem::kFloat32:
-      static_cast<float*>(p)[i] = f;
-      return;
-    case Elem::kFloat16:
-      static_cast<_Float16*>(p)[i] = static_cast<_Float16>(f);
-      return;
-    default: {
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      const uint16_t h = (u & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>((u >> 16) | 0x40)
-                                                          : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-      static_cast<uint16_t*>(p)[i] = h;
-    }
-  }
+inline float ToF32(float x) { return x; }
+inline float ToF32(_Float16 x) { return static_cast<float>(x); }
+inline float ToF32(Bf16 x) {
+  const uint32_t u = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+template <typename T>
+inline T FromF32(float f);
+template <>
+inline float FromF32<float>(float f) { return f; }
+template <>
+inline _Float16 FromF32<_Float16>(float f) { return static_cast<_Float16>(f); }
+template <>
+inline Bf16 FromF32<Bf16>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  // Round to nearest even; a NaN stays a (quiet) NaN.
+  const uint16_t rne = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  const uint16_t nan = static_cast<uint16_t>((u >> 16) | 0x40);
+  return Bf16{(u & 0x7fffffffu) > 0x7f800000u ? nan : rne};
 }
 
 int64_t Index(const void* p, size_t i, bool is64) {
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
 }
 
-// The hot loops: plain FP32 so GCC/clang vectorise them for the build's ISA.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-float Dot(const float* __restrict a, const float* __restrict b, size_t n) {
+// Explicit 16-lane vectors: the dot products are reductions, which the
+// compiler may not reorder (and so not vectorise) on its own without
+// fast-math. Lanes are summed in a fixed order, so results are reproducible.
+typedef float V16 __attribute__((vector_size(64)));
+constexpr size_t kLanes = 16;
+
+inline V16 LoadV(const float* p) {
+  V16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void StoreV(float* p, V16 v) { std::memcpy(p, &v, sizeof(v)); }
+inline float Sum(V16 v) {
   float s = 0.0f;
-  for (size_t i = 0; i < n; ++i) s += a[i] * b[i];
+  for (size_t i = 0; i < kLanes; ++i) s += v[i];
   return s;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void Axpy(float* __restrict y, const float* __restrict x, float a, size_t n) {
-  for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
+inline float DotRow(const float* __restrict a, const float* __restrict b, size_t n) {
+  V16 acc = V16{};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc += LoadV(a + i) * LoadV(b + i);
+  float s = Sum(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void Scale(float* __restrict y, const float* __restrict s, size_t n) {
-  for (size_t i = 0; i < n; ++i) y[i] *= s[i];
-}
-
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void ScaleBy(float* __restrict y, float s, size_t n) {
-  for (size_t i = 0; i < n; ++i) y[i] *= s;
+// row = c * row + d * k; returns row . q (after the update).
+inline float UpdateRow(float* __restrict row, const float* __restrict k, const float* __restrict q, float c, float d,
+                       size_t n) {
+  V16 acc = V16{};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const V16 r = c * LoadV(row + i) + d * LoadV(k + i);
+    StoreV(row + i, r);
+    acc += r * LoadV(q + i);
+  }
+  float s = Sum(acc);
+  for (; i < n; ++i) {
+    row[i] = c * row[i] + d * k[i];
+    s += row[i] * q[i];
+  }
+  return s;
 }
 
 struct Unit {
@@ -76,44 +95,61 @@ struct Unit {
   int64_t read_slot;
 };
 
-void RunUnit(const RgdrArgs& a, const Unit& u, std::vector<float>& S, std::vector<float>& qk) {
+// One (sequence, value head): per token and state row, the decay, the delta
+// update and the read-out are fused into three passes over a row that stays
+// in L1: kv = e * (S.k); S = e*S + d*k; o = S.q.
+template <typename T>
+inline void RunUnit(const RgdrArgs& a, const Unit& u, float* __restrict S, float* __restrict scratch) {
   const size_t dk = a.dk, dv = a.dv;
   const uint32_t hk = u.h / (a.nv / a.nk);
-  S.resize(dv * dk);
-  qk.resize(2 * dk + dk);
-  float* q = qk.data();
-  float* k = q + dk;
-  float* egk = k + dk;
-  const size_t state_head = (static_cast<size_t>(u.read_slot) * a.nv + u.h) * dv * dk;
-  for (size_t i = 0; i < dv * dk; ++i) S[i] = Load(a.state, state_head + i, a.elem);
+  float* __restrict q = scratch;
+  float* __restrict k = q + dk;
+  float* __restrict egk = k + dk;
+  const T* state = static_cast<const T*>(a.state);
+  const T* src = state + (static_cast<size_t>(u.read_slot) * a.nv + u.h) * dv * dk;
+  for (size_t i = 0; i < dv * dk; ++i) S[i] = ToF32(src[i]);
   for (uint32_t t = 0; t < u.len; ++t) {
     const size_t tok = static_cast<size_t>(u.seq0) + t;
-    const size_t qk_off = (tok * a.nk + hk) * dk;
+    const T* qs = static_cast<const T*>(a.query) + (tok * a.nk + hk) * dk;
+    const T* ks = static_cast<const T*>(a.key) + (tok * a.nk + hk) * dk;
     for (size_t i = 0; i < dk; ++i) {
-      q[i] = Load(a.query, qk_off + i, a.elem) * a.scale;
-      k[i] = Load(a.key, qk_off + i, a.elem);
+      q[i] = ToF32(qs[i]) * a.scale;
+      k[i] = ToF32(ks[i]);
     }
     const size_t th = tok * a.nv + u.h;
-    if (a.g != nullptr) ScaleBy(S.data(), std::exp(a.g[th]), dv * dk);
-    if (a.gk != nullptr) {
-      if (a.gk_per_dim) {
-        for (size_t i = 0; i < dk; ++i) egk[i] = std::exp(a.gk[th * dk + i]);
-        for (size_t v = 0; v < dv; ++v) Scale(S.data() + v * dk, egk, dk);
-      } else {
-        ScaleBy(S.data(), std::exp(a.gk[th]), dv * dk);
-      }
+    float e = a.g != nullptr ? std::exp(a.g[th]) : 1.0f;
+    const bool per_dim = a.gk != nullptr && a.gk_per_dim;
+    if (a.gk != nullptr && !per_dim) e *= std::exp(a.gk[th]);
+    if (per_dim) {
+      for (size_t i = 0; i < dk; ++i) egk[i] = std::exp(a.gk[th * dk + i]) * e;
     }
-    const float beta = Load(a.beta, th, a.elem);
-    const size_t vo = th * dv;
+    const float beta = ToF32(static_cast<const T*>(a.beta)[th]);
+    const T* vs = static_cast<const T*>(a.value) + th * dv;
+    T* out = static_cast<T*>(a.out) + th * dv;
     for (size_t v = 0; v < dv; ++v) {
-      float* row = S.data() + v * dk;
-      const float d = (Load(a.value, vo + v, a.elem) - Dot(row, k, dk)) * beta;
-      Axpy(row, k, d, dk);
-      Store(a.out, vo + v, Dot(row, q, dk), a.elem);
+      float* __restrict row = S + v * dk;
+      if (per_dim) {
+        for (size_t i = 0; i < dk; ++i) row[i] *= egk[i];
+      }
+      const float c = per_dim ? 1.0f : e;
+      const float d = (ToF32(vs[v]) - c * DotRow(row, k, dk)) * beta;
+      out[v] = FromF32<T>(UpdateRow(row, k, q, c, d, dk));
     }
-    const int64_t slot = Index(a.indices, tok, a.indices_int64);
-    const size_t dst = (static_cast<size_t>(slot) * a.nv + u.h) * dv * dk;
-    for (size_t i = 0; i < dv * dk; ++i) Store(a.state, dst + i, S[i], a.elem);
+    T* dst = static_cast<T*>(a.state) + (static_cast<size_t>(Index(a.indices, tok, a.indices_int64)) * a.nv + u.h) * dv * dk;
+    for (size_t i = 0; i < dv * dk; ++i) dst[i] = FromF32<T>(S[i]);
+  }
+}
+
+// Compiled once per ISA level; RunUnit is inlined into each so its loops use
+// the widest vectors the CPU reports.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void RunUnits(const RgdrArgs& a, const Unit* units, size_t n, float* S, float* scratch) {
+  for (size_t i = 0; i < n; ++i) {
+    switch (a.elem) {
+      case Elem::kFloat32: RunUnit<float>(a, units[i], S, scratch); break;
+      case Elem::kFloat16: RunUnit<_Float16>(a, units[i], S, scratch); break;
+      default: RunUnit<Bf16>(a, units[i], S, scratch); break;
+    }
   }
 }
 
@@ -134,9 +170,17 @@ void RecurrentGatedDeltaRuleCpu(const RgdrArgs& a, size_t num_threads) {
     }
   }
   // A thread's scratch lives across its units (no allocation per unit).
-  thread_local std::vector<float> S, qk;
-  rvascend::ThreadPool::Global().ParallelFor(units.size(), num_threads,
-                                             [&](size_t i) { RunUnit(a, units[i], S, qk); });
+  const size_t state_elems = static_cast<size_t>(a.dv) * a.dk;
+  const size_t chunk = (units.size() + 4 * num_threads - 1) / (4 * num_threads);
+  const size_t tasks = chunk ? (units.size() + chunk - 1) / chunk : 0;
+  rvascend::ThreadPool::Global().ParallelFor(tasks, num_threads, [&](size_t task) {
+    thread_local std::vector<float> S, scratch;
+    S.resize(state_elems);
+    scratch.resize(3 * static_cast<size_t>(a.dk));
+    const size_t begin = task * chunk;
+    const size_t end = begin + chunk < units.size() ? begin + chunk : units.size();
+    RunUnits(a, units.data() + begin, end - begin, S.data(), scratch.data());
+  });
 }
 
 }  // namespace rgdr

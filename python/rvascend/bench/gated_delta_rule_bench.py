@@ -1,0 +1,75 @@
+"""recurrent_gated_delta_rule per decode step: this CPU op vs transformers'
+`torch_recurrent_gated_delta_rule`, at Qwen3-Next shapes (NK 16, NV 32,
+Dk = Dv = 128), batch 1 / 8 / 32, MTP 1 and 4 (target ratio >= 20x); and the
+AscendC kernel's DMA bytes on the CPU twin against the minimum traffic.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from absl import app, flags
+
+import rvascend.ops.gated_delta_rule as R
+from rvascend.bench.results import print_table, write_jsonl
+from rvascend.bench.timing import time_calls
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("batches", ["1", "8", "32"], "Sequences per step.")
+flags.DEFINE_list("mtp", ["1", "4"], "Tokens per sequence.")
+flags.DEFINE_string("output", "bench_results/gated_delta_rule.jsonl", "jsonl file to append to.")
+
+NK, NV, DK, DV = 16, 32, 128, 128
+
+
+def inputs(batch: int, mtp: int, dtype=torch.bfloat16):
+    T = batch * mtp
+    g = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(T, NK, DK, generator=g), dim=-1).to(dtype)
+    k = torch.nn.functional.normalize(torch.randn(T, NK, DK, generator=g), dim=-1).to(dtype)
+    return dict(query=q, key=k, value=torch.randn(T, NV, DV, generator=g).to(dtype),
+                state=(torch.randn(T, NV, DV, DK, generator=g) * 0.1).to(dtype),
+                beta=torch.rand(T, NV, generator=g).to(dtype), scale=DK ** -0.5,
+                actual_seq_lengths=torch.full((batch,), mtp, dtype=torch.int32),
+                ssm_state_indices=torch.arange(T, dtype=torch.int32), g=-torch.rand(T, NV, generator=g))
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule as hf
+    records = []
+    for batch in (int(b) for b in FLAGS.batches):
+        for mtp in (int(m) for m in FLAGS.mtp):
+            a = inputs(batch, mtp)
+            hq = a["query"].reshape(batch, mtp, NK, DK)
+            hk = a["key"].reshape(batch, mtp, NK, DK)
+            hv = a["value"].reshape(batch, mtp, NV, DV)
+            hb = a["beta"].reshape(batch, mtp, NV)
+            hg = a["g"].reshape(batch, mtp, NV)
+            init = a["state"][::mtp].float().transpose(-1, -2).contiguous()
+            t_hf, t_op = time_calls([
+                lambda: hf(hq, hk, hv, g=hg, beta=hb, initial_state=init, output_final_state=True),
+                lambda: R.recurrent_gated_delta_rule(**a)], min_seconds=0.5)
+            _, counters, _ = R.run_on_twin(**{**a, "state": a["state"].clone()})
+            T, e = batch * mtp, 2
+            state = NV * DV * DK * e
+            io = T * (2 * NK * DK + 2 * NV * DV + NV) * e + T * NV * 4  # q, k, v, out, beta, g
+            per_seq = batch * 2 * state + io       # one state read + one write per sequence
+            contract = batch * state + T * state + io  # one read + one write per token (the op's contract)
+            dma = counters["dma_in_bytes"] + counters["dma_out_bytes"]
+            records.append({"bench": "gated_delta_rule_decode", "batch": batch, "mtp": mtp, "hf_s": t_hf,
+                            "op_s": t_op, "speedup": t_hf / t_op, "twin_dma_bytes": dma,
+                            "dma_per_token_vs_per_sequence_minimum": dma / per_seq,
+                            "dma_vs_contract_minimum": dma / contract, "threads": torch.get_num_threads()})
+    print_table(records, [("batch", "batch", "d"), ("mtp", "MTP", "d"), ("hf_s", "HF s", ".6f"),
+                          ("op_s", "op s", ".6f"), ("speedup", "HF/op", ".1f"),
+                          ("dma_per_token_vs_per_sequence_minimum", "DMA/min(seq)", ".3f"),
+                          ("dma_vs_contract_minimum", "DMA/min(tok)", ".3f")])
+    from rvascend.repro import manifest
+    write_jsonl(FLAGS.output, records, manifest.capture())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))
