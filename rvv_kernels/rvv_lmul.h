@@ -94,6 +94,17 @@ RVASCEND_DEFINE_BLOCK_PAIR(8, 4, m8, m4, m2)
 RVASCEND_DEFINE_BLOCK_PAIR(4, 2, m4, m2, m1)
 #undef RVASCEND_DEFINE_BLOCK_PAIR
 
+// The widening policy of CPUs without BF16 vector extensions (see
+// bf16_packed_rvv_tiles.h): FP32 activations, weights widened by shift.
+template <int kLmul>
+struct ShiftWiden {
+  using Act = float;
+  using W = typename Lmul<kLmul>::F;
+  static float LoadScalar(const float* p) { return *p; }
+  static W Load(const uint16_t* p, size_t vl) { return Lmul<kLmul>::LoadBf16(p, vl); }
+  static W Fmacc(W acc, float a, W w, size_t vl) { return Lmul<kLmul>::Fmacc(acc, a, w, vl); }
+};
+
 // VLEN in bits, read from the vlenb CSR.
 inline size_t VlenBits() { return __riscv_vlenb() * 8; }
 

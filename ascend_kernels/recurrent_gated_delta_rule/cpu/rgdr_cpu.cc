@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "rvv_kernels/bf16.h"
 #include "rvv_kernels/thread_pool.h"
 
 namespace rgdr {
@@ -17,12 +18,7 @@ struct Bf16 {
 
 inline float ToF32(float x) { return x; }
 inline float ToF32(_Float16 x) { return static_cast<float>(x); }
-inline float ToF32(Bf16 x) {
-  const uint32_t u = static_cast<uint32_t>(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float ToF32(Bf16 x) { return rvascend::Bf16ToFloat(x.bits); }
 template <typename T>
 inline T FromF32(float f);
 template <>
@@ -30,14 +26,7 @@ inline float FromF32<float>(float f) { return f; }
 template <>
 inline _Float16 FromF32<_Float16>(float f) { return static_cast<_Float16>(f); }
 template <>
-inline Bf16 FromF32<Bf16>(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  // Round to nearest even; a NaN stays a (quiet) NaN.
-  const uint16_t rne = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  const uint16_t nan = static_cast<uint16_t>((u >> 16) | 0x40);
-  return Bf16{(u & 0x7fffffffu) > 0x7f800000u ? nan : rne};
-}
+inline Bf16 FromF32<Bf16>(float f) { return Bf16{rvascend::FloatToBf16(f)}; }
 
 int64_t Index(const void* p, size_t i, bool is64) {
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];

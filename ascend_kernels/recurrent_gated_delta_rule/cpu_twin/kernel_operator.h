@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "cpu_twin/twin_runtime.h"
+#include "rvv_kernels/bf16.h"
 
 #define __aicore__
 #define __global__
@@ -36,12 +37,7 @@ using twin::TwinError;
 
 inline float ToFloat(float x) { return x; }
 inline float ToFloat(half x) { return static_cast<float>(x); }
-inline float ToFloat(bfloat16_t x) {
-  uint32_t u = static_cast<uint32_t>(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float ToFloat(bfloat16_t x) { return rvascend::Bf16ToFloat(x.bits); }
 template <typename T>
 inline T FromFloat(float f);
 template <>
@@ -49,12 +45,7 @@ inline float FromFloat<float>(float f) { return f; }
 template <>
 inline half FromFloat<half>(float f) { return static_cast<half>(f); }
 template <>
-inline bfloat16_t FromFloat<bfloat16_t>(float f) {  // round to nearest even, NaN kept
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bfloat16_t{static_cast<uint16_t>((u >> 16) | 0x40)};
-  return bfloat16_t{static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
-}
+inline bfloat16_t FromFloat<bfloat16_t>(float f) { return bfloat16_t{rvascend::FloatToBf16(f)}; }
 
 enum class TPosition { GM, VECIN, VECOUT, VECCALC };
 using QuePosition = TPosition;

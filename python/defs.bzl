@@ -1,0 +1,25 @@
+"""Thin wrappers that keep python/BUILD.bazel uniform (JAX-style repo-local macros)."""
+
+load("@rules_python//python:defs.bzl", "py_binary", "py_test")
+
+def rvascend_py_test(src, size = "medium", data = [], **kwargs):
+    """A pytest file of the rvascend package as a Bazel test named after the file."""
+    py_test(
+        name = src.rsplit("/", 1)[-1][:-len(".py")],
+        size = size,
+        srcs = [src],
+        main = src,
+        data = data,
+        deps = [":rvascend"],
+        **kwargs
+    )
+
+def rvascend_py_binary(name, src, **kwargs):
+    """A module of the rvascend package run as a program (`bazel run //python:NAME`)."""
+    py_binary(
+        name = name,
+        srcs = [src],
+        main = src,
+        deps = [":rvascend"],
+        **kwargs
+    )
