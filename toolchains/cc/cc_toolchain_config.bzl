@@ -47,6 +47,9 @@ def _flags(actions, flags, features = None):
 def _impl(ctx):
     is_clang = ctx.attr.compiler == "clang"
     target = ["--target=riscv64-linux-gnu"] if is_clang else []
+    if ctx.attr.sysroot:
+        # The image carries GCC 14's crt files and libstdc++: take them from there.
+        target = target + ["--gcc-toolchain=%s/usr" % ctx.attr.sysroot]
     arch = ["-march=" + ctx.attr.march, "-mabi=lp64d"]
     linker = ["-fuse-ld=lld"] if is_clang else []
 
@@ -94,6 +97,7 @@ def _impl(ctx):
         abi_version = "lp64d",
         abi_libc_version = "glibc",
         tool_paths = [tool_path(name = name, path = path) for name, path in tools.items()],
+        builtin_sysroot = ctx.attr.sysroot or None,
     )
 
 riscv64_cc_toolchain_config = rule(
@@ -103,6 +107,7 @@ riscv64_cc_toolchain_config = rule(
         "march": attr.string(mandatory = True),
         "tools": attr.string_dict(mandatory = True),
         "include_directories": attr.string_list(mandatory = True),
+        "sysroot": attr.string(doc = "Build against this root (the riscv64 image) instead of the cross sysroot."),
     },
     provides = [CcToolchainConfigInfo],
 )

@@ -149,6 +149,31 @@ def read_packages_index(suite: str, architecture: str, mirror: Optional[str] = N
         return _parse_packages_index(lzma.decompress(response.read()).decode("utf-8"))
 
 
+def resolve_closure(suite: str, architecture: str, names: Iterable[str],
+                    mirror: Optional[str] = None) -> list[str]:
+    """`names` and everything they depend on (no recommends), as apt resolves it
+    for an empty system of that suite and architecture."""
+    import tempfile
+
+    base = mirror or apt_mirror_uri()
+    with tempfile.TemporaryDirectory() as tmp:
+        for d in ("state/lists/partial", "cache/archives/partial"):
+            os.makedirs(os.path.join(tmp, d))
+        open(os.path.join(tmp, "state", "status"), "w").close()
+        with open(os.path.join(tmp, "sources.list"), "w") as f:
+            f.write(f"deb [arch={architecture} signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+                    f"{base} {suite} main\n")
+        opts = [f"-oDir::Etc::SourceList={tmp}/sources.list", "-oDir::Etc::SourceParts=/dev/null",
+                f"-oDir::State={tmp}/state", f"-oDir::State::status={tmp}/state/status",
+                f"-oDir::Cache={tmp}/cache", f"-oAPT::Architecture={architecture}",
+                f"-oAPT::Architectures::={architecture}", "-oDir::Etc::Preferences=/dev/null",
+                "-oDir::Etc::PreferencesParts=/dev/null"]
+        subprocess.run(["apt-get", *opts, "update", "-qq"], check=True)
+        sim = subprocess.run(["apt-get", *opts, "install", "-s", "-qq", "--no-install-recommends", *names],
+                             check=True, capture_output=True, text=True).stdout
+    return sorted({line.split()[1] for line in sim.splitlines() if line.startswith("Inst ")})
+
+
 def regenerate(lock: DebianLock, names: Iterable[str],
                index: Optional[dict[str, dict[str, str]]] = None) -> DebianLock:
     """A new lock with the archive's current version of every package in `names`."""

@@ -35,9 +35,17 @@ DEBIAN_PACKAGES = (
 
 LOCKS = {
     "qemu": os.path.join(REPO_ROOT, "toolchains", "qemu", "qemu.lock.json"),
+    "riscv64_image": os.path.join(REPO_ROOT, "toolchains", "riscv64_image", "image.lock.json"),
 }
+# What each lock asks for; locks marked closure also pin every dependency.
 _LOCK_PACKAGES = {
-    "qemu": ("qemu-user",),
+    "qemu": (("qemu-user",), False),
+    "riscv64_image": ((
+        "python3", "python3-torch", "python3-numpy", "python3-safetensors", "python3-pytest",
+        "python3-absl", "python3-psutil", "python3-jinja2",
+        # headers and crt files for building our extension against the image
+        "libpython3.13-dev", "python3-pybind11", "pybind11-dev", "libstdc++-14-dev", "libc6-dev",
+    ), True),
 }
 
 
@@ -95,6 +103,38 @@ def ensure_locked_root(lock_name: str, dry_run: bool) -> str:
     return root
 
 
+def fix_up_image(root: str) -> str:
+    """What dpkg's maintainer scripts would have done in the extracted riscv64
+    image; returns the image's tree hash (sha256 over every path, link target
+    and file digest), which set-up records next to the lock digest."""
+    for link, target in (("lib", "usr/lib"), ("bin", "usr/bin"), ("sbin", "usr/sbin")):
+        path = os.path.join(root, link)
+        if not os.path.lexists(path):
+            os.symlink(target, path)
+    libdir = os.path.join(root, "usr", "lib", "riscv64-linux-gnu")
+    # update-alternatives links of the reference BLAS/LAPACK torch links against.
+    for name, sub in (("libblas.so.3", "blas"), ("liblapack.so.3", "lapack")):
+        path = os.path.join(libdir, name)
+        if not os.path.lexists(path) and os.path.exists(os.path.join(libdir, sub, name)):
+            os.symlink(os.path.join(sub, name), path)
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            if rel in ("INSTALLED", "IMAGE_SHA256"):
+                continue
+            if os.path.islink(path):
+                h.update(f"L {rel} {os.readlink(path)}\n".encode())
+            elif os.path.isfile(path):
+                h.update(f"F {rel} {debian_lock.sha256_file(path)}\n".encode())
+    digest = h.hexdigest()
+    with open(os.path.join(root, "IMAGE_SHA256"), "w") as f:
+        f.write(digest + "\n")
+    return digest
+
+
 def install_into_venv(dry_run: bool) -> None:
     """Makes `import rvascend` work in .venv: the source tree on sys.path plus the built extension."""
     site = subprocess.run(
@@ -136,6 +176,10 @@ def setup(dry_run: bool = False) -> None:
     ensure_venv(dry_run)
     _step("pinned QEMU 10 (Debian 13 qemu-user, unpacked)")
     ensure_locked_root("qemu", dry_run)
+    _step("riscv64 image (Debian 13: Python 3.13, torch 2.6), from its lock")
+    image = ensure_locked_root("riscv64_image", dry_run)
+    if not dry_run and not os.path.exists(os.path.join(image, "IMAGE_SHA256")):
+        logging.info("riscv64 image: tree sha256 %s", fix_up_image(image))
     _step("rvascend into the venv")
     install_into_venv(dry_run)
     logging.info("set-up done in %.0f s", time.monotonic() - start)
@@ -179,10 +223,15 @@ def bench(args: Sequence[str], dry_run: bool = False) -> int:
 def regenerate_lock(name: str, dry_run: bool = False) -> None:
     path = LOCKS[name]
     lock = debian_lock.DebianLock.load(path)
-    new = debian_lock.regenerate(lock, _LOCK_PACKAGES[name])
-    for old_pkg, new_pkg in zip(lock.packages, new.packages):
-        if old_pkg != new_pkg:
-            logging.info("%s: %s -> %s", new_pkg.name, old_pkg.version, new_pkg.version)
+    names, closure = _LOCK_PACKAGES[name]
+    if closure:
+        names = debian_lock.resolve_closure(lock.suite, lock.architecture, names)
+        logging.info("%s: %d packages in the dependency closure", name, len(names))
+    new = debian_lock.regenerate(lock, names)
+    old = {p.name: p.version for p in lock.packages}
+    for pkg in new.packages:
+        if old.get(pkg.name) != pkg.version:
+            logging.info("%s: %s -> %s", pkg.name, old.get(pkg.name, "(new)"), pkg.version)
     if not dry_run:
         new.save(path)
         logging.info("wrote %s (digest %s)", os.path.relpath(path, REPO_ROOT), new.digest())

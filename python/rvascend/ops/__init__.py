@@ -2,7 +2,9 @@
 
 Owns the `torch.ops.rvascend.*` namespace: the op schemas, their CPU and fake
 (meta) implementations, input validation, and the loading of the compiled
-kernel extension. Importing this package registers the ops.
+kernel extension. Importing this package registers the packed-linear ops;
+importing `rvascend.ops.gated_delta_rule` registers recurrent_gated_delta_rule
+(its extension is built for x86-64 hosts, not for the riscv64 image).
 """
 
 from rvascend.ops.packed_linear import (
@@ -16,10 +18,7 @@ from rvascend.ops.packed_linear import (
     use_kernel_set,
 )
 
-from rvascend.ops.gated_delta_rule import recurrent_gated_delta_rule
-
 __all__ = [
-    "recurrent_gated_delta_rule",
     "BLOCK_N",
     "LAYOUT_VERSION",
     "available_kernel_sets",
