@@ -95,9 +95,14 @@ def rvv_cc_test(name, srcs, deps = [], copts = [], platform = "//toolchains/plat
     )
 
 def _riscv64_files_impl(ctx):
+    # Re-exposed under <name>/: the host build of the same target has the same
+    # short path, and both may meet in one runfiles tree.
     files = []
     for target in ctx.attr.srcs:
-        files.extend(target[DefaultInfo].files.to_list())
+        for f in target[DefaultInfo].files.to_list():
+            out = ctx.actions.declare_file(ctx.label.name + "/" + f.basename)
+            ctx.actions.symlink(output = out, target_file = f)
+            files.append(out)
     return [DefaultInfo(files = depset(files), runfiles = ctx.runfiles(files = files))]
 
 riscv64_files = rule(

@@ -9,9 +9,7 @@ def _shell_quote(s):
 
 def _image_py_test_impl(ctx):
     runner = ctx.actions.declare_file(ctx.label.name + "_runner.sh")
-    # Its own copy: the host extension has the same runfiles path.
-    extension = ctx.actions.declare_file(ctx.label.name + "_riscv64/_rvv_kernels.so")
-    ctx.actions.symlink(output = extension, target_file = ctx.files.extension[0])
+    extension = ctx.files.extension[0]
     ctx.actions.expand_template(
         template = ctx.file._template,
         output = runner,

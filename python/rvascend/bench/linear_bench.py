@@ -90,7 +90,8 @@ def main(argv: list[str]) -> int:
                           ("ratio", "packed/F", ".2f"), ("weight_gbps", "weight GB/s", ".1f"),
                           ("bandwidth_fraction", "of copy BW", ".2f")])
     if FLAGS.output:
-        write_jsonl(FLAGS.output, records)
+        from rvascend.repro import manifest
+        write_jsonl(FLAGS.output, records, manifest.capture())
     return 0
 
 

@@ -75,6 +75,14 @@ std::vector<std::string> Names(const std::vector<const Bf16PackedKernelSet*>& se
 }
 
 }  // namespace
+
+// A function whose first instruction marks a region in a QEMU execution log
+// (image_instruction_count.py): its address is found from the symbol table.
+extern "C" __attribute__((noinline, used, visibility("default"))) int rvascend_count_marker(int id) {
+  asm volatile("" : : "r"(id) : "memory");
+  return id;
+}
+
 }  // namespace rvascend
 
 PYBIND11_MODULE(_rvv_kernels, m) {
@@ -93,6 +101,7 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         "Kernel sets this build has and this CPU supports, best first.");
   m.def("compiled_kernel_sets", [] { return Names(CompiledKernelSets()); },
         "Every kernel set compiled into this build.");
+  m.def("count_marker", &rvascend_count_marker, "Marks a region for instruction counting under QEMU.");
   m.def("cpu_features", [] { return GetCpuFeatures().Describe(); },
         "What the CPU reported at first use.");
 }
