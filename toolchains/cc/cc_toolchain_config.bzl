@@ -53,8 +53,8 @@ def _impl(ctx):
     arch = ["-march=" + ctx.attr.march, "-mabi=lp64d"]
     linker = ["-fuse-ld=lld"] if is_clang else []
 
-    # Objects must not depend on when they were built (Bazel already passes
-    # execroot-relative paths, so the where is covered).
+    # Objects must not depend on when they were built; the wrappers map the
+    # execution root to `.` and fix SOURCE_DATE_EPOCH (where and when).
     reproducible = [
         "-Wno-builtin-macro-redefined",
         "-D__DATE__=\"redacted\"",

@@ -68,31 +68,41 @@ rvv_qemu_test = rule(
     },
 )
 
-def rvv_cc_test(name, srcs, deps = [], copts = [], platform = "//toolchains/platforms:linux_riscv64", vlens = None, cpu_extensions = [], env = {}, expect_sigill_without_vector = False, args = [], size = "medium", tags = [], **kwargs):
-    """A C++ test compiled for riscv64 (static) and run under QEMU once per VLEN."""
-    cc_binary(
-        name = name + "_bin",
-        srcs = srcs,
-        deps = deps,
-        copts = copts,
-        linkopts = ["-static"],
-        linkstatic = True,
-        target_compatible_with = ["@platforms//cpu:riscv64"],
-        tags = ["manual"],
-        **kwargs
-    )
-    rvv_qemu_test(
-        name = name,
-        binary = ":" + name + "_bin",
-        platform = platform,
-        vlens = vlens if vlens != None else [128, 256, 512, 1024],
-        cpu_extensions = cpu_extensions,
-        env = env,
-        expect_sigill_without_vector = expect_sigill_without_vector,
-        args = args,
-        size = size,
-        tags = tags + ["qemu"],
-    )
+_COMPILER_PLATFORMS = {
+    "llvm": "//toolchains/platforms:linux_riscv64",
+    "gcc": "//toolchains/platforms:linux_riscv64_gcc",
+}
+
+def rvv_cc_test(name, srcs, deps = [], copts = [], compilers = ["llvm", "gcc"], vlens = None, cpu_extensions = [],
+                env = {}, expect_sigill_without_vector = False, args = [], size = "medium", tags = [], **kwargs):
+    """A C++ test compiled for riscv64 (static) by each compiler in `compilers`
+    (clang-19 and GCC 14 from the pinned root) and run under QEMU once per VLEN:
+    targets NAME_llvm, NAME_gcc."""
+    for compiler in compilers:
+        variant = "%s_%s" % (name, compiler)
+        cc_binary(
+            name = variant + "_bin",
+            srcs = srcs,
+            deps = deps,
+            copts = copts,
+            linkopts = ["-static"],
+            linkstatic = True,
+            target_compatible_with = ["@platforms//cpu:riscv64"],
+            tags = ["manual"],
+            **kwargs
+        )
+        rvv_qemu_test(
+            name = variant,
+            binary = ":" + variant + "_bin",
+            platform = _COMPILER_PLATFORMS[compiler],
+            vlens = vlens if vlens != None else [128, 256, 512, 1024],
+            cpu_extensions = cpu_extensions,
+            env = env,
+            expect_sigill_without_vector = expect_sigill_without_vector,
+            args = args,
+            size = size,
+            tags = tags + ["qemu", compiler],
+        )
 
 def _riscv64_files_impl(ctx):
     # Re-exposed under <name>/: the host build of the same target has the same

@@ -129,8 +129,12 @@ def main(argv: list[str]) -> int:
             f.write(GUEST)
         cases = [(p, *SHAPES[p], int(m)) for p in FLAGS.projections for m in FLAGS.rows]
         cpu = f"rv64,v=true,vext_spec=v1.0,vlen={FLAGS.vlen}"
-        env = dict(os.environ, PYTHONPATH=stage, OMP_NUM_THREADS="1")
-        base = [FLAGS.qemu, "-L", image, "-cpu", cpu]
+        # Fixed hash seed: Python's randomised hashing changes allocation sizes
+        # and with them where later libraries get mapped.
+        env = dict(os.environ, PYTHONPATH=stage, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+        # A reserved guest address space makes QEMU place every guest mapping
+        # itself, the same way in both runs (without it they follow host ASLR).
+        base = [FLAGS.qemu, "-R", "0x4000000000", "-L", image, "-cpu", cpu]
         guest = [f"{image}/usr/bin/python3.13", "-B", script, json.dumps(cases)]
         # Both runs log with the same flags: QEMU's guest address layout
         # depends on them. Run 1 filters everything out; it only learns the map.

@@ -22,20 +22,22 @@ VENV_DIR = os.path.join(REPO_ROOT, ".venv")
 
 # Debian 12 packages of the build machine; the reason for each is in
 # ../shared/docs/TOOLCHAIN_NOTES.md and the README.
+# Host tools only: riscv64 compilers come from the pinned Debian 13 root.
 DEBIAN_PACKAGES = (
     "bazel-bootstrap",          # Bazel 4.2.3, the only Bazel reachable offline
     "default-jdk-headless",     # Bazel's server
-    "clang-19", "lld-19", "llvm-19",  # riscv64 RVV cross toolchain
-    "libc6-dev-riscv64-cross", "libstdc++-12-dev-riscv64-cross", "libgcc-12-dev-riscv64-cross",
-    "gcc-riscv64-linux-gnu", "g++-riscv64-linux-gnu",  # GCC 12: scalar riscv64 builds
+    "g++", "python3-dev", "python3-venv",  # host toolchain for host Python extensions
+    "bubblewrap",               # runs the riscv64 compilers inside their root
+    "llvm-19",                  # llvm-nm for the QEMU instruction-count benchmark
     "qemu-user",                # fallback emulator (the pinned QEMU 10 is preferred)
-    "mmdebstrap", "bubblewrap", "nix-bin",
-    "dpkg-dev", "xz-utils", "git",
+    "nix-bin",                  # flake checks (nix run .#bench)
+    "xz-utils", "git",
 )
 
 LOCKS = {
     "qemu": os.path.join(REPO_ROOT, "toolchains", "qemu", "qemu.lock.json"),
     "riscv64_image": os.path.join(REPO_ROOT, "toolchains", "riscv64_image", "image.lock.json"),
+    "toolchain_root": os.path.join(REPO_ROOT, "toolchains", "roots", "toolchain_root.lock.json"),
 }
 # What each lock asks for; locks marked closure also pin every dependency.
 _LOCK_PACKAGES = {
@@ -45,6 +47,10 @@ _LOCK_PACKAGES = {
         "python3-absl", "python3-psutil", "python3-jinja2",
         # headers and crt files for building our extension against the image
         "libpython3.13-dev", "python3-pybind11", "pybind11-dev", "libstdc++-14-dev", "libc6-dev",
+    ), True),
+    "toolchain_root": ((
+        "clang-19", "lld-19", "llvm-19", "g++-14-riscv64-linux-gnu", "binutils-riscv64-linux-gnu",
+        "libc6-dev-riscv64-cross", "libstdc++-14-dev-riscv64-cross",
     ), True),
 }
 
@@ -103,14 +109,19 @@ def ensure_locked_root(lock_name: str, dry_run: bool) -> str:
     return root
 
 
+def fix_up_merged_usr(root: str, links: Sequence[str] = ("lib", "bin", "sbin")) -> None:
+    """The /lib, /bin, ... -> /usr/... links the usrmerge package would make."""
+    for link in links:
+        path = os.path.join(root, link)
+        if not os.path.lexists(path) and os.path.isdir(os.path.join(root, "usr", link)):
+            os.symlink(os.path.join("usr", link), path)
+
+
 def fix_up_image(root: str) -> str:
     """What dpkg's maintainer scripts would have done in the extracted riscv64
     image; returns the image's tree hash (sha256 over every path, link target
     and file digest), which set-up records next to the lock digest."""
-    for link, target in (("lib", "usr/lib"), ("bin", "usr/bin"), ("sbin", "usr/sbin")):
-        path = os.path.join(root, link)
-        if not os.path.lexists(path):
-            os.symlink(target, path)
+    fix_up_merged_usr(root)
     libdir = os.path.join(root, "usr", "lib", "riscv64-linux-gnu")
     # update-alternatives links of the reference BLAS/LAPACK torch links against.
     for name, sub in (("libblas.so.3", "blas"), ("liblapack.so.3", "lapack")):
@@ -176,6 +187,10 @@ def setup(dry_run: bool = False) -> None:
     ensure_venv(dry_run)
     _step("pinned QEMU 10 (Debian 13 qemu-user, unpacked)")
     ensure_locked_root("qemu", dry_run)
+    _step("toolchain root (Debian 13 amd64: clang-19, GCC 14 riscv64), from its lock")
+    root = ensure_locked_root("toolchain_root", dry_run)
+    if not dry_run:
+        fix_up_merged_usr(root, ("lib", "lib64", "bin", "sbin"))
     _step("riscv64 image (Debian 13: Python 3.13, torch 2.6), from its lock")
     image = ensure_locked_root("riscv64_image", dry_run)
     if not dry_run and not os.path.exists(os.path.join(image, "IMAGE_SHA256")):

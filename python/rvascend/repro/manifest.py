@@ -17,11 +17,11 @@ from typing import Any, Optional
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SCHEMA = 1
 
-# Tools whose identity pins a build or an emulated run: (name, how to find it).
-_TOOLS = {
-    "clang": "clang-19", "lld": "ld.lld-19", "llvm-ar": "llvm-ar-19", "gcc-riscv64": "riscv64-linux-gnu-gcc-12",
-    "bazel": "bazel", "qemu-riscv64-system": "qemu-riscv64",
-}
+# Host tools whose identity pins a build or an emulated run.
+_TOOLS = {"bazel": "bazel", "qemu-riscv64-system": "qemu-riscv64", "host-cc": "cc"}
+# riscv64 compilers: inside the pinned toolchain root (.deps/toolchain_root).
+_ROOT_TOOLS = {"clang": "usr/bin/clang-19", "lld": "usr/bin/ld.lld-19", "llvm-ar": "usr/bin/llvm-ar-19",
+               "gcc-riscv64": "usr/bin/riscv64-linux-gnu-gcc-14", "as-riscv64": "usr/bin/riscv64-linux-gnu-as"}
 _LOCKS = {
     "qemu": "toolchains/qemu/qemu.lock.json",
     "riscv64_image": "toolchains/riscv64_image/image.lock.json",
@@ -74,6 +74,11 @@ def _tool(command: str) -> Optional[dict[str, str]]:
 
 def toolchain() -> dict[str, Any]:
     tools = {name: _tool(cmd) for name, cmd in _TOOLS.items()}
+    root = os.path.join(REPO_ROOT, ".deps", "toolchain_root")
+    for name, rel in _ROOT_TOOLS.items():
+        path = os.path.join(root, rel)
+        if os.path.exists(path):
+            tools[name] = {"path": os.path.join(".deps/toolchain_root", rel), "sha256": sha256_file(path)}
     pinned_qemu = os.path.join(REPO_ROOT, ".deps", "qemu", "usr", "bin", "qemu-riscv64")
     if os.path.exists(pinned_qemu):
         tools["qemu-riscv64"] = {"path": os.path.relpath(pinned_qemu, REPO_ROOT),

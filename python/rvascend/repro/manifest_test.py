@@ -31,7 +31,7 @@ def test_manifest_records_the_four_pins(checkpoint):
     assert set(m["checkpoint"]["files"]) == {"model.safetensors", "config.json"}
     assert m["runtime"]["torch"] == torch.__version__ and m["runtime"]["packages_count"] > 10
     assert m["compile_cache"]["state"] in ("cold", "warm") and "dir" in m["compile_cache"]
-    assert "qemu" in m["toolchain"]["locks"]
+    assert {"qemu", "riscv64_image", "toolchain_root"} <= set(m["toolchain"]["locks"])
     assert m["threads"]["torch_threads"] == torch.get_num_threads()
 
 
