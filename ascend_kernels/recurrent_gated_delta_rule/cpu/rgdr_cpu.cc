@@ -77,6 +77,45 @@ inline float UpdateRow(float* __restrict row, const float* __restrict k, const f
   return s;
 }
 
+typedef uint32_t U16x __attribute__((vector_size(64)));
+typedef uint16_t H16x __attribute__((vector_size(32)));
+
+// Whole-state conversions, 16 lanes at a time (the scalar forms above are
+// for the tails and for per-row values).
+template <typename T>
+inline void LoadState(float* __restrict dst, const T* __restrict src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = ToF32(src[i]);
+}
+template <>
+inline void LoadState<Bf16>(float* __restrict dst, const Bf16* __restrict src, size_t n) {
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    H16x h;
+    std::memcpy(&h, src + i, sizeof(h));
+    const U16x u = __builtin_convertvector(h, U16x) << 16;
+    std::memcpy(dst + i, &u, sizeof(u));
+  }
+  for (; i < n; ++i) dst[i] = ToF32(src[i]);
+}
+
+template <typename T>
+inline void StoreState(T* __restrict dst, const float* __restrict src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = FromF32<T>(src[i]);
+}
+template <>
+inline void StoreState<Bf16>(Bf16* __restrict dst, const float* __restrict src, size_t n) {
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    U16x bits;
+    std::memcpy(&bits, src + i, sizeof(bits));
+    const U16x rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const U16x nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    const H16x h = __builtin_convertvector((rounded & ~nan) | (((bits >> 16) | 0x40u) & nan), H16x);
+    std::memcpy(dst + i, &h, sizeof(h));
+  }
+  for (; i < n; ++i) dst[i] = FromF32<Bf16>(src[i]);
+}
+
 struct Unit {
   uint32_t b, h;
   int64_t seq0;
@@ -96,7 +135,7 @@ inline void RunUnit(const RgdrArgs& a, const Unit& u, float* __restrict S, float
   float* __restrict egk = k + dk;
   const T* state = static_cast<const T*>(a.state);
   const T* src = state + (static_cast<size_t>(u.read_slot) * a.nv + u.h) * dv * dk;
-  for (size_t i = 0; i < dv * dk; ++i) S[i] = ToF32(src[i]);
+  LoadState(S, src, dv * dk);
   for (uint32_t t = 0; t < u.len; ++t) {
     const size_t tok = static_cast<size_t>(u.seq0) + t;
     const T* qs = static_cast<const T*>(a.query) + (tok * a.nk + hk) * dk;
@@ -125,7 +164,7 @@ inline void RunUnit(const RgdrArgs& a, const Unit& u, float* __restrict S, float
       out[v] = FromF32<T>(UpdateRow(row, k, q, c, d, dk));
     }
     T* dst = static_cast<T*>(a.state) + (static_cast<size_t>(Index(a.indices, tok, a.indices_int64)) * a.nv + u.h) * dv * dk;
-    for (size_t i = 0; i < dv * dk; ++i) dst[i] = FromF32<T>(S[i]);
+    StoreState(dst, S, dv * dk);
   }
 }
 

@@ -6,8 +6,10 @@ Method (deterministic): the image's python3.13 runs a script that calls each
 op between two calls of `rvascend_count_marker`. QEMU logs, for the code of
 libtorch_cpu, libc, libm, libgomp, libstdc++ and our extension (-dfilter),
 every translated block (-d in_asm) and every block execution (-d exec,nochain)
-into a FIFO this script reads: instructions = sum over executions inside a
-marked region of the block's instruction count. Threads are 1 on both sides.
+into a FIFO that exec_log_counter reads: instructions = sum over executions
+inside a marked region of the block's instruction count. Threads are 1 on
+both sides; QEMU reserves the guest address space (-R) and Python's hash seed
+is fixed, so both runs map every library at the same address.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 
 from absl import app, flags, logging
 
@@ -30,6 +31,7 @@ flags.DEFINE_string("qemu", None, "qemu-riscv64 binary.")
 flags.DEFINE_string("image", None, "riscv64 image root.")
 flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image.")
 flags.DEFINE_string("package", None, "Directory holding the rvascend package sources.")
+flags.DEFINE_string("counter", None, "exec_log_counter binary (reads the QEMU log).")
 flags.DEFINE_list("projections", ["o_proj", "qkv_proj"], "Llama-3.2-1B projections to count.")
 flags.DEFINE_list("rows", ["1", "4"], "M values.")
 flags.DEFINE_integer("vlen", 256, "VLEN of the emulated CPU.")
@@ -73,44 +75,25 @@ def _ranges(maps: list[tuple[str, str]]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _run(cmd: list[str], env: dict[str, str], log_fifo: str | None, marker_pc: int | None):
-    """Runs the guest; with a FIFO, counts instructions per marked region while it runs."""
-    counts: list[int] = []
+def _run(cmd: list[str], env: dict[str, str], log_fifo: str | None = None,
+         marker_pc: int | None = None) -> tuple[str, list[int]]:
+    """Runs the guest; with a FIFO, a C++ counter reads QEMU's log while it runs."""
+    counter = None
     if log_fifo:
-        def reader():
-            sizes: dict[int, int] = {}
-            current_tb, n = None, 0
-            inside, total = False, 0
-            exec_re = re.compile(rb"^Trace \d+: 0x[0-9a-f]+ \[[0-9a-f]+/([0-9a-f]+)/")
-            with open(log_fifo, "rb") as f:
-                for line in f:
-                    if line.startswith(b"Trace "):
-                        match = exec_re.match(line)
-                        if not match:
-                            continue
-                        pc = int(match.group(1), 16)
-                        if pc == marker_pc:
-                            if inside:
-                                counts.append(total)
-                            inside, total = not inside, 0
-                        elif inside:
-                            total += sizes.get(pc, 0)
-                    elif line.startswith(b"IN:"):
-                        if current_tb is not None:
-                            sizes[current_tb] = n
-                        current_tb, n = None, 0
-                    elif line.startswith(b"0x"):
-                        if current_tb is None:
-                            current_tb = int(line.split(b":")[0], 16)
-                        n += 1
-                    elif not line.strip() and current_tb is not None:
-                        sizes[current_tb] = n
-                        current_tb = None
-        thread = threading.Thread(target=reader, daemon=True)
-        thread.start()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        counter = subprocess.Popen([FLAGS.counter, f"{marker_pc:x}"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+    proc = None
     if log_fifo:
-        thread.join()
+        # QEMU writes the log to the FIFO; the counter reads it through `cat`.
+        feeder = subprocess.Popen(["cat", log_fifo], stdout=counter.stdin)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        feeder.wait()
+        counter.stdin.close()
+        counts = [int(x) for x in counter.stdout.read().split()]
+        counter.wait()
+    else:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        counts = []
     if proc.returncode != 0:
         raise RuntimeError(f"guest failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc.stdout, counts
@@ -171,5 +154,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["qemu", "image", "extension", "package"])
+    flags.mark_flags_as_required(["qemu", "image", "extension", "package", "counter"])
     sys.exit(app.run(main))
