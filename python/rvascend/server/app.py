@@ -152,7 +152,10 @@ def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = No
             if chat:
                 yield chunk(None, None, first=True)
             async for out in sub.outputs():
-                if out.text or out.finished:
+                # One chunk per generated token, even when its text is held back
+                # (a partial UTF-8 character, a possible stop string): clients
+                # and benchmarks see every token's timing.
+                if out.token_id is not None or out.finished:
                     yield chunk(out.text, out.finish_reason)
                 if out.finished:
                     status = "ok" if out.finish_reason != "abort" else "aborted"
