@@ -9,6 +9,8 @@ The interpreter path is the venv's own `bin/python3`, never its realpath:
 resolving the symlink would escape the venv and lose its site-packages.
 """
 
+load("//toolchains/python:python_headers.bzl", "PYTHON_HEADERS_BUILD")
+
 _QUERY = """
 import sys, sysconfig
 import pybind11
@@ -55,20 +57,7 @@ toolchain(
     toolchain = ":py_runtime_pair",
     toolchain_type = "@bazel_tools//tools/python:toolchain_type",
 )
-
-cc_library(
-    name = "python_headers",
-    hdrs = glob(["python_include/**/*.h"]),
-    includes = ["python_include"],
-)
-
-cc_library(
-    name = "pybind11",
-    hdrs = glob(["pybind11_include/**/*.h"]),
-    includes = ["pybind11_include"],
-    deps = [":python_headers"],
-)
-""".format(python = python))
+""".format(python = python) + PYTHON_HEADERS_BUILD)
     ctx.file("defs.bzl", 'PYTHON_EXT_SUFFIX = "{}"\nPYTHON_VERSION = "{}"\n'.format(ext_suffix, version))
 
 python_configure = repository_rule(

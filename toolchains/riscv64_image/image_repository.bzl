@@ -6,6 +6,8 @@ If the image is missing, `:image_ready` fails the build with the set-up
 command to run (image targets never fall back to anything else).
 """
 
+load("//toolchains/python:python_headers.bzl", "PYTHON_HEADERS_BUILD")
+
 def _image_repository_impl(ctx):
     root = "%s/.deps/riscv64_image" % ctx.path(Label("@//:WORKSPACE")).dirname
     ctx.read(Label("@//toolchains/riscv64_image:image.lock.json"))  # re-run when the lock changes
@@ -29,20 +31,7 @@ genrule(
     cmd = "{ready_cmd}",
     local = True,
 )
-
-cc_library(
-    name = "python_headers",
-    hdrs = glob(["python_include/**/*.h"]),
-    includes = ["python_include"],
-)
-
-cc_library(
-    name = "pybind11",
-    hdrs = glob(["pybind11_include/**/*.h"]),
-    includes = ["pybind11_include"],
-    deps = [":python_headers"],
-)
-""".format(ready_cmd = ready_cmd))
+""".format(ready_cmd = ready_cmd) + PYTHON_HEADERS_BUILD)
 
 image_repository = repository_rule(
     implementation = _image_repository_impl,
