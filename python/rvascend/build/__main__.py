@@ -36,7 +36,9 @@ def main(argv: list[str]) -> int:
         if command == "setup":
             return 0
         if command == "test":
-            return steps.bazel_test(["//...", *rest], dry_run=FLAGS.dry_run)
+            targets = [a for a in rest if not a.startswith("-")] or ["//..."]
+            options = [a for a in rest if a.startswith("-")]
+            return steps.bazel_test([*options, *targets], dry_run=FLAGS.dry_run)
         if command == "serve":
             return steps.bazel(["run", "//python:serve", "--", *rest], dry_run=FLAGS.dry_run)
         return steps.bench(rest, dry_run=FLAGS.dry_run)
@@ -45,5 +47,13 @@ def main(argv: list[str]) -> int:
         return 1
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+    """Parses this CLI's flags before the command; everything after the command
+    (e.g. `./dev serve --model-path DIR`) passes through untouched."""
+    command_at = next((i for i, a in enumerate(argv[1:], 1) if a in _COMMANDS), len(argv))
+    rest = FLAGS(argv[:command_at])
+    return rest + argv[command_at:]
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
