@@ -8,7 +8,6 @@ Face transformers' `generate` on the same checkpoint and thread count.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time

@@ -152,10 +152,9 @@ class Engine:
 
     def _drop_aborted(self) -> None:
         with self._lock:
-            for queue in (self._waiting,):
-                for seq in [s for s in queue if s.aborted]:
-                    queue.remove(seq)
-                    self._finish(seq, "abort")
+            for seq in [s for s in self._waiting if s.aborted]:
+                self._waiting.remove(seq)
+                self._finish(seq, "abort")
             for seq in [s for s in self._running if s.aborted]:
                 self._running.remove(seq)
                 self._finish(seq, "abort")

@@ -8,7 +8,6 @@ reference's choice is not a near tie. All of it with and without the policy.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import sys

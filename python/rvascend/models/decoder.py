@@ -9,7 +9,6 @@ vLLM, so the RVV policy sees one large Linear each.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import torch
 import torch.nn.functional as F

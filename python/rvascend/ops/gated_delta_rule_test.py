@@ -111,7 +111,7 @@ def test_untouched_slots_are_bit_identical_and_each_token_writes_its_slot(platfo
 
 
 def test_agrees_with_transformers_torch_recurrent_gated_delta_rule():
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule as hf
     B, NK, NV, Dk, Dv, steps = 2, 2, 4, 64, 48, 4
     gen = torch.Generator().manual_seed(3)

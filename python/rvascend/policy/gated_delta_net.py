@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 import torch
 from torch import nn

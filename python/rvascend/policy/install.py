@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from absl import logging
 from torch import nn
 
-from rvascend import ops
 from rvascend.policy import adapters, budget, shape_gate
 from rvascend.policy.config import RvvPolicyConfig
 from rvascend.policy.counters import RouteCounters
