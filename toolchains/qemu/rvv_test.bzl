@@ -18,8 +18,12 @@ _riscv64_transition = transition(
     outputs = ["//command_line_option:platforms"],
 )
 
-def _shell_quote(s):
+def shell_quote(s):
     return "'" + s.replace("'", "'\\''") + "'"
+
+def env_exports(env):
+    """`export K='V'` lines for a test runner script."""
+    return "\n".join(["export %s=%s" % (k, shell_quote(v)) for k, v in sorted(env.items())])
 
 def _single(target_or_list):
     return target_or_list[0] if type(target_or_list) == "list" else target_or_list
@@ -39,7 +43,7 @@ def _rvv_qemu_test_impl(ctx):
             "%CPU_BASE%": ",".join(cpu),
             "%VLENS%": " ".join([str(v) for v in ctx.attr.vlens]),
             "%EXPECT_SIGILL%": "1" if ctx.attr.expect_sigill_without_vector else "0",
-            "%ENV%": "\n".join(["export %s=%s" % (k, _shell_quote(v)) for k, v in sorted(ctx.attr.env.items())]),
+            "%ENV%": env_exports(ctx.attr.env),
         },
         is_executable = True,
     )

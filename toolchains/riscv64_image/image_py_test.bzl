@@ -3,9 +3,7 @@ by the riscv64 image's python3.13 (torch 2.6) under qemu-riscv64, with the
 kernels' extension cross-compiled for that image."""
 
 load("@riscv64_image//:defs.bzl", "IMAGE_ROOT")
-
-def _shell_quote(s):
-    return "'" + s.replace("'", "'\\''") + "'"
+load("//toolchains/qemu:rvv_test.bzl", "env_exports")
 
 def _image_py_test_impl(ctx):
     runner = ctx.actions.declare_file(ctx.label.name + "_runner.sh")
@@ -21,7 +19,7 @@ def _image_py_test_impl(ctx):
             "%MAIN%": ctx.file.main.short_path,
             "%PYTEST%": "1" if ctx.attr.pytest else "0",
             "%VLENS%": " ".join([str(v) for v in ctx.attr.vlens]),
-            "%ENV%": "\n".join(["export %s=%s" % (k, _shell_quote(v)) for k, v in sorted(ctx.attr.env.items())]),
+            "%ENV%": env_exports(ctx.attr.env),
         },
         is_executable = True,
     )

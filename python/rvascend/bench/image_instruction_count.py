@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -76,23 +77,15 @@ def _ranges(maps: list[tuple[str, str]]) -> list[tuple[int, int]]:
 
 def _run(cmd: list[str], env: dict[str, str], log_fifo: str | None = None,
          marker_pc: int | None = None) -> tuple[str, list[int]]:
-    """Runs the guest; with a FIFO, a C++ counter reads QEMU's log while it runs."""
+    """Runs the guest; with a FIFO, exec_log_counter reads QEMU's log while it runs."""
     counter = None
-    if log_fifo:
-        counter = subprocess.Popen([FLAGS.counter, f"{marker_pc:x}"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True)
-    proc = None
-    if log_fifo:
-        # QEMU writes the log to the FIFO; the counter reads it through `cat`.
-        feeder = subprocess.Popen(["cat", log_fifo], stdout=counter.stdin)
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        feeder.wait()
-        counter.stdin.close()
-        counts = [int(x) for x in counter.stdout.read().split()]
-        counter.wait()
-    else:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        counts = []
+    if log_fifo is not None:
+        # The counter's shell opens the FIFO (blocking until QEMU opens it for
+        # writing), so this process does not block before QEMU starts.
+        counter = subprocess.Popen(f"exec {shlex.quote(FLAGS.counter)} {marker_pc:x} < {shlex.quote(log_fifo)}",
+                                   shell=True, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    counts = [int(x) for x in counter.communicate()[0].split()] if counter else []
     if proc.returncode != 0:
         raise RuntimeError(f"guest failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc.stdout, counts

@@ -94,12 +94,13 @@ def fetch(lock: DebianLock, cache_dir: str, mirror: Optional[str] = None) -> lis
     """Downloads every locked .deb into `cache_dir`, verified; returns their paths."""
     os.makedirs(cache_dir, exist_ok=True)
     paths = []
+    base = mirror
     for pkg in lock.packages:
         dest = os.path.join(cache_dir, os.path.basename(pkg.filename))
         if os.path.exists(dest) and sha256_file(dest) == pkg.sha256:
             paths.append(dest)
             continue
-        base = mirror or apt_mirror_uri()
+        base = base or apt_mirror_uri()  # read once, and only when something is missing
         url = f"{base}/{pkg.filename}"
         logging.info("downloading %s %s", pkg.name, pkg.version)
         try:

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import torch
 
 from rvascend.ops.native import load_extension
+from rvascend.ops.packed_linear import register_fake
 
 _rgdr = load_extension("_rgdr")
 
@@ -148,12 +149,7 @@ def _rgdr_cpu(query, key, value, state, beta, scale, actual_seq_lengths, ssm_sta
     return out
 
 
-def _register_fake(name: str):
-    register = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
-    return register(name)
-
-
-@_register_fake("rvascend::recurrent_gated_delta_rule")
+@register_fake("rvascend::recurrent_gated_delta_rule")
 def _rgdr_fake(query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
                num_accepted_tokens=None, g=None, gk=None):
     return query.new_empty((query.shape[0], value.shape[1], value.shape[2]))

@@ -142,20 +142,22 @@ def _linear_cpu(input: torch.Tensor, packed_weight: torch.Tensor, out_features: 
     return out.reshape(*lead, out_features)
 
 
-def _register_fake(name: str):
-    # torch >= 2.4 spells it register_fake; keep impl_abstract for older builds.
+def register_fake(name: str):
+    """The fake (meta) registration decorator for an op of this package.
+
+    torch >= 2.4 spells it register_fake; impl_abstract serves older builds."""
     register = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
     return register(name)
 
 
-@_register_fake("rvascend::pack_bf16_weight")
+@register_fake("rvascend::pack_bf16_weight")
 def _pack_fake(weight: torch.Tensor, layout_version: int = 1) -> torch.Tensor:
     _check_pack_args(weight, layout_version)
     n, k = weight.shape
     return weight.new_empty((-(-n // BLOCK_N), k, BLOCK_N))
 
 
-@_register_fake("rvascend::packed_bf16_linear")
+@register_fake("rvascend::packed_bf16_linear")
 def _linear_fake(input: torch.Tensor, packed_weight: torch.Tensor, out_features: int,
                  layout_version: int = 1) -> torch.Tensor:
     _check_linear_args(input, packed_weight, out_features, layout_version)

@@ -87,7 +87,7 @@ class RvvPolicy:
     def cache_keys(self) -> list[CacheKey]:
         return list(self._callables)
 
-    def pack_all(self, model: nn.Module) -> PolicyReport:
+    def pack_all(self) -> PolicyReport:
         budget_bytes = budget.derive_budget_bytes(self.config.memory_budget_mib)
         routes = list(self.routes.values())
         packed, not_packed = [], []
@@ -162,7 +162,7 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
             module.forward = route
     model.__dict__[_POLICY_ATTR] = policy
     model.register_load_state_dict_post_hook(_invalidate_after_load)
-    report = policy.pack_all(model)
+    report = policy.pack_all()
     logging.info("%s", report.summary())
     return report
 
@@ -188,7 +188,7 @@ def repack(model: nn.Module) -> PolicyReport:
         raise RuntimeError("the RVV policy is not installed on this model")
     for route in policy.routes.values():
         route.drop("repacking")
-    return policy.pack_all(model)
+    return policy.pack_all()
 
 
 def packed_buffer_names(model: nn.Module) -> list[str]:
