@@ -16,6 +16,7 @@ from rvascend.ops.packed_linear import (
     packed_bf16_linear,
     packed_weight_bytes,
     use_kernel_set,
+    weight_fingerprint,
 )
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "packed_bf16_linear",
     "packed_weight_bytes",
     "use_kernel_set",
+    "weight_fingerprint",
 ]

@@ -114,12 +114,20 @@ torch.library.define(
 def _pack_cpu(weight: torch.Tensor, layout_version: int = 1) -> torch.Tensor:
     _check_pack_args(weight, layout_version)
     n, k = weight.shape
-    if weight.stride(1) != 1:
+    # Rows must not overlap (an expanded weight has row stride 0): anything
+    # but unit column stride and row stride >= K packs from a contiguous copy.
+    if weight.stride(1) != 1 or (n > 1 and weight.stride(0) < k):
         weight = weight.contiguous()
     packed = torch.empty((-(-n // BLOCK_N), k, BLOCK_N), dtype=torch.bfloat16)
     if n and k:
-        _native.pack_bf16_weight(weight.data_ptr(), n, k, max(weight.stride(0), k), packed.data_ptr())
+        _native.pack_bf16_weight(weight.data_ptr(), n, k, weight.stride(0) if n > 1 else k,
+                                 readable_elements(weight), packed.data_ptr())
     return packed
+
+
+def readable_elements(t: torch.Tensor) -> int:
+    """Elements of t's storage from its first element on (the C++ side's bound)."""
+    return t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
 
 
 @torch.library.impl("rvascend::packed_bf16_linear", "CPU")
@@ -137,9 +145,24 @@ def _linear_cpu(input: torch.Tensor, packed_weight: torch.Tensor, out_features: 
     if m:
         w = packed_weight if packed_weight.is_contiguous() else packed_weight.contiguous()
         _native.packed_bf16_linear(
-            _kernel_set, m, out_features, k, x.data_ptr(), x.stride(0) if m > 1 else k,
-            w.data_ptr(), out.data_ptr(), out_features, torch.get_num_threads())
+            _kernel_set, m, out_features, k, x.data_ptr(), x.stride(0) if m > 1 else k, readable_elements(x),
+            w.data_ptr(), readable_elements(w), out.data_ptr(), out_features, out.numel(),
+            torch.get_num_threads())
     return out.reshape(*lead, out_features)
+
+
+FINGERPRINT_SAMPLES = 128
+
+
+def weight_fingerprint(weight: torch.Tensor, samples: int = FINGERPRINT_SAMPLES) -> int:
+    """A content fingerprint of a 2-D BF16 weight from `samples` elements spread
+    over its rows and columns; O(samples), whatever the weight's size."""
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
+        raise ValueError(f"weight_fingerprint: needs a 2-D BF16 CPU tensor, got {weight.dtype} "
+                         f"{tuple(weight.shape)} on {weight.device}")
+    n, k = weight.shape
+    return int(_native.weight_fingerprint(weight.data_ptr(), n, k, weight.stride(0), weight.stride(1),
+                                          readable_elements(weight), samples))
 
 
 def register_fake(name: str):

@@ -51,6 +51,50 @@ def test_pack_non_contiguous_weight():
     assert torch.equal(ops.pack_bf16_weight(w[:, ::2]), _pack_reference(w[:, ::2].contiguous()))
 
 
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(1, 1024).bfloat16().expand(512, 1024),       # row stride 0
+    lambda: torch.randn(1024, 1).bfloat16().expand(1024, 1024),      # column stride 0
+    lambda: torch.randn(64 * 256 + 256).bfloat16().as_strided((64, 512), (256, 1)),  # overlapping rows
+    lambda: torch.randn(40, 8, 64).bfloat16()[:, 3, :],              # row stride > K
+    lambda: torch.randn(300, 64).bfloat16()[100:200],                # storage offset
+])
+def test_pack_any_strided_weight_like_its_contiguous_copy(make):
+    w = make()
+    assert torch.equal(ops.pack_bf16_weight(w), _pack_reference(w.contiguous()))
+    x = torch.randn(3, w.shape[1]).bfloat16()
+    got = ops.packed_bf16_linear(x, ops.pack_bf16_weight(w), w.shape[0])
+    assert torch.isfinite(got.float()).all()
+
+
+def test_native_entry_points_check_the_strides_they_are_given():
+    from rvascend.ops.packed_linear import _native
+    w = torch.randn(8, 64).bfloat16()
+    out = torch.empty(1, 64, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="smaller than K"):
+        _native.pack_bf16_weight(w.data_ptr(), 8, 64, 0, w.numel(), out.data_ptr())
+    with pytest.raises(ValueError, match="needs .* elements"):
+        _native.pack_bf16_weight(w.data_ptr(), 8, 64, 64, w.numel() - 1, out.data_ptr())
+    y = torch.empty(2, 8, dtype=torch.bfloat16)
+    x = torch.randn(2, 64).bfloat16()
+    with pytest.raises(ValueError, match="reaches past"):
+        _native.packed_bf16_linear("", 2, 8, 64, x.data_ptr(), 64, x.numel(), out.data_ptr(),
+                                   out.numel() - 1, y.data_ptr(), 8, y.numel(), 1)
+    with pytest.raises(ValueError, match="input .* reaches past"):
+        _native.packed_bf16_linear("", 3, 8, 64, x.data_ptr(), 64, x.numel(), out.data_ptr(),
+                                   out.numel(), y.data_ptr(), 8, 3 * 8, 1)
+
+
+def test_weight_fingerprint_sees_any_sampled_change_and_ignores_strides():
+    w = torch.randn(2048, 1024).bfloat16()
+    f = ops.weight_fingerprint(w)
+    assert f == ops.weight_fingerprint(w.clone()) == ops.weight_fingerprint(w.T.contiguous().T)
+    assert f != ops.weight_fingerprint(w * 2)
+    assert f != ops.weight_fingerprint(-w)
+    assert f != ops.weight_fingerprint(torch.randn_like(w))
+    with pytest.raises(ValueError, match="2-D BF16"):
+        ops.weight_fingerprint(w.float())
+
+
 SHAPES = [(m, n, k) for m in list(range(1, 18)) + [64, 128] for n, k in [(1, 7), (33, 64), (100, 129)]]
 SHAPES += [(m, 1024, 2048) for m in (1, 2, 3, 4, 8, 16, 64)] + [(1, 3072, 2048), (4, 2048, 8192)]
 

@@ -42,18 +42,45 @@ const Bf16PackedKernelSet& KernelSet(const std::string& name) {
   return *set;
 }
 
-void Pack(uintptr_t weight, size_t n, size_t k, size_t row_stride, uintptr_t packed) {
-  if (row_stride < k) throw std::invalid_argument("weight row stride is smaller than K");
+// `weight_elements` is how many BF16 elements lie readable from `weight` (the
+// rest of its storage): the last row must end inside it, whatever the stride.
+void Pack(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t weight_elements,
+          uintptr_t packed) {
+  if (n > 1 && row_stride < k) {
+    throw std::invalid_argument("weight row stride " + std::to_string(row_stride) +
+                                " is smaller than K = " + std::to_string(k) +
+                                ": rows overlap; pass a contiguous copy");
+  }
+  if (n && k && (n - 1) * row_stride + k > weight_elements) {
+    throw std::invalid_argument("weight [" + std::to_string(n) + ", " + std::to_string(k) +
+                                "] with row stride " + std::to_string(row_stride) + " needs " +
+                                std::to_string((n - 1) * row_stride + k) + " elements but its storage has " +
+                                std::to_string(weight_elements));
+  }
   py::gil_scoped_release release;
   PackBf16Weight(Pointer<const uint16_t>(weight, "weight"), n, k, row_stride,
                  Pointer<uint16_t>(packed, "packed"));
 }
 
+void CheckExtent(const char* what, size_t rows, size_t cols, size_t row_stride, size_t elements) {
+  if (rows && cols && (rows - 1) * row_stride + cols > elements) {
+    throw std::invalid_argument(std::string(what) + " [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                                "] with row stride " + std::to_string(row_stride) + " reaches past its " +
+                                std::to_string(elements) + " elements");
+  }
+}
+
+// Every buffer comes with the number of elements readable (or writable) from
+// its pointer, so a wrong stride or shape is an exception, not a wild access.
 void Linear(const std::string& kernel_set, size_t m, size_t n, size_t k, uintptr_t input,
-            size_t input_stride, uintptr_t packed, uintptr_t output, size_t output_stride,
-            size_t num_threads) {
-  if (input_stride < k) throw std::invalid_argument("input row stride is smaller than K");
-  if (output_stride < n) throw std::invalid_argument("output row stride is smaller than N");
+            size_t input_stride, size_t input_elements, uintptr_t packed, size_t packed_elements,
+            uintptr_t output, size_t output_stride, size_t output_elements, size_t num_threads) {
+  if (m > 1 && input_stride < k) throw std::invalid_argument("input row stride is smaller than K");
+  if (m > 1 && output_stride < n) throw std::invalid_argument("output row stride is smaller than N");
+  CheckExtent("input", m, k, input_stride, input_elements);
+  CheckExtent("output", m, n, output_stride, output_elements);
+  const size_t blocks = (n + kPackedBlockN - 1) / kPackedBlockN;
+  CheckExtent("packed weight", 1, blocks * k * kPackedBlockN, 0, packed_elements);
   const Bf16PackedKernelSet& set = KernelSet(kernel_set);
   PackedLinearArgs args;
   args.m = m;
@@ -66,6 +93,28 @@ void Linear(const std::string& kernel_set, size_t m, size_t n, size_t k, uintptr
   args.output_stride = output_stride;
   py::gil_scoped_release release;
   PackedBf16Linear(set, args, num_threads == 0 ? 1 : num_threads);
+}
+
+// A cheap content fingerprint of a BF16 [N, K] weight: FNV-1a over the bits
+// of `samples` elements spread over rows and columns. Writes that bypass the
+// tensor's version counter (through `.data`, numpy views, a loader's raw
+// copy) change it unless they leave every sampled element bit-identical.
+uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t col_stride,
+                     size_t weight_elements, size_t samples) {
+  if (n == 0 || k == 0) return 0;
+  if ((n - 1) * row_stride + (k - 1) * col_stride >= weight_elements) {
+    throw std::invalid_argument("fingerprint: the weight's strides reach past its storage");
+  }
+  const uint16_t* w = Pointer<const uint16_t>(weight, "weight");
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < samples; ++i) {
+    // Rows evenly spread (first and last included), columns by a Weyl sequence
+    // so neighbouring samples do not share a column.
+    const size_t row = samples > 1 ? i * (n - 1) / (samples - 1) : 0;
+    const size_t col = static_cast<size_t>((i * 0x9E3779B97F4A7C15ull + row) % k);
+    h = (h ^ w[row * row_stride + col * col_stride]) * 1099511628211ull;
+  }
+  return h;
 }
 
 std::vector<std::string> Names(const std::vector<const Bf16PackedKernelSet*>& sets) {
@@ -91,12 +140,16 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.attr("LAYOUT_VERSION") = kPackedLayoutVersion;
   m.attr("BLOCK_N") = kPackedBlockN;
   m.def("pack_bf16_weight", &Pack, py::arg("weight"), py::arg("n"), py::arg("k"),
-        py::arg("row_stride"), py::arg("packed"),
+        py::arg("row_stride"), py::arg("weight_elements"), py::arg("packed"),
         "Packs a row-major BF16 [N, K] weight (data pointers) into layout version 1.");
   m.def("packed_bf16_linear", &Linear, py::arg("kernel_set"), py::arg("m"), py::arg("n"),
-        py::arg("k"), py::arg("input"), py::arg("input_stride"), py::arg("packed"),
-        py::arg("output"), py::arg("output_stride"), py::arg("num_threads"),
+        py::arg("k"), py::arg("input"), py::arg("input_stride"), py::arg("input_elements"),
+        py::arg("packed"), py::arg("packed_elements"), py::arg("output"), py::arg("output_stride"),
+        py::arg("output_elements"), py::arg("num_threads"),
         "output[M, N] = input[M, K] x W^T over a packed weight; kernel_set '' picks the best.");
+  m.def("weight_fingerprint", &Fingerprint, py::arg("weight"), py::arg("n"), py::arg("k"),
+        py::arg("row_stride"), py::arg("col_stride"), py::arg("weight_elements"), py::arg("samples"),
+        "A content fingerprint of a BF16 [N, K] weight from `samples` spread elements.");
   m.def("available_kernel_sets", [] { return Names(AvailableKernelSets()); },
         "Kernel sets this build has and this CPU supports, best first.");
   m.def("compiled_kernel_sets", [] { return Names(CompiledKernelSets()); },

@@ -66,6 +66,7 @@ class RvvPolicy:
         self.routes: dict[str, ProjectionRoute] = {}
         self._callables: dict[CacheKey, Callable] = {}
         self.report: Optional[PolicyReport] = None
+        self.hook = None  # the load_state_dict post-hook's handle
 
     def callable_for(self, x: torch.Tensor, projection: str, rows: int, n: int, k: int,
                      mode: str) -> Callable:
@@ -137,34 +138,66 @@ def get_policy(model: nn.Module) -> Optional[RvvPolicy]:
     return model.__dict__.get(_POLICY_ATTR)
 
 
+def _validate_config(config: RvvPolicyConfig) -> None:
+    if config.compile_mode not in ("regional", "eager"):
+        raise ValueError(f"compile_mode must be 'regional' or 'eager', got {config.compile_mode!r}")
+    budget.derive_budget_bytes(config.memory_budget_mib)  # raises on a bad budget
+
+
 def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = None,
                        adapter: Optional[str] = None) -> PolicyReport:
     """Installs the RVV policy into a model loaded as usual; returns what was packed.
 
     Never replaces a weight: packed copies are side buffers and tied
-    embeddings keep their single weight object.
+    embeddings keep their single weight object. Everything is validated
+    before the model is touched, and a failure part-way undoes what was
+    done: a refused install leaves the model exactly as it was.
     """
     if get_policy(model) is not None:
         raise RuntimeError("the RVV policy is already installed on this model")
     config = config or RvvPolicyConfig.from_flag()
+    _validate_config(config)
+    if adapter is not None and adapter not in adapters.ADAPTERS:
+        raise ValueError(f"unknown adapter {adapter!r}; known: {sorted(adapters.ADAPTERS)}")
     chosen = adapters.ADAPTERS[adapter] if adapter else adapters.select_adapter(model)
     _check_tied_lm_head(model)
+    projections = list(chosen.projections(model))
     policy = RvvPolicy(config, chosen)
-    embed = adapters.embed_tokens(model)
-    for name, module, projection in chosen.projections(model):
-        route = ProjectionRoute(policy, module, name, projection)
-        policy.routes[name] = route
-        module.__dict__["_rvv_route"] = route
-        # nn.Linear-like modules are routed when called; an embedding module
-        # doubling as tied lm_head keeps its lookup forward and is reached via
-        # projection_linear() by the engine.
-        if module is not embed:
-            module.forward = route
-    model.__dict__[_POLICY_ATTR] = policy
-    model.register_load_state_dict_post_hook(_invalidate_after_load)
-    report = policy.pack_all()
+    try:
+        embed = adapters.embed_tokens(model)
+        for name, module, projection in projections:
+            route = ProjectionRoute(policy, module, name, projection)
+            policy.routes[name] = route
+            module.__dict__["_rvv_route"] = route
+            # nn.Linear-like modules are routed when called; an embedding module
+            # doubling as tied lm_head keeps its lookup forward and is reached via
+            # projection_linear() by the engine.
+            if module is not embed:
+                module.forward = route
+        model.__dict__[_POLICY_ATTR] = policy
+        policy.hook = model.register_load_state_dict_post_hook(_invalidate_after_load)
+        report = policy.pack_all()
+    except BaseException:
+        _uninstall(model, policy)
+        raise
     logging.info("%s", report.summary())
     return report
+
+
+def _uninstall(model: nn.Module, policy: RvvPolicy) -> None:
+    """Undoes install_rvv_policy: forwards, routes, buffers, hook, policy attribute."""
+    for route in policy.routes.values():
+        route.drop("uninstalled")
+        module = route._module()
+        if module is None:
+            continue
+        if module.__dict__.get("forward") is route:
+            del module.__dict__["forward"]
+        module.__dict__.pop("_rvv_route", None)
+    if policy.hook is not None:
+        policy.hook.remove()
+    if model.__dict__.get(_POLICY_ATTR) is policy:
+        del model.__dict__[_POLICY_ATTR]
 
 
 def _invalidate_after_load(model: nn.Module, incompatible_keys) -> None:

@@ -1,8 +1,20 @@
 """What a packed buffer was made from, so a stale one is never used.
 
-The seed records identity, storage pointer, shape, stride, dtype and device;
-an in-place write keeps all of those, so the tensor's version counter
-(`_version`, bumped by every in-place op) is recorded too.
+The seed records identity, storage pointer, shape, stride, dtype and device.
+Beyond it, two checks catch writes that keep all of those:
+
+- the version counter (`_version`), bumped by every in-place torch op on the
+  parameter itself (`w.mul_()`, `w.copy_()` under `no_grad`);
+- a content fingerprint of 128 elements spread over the weight's rows and
+  columns (`ops.weight_fingerprint`), which catches writes that bypass the
+  version counter: through `w.data` (`w.data.copy_(new)`, the pattern of
+  SGLang's and vLLM's weight loaders), through numpy views or raw pointers,
+  and `.data` swaps that restore pointer, shape, stride and version.
+
+Not detected: a write that bypasses the version counter and leaves all 128
+sampled elements bit-identical (e.g. `w.data[5, 7] = 0` on one element that
+is not sampled). After such writes call `invalidate_packed_weights(model)`
+or `repack(model)`.
 """
 
 from __future__ import annotations
@@ -13,23 +25,27 @@ from typing import Optional
 
 import torch
 
+from rvascend import ops
+
 
 @dataclasses.dataclass(frozen=True)
 class PackedWeightSource:
     tensor_ref: weakref.ReferenceType
     data_ptr: int
+    storage_offset: int
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
     version: int
+    fingerprint: int
     layout_version: int
 
     @classmethod
     def capture(cls, weight: torch.Tensor, layout_version: int) -> "PackedWeightSource":
-        return cls(weakref.ref(weight), weight.untyped_storage().data_ptr(), tuple(weight.shape),
-                   tuple(weight.stride()), weight.dtype, weight.device, weight._version,
-                   layout_version)
+        return cls(weakref.ref(weight), weight.untyped_storage().data_ptr(), weight.storage_offset(),
+                   tuple(weight.shape), tuple(weight.stride()), weight.dtype, weight.device, weight._version,
+                   ops.weight_fingerprint(weight.detach()), layout_version)
 
     def mismatch(self, weight: torch.Tensor) -> Optional[str]:
         """None if `weight` is still exactly what was packed, else why not."""
@@ -41,8 +57,11 @@ class PackedWeightSource:
             return "weight_device_changed"
         if self.shape != tuple(weight.shape) or self.stride != tuple(weight.stride()):
             return "weight_shape_changed"
-        if self.data_ptr != weight.untyped_storage().data_ptr():
+        if (self.data_ptr != weight.untyped_storage().data_ptr()
+                or self.storage_offset != weight.storage_offset()):
             return "weight_storage_changed"
         if self.version != weight._version:
             return "weight_mutated_in_place"
+        if self.fingerprint != ops.weight_fingerprint(weight.detach()):
+            return "weight_content_changed"
         return None

@@ -164,16 +164,25 @@ def _qkv(model):
     return model.model.layers[0].self_attn.qkv_proj
 
 
+def _scaled_state(m: nn.Module) -> dict:
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    state["model.layers.0.self_attn.qkv_proj.weight"] *= -2
+    return state
+
+
+# Every staleness case writes NEW values (the same write on the reference
+# model), so serving the stale packed copy would fail the output check.
 @pytest.mark.parametrize("reason,setup,inputs", [
-    ("bias", lambda m: None, None),
+    ("bias", None, None),
     ("small_features", None, None),
-    ("small_macs", lambda m: None, lambda: torch.zeros(0, dtype=torch.long)),
-    ("non_cpu", lambda m: None, "meta"),
-    ("lm_head_prefill_rows", lambda m: None, lambda: torch.arange(20)),
-    ("weight_replaced", lambda m: setattr(_qkv(m), "weight", nn.Parameter(_qkv(m).weight.detach().clone())), None),
-    ("weight_storage_changed", lambda m: setattr(_qkv(m).weight, "data", _qkv(m).weight.detach().clone()), None),
+    ("small_macs", None, lambda: torch.zeros(0, dtype=torch.long)),
+    ("non_cpu", None, "meta"),
+    ("lm_head_prefill_rows", None, lambda: torch.arange(20)),
+    ("weight_replaced", lambda m: setattr(_qkv(m), "weight", nn.Parameter(_qkv(m).weight.detach() * 2)), None),
+    ("weight_storage_changed", lambda m: setattr(_qkv(m).weight, "data", _qkv(m).weight.detach() * 2), None),
     ("weight_mutated_in_place", lambda m: _in_place(_qkv(m).weight), None),
-    ("invalidated", lambda m: m.load_state_dict(m.state_dict()), None),
+    ("weight_content_changed", lambda m: _qkv(m).weight.data.mul_(2), None),
+    ("invalidated", lambda m: m.load_state_dict(_scaled_state(m)), None),
 ])
 def test_each_fallback_reason_is_reached_and_counted(reason, setup, inputs):
     if reason == "bias":
@@ -185,8 +194,10 @@ def test_each_fallback_reason_is_reached_and_counted(reason, setup, inputs):
     reference = copy.deepcopy(model)
     install_rvv_policy(model, EAGER)
     if setup is not None:
+        before = _qkv(reference).weight.detach().clone()
         setup(model)
-        setup(reference) if reason in ("weight_mutated_in_place",) else None
+        setup(reference)
+        assert not torch.equal(_qkv(reference).weight, before), "the write must change the weight"
     if inputs == "meta":
         qkv = _qkv(model)
         out = qkv(torch.randn(2, qkv.in_features, device="meta", dtype=torch.bfloat16))
@@ -200,6 +211,119 @@ def test_each_fallback_reason_is_reached_and_counted(reason, setup, inputs):
         # A stale packed copy is never used: results follow the current weight.
         assert close(out, want) if out.numel() else out.shape == want.shape
     assert _counted(model, reason) >= 1, get_policy(model).counters.snapshot()
+
+
+def _qkv_out(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return _qkv(model)(x)
+
+
+@pytest.mark.parametrize("write", [
+    "data_mul", "data_copy", "data_swap_restore", "numpy_view",
+])
+def test_writes_that_bypass_the_version_counter_are_never_served_stale(write):
+    model = make(layers=1)
+    install_rvv_policy(model, EAGER)
+    qkv = _qkv(model)
+    x = torch.randn(1, qkv.in_features, dtype=torch.bfloat16)
+    _qkv_out(model, x)
+    assert get_policy(model).counters.calls("qkv_proj", "packed") == 1
+    w = qkv.weight
+    version = w._version
+    if write == "data_mul":
+        w.data.mul_(2)
+    elif write == "data_copy":  # the write pattern of SGLang's and vLLM's weight loaders
+        w.data.copy_(torch.randn_like(w))
+    elif write == "data_swap_restore":  # restores pointer, shape, stride and version
+        s = w.data
+        w.data = torch.zeros_like(w)
+        s.mul_(-1)
+        w.data = s
+    else:
+        w.data.view(torch.int16).numpy()[:] ^= -0x8000  # flip every sign bit behind torch's back
+    assert w._version == version, "this write path must bypass the version counter"
+    got = _qkv_out(model, x)
+    want = F.linear(x.float(), w.detach().float()).bfloat16()
+    assert close(got, want)
+    assert _counted(model, "weight_content_changed") == 1
+
+
+def test_staleness_check_costs_little_per_call():
+    model = make(layers=1)
+    install_rvv_policy(model, EAGER)
+    route = get_policy(model).routes["model.layers.0.self_attn.qkv_proj"]
+    weight = _qkv(model).weight
+    assert route.packed_weight(weight)[1] is None
+    import time
+    start = time.perf_counter()
+    for _ in range(2000):
+        route.packed_weight(weight)
+    per_call = (time.perf_counter() - start) / 2000
+    # The check is O(1) in the weight's size: far below one M=1 projection.
+    assert per_call < 100e-6, per_call
+
+
+def test_bad_budget_leaves_the_model_untouched():
+    model = make(layers=1)
+    before = {n: m.__dict__.copy() for n, m in model.named_modules()}
+    with pytest.raises(ValueError, match="memory budget"):
+        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", memory_budget_mib=-1))
+    assert get_policy(model) is None and not packed_buffer_names(model)
+    assert not model._load_state_dict_post_hooks
+    for n, m in model.named_modules():
+        assert "forward" not in m.__dict__ and "_rvv_route" not in m.__dict__, n
+        assert m.__dict__.keys() == before[n].keys(), n
+    install_rvv_policy(model, EAGER)  # a retry with a good config works
+    assert len(packed_buffer_names(model)) == 5
+
+
+def test_failure_while_packing_undoes_the_install(monkeypatch):
+    model = make(layers=1)
+    from rvascend.policy import route as route_module
+
+    def fail(self):
+        raise MemoryError("simulated")
+    monkeypatch.setattr(route_module.ProjectionRoute, "pack", fail)
+    with pytest.raises(MemoryError):
+        install_rvv_policy(model, EAGER)
+    assert get_policy(model) is None and not model._load_state_dict_post_hooks
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_outer_torch_compile_never_serves_stale_and_still_packs():
+    torch._dynamo.reset()
+    model = make(layers=1)
+    reference = copy.deepcopy(model)
+    install_rvv_policy(model, EAGER)
+    compiled = torch.compile(model, backend="eager")
+    ids = torch.arange(1)
+    counters = get_policy(model).counters
+    with torch.no_grad():
+        assert close(compiled(ids), reference(ids))
+    assert counters.calls(route="packed") == 5, counters.snapshot()
+    for m in (model, reference):
+        _in_place(_qkv(m).weight)
+    with torch.no_grad():
+        assert close(compiled(ids), reference(ids))
+    assert counters.calls("qkv_proj", "fallback", "weight_mutated_in_place") == 1, counters.snapshot()
+    repack(model)
+    counters.reset()
+    with torch.no_grad():
+        assert close(compiled(ids), reference(ids))
+    assert counters.calls(route="packed") == 5, counters.snapshot()
+
+
+def test_autograd_falls_back_and_gives_the_gradient():
+    model = make(layers=1)
+    install_rvv_policy(model, EAGER)
+    qkv = _qkv(model)
+    x = torch.randn(1, qkv.in_features, dtype=torch.bfloat16, requires_grad=True)
+    qkv(x).float().sum().backward()
+    x_ref = x.detach().clone().requires_grad_(True)
+    F.linear(x_ref, qkv.weight.detach()).float().sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, x_ref.grad)
+    assert qkv.weight.grad is not None
+    assert _counted(model, "grad_required") == 1
 
 
 def test_fp32_model_falls_back_on_input_dtype():
@@ -223,6 +347,8 @@ def test_weight_dtype_change_is_never_served_from_the_stale_copy():
     assert _counted(model, "weight_dtype") == 1
     qkv.bfloat16()  # back to BF16: new storage, the packed copy stays unused
     with torch.no_grad():
+        qkv.weight.mul_(-1)
+        _qkv(reference).weight.mul_(-1)
         assert close(model(torch.arange(3)), reference(torch.arange(3)))
     assert _counted(model, "weight_storage_changed") == 1
 

@@ -66,6 +66,12 @@ class ProjectionRoute:
         return self._module()._buffers[PACKED_BUFFER], None
 
     # -- calls ----------------------------------------------------------------
+    # Dynamo must not trace the route: the staleness check reads the weight's
+    # storage pointer, version and content, which are only real in eager
+    # execution (traced, they are evaluated once on fake tensors and a stale
+    # packed copy would be baked into the graph). Inside an outer
+    # torch.compile the route runs eagerly at every call, packed path included.
+    @torch.compiler.disable
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         module = self._module()
         policy = self._policy()

@@ -2,7 +2,7 @@
 
 A call is routed to the RVV path only if: CPU; BF16 input and weight; 2-D
 after flattening leading dims; no bias; N >= 1024; K >= 1024;
-M*N*K >= 1,000,000; and M = 1, or M = 2..15 with small batches on (lm_head
+M*N*K >= 1,000,000; no gradient needed; and M = 1, or M = 2..15 with small batches on (lm_head
 included), or M = 16..128 for projections other than lm_head. Anything else
 runs plain F.linear on the row-major weight, and the reason is counted.
 """
@@ -23,6 +23,16 @@ PREFILL_BUCKETS = (16, 32, 64, 128)
 def gate(projection: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
          small_batch: bool) -> Optional[str]:
     """None if the call may take the RVV path, else the fallback reason."""
+    why = _shape_gate(projection, x, weight, bias, small_batch)
+    # The packed op has no backward: a call autograd must differentiate runs
+    # F.linear, which does.
+    if why is None and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return "grad_required"
+    return why
+
+
+def _shape_gate(projection: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                small_batch: bool) -> Optional[str]:
     if x.device.type != "cpu" or weight.device.type != "cpu":
         return "non_cpu"
     if x.dtype != torch.bfloat16:
