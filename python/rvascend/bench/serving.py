@@ -14,7 +14,6 @@ import concurrent.futures
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from absl import app, flags, logging
 from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.bench.rss import peak_rss_mib
+from rvascend.server.testing import free_port
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model-path", None, "Checkpoint directory (default: the embedded model).")
@@ -39,12 +39,6 @@ flags.DEFINE_list("policy", ["off", "on"], "Server runs: RVV policy off and/or o
 flags.DEFINE_string("server-args", "", "Extra flags for the server, space-separated.")
 flags.DEFINE_string("output", "bench_results/serving.jsonl", "jsonl file to append to.")
 flags.DEFINE_string("plot", "bench_results/serving.png", "PNG plot (empty: none).")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -98,7 +92,7 @@ def _level(url: str, concurrency: int, n: int, warmup: int, input_len: int, outp
 
 
 def run_server(policy: str, model_path: Optional[str], extra: list[str]) -> list[dict[str, Any]]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "rvascend.server", f"--port={port}"]
     if model_path:
         cmd.append(f"--model-path={model_path}")

@@ -19,6 +19,7 @@ import torch
 from absl import logging
 
 from rvascend.engine import sampler
+from rvascend.engine.detokenizer import IncrementalDetokenizer
 from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
@@ -60,6 +61,7 @@ class Engine:
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             self.eos_ids.add(tokenizer.eos_token_id)
         self.last_batch_rows = 0
+        self.step_started: Optional[float] = None  # time.monotonic() of the step under way
         self.wakeup = threading.Condition()
 
     # -- requests (any thread) ---------------------------------------------------
@@ -85,11 +87,38 @@ class Engine:
             raise RequestError(f"temperature must be in [0, 100], got {params.temperature}")
         if not 0.0 < params.top_p <= 1.0:
             raise RequestError(f"top_p must be in (0, 1], got {params.top_p}")
+        if params.top_k < -1:
+            raise RequestError(f"top_k must be -1 (off), 0 (off) or positive, got {params.top_k}")
+        if not 0.0 <= params.min_p <= 1.0:
+            raise RequestError(f"min_p must be in [0, 1], got {params.min_p}")
+        if not 0.0 < params.repetition_penalty <= 2.0:
+            raise RequestError(f"repetition_penalty must be in (0, 2], got {params.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(params, name)
+            if not -2.0 <= value <= 2.0:
+                raise RequestError(f"{name} must be in [-2, 2], got {value}")
+        if not 0 <= params.min_tokens <= params.max_tokens:
+            raise RequestError(f"min_tokens must be in [0, max_tokens = {params.max_tokens}], "
+                               f"got {params.min_tokens}")
+        for t in params.stop_token_ids:
+            if not 0 <= t < vocab:
+                raise RequestError(f"stop_token_ids: {t} is outside the vocabulary of {vocab}")
+        for t, bias in params.logit_bias:
+            if not 0 <= t < vocab:
+                raise RequestError(f"logit_bias: token {t} is outside the vocabulary of {vocab}")
+            if not -100.0 <= bias <= 100.0:
+                raise RequestError(f"logit_bias: the bias of token {t} must be in [-100, 100], got {bias}")
+        if params.logprobs is not None and not 0 <= params.logprobs <= 20:
+            raise RequestError(f"logprobs must be in [0, 20], got {params.logprobs}")
+        if params.seed is not None and not -(2**63) <= params.seed < 2**64:
+            raise RequestError(f"seed must fit in 64 bits, got {params.seed}")
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     on_output: Optional[Callable[[Sequence, Output], None]] = None) -> Sequence:
         self.validate(prompt_ids, params)
         seq = Sequence(prompt_ids, params, on_output)
+        if self.tokenizer is not None:
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids)
         with self._lock:
             if len(self._pending) + len(self._waiting) + len(self._running) >= self.config.max_queued_requests:
                 raise QueueFullError(f"{self.config.max_queued_requests} requests are already queued or running")
@@ -124,14 +153,35 @@ class Engine:
         self._drop_aborted()
         prefill = self._admit()
         if prefill:
-            self._forward(prefill, prefill=True)
-            self._running.extend(s for s in prefill if s.status is Status.RUNNING)
+            with self._lock:
+                # Running from admission on, so that a failing step fails them too.
+                self._running.extend(prefill)
+            self._guarded_forward(prefill, prefill=True)
             return len(prefill)
         if self._running:
             batch = list(self._running)
-            self._forward(batch, prefill=False)
+            self._guarded_forward(batch, prefill=False)
             return len(batch)
         return 0
+
+    def _guarded_forward(self, seqs: list[Sequence], prefill: bool) -> None:
+        """A failing forward pass fails exactly the sequences in it: each gets an
+        error, its slots and reservation are freed, everyone else goes on."""
+        self.step_started = time.monotonic()
+        try:
+            self._forward(seqs, prefill)
+        except Exception as e:  # noqa: BLE001 - reported to each affected client
+            logging.exception("engine step failed; failing its %d sequences", len(seqs))
+            with self._lock:
+                for seq in seqs:
+                    if seq in self._running:
+                        self._running.remove(seq)
+                    if seq.status is not Status.FINISHED:
+                        self._fail(seq, f"the engine step failed: {type(e).__name__}: {e}")
+                    elif seq.reserved or seq.slots:
+                        self._release(seq)
+        finally:
+            self.step_started = None
 
     def _admit(self) -> list[Sequence]:
         admitted: list[Sequence] = []
@@ -179,13 +229,20 @@ class Engine:
         with torch.inference_mode():
             logits = self.model(batch, self.pool)
         now = time.perf_counter()
+        eos = tuple(self.eos_ids)
         for seq, row in zip(seqs, logits):
-            token = sampler.sample(row, seq.params, seq.generator)
-            seq.output_ids.append(token)
+            try:
+                sampled = sampler.sample(row, seq.params, seq.generator, seq.prompt_ids, seq.output_ids, eos)
+            except sampler.SamplingError as e:
+                with self._lock:
+                    self._running.remove(seq)
+                    self._fail(seq, str(e))
+                continue
+            seq.output_ids.append(sampled.token)
             if seq.first_token_time is None:
                 seq.first_token_time = now
             seq.token_times.append(now)
-            self._emit(seq, token)
+            self._emit(seq, sampled)
         finished = [s for s in seqs if s.finish_reason is not None]
         if finished:
             with self._lock:
@@ -194,33 +251,46 @@ class Engine:
                         self._running.remove(seq)
                     self._release(seq)
 
-    def _emit(self, seq: Sequence, token: int) -> None:
+    def _emit(self, seq: Sequence, sampled: sampler.Sampled) -> None:
         params = seq.params
-        reason = None
-        if token in self.eos_ids and not params.ignore_eos:
-            reason = "stop"
+        token = sampled.token
+        reason, matched = None, None
+        if not params.ignore_eos and token in self.eos_ids:
+            reason, matched = "stop", token
+        elif token in params.stop_token_ids:
+            reason, matched = "stop", token
         elif len(seq.output_ids) >= params.max_tokens:
             reason = "length"
-        ids = seq.output_ids[:-1] if reason == "stop" else seq.output_ids
-        if self.tokenizer is not None:
-            seq.text = self.tokenizer.decode(ids)
-        if params.stop and seq.text:
-            hits = [h for h in (seq.text.find(s) for s in params.stop if s) if h >= 0]
-            if hits:
-                seq.text = seq.text[:min(hits)]
-                reason = "stop"
-        # Hold back text that may still become a stop string or is a partial UTF-8 character.
+        if seq.detokenizer is not None:
+            before = len(seq.text)
+            if matched is None:  # the matched EOS / stop token's text is not output
+                seq.text += seq.detokenizer.add(token)
+            if reason:
+                seq.text += seq.detokenizer.flush()
+            if params.stop and len(seq.text) > before:
+                # Only the new text and the longest stop's reach before it can hold a new match.
+                start = max(0, before - max(len(s) for s in params.stop) + 1)
+                hits = [(h, s) for h, s in ((seq.text.find(s, start), s) for s in params.stop if s) if h >= 0]
+                if hits:
+                    cut, matched = min(hits)
+                    seq.text = seq.text[:cut]
+                    reason = "stop"
+        # Hold back text that may still become a stop string.
         hold = 0 if reason else max((len(s) for s in params.stop), default=1) - 1
         safe = len(seq.text) - hold
-        if not reason and seq.text.endswith("\ufffd"):
-            safe = min(safe, len(seq.text) - 1)
         delta = seq.text[seq.emitted:max(seq.emitted, safe)]
         seq.emitted += len(delta)
         seq.finish_reason = reason
         if reason:
             seq.status = Status.FINISHED
         if seq.on_output is not None:
-            seq.on_output(seq, Output(delta, token, reason is not None, reason))
+            seq.on_output(seq, Output(delta, token, reason is not None, reason, sampled.logprob,
+                                      sampled.top_logprobs, matched_stop=matched))
+
+    def _fail(self, seq: Sequence, message: str) -> None:
+        """Ends a sequence with an error the client sees (caller holds the lock)."""
+        seq.error = message
+        self._finish(seq, "error", message)
 
     def _release(self, seq: Sequence) -> None:
         """Returns a finished sequence's slots and reservation (caller holds the lock)."""
@@ -229,13 +299,13 @@ class Engine:
         self._reserved -= seq.reserved
         seq.reserved = 0
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def _finish(self, seq: Sequence, reason: str, error: Optional[str] = None) -> None:
         seq.finish_reason = reason
         if seq.status is Status.RUNNING:
             self._release(seq)
         seq.status = Status.FINISHED
         if seq.on_output is not None:
-            seq.on_output(seq, Output("", None, True, reason))
+            seq.on_output(seq, Output("", None, True, reason, error=error))
 
     # -- synchronous use (benchmarks, tests) -------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sequence]:
@@ -252,10 +322,12 @@ class Engine:
                     self.wakeup.wait(timeout=0.1)
                 continue
             try:
-                self.step()
-            except Exception:  # keep serving; fail the affected requests
-                logging.exception("engine step failed; aborting running requests")
+                self.step()  # a failing forward pass fails its own sequences only
+            except Exception as e:  # noqa: BLE001 - a scheduler bug: fail everyone, keep serving
+                logging.exception("engine scheduling failed; failing every request")
                 with self._lock:
-                    for seq in list(self._running):
-                        self._running.remove(seq)
-                        self._finish(seq, "abort")
+                    for seq in [*self._running, *self._waiting, *self._pending]:
+                        self._fail(seq, f"the engine failed: {type(e).__name__}: {e}")
+                    self._running.clear()
+                    self._waiting.clear()
+                    self._pending.clear()

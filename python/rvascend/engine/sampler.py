@@ -1,25 +1,94 @@
-"""Greedy, temperature and nucleus (top-p) sampling, per sequence."""
+"""Sampling one token per sequence: penalties, logit bias, temperature, top-k,
+top-p, min-p, and the log-probabilities a request asks for.
+
+Never NaN and never an empty candidate set: probabilities come from logits
+shifted so that the best is 0, and the most probable token always survives
+top-k, top-p and min-p, however small their values.
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Optional, Sequence
 
 import torch
 
 from rvascend.engine.sequence import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator]) -> int:
-    """One token id from a [vocab] row of logits."""
+class SamplingError(RuntimeError):
+    """The model's output cannot be sampled (e.g. NaN logits): fails one request."""
+
+
+@dataclasses.dataclass
+class Sampled:
+    token: int
+    logprob: Optional[float] = None
+    top_logprobs: Optional[list[tuple[int, float]]] = None
+
+
+def _apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
+                     output_ids: Sequence[int]) -> torch.Tensor:
+    vocab = logits.shape[0]
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(list(prompt_ids) + list(output_ids), dtype=torch.long).unique()
+        values = logits[seen]
+        logits[seen] = torch.where(values > 0, values / params.repetition_penalty,
+                                   values * params.repetition_penalty)
+    if output_ids and (params.frequency_penalty or params.presence_penalty):
+        counts = torch.bincount(torch.tensor(output_ids, dtype=torch.long), minlength=vocab)[:vocab].float()
+        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
+    return logits
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator],
+           prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = (),
+           eos_ids: Sequence[int] = ()) -> Sampled:
+    """One token from a [vocab] row of logits."""
+    logits = logits.float()
+    if torch.isnan(logits).any() or not torch.isfinite(logits).any():
+        raise SamplingError("the model produced NaN or no finite logits for this sequence")
+    raw = logits
+    logits = logits.clone()
+    for token, bias in params.logit_bias:
+        logits[token] += bias
+    logits = _apply_penalties(logits, params, prompt_ids, output_ids)
+    if len(output_ids) < params.min_tokens:
+        banned = [t for t in (*eos_ids, *params.stop_token_ids) if 0 <= t < logits.shape[0]]
+        if banned:
+            logits[banned] = float("-inf")
     if params.greedy:
-        return int(torch.argmax(logits).item())
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
-    if params.top_p < 1.0:
+        token = int(torch.argmax(logits).item())
+    else:
+        token = _draw(logits, params, generator)
+    result = Sampled(token)
+    if params.logprobs is not None:
+        logprobs = torch.log_softmax(raw, dim=-1)
+        result.logprob = float(logprobs[token])
+        if params.logprobs > 0:
+            values, ids = logprobs.topk(min(params.logprobs, logprobs.shape[0]))
+            result.top_logprobs = [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist())]
+    return result
+
+
+def _draw(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator]) -> int:
+    # Shifted so the best logit is 0: exp() of it is 1, so the weights sum to
+    # at least 1 whatever the temperature (no overflow, no 0/0).
+    z = (logits - logits.max()) / params.temperature
+    if params.top_k > 0 and params.top_k < z.shape[0]:
+        kth = z.topk(params.top_k).values[-1]
+        z = torch.where(z >= kth, z, torch.full_like(z, float("-inf")))
+    weights = torch.exp(z)
+    if params.top_p < 1.0 or params.min_p > 0.0:
+        probs = weights / weights.sum()
         sorted_probs, order = probs.sort(descending=True)
-        cumulative = sorted_probs.cumsum(-1)
-        # Keep the smallest prefix whose mass reaches top_p (always the first token).
-        keep = cumulative - sorted_probs < params.top_p
-        sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
-        choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
-        return int(order[choice].item())
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+        keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+        if params.top_p < 1.0:
+            # The smallest prefix whose mass reaches top_p; the first always stays.
+            keep &= (sorted_probs.cumsum(-1) - sorted_probs) < params.top_p
+        if params.min_p > 0.0:
+            keep &= sorted_probs >= params.min_p * sorted_probs[0]
+        keep[0] = True
+        kept = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+        return int(order[torch.multinomial(kept, 1, generator=generator)].item())
+    return int(torch.multinomial(weights, 1, generator=generator).item())

@@ -15,10 +15,21 @@ _ids = itertools.count()
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
+    """What one request asks of the sampler (OpenAI's and SGLang's meanings)."""
+
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1                   # <= 0: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0   # over prompt + output tokens (1: off)
+    frequency_penalty: float = 0.0    # per occurrence in the output
+    presence_penalty: float = 0.0     # once per token present in the output
+    min_tokens: int = 0               # EOS and stop_token_ids masked until then
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: Optional[int] = None    # None: off; k: the sampled token's and the k most likely
     seed: Optional[int] = None
     ignore_eos: bool = False
 
@@ -40,7 +51,11 @@ class Output:
     text: str                     # new text, stop strings held back until resolved
     token_id: Optional[int]
     finished: bool
-    finish_reason: Optional[str]  # "stop" | "length" | "abort"
+    finish_reason: Optional[str]  # "stop" | "length" | "abort" | "error"
+    logprob: Optional[float] = None                       # of token_id, when asked for
+    top_logprobs: Optional[list[tuple[int, float]]] = None
+    error: Optional[str] = None   # with finish_reason "error": what failed
+    matched_stop: Optional[object] = None  # the stop string or token id that ended it
 
 
 class Sequence:
@@ -59,7 +74,9 @@ class Sequence:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.text = ""        # decoded output so far
         self.emitted = 0      # characters of self.text already handed out
+        self.detokenizer = None  # set by the engine when it has a tokenizer
         self.finish_reason: Optional[str] = None
+        self.error: Optional[str] = None
         self.aborted = False
         self.arrival = time.perf_counter()
         self.first_token_time: Optional[float] = None

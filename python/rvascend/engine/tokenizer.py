@@ -27,6 +27,10 @@ class Tokenizer:
         self.eos_token = _token_text(config.get("eos_token"))
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.vocab_size = self._tok.get_vocab_size()
+        # Every token covers at most this many UTF-8 bytes of text, so a prompt
+        # longer than context * this cannot fit and is refused before tokenizing.
+        self.max_token_bytes = max(len(t.encode("utf-8")) for t in self._tok.get_vocab(with_added_tokens=True))
+        self._token_text: dict[int, str] = {}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
@@ -34,13 +38,21 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+    def token_text(self, token: int) -> str:
+        """One token's text on its own (logprobs), special tokens included."""
+        text = self._token_text.get(token)
+        if text is None:
+            text = self._token_text[token] = self._tok.decode([token], skip_special_tokens=False)
+        return text
+
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            template_kwargs: Optional[dict[str, Any]] = None) -> str:
         """The prompt text for a chat, ending with the assistant's turn opened."""
         if self.chat_template:
             env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-            return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=True, bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "")
+            variables = {"add_generation_prompt": True, **(template_kwargs or {})}
+            variables.update(messages=messages, bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+            return env.from_string(self.chat_template).render(**variables)
         # Checkpoints without a template: a plain transcript.
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 

@@ -31,6 +31,9 @@ flags.DEFINE_integer("max-running-requests", 8, "Sequences decoding together at 
 flags.DEFINE_integer("max-total-tokens", None, "KV pool size in tokens (default: from free memory).")
 flags.DEFINE_integer("max-queued-requests", 64, "Requests queued or running before 503s.")
 flags.DEFINE_integer("context-length", None, "Context length (default: the model's).")
+flags.DEFINE_float("watchdog-timeout", 300.0, "/health reports unhealthy when one engine step runs longer (s).")
+flags.DEFINE_float("graceful-shutdown-timeout", 5.0,
+                   "On SIGTERM/SIGINT, seconds open requests get before the server exits anyway.")
 
 FLAGS = flags.FLAGS
 
@@ -54,8 +57,14 @@ def main(argv: list[str]) -> int:
         return 2
     name = FLAGS["served-model-name"].value or name
     logging.info("serving %s on http://%s:%d", name, FLAGS.host, FLAGS.port)
-    uvicorn.run(create_app(engine, name, policy, FLAGS["api-key"].value), host=FLAGS.host, port=FLAGS.port,
-                log_level="warning")
+    server_args = {"model_path": opts.model_path, "served_model_name": name, "dtype": opts.dtype,
+                   "device": opts.device, "attention_backend": opts.attention_backend,
+                   "enable_cpu_rvv_inductor": opts.enable_cpu_rvv_inductor,
+                   "max_running_requests": opts.max_running_requests,
+                   "max_total_tokens": engine.config.max_total_tokens}
+    app_ = create_app(engine, name, policy, FLAGS["api-key"].value, FLAGS["watchdog-timeout"].value, server_args)
+    uvicorn.run(app_, host=FLAGS.host, port=FLAGS.port, log_level="warning",
+                timeout_graceful_shutdown=FLAGS["graceful-shutdown-timeout"].value)
     return 0
 
 

@@ -12,22 +12,53 @@ from rvascend.policy import RvvPolicy
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+class _Twin:
+    """One observation under the project's name and under SGLang's (its dashboards read those)."""
+
+    def __init__(self, *metrics) -> None:
+        self._metrics = metrics
+
+    def inc(self, amount: float = 1) -> None:
+        for m in self._metrics:
+            m.inc(amount)
+
+    def observe(self, value: float) -> None:
+        for m in self._metrics:
+            m.observe(value)
+
+
 class ServerMetrics:
     def __init__(self, engine_stats: Callable[[], dict[str, int]], policy: Optional[RvvPolicy]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("rvascend_requests", "Finished requests by endpoint and status",
                                 ["endpoint", "status"], registry=r)
-        self.prompt_tokens = Counter("rvascend_prompt_tokens", "Prompt tokens processed", registry=r)
-        self.generation_tokens = Counter("rvascend_generation_tokens", "Tokens generated", registry=r)
-        self.ttft = Histogram("rvascend_time_to_first_token_seconds", "Time to first token",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("rvascend_inter_token_latency_seconds", "Time between output tokens",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("rvascend_e2e_request_latency_seconds", "Request latency",
-                             buckets=_LATENCY_BUCKETS, registry=r)
+
+        def counter(name: str, help_text: str) -> _Twin:
+            return _Twin(Counter(f"rvascend_{name}", help_text, registry=r),
+                         Counter(f"sglang:{name}", help_text, registry=r))
+
+        def histogram(name: str, help_text: str) -> _Twin:
+            return _Twin(Histogram(f"rvascend_{name}", help_text, buckets=_LATENCY_BUCKETS, registry=r),
+                         Histogram(f"sglang:{name}", help_text, buckets=_LATENCY_BUCKETS, registry=r))
+
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated")
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token")
+        self.itl = histogram("inter_token_latency_seconds", "Time between output tokens")
+        self.e2e = histogram("e2e_request_latency_seconds", "Request latency")
         self.batch_rows = Gauge("rvascend_last_batch_rows", "Rows (M) of the last forward pass", registry=r)
         r.register(_EngineCollector(engine_stats, policy))
+
+    def observe_sequence(self, seq) -> None:
+        """A finished sequence's tokens and latencies."""
+        self.prompt_tokens.inc(len(seq.prompt_ids))
+        self.generation_tokens.inc(len(seq.output_ids))
+        if seq.first_token_time is not None:
+            self.ttft.observe(seq.first_token_time - seq.arrival)
+            self.e2e.observe(seq.token_times[-1] - seq.arrival)
+        for a, b in zip(seq.token_times, seq.token_times[1:]):
+            self.itl.observe(b - a)
 
 
 class _EngineCollector:
@@ -43,6 +74,15 @@ class _EngineCollector:
                                ("kv_total_tokens", "KV pool size")):
             g = GaugeMetricFamily(f"rvascend_{key}", help_text)
             g.add_metric([], stats[key])
+            yield g
+        for name, help_text, value in (
+                ("num_running_reqs", "Requests decoding", stats["running"]),
+                ("num_queue_reqs", "Requests queued", stats["waiting"]),
+                ("token_usage", "Share of the KV pool in use", stats["kv_used_tokens"] / max(1, stats["kv_total_tokens"])),
+                ("cache_hit_rate", "Share of prompt tokens served from the prefix cache",
+                 stats.get("cache_hit_rate", 0.0))):
+            g = GaugeMetricFamily(f"sglang:{name}", help_text)
+            g.add_metric([], value)
             yield g
         if self._policy is not None:
             c = CounterMetricFamily("rvascend_rvv_projection_calls", "Linear calls per projection and route",

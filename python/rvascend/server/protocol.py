@@ -1,45 +1,158 @@
-"""Request schemas of the OpenAI-compatible endpoints (the fields this server honours).
+"""Request schemas of the OpenAI-compatible endpoints and their sampling parameters.
 
-Unknown fields are ignored, as OpenAI-compatible servers do; known fields are
-type-checked strictly, so `"max_tokens": "ten"` is a 400, not a guess.
+Known fields are type-checked strictly (`"max_tokens": "ten"` is a 400, not a
+guess). Unknown fields are ignored, as OpenAI-compatible servers do, except
+the ones that would change the answer if ignored (`tools`, `suffix`, a JSON
+`response_format`, ...): those are refused by name.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from rvascend.engine import SamplingParams
+
+Number = Union[StrictFloat, StrictInt]
+MAX_N = 16
+MAX_LOGPROBS = 20
+
+# Fields that change what a client gets back; serving without them would be a
+# silently different answer.
+_UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "suffix", "best_of", "audio",
+                "prediction", "guided_json", "guided_regex", "guided_choice", "json_schema", "regex", "ebnf")
+
+
+class UnsupportedField(ValueError):
+    pass
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: StrictBool = False
+
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: Optional[StrictStr] = None
     max_tokens: Optional[StrictInt] = None
-    temperature: Union[StrictFloat, StrictInt] = 1.0
-    top_p: Union[StrictFloat, StrictInt] = 1.0
+    temperature: Number = 1.0
+    top_p: Number = 1.0
+    top_k: StrictInt = -1
+    min_p: Number = 0.0
+    repetition_penalty: Number = 1.0
+    frequency_penalty: Number = 0.0
+    presence_penalty: Number = 0.0
+    min_tokens: StrictInt = 0
     stop: Optional[Union[StrictStr, list[StrictStr]]] = None
-    seed: Optional[StrictInt] = None
+    stop_token_ids: Optional[list[StrictInt]] = None
+    logit_bias: Optional[dict[StrictStr, Number]] = None
+    seed: Optional[StrictInt] = Field(default=None, ge=-(2**63), lt=2**64)
+    n: StrictInt = Field(default=1, ge=1, le=MAX_N)
     stream: StrictBool = False
+    stream_options: Optional[StreamOptions] = None
     ignore_eos: StrictBool = False
+    user: Optional[StrictStr] = None
+
+    def check_supported(self) -> None:
+        extra = self.model_extra or {}
+        for name in _UNSUPPORTED:
+            if extra.get(name) not in (None, [], {}) and not (name == "best_of" and extra[name] == self.n):
+                raise UnsupportedField(f"'{name}' is not supported by this server")
+        fmt = extra.get("response_format")
+        if fmt not in (None, {}) and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+            raise UnsupportedField("'response_format' other than {\"type\": \"text\"} is not supported")
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    def sampling_params(self, max_tokens: int, logprobs: Optional[int], index: int = 0) -> SamplingParams:
+        """The engine's parameters; the `index`-th of n samples gets seed + index."""
+        bias = []
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                bias.append((int(key), float(value)))
+            except ValueError:
+                raise UnsupportedField(f"logit_bias: key {key!r} is not a token id") from None
+        seed = None if self.seed is None else (self.seed + index) % 2**64
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=float(self.temperature), top_p=float(self.top_p),
+            top_k=self.top_k, min_p=float(self.min_p), repetition_penalty=float(self.repetition_penalty),
+            frequency_penalty=float(self.frequency_penalty), presence_penalty=float(self.presence_penalty),
+            min_tokens=self.min_tokens, stop=self.stop_list(), stop_token_ids=tuple(self.stop_token_ids or ()),
+            logit_bias=tuple(bias), logprobs=logprobs, seed=seed, ignore_eos=self.ignore_eos)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
 
 class CompletionRequest(_Request):
-    prompt: Union[StrictStr, list[StrictInt]]
+    prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+    logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: StrictBool = False
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        """One entry per prompt: text or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: StrictStr
+    text: Optional[StrictStr] = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: StrictStr
+    content: Optional[Union[StrictStr, list[TextPart]]] = None
+    name: Optional[StrictStr] = None
+
+    def text(self) -> str:
+        """The message's text: a string, text parts joined, or "" for null content."""
+        if self.content is None:
+            if self.role != "assistant":
+                raise UnsupportedField(f"a {self.role} message needs content (null is for assistant messages)")
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise UnsupportedField(f"content part of type {part.type!r} is not supported (text only)")
+            texts.append(part.text)
+        return "".join(texts)
 
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[StrictInt] = None
+    logprobs: StrictBool = False
+    top_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    def requested_logprobs(self) -> Optional[int]:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise UnsupportedField("top_logprobs needs logprobs: true")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class GenerateRequest(BaseModel):
+    """SGLang's native /generate: text or input_ids, sampling_params, stream."""
+
+    model_config = ConfigDict(extra="ignore")
+    text: Optional[StrictStr] = None
+    input_ids: Optional[list[StrictInt]] = None
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    stream: StrictBool = False

@@ -3,60 +3,15 @@
 from __future__ import annotations
 
 import concurrent.futures
-import socket
 import sys
-import threading
 import time
 
 import httpx
 import openai
 import psutil
 import pytest
-import uvicorn
 
-from rvascend.server.app import create_app
-from rvascend.server.launch import ServeOptions, build_engine
-
-API_KEY = "test-key"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, **options) -> None:
-        opts = ServeOptions(enable_cpu_rvv_inductor=True, cpu_compile_mode="eager", max_total_tokens=4096,
-                            max_running_requests=8, **options)
-        self.engine, self.name, self.policy = build_engine(opts)
-        self.port = _free_port()
-        config = uvicorn.Config(create_app(self.engine, self.name, self.policy, api_key=API_KEY),
-                                host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=API_KEY)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-    def wait_idle(self, timeout: float = 30) -> dict:
-        deadline = time.time() + timeout
-        while True:
-            stats = self.engine.stats()
-            if stats["running"] == 0 and stats["waiting"] == 0 and stats["kv_used_tokens"] == 0:
-                return stats
-            assert time.time() < deadline, stats
-            time.sleep(0.05)
+from rvascend.server.testing import API_KEY, Server
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,51 @@
+"""Incremental detokenization: each step decodes a few tokens, not the whole output.
+
+Decoding is done over a short window (the last tokens already turned into
+text plus the new ones), the way vLLM and TGI do it, so that tokenizers which
+depend on the previous token (SentencePiece's leading space, byte-level BPE's
+multi-byte characters) give the same text as decoding everything at once,
+while the cost per step stays constant in the output length.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+# Prompt tokens the window starts with, so the first output token decodes
+# in context (e.g. keeps its leading space).
+_PROMPT_CONTEXT = 5
+
+
+class _Decoder(Protocol):
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: _Decoder, prompt_ids: Sequence[int]) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = list(prompt_ids[-_PROMPT_CONTEXT:])
+        self._prefix = 0                 # window start
+        self._read = len(self._ids)      # tokens before this are already text
+
+    def add(self, token: int) -> str:
+        """The text that `token` completes (empty while a character is still partial)."""
+        self._ids.append(token)
+        prefix_text = self._tokenizer.decode(self._ids[self._prefix:self._read])
+        text = self._tokenizer.decode(self._ids[self._prefix:])
+        if len(text) <= len(prefix_text) or text.endswith("\ufffd"):
+            return ""  # a partial UTF-8 character, or a token with no text
+        delta = text[len(prefix_text):]
+        # Keep the window short: drop what can no longer affect new text.
+        self._prefix, self._read = self._read, len(self._ids)
+        if self._prefix > 64:
+            del self._ids[:self._prefix]
+            self._read -= self._prefix
+            self._prefix = 0
+        return delta
+
+    def flush(self) -> str:
+        """At the end of the output: whatever is left, a partial character included."""
+        prefix_text = self._tokenizer.decode(self._ids[self._prefix:self._read])
+        text = self._tokenizer.decode(self._ids[self._prefix:])
+        self._prefix = self._read = len(self._ids)
+        return text[len(prefix_text):] if len(text) > len(prefix_text) else ""

@@ -1,0 +1,131 @@
+"""What SGLang's and vLLM's clients send: sampling fields, batched prompts, usage chunks,
+SGLang's native endpoints, and the metrics its dashboards read."""
+
+from __future__ import annotations
+
+import sys
+import json
+
+import pytest
+
+from rvascend.server.testing import Server
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server()
+    yield s
+    s.stop()
+
+
+def _complete(server, **kw):
+    body = {"prompt": "The api", "max_tokens": 6, "temperature": 0, "ignore_eos": True, **kw}
+    r = server.http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_stream_options_include_usage(server):
+    chunks = list(server.client.completions.create(model=server.name, prompt="usage", max_tokens=5, stream=True,
+                                                   stream_options={"include_usage": True},
+                                                   extra_body={"ignore_eos": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_batched_prompts_text_and_ids(server):
+    r = _complete(server, prompt=["first one", "second one"], n=2)
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
+    alone = _complete(server, prompt="second one")
+    assert r["choices"][2]["text"] == r["choices"][3]["text"] == alone["choices"][0]["text"]
+    ids = server.engine.tokenizer.encode("first one")
+    by_ids = _complete(server, prompt=[ids, ids])
+    assert by_ids["choices"][0]["text"] == r["choices"][0]["text"]
+
+
+def test_top_k_one_equals_greedy_and_logit_bias_forces_a_token(server):
+    greedy = _complete(server)["choices"][0]["text"]
+    assert _complete(server, temperature=1.0, top_k=1, seed=3)["choices"][0]["text"] == greedy
+    token = 1234
+    forced = server.http.post("/v1/completions", json={"prompt": "The api", "max_tokens": 3, "temperature": 0,
+                                                       "ignore_eos": True, "logit_bias": {str(token): 100},
+                                                       "logprobs": 0}).json()
+    text = server.engine.tokenizer.token_text(token)
+    assert forced["choices"][0]["logprobs"]["tokens"] == [text] * 3
+
+
+def test_stop_token_ids_and_matched_stop(server):
+    base = _complete(server, logprobs=0)
+    tokens = server.engine.tokenizer.encode(base["choices"][0]["text"], add_special_tokens=False)
+    stop_at = tokens[2]
+    r = server.http.post("/v1/completions", json={"prompt": "The api", "max_tokens": 6, "temperature": 0,
+                                                  "ignore_eos": True, "stop_token_ids": [stop_at]}).json()
+    c = r["choices"][0]
+    assert c["finish_reason"] == "stop" and c["matched_stop"] == stop_at
+    assert r["usage"]["completion_tokens"] <= 3
+
+
+def test_min_tokens_masks_eos(server):
+    eos = server.engine.tokenizer.eos_token_id
+    r = server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 6, "min_tokens": 4, "temperature": 0,
+                                                  "logit_bias": {str(eos): 100}}).json()
+    assert r["usage"]["completion_tokens"] == 5 and r["choices"][0]["finish_reason"] == "stop"
+    assert r["choices"][0]["matched_stop"] == eos
+
+
+def test_penalties_change_the_answer(server):
+    plain = _complete(server, max_tokens=24)["choices"][0]["text"]
+    penalised = _complete(server, max_tokens=24, repetition_penalty=2.0, frequency_penalty=2.0)["choices"][0]["text"]
+    assert penalised != plain
+
+
+def test_sglang_generate(server):
+    r = server.http.post("/generate", json={"text": "The api", "sampling_params": {
+        "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["text"] == _complete(server)["choices"][0]["text"]
+    assert body["meta_info"]["completion_tokens"] == 6 and body["meta_info"]["finish_reason"] == {"type": "length"}
+    with server.http.stream("POST", "/generate", json={"input_ids": [1, 2, 3], "stream": True, "sampling_params": {
+            "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}) as s:
+        events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert len(last["output_ids"]) == 4 and last["meta_info"]["finish_reason"] == {"type": "length"}
+    bad = server.http.post("/generate", json={"text": "x", "sampling_params": {"bogus": 1}})
+    assert bad.status_code == 400 and "bogus" in bad.json()["error"]["message"]
+
+
+def test_tokenize_detokenize_version_and_info(server):
+    t = server.http.post("/tokenize", json={"prompt": "hello world"}).json()
+    assert t["count"] == len(t["tokens"]) > 0
+    assert server.http.post("/detokenize", json={"tokens": t["tokens"]}).json()["prompt"].strip() == "hello world"
+    assert server.http.post("/detokenize", json={"tokens": [10**9]}).status_code == 400
+    assert server.http.get("/version").json()["version"]
+    info = server.http.get("/get_model_info").json()
+    assert info["is_generation"] and info["max_model_len"] == server.engine.context_length
+    assert "running" in server.http.get("/get_server_info").json()
+    model = server.http.get("/v1/models").json()["data"][0]
+    assert model["root"] == server.name
+
+
+def test_sglang_metric_names(server):
+    _complete(server)
+    metrics = server.http.get("/metrics").text
+    for name in ("sglang:prompt_tokens_total", "sglang:generation_tokens_total",
+                 "sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
+                 "sglang:e2e_request_latency_seconds_bucket", "sglang:num_running_reqs", "sglang:num_queue_reqs",
+                 "sglang:token_usage", "sglang:cache_hit_rate", "rvascend_rvv_projection_calls_total"):
+        assert name in metrics, name
+
+
+def test_chat_template_kwargs_reach_the_template(server):
+    msgs = [{"role": "user", "content": "hi"}]
+    with_prompt = server.http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}).json()
+    without = server.http.post("/v1/chat/completions", json={
+        "messages": msgs, "max_tokens": 1, "chat_template_kwargs": {"add_generation_prompt": False}}).json()
+    assert with_prompt["usage"]["prompt_tokens"] > without["usage"]["prompt_tokens"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,111 @@
+"""Input limits checked before any expensive work: body size, prompt bytes, valid Unicode.
+
+A prompt is refused by its byte length before it is tokenized (every token
+covers at most `max_token_bytes` bytes, so a longer prompt cannot fit the
+context), and tokenization itself runs off the event loop, so one huge
+request never freezes the others or /health.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Awaitable, Callable, Optional
+
+from absl import logging
+
+ASGIApp = Callable[..., Awaitable[None]]
+
+
+class InputError(ValueError):
+    """The request's content is unusable; a 400 naming the problem."""
+
+
+def check_text(what: str, text: str) -> int:
+    """Byte length of `text` in UTF-8; InputError on a lone UTF-16 surrogate."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InputError(f"{what} contains a lone UTF-16 surrogate (U+{ord(text[e.start]):04X}) at character "
+                         f"{e.start}; send valid Unicode") from None
+
+
+def check_prompt_bytes(what: str, size: int, max_bytes: int, context_length: int) -> None:
+    if size > max_bytes:
+        raise InputError(f"{what} is {size} bytes; no text over {max_bytes} bytes fits the context length of "
+                         f"{context_length} tokens")
+
+
+async def send_json_error(send, status: int, message: str, kind: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                + ([(b"connection", b"close")] if status >= 413 else [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequestGuard:
+    """Pure ASGI middleware in front of every endpoint: the API key on /v1/, a 413
+    for bodies over `body_limit` bytes (announced or read), and a JSON 500 for
+    any unhandled error.
+
+    Pure ASGI (not Starlette's BaseHTTPMiddleware) so that the endpoint's
+    `request.is_disconnected()` sees the client leave.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: Optional[str], body_limit: int) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.limit = body_limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", ()))
+        if self.expected is not None and scope["path"].startswith("/v1/"):
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+                await send_json_error(send, 401, "missing or wrong API key", "authentication_error")
+                return
+        announced = headers.get(b"content-length", b"")
+        if announced.isdigit() and int(announced) > self.limit:
+            await self._too_large(send, int(announced))
+            return
+        received = 0
+        started = False
+
+        async def counting_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _TooLarge(received)
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _TooLarge as e:
+            if not started:
+                await self._too_large(send, e.size)
+        except Exception as e:  # noqa: BLE001 - every failure a client sees is JSON
+            logging.exception("unhandled error in %s", scope["path"])
+            if started:
+                raise
+            await send_json_error(send, 500, f"internal error: {type(e).__name__}: {e}", "server_error")
+
+    async def _too_large(self, send, size: int) -> None:
+        await send_json_error(send, 413, f"request body of {size} bytes exceeds the limit of {self.limit} bytes",
+                              "invalid_request_error")
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size

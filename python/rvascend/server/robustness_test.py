@@ -1,0 +1,322 @@
+"""Regression tests for hostile-but-realistic clients: each defect found from outside."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from rvascend.engine import SamplingParams, sampler
+from rvascend.server.testing import API_KEY, Server, free_port
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(app_options={"watchdog_timeout": 1.0})
+    yield s
+    s.stop()
+
+
+def _post(server, path, body, **kw):
+    return server.http.post(path, content=body, headers={"content-type": "application/json"}, **kw)
+
+
+def _slow_steps(server, seconds: float):
+    """Makes every forward pass take `seconds` longer; returns the undo function."""
+    model = server.engine.model
+    forward = model.forward
+
+    def slow(*a, **k):
+        time.sleep(seconds)
+        return forward(*a, **k)
+    model.forward = slow
+    return lambda: model.__dict__.pop("forward", None)
+
+
+# -- 1. sampling never fails; a failing step fails only its own requests ------------
+@pytest.mark.parametrize("kw", [dict(top_p=1e-50), dict(top_p=1e-45, temperature=1e-5), dict(top_k=1, min_p=1.0),
+                                dict(temperature=100.0, top_p=1e-30), dict(min_p=1.0)])
+def test_sampling_always_keeps_the_most_probable_token(kw):
+    logits = torch.randn(1000) * 30
+    logits[123] = logits.max() + 1e-3
+    params = SamplingParams(temperature=kw.pop("temperature", 1.0), **kw)
+    for seed in range(5):
+        assert sampler.sample(logits, params, torch.Generator().manual_seed(seed)).token == 123
+
+
+def test_nan_logits_fail_the_request_not_the_sampler():
+    with pytest.raises(sampler.SamplingError, match="NaN"):
+        sampler.sample(torch.full((10,), float("nan")), SamplingParams(), None)
+
+
+def test_tiny_top_p_is_served_and_leaks_nothing(server):
+    body = {"prompt": "tiny top p", "max_tokens": 64, "top_p": 1e-50, "temperature": 1.0, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: server.http.post("/v1/completions", json=body), range(8)))
+    assert all(r.status_code == 200 for r in results), [r.text for r in results]
+    assert all(r.json()["usage"]["completion_tokens"] == 64 for r in results)
+    stats = server.wait_idle(10)
+    assert stats["kv_reserved_tokens"] == 0
+    assert server.http.get("/health").status_code == 200
+
+
+def test_a_failing_step_fails_exactly_its_requests(server):
+    """A request whose prefill step raises gets a JSON 500; a running stream goes on; nothing leaks."""
+    model = server.engine.model
+    forward = model.forward
+
+    def poisoned(batch, pool):
+        if 1999 in batch.input_ids.tolist():
+            raise RuntimeError("poisoned batch")
+        return forward(batch, pool)
+    model.forward = poisoned
+    try:
+        results = {}
+
+        def stream():
+            with server.http.stream("POST", "/v1/completions", json={
+                    "prompt": [5, 6, 7], "max_tokens": 40, "stream": True, "ignore_eos": True}) as r:
+                results["stream"] = [line for line in r.iter_lines() if line.startswith("data: ")]
+        t = threading.Thread(target=stream)
+        t.start()
+        time.sleep(0.3)
+        bad = server.http.post("/v1/completions", json={"prompt": [1999, 3], "max_tokens": 4})
+        t.join(60)
+    finally:
+        del model.forward
+    assert bad.status_code == 500 and "poisoned batch" in bad.json()["error"]["message"]
+    lines = results["stream"]
+    assert lines[-1] == "data: [DONE]" and '"finish_reason": "length"' in lines[-2], lines[-3:]
+    assert server.wait_idle(10)["kv_reserved_tokens"] == 0
+    ok = server.http.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_health_reports_a_stuck_engine(server):
+    undo = _slow_steps(server, 2.0)
+    try:
+        t = threading.Thread(target=lambda: server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}))
+        t.start()
+        time.sleep(1.5)
+        stuck = server.http.get("/health")
+        t.join(30)
+    finally:
+        undo()
+    assert stuck.status_code == 503 and "watchdog" in stuck.json()["error"]["message"]
+    assert server.http.get("/health").status_code == 200
+
+
+def test_sigterm_stops_a_busy_server_within_seconds(tmp_path):
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "rvascend.server", f"--port={port}", "--max-total-tokens=2048",
+                             "--graceful-shutdown-timeout=2"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "log", "w"))
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "log").read_text()
+            time.sleep(0.2)
+
+        def hog():
+            try:
+                with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
+                        "prompt": "forever", "max_tokens": 2000, "stream": True, "ignore_eos": True}) as r:
+                    for _ in r.iter_lines():
+                        pass
+            except httpx.HTTPError:
+                pass
+        threads = [threading.Thread(target=hog, daemon=True) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        start = time.time()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        assert time.time() - start < 15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# -- 2. every error is JSON in one shape; the connection survives ------------------------
+@pytest.mark.parametrize("body,match", [
+    ('{"prompt": "x", "seed": 100000000000000000000000}', "seed"),
+    ('{"prompt": "x", "seed": -9223372036854775809}', "seed"),
+    ('{"prompt": "x", "n": 0}', "n"),
+    ('{"prompt": "x", "n": 1000}', "n"),
+    ('{"prompt": "x", "logprobs": 21}', "logprobs"),
+    ('{"prompt": "x", "top_k": -5}', "top_k"),
+    ('{"prompt": "x", "min_p": 1.5}', "min_p"),
+    ('{"prompt": "x", "frequency_penalty": 3}', "frequency_penalty"),
+    ('{"prompt": "x", "logit_bias": {"abc": 1}}', "logit_bias"),
+    ('{"prompt": "x", "logit_bias": {"999999": 1}}', "outside the vocabulary"),
+    ('{"prompt": "x", "stop_token_ids": [999999]}', "stop_token_ids"),
+    ('{"prompt": "x", "max_tokens": 4, "min_tokens": 5}', "min_tokens"),
+    ('{"prompt": "x", "tools": [{"type": "function"}]}', "tools"),
+    ('{"prompt": "x", "suffix": "y"}', "suffix"),
+    ('{"prompt": "x", "echo": true, "logprobs": 1}', "echo"),
+])
+def test_out_of_range_fields_are_a_json_400(server, body, match):
+    r = _post(server, "/v1/completions", body)
+    assert r.status_code == 400, r.text
+    assert match in r.json()["error"]["message"]
+
+
+def test_internal_errors_are_json_and_keep_alive_survives(server, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("tokenizer exploded")
+    monkeypatch.setattr(server.engine.tokenizer, "encode", broken)
+    r = server.http.post("/v1/completions", json={"prompt": "boom"})
+    assert r.status_code == 500 and r.json()["error"]["message"].endswith("tokenizer exploded")
+    monkeypatch.undo()
+    assert server.http.post("/v1/completions", json={"prompt": "fine", "max_tokens": 1}).status_code == 200
+
+
+@pytest.mark.parametrize("method,path,status", [("GET", "/nope", 404), ("GET", "/v1/completions", 405),
+                                                ("DELETE", "/health", 405)])
+def test_framework_errors_share_the_error_shape(server, method, path, status):
+    r = server.http.request(method, path)
+    assert r.status_code == status and set(r.json()["error"]) >= {"message", "type", "code"}
+
+
+# -- 3. lone surrogates ------------------------------------------------------------------
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", '{"prompt": "a\\ud800"}'),
+    ("/v1/completions", '{"prompt": ["ok", "b\\udfff"]}'),
+    ("/v1/completions", '{"prompt": "x", "stop": ["\\ud800"]}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a\\ud800"}]}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00"}]}]}'),
+])
+def test_lone_surrogates_are_a_400(server, path, body):
+    r = _post(server, path, body)
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"], r.text
+
+
+# -- 4. a non-streaming client that leaves stops its generation --------------------------
+def test_non_streaming_disconnect_aborts_and_frees(server):
+    undo = _slow_steps(server, 0.05)
+    try:
+        with pytest.raises(httpx.TimeoutException):
+            server.http.post("/v1/completions", json={"prompt": "leave", "max_tokens": 1000, "ignore_eos": True},
+                             timeout=0.6)
+        start = time.time()
+        server.wait_idle(5)
+        assert time.time() - start < 3
+    finally:
+        undo()
+    metrics = server.http.get("/metrics").text
+    assert 'rvascend_requests_total{endpoint="completions",status="aborted"}' in metrics
+
+
+# -- 5. huge prompts are refused early, off the event loop ----------------------------------
+def test_huge_prompts_are_refused_fast_and_do_not_block_health(server):
+    big = "word " * 1_000_000  # 5 MB
+    health_times = []
+    done = threading.Event()
+
+    def probe():
+        while not done.is_set():
+            start = time.time()
+            server.http.get("/health")
+            health_times.append(time.time() - start)
+            time.sleep(0.05)
+    t = threading.Thread(target=probe)
+    t.start()
+    try:
+        start = time.time()
+        r = server.http.post("/v1/completions", json={"prompt": big})
+        elapsed = time.time() - start
+        limit = server.engine.context_length * server.engine.tokenizer.max_token_bytes
+        mid = server.http.post("/v1/completions", json={"prompt": "x" * (limit + 1)})
+    finally:
+        done.set()
+        t.join()
+    assert r.status_code in (400, 413) and elapsed < 3, (r.status_code, elapsed)
+    assert mid.status_code == 400 and "bytes" in mid.json()["error"]["message"]
+    assert max(health_times) < 1.0
+
+
+# -- 6/7. n, logprobs, chat content parts -------------------------------------------------------
+def test_n_gives_n_choices_and_seeds_differ(server):
+    r = server.client.completions.create(model=server.name, prompt="many", max_tokens=6, n=3, temperature=1.0,
+                                         seed=5, extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens == 18
+    assert len({c.text for c in r.choices}) > 1
+    again = server.client.completions.create(model=server.name, prompt="many", max_tokens=6, n=3,
+                                             temperature=1.0, seed=5, extra_body={"ignore_eos": True})
+    assert [c.text for c in again.choices] == [c.text for c in r.choices]
+
+
+def test_completion_logprobs(server):
+    r = server.client.completions.create(model=server.name, prompt="logprobs", max_tokens=4, temperature=0,
+                                         logprobs=3, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 3 and chosen <= 0 and abs(chosen - max(top.values())) < 1e-5  # greedy = best
+    assert "".join(lp.tokens) == r.choices[0].text
+
+
+def test_chat_logprobs_and_top_logprobs(server):
+    r = server.client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=3, temperature=0, logprobs=True, top_logprobs=2,
+                                              extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(c.top_logprobs) == 2 for c in content)
+    assert abs(content[0].logprob - content[0].top_logprobs[0].logprob) < 1e-5
+
+
+def test_chat_content_parts_and_null_assistant_content(server):
+    as_text = server.client.chat.completions.create(
+        model=server.name, messages=[{"role": "user", "content": "hello there"}], max_tokens=4, temperature=0)
+    as_parts = server.client.chat.completions.create(
+        model=server.name, messages=[{"role": "user", "content": [{"type": "text", "text": "hello "},
+                                                                  {"type": "text", "text": "there"}]}],
+        max_tokens=4, temperature=0)
+    assert as_parts.choices[0].message.content == as_text.choices[0].message.content
+    r = server.http.post("/v1/chat/completions", json={"max_tokens": 2, "messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": None}, {"role": "user", "content": "b"}]})
+    assert r.status_code == 200, r.text
+    r = server.http.post("/v1/chat/completions", json={"messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
+    assert r.status_code == 400 and "image_url" in r.json()["error"]["message"]
+
+
+# -- 8. detokenization is incremental -------------------------------------------------------
+def test_detokenization_cost_per_token_is_constant(server):
+    tok = server.engine.tokenizer
+    decoded = [0]
+    original = tok.decode
+
+    def counting(ids):
+        decoded[0] += len(ids)
+        return original(ids)
+    tok.decode = counting
+    try:
+        for n in (32, 512):
+            decoded[0] = 0
+            seq = server.engine.generate([[1, 2, 3]], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
+            assert seq[0].text == original(seq[0].output_ids)
+            per_token = decoded[0] / n
+            assert per_token < 40, per_token  # whole-output re-decoding would be ~n/2 per token
+    finally:
+        del tok.decode
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

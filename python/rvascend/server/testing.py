@@ -1,0 +1,62 @@
+"""A real server on a loopback port for tests and benchmarks: uvicorn in a thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+import openai
+import uvicorn
+
+from rvascend.server.app import create_app
+from rvascend.server.launch import ServeOptions, build_engine
+
+API_KEY = "test-key"
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (bind to 0 and let the kernel choose)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """The default model served with the RVV policy (eager), an API key, and clients for it."""
+
+    def __init__(self, app_options: dict[str, Any] | None = None, **options: Any) -> None:
+        opts = dict(enable_cpu_rvv_inductor=True, cpu_compile_mode="eager", max_total_tokens=4096,
+                    max_running_requests=8)
+        opts.update(options)
+        self.engine, self.name, self.policy = build_engine(ServeOptions(**opts))
+        self.port = free_port()
+        self.app = create_app(self.engine, self.name, self.policy, api_key=API_KEY, **(app_options or {}))
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=API_KEY)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def wait_idle(self, timeout: float = 30) -> dict:
+        """Engine stats once nothing runs, waits or holds KV slots (fails after `timeout` s)."""
+        deadline = time.time() + timeout
+        while True:
+            stats = self.engine.stats()
+            if stats["running"] == 0 and stats["waiting"] == 0 and stats["kv_used_tokens"] == 0:
+                return stats
+            if time.time() > deadline:
+                raise AssertionError(f"the engine did not become idle: {stats}")
+            time.sleep(0.05)
