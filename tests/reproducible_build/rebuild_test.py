@@ -13,7 +13,7 @@ import tempfile
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-TARGET = "//rvv_kernels:bf16_packed_linear"
+TARGET = "//rvv_kernels/linear:bf16_packed_linear"
 PLATFORMS = {"llvm": "//toolchains/platforms:linux_riscv64", "gcc": "//toolchains/platforms:linux_riscv64_gcc"}
 
 

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <vector>
 
-#include "rvv_kernels/bf16.h"
-#include "rvv_kernels/thread_pool.h"
+#include "rvv_kernels/base/bf16.h"
+#include "rvv_kernels/base/thread_pool.h"
 
 namespace rgdr {
 namespace {

@@ -19,7 +19,7 @@
 #include <type_traits>
 
 #include "cpu_twin/twin_runtime.h"
-#include "rvv_kernels/bf16.h"
+#include "rvv_kernels/base/bf16.h"
 
 #define __aicore__
 #define __global__

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "rvv_kernels/bf16_packed_kernel_sets.h"
-#include "rvv_kernels/cpu_features.h"
-#include "rvv_kernels/packed_layout.h"
-#include "rvv_kernels/packed_linear.h"
+#include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
+#include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/linear/packed_layout.h"
+#include "rvv_kernels/linear/packed_linear.h"
 
 namespace py = pybind11;
 

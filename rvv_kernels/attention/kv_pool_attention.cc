@@ -1,0 +1,117 @@
+#include "rvv_kernels/attention/kv_pool_attention.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+
+#include "rvv_kernels/attention/attention_ukernels.h"
+#include "rvv_kernels/base/bf16.h"
+#include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/base/thread_pool.h"
+
+namespace rvascend {
+namespace {
+
+struct Kernel {
+  const char* name;
+  AttentionRowUkernel row;
+  bool (*supported)(const CpuFeatures&);
+};
+
+const Kernel kKernels[] = {
+#if defined(RVASCEND_HAVE_RVV)
+    {"rvv", bf16_attention_row__rvv, [](const CpuFeatures& f) { return f.rvv; }},
+#endif
+    {"portable", bf16_attention_row__portable, [](const CpuFeatures&) { return true; }},
+};
+
+const Kernel& Choose(const std::string& name) {
+  for (const Kernel& k : kKernels) {
+    if ((name.empty() || name == k.name) && k.supported(GetCpuFeatures())) return k;
+  }
+  throw std::invalid_argument("attention kernel '" + name + "' is not available on this CPU/build");
+}
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+std::vector<std::string> AvailableAttentionKernels() {
+  std::vector<std::string> names;
+  for (const Kernel& k : kKernels) {
+    if (k.supported(GetCpuFeatures())) names.emplace_back(k.name);
+  }
+  return names;
+}
+
+void ValidateKvPoolAttention(const KvPoolAttentionArgs& a) {
+  if (a.kv_heads == 0 || a.heads % a.kv_heads != 0) {
+    throw std::invalid_argument("heads (" + Str(a.heads) + ") must be a positive multiple of kv_heads (" +
+                                Str(a.kv_heads) + ")");
+  }
+  if (a.head_dim == 0) throw std::invalid_argument("head_dim must be positive");
+  if (a.q_starts[0] != 0 || a.kv_starts[0] != 0) throw std::invalid_argument("q_starts and kv_starts must start at 0");
+  for (size_t b = 0; b < a.batch; ++b) {
+    const int64_t n = a.q_starts[b + 1] - a.q_starts[b];
+    const int64_t l = a.kv_starts[b + 1] - a.kv_starts[b];
+    if (n < 0 || l < 0) throw std::invalid_argument("sequence " + Str(b) + ": q_starts/kv_starts decrease");
+    if (n > l) {
+      throw std::invalid_argument("sequence " + Str(b) + " has " + Str(n) + " query rows but only " + Str(l) +
+                                  " K/V slots (its new tokens must be among its slots)");
+    }
+  }
+  const int64_t total = a.kv_starts[a.batch];
+  for (int64_t i = 0; i < total; ++i) {
+    const int64_t s = a.kv_slots[i];
+    if (s < 0 || static_cast<size_t>(s) >= a.num_slots) {
+      throw std::invalid_argument("kv_slots[" + Str(i) + "] = " + Str(s) + " is outside the KV pool of " +
+                                  Str(static_cast<int64_t>(a.num_slots)) + " slots");
+    }
+  }
+}
+
+void WriteKvPool(uint16_t* pool, size_t num_slots, size_t row_elements, const uint16_t* rows,
+                 const int64_t* slots, size_t n) {
+  for (size_t t = 0; t < n; ++t) {
+    if (slots[t] < 0 || static_cast<size_t>(slots[t]) >= num_slots) {
+      throw std::invalid_argument("write_slots[" + Str(t) + "] = " + Str(slots[t]) + " is outside the KV pool of " +
+                                  Str(static_cast<int64_t>(num_slots)) + " slots");
+    }
+  }
+  for (size_t t = 0; t < n; ++t) {
+    std::memcpy(pool + static_cast<size_t>(slots[t]) * row_elements, rows + t * row_elements,
+                row_elements * sizeof(uint16_t));
+  }
+}
+
+void KvPoolAttention(const KvPoolAttentionArgs& a, size_t num_threads, const std::string& kernel) {
+  ValidateKvPoolAttention(a);
+  const Kernel& k = Choose(kernel);
+  const size_t group = a.heads / a.kv_heads, d = a.head_dim;
+  const size_t slot_stride = a.kv_heads * d;
+  // One task per (query row, KV head): rows of all sequences, flattened.
+  std::vector<std::pair<size_t, size_t>> rows;  // (sequence, row within it)
+  for (size_t b = 0; b < a.batch; ++b) {
+    for (int64_t r = 0; r < a.q_starts[b + 1] - a.q_starts[b]; ++r) rows.emplace_back(b, static_cast<size_t>(r));
+  }
+  ThreadPool::Global().ParallelFor(rows.size() * a.kv_heads, num_threads, [&](size_t task) {
+    const auto [b, r] = rows[task / a.kv_heads];
+    const size_t kvh = task % a.kv_heads;
+    const size_t n = static_cast<size_t>(a.q_starts[b + 1] - a.q_starts[b]);
+    const size_t l = static_cast<size_t>(a.kv_starts[b + 1] - a.kv_starts[b]);
+    const size_t keys = l - n + r + 1;
+    const size_t t = static_cast<size_t>(a.q_starts[b]) + r;
+    thread_local std::vector<float> q32, scratch, out32;
+    q32.resize(group * d);
+    scratch.resize(group * keys);
+    out32.resize(group * d);
+    const uint16_t* qrow = a.q + t * a.q_stride + kvh * group * d;
+    for (size_t i = 0; i < group * d; ++i) q32[i] = Bf16ToFloat(qrow[i]) * a.scale;
+    k.row(q32.data(), group, d, a.k_pool + kvh * d, a.v_pool + kvh * d, slot_stride,
+          a.kv_slots + a.kv_starts[b], keys, scratch.data(), out32.data());
+    uint16_t* orow = a.out + t * a.out_stride + kvh * group * d;
+    for (size_t i = 0; i < group * d; ++i) orow[i] = FloatToBf16(out32[i]);
+  });
+}
+
+}  // namespace rvascend

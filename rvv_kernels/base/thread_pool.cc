@@ -1,0 +1,75 @@
+#include "rvv_kernels/base/thread_pool.h"
+
+namespace rvascend {
+
+ThreadPool& ThreadPool::Global() {
+  // Leaked on purpose: joining threads from a static destructor at process
+  // exit races with interpreter teardown.
+  static ThreadPool* pool = new ThreadPool();
+  return *pool;
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::EnsureWorkers(size_t count) {
+  while (workers_.size() < count) {
+    const size_t index = workers_.size();
+    workers_.emplace_back([this, index] { WorkerLoop(index); });
+  }
+}
+
+void ThreadPool::RunTasks() {
+  for (size_t task = next_task_.fetch_add(1); task < num_tasks_; task = next_task_.fetch_add(1)) {
+    (*fn_)(task);
+  }
+}
+
+void ThreadPool::WorkerLoop(size_t index) {
+  size_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || (generation_ != seen && index < participants_); });
+      if (stop_) return;
+      seen = generation_;
+    }
+    RunTasks();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--active_ == 0) done_.notify_one();
+  }
+}
+
+void ThreadPool::ParallelFor(size_t num_tasks, size_t num_threads,
+                             const std::function<void(size_t)>& fn) {
+  if (num_tasks == 0) return;
+  const size_t helpers = (num_threads < num_tasks ? num_threads : num_tasks) - 1;
+  if (num_threads <= 1 || helpers == 0) {
+    for (size_t t = 0; t < num_tasks; ++t) fn(t);
+    return;
+  }
+  std::lock_guard<std::mutex> call(call_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    EnsureWorkers(helpers);
+    fn_ = &fn;
+    num_tasks_ = num_tasks;
+    next_task_.store(0);
+    participants_ = helpers;
+    active_ = helpers;
+    ++generation_;
+  }
+  wake_.notify_all();
+  RunTasks();
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [&] { return active_ == 0; });
+  fn_ = nullptr;
+}
+
+}  // namespace rvascend

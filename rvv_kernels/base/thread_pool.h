@@ -1,0 +1,48 @@
+// A persistent pool for the packed-linear driver. The caller says how many
+// threads a call may use (torch's intra-op thread count): torch's own OpenMP
+// workers are idle while our op runs, so that many threads never oversubscribe.
+#ifndef RVV_KERNELS_BASE_THREAD_POOL_H_
+#define RVV_KERNELS_BASE_THREAD_POOL_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace rvascend {
+
+class ThreadPool {
+ public:
+  static ThreadPool& Global();
+
+  // Runs fn(task) for task in [0, num_tasks) on up to num_threads threads
+  // (the caller is one of them); returns when all tasks are done.
+  void ParallelFor(size_t num_tasks, size_t num_threads, const std::function<void(size_t)>& fn);
+
+  ~ThreadPool();
+
+ private:
+  void EnsureWorkers(size_t count);
+  void WorkerLoop(size_t index);
+  void RunTasks();
+
+  std::mutex call_mutex_;  // one ParallelFor at a time
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  std::vector<std::thread> workers_;
+  bool stop_ = false;
+  size_t generation_ = 0;
+  size_t participants_ = 0;  // workers taking part in the current job
+  size_t active_ = 0;        // workers still running the current job
+  const std::function<void(size_t)>* fn_ = nullptr;
+  size_t num_tasks_ = 0;
+  std::atomic<size_t> next_task_{0};
+};
+
+}  // namespace rvascend
+
+#endif  // RVV_KERNELS_BASE_THREAD_POOL_H_

@@ -1,0 +1,77 @@
+#include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
+
+#include "rvv_kernels/linear/bf16_packed_ukernels.h"
+#include "rvv_kernels/base/cpu_features.h"
+
+namespace rvascend {
+namespace {
+
+struct Entry {
+  Bf16PackedKernelSet set;
+  bool (*supported)(const CpuFeatures&);
+};
+
+bool Always(const CpuFeatures&) { return true; }
+
+// Best first. Each line is one kernel set: a new variant is one entry here
+// plus its .cc file; the tests and benchmarks iterate over this table.
+const Entry kEntries[] = {
+#if defined(RVASCEND_HAVE_ZVFBFWMA)
+    {{"zvfbfwma", false, bf16_gemv_packed_ukernel_1x128__zvfbfwma, 128,
+      bf16_gemm_packed_ukernel_4x32__zvfbfwma, 4, 32},
+     [](const CpuFeatures& f) { return f.zvfbfwma; }},
+#endif
+#if defined(RVASCEND_HAVE_RVV)
+    {{"rvv", true, bf16_gemv_packed_ukernel_1x128__rvv, 128, bf16_gemm_packed_ukernel_4x32__rvv,
+      4, 32},
+     [](const CpuFeatures& f) { return f.rvv; }},
+#endif
+#if defined(RVASCEND_HAVE_X86_VARIANTS)
+    {{"avx512bf16", false, bf16_gemv_packed_ukernel_1x64__avx512bf16, 64,
+      bf16_gemm_packed_ukernel_8x32__avx512bf16, 8, 32},
+     [](const CpuFeatures& f) { return f.avx512bf16; }},
+    {{"portable_avx512", true, bf16_gemv_packed_ukernel_1x64__portable_avx512, 64,
+      bf16_gemm_packed_ukernel_4x32__portable_avx512, 4, 32},
+     [](const CpuFeatures& f) { return f.avx512; }},
+    {{"portable_avx2", true, bf16_gemv_packed_ukernel_1x64__portable_avx2, 64,
+      bf16_gemm_packed_ukernel_4x32__portable_avx2, 4, 32},
+     [](const CpuFeatures& f) { return f.avx2; }},
+#endif
+    {{"portable", true, bf16_gemv_packed_ukernel_1x64__portable, 64,
+      bf16_gemm_packed_ukernel_4x32__portable, 4, 32},
+     Always},
+    {{"scalar", true, bf16_gemm_packed_ukernel_1x32__scalar, 32,
+      bf16_gemm_packed_ukernel_1x32__scalar, 1, 32},
+     Always},
+};
+
+}  // namespace
+
+std::vector<const Bf16PackedKernelSet*> CompiledKernelSets() {
+  std::vector<const Bf16PackedKernelSet*> sets;
+  for (const Entry& e : kEntries) sets.push_back(&e.set);
+  return sets;
+}
+
+std::vector<const Bf16PackedKernelSet*> AvailableKernelSets() {
+  const CpuFeatures& features = GetCpuFeatures();
+  std::vector<const Bf16PackedKernelSet*> sets;
+  for (const Entry& e : kEntries) {
+    if (e.supported(features)) sets.push_back(&e.set);
+  }
+  return sets;
+}
+
+const Bf16PackedKernelSet& DefaultKernelSet() {
+  static const Bf16PackedKernelSet* best = AvailableKernelSets().front();
+  return *best;
+}
+
+const Bf16PackedKernelSet* FindKernelSet(const std::string& name) {
+  for (const Bf16PackedKernelSet* set : AvailableKernelSets()) {
+    if (name == set->name) return set;
+  }
+  return nullptr;
+}
+
+}  // namespace rvascend

@@ -1,0 +1,27 @@
+// The registry of BF16 packed-linear kernel sets and the run-time choice among them.
+#ifndef RVV_KERNELS_LINEAR_BF16_PACKED_KERNEL_SETS_H_
+#define RVV_KERNELS_LINEAR_BF16_PACKED_KERNEL_SETS_H_
+
+#include <string>
+#include <vector>
+
+#include "rvv_kernels/linear/microkernel.h"
+
+namespace rvascend {
+
+// Sets compiled into this build whose ISA the CPU reports, best first.
+std::vector<const Bf16PackedKernelSet*> AvailableKernelSets();
+
+// Every set compiled into this build, usable or not.
+std::vector<const Bf16PackedKernelSet*> CompiledKernelSets();
+
+// The best available set: the first of AvailableKernelSets().
+const Bf16PackedKernelSet& DefaultKernelSet();
+
+// The available set called `name`, or nullptr if it is not compiled in or
+// the CPU does not report its ISA.
+const Bf16PackedKernelSet* FindKernelSet(const std::string& name);
+
+}  // namespace rvascend
+
+#endif  // RVV_KERNELS_LINEAR_BF16_PACKED_KERNEL_SETS_H_
