@@ -70,14 +70,18 @@ void ValidateKvPoolAttention(const KvPoolAttentionArgs& a) {
   }
 }
 
-void WriteKvPool(uint16_t* pool, size_t num_slots, size_t row_elements, const uint16_t* rows,
-                 const int64_t* slots, size_t n) {
+void ValidateWriteSlots(size_t num_slots, const int64_t* slots, size_t n) {
   for (size_t t = 0; t < n; ++t) {
     if (slots[t] < 0 || static_cast<size_t>(slots[t]) >= num_slots) {
       throw std::invalid_argument("write_slots[" + Str(t) + "] = " + Str(slots[t]) + " is outside the KV pool of " +
                                   Str(static_cast<int64_t>(num_slots)) + " slots");
     }
   }
+}
+
+void WriteKvPool(uint16_t* pool, size_t num_slots, size_t row_elements, const uint16_t* rows,
+                 const int64_t* slots, size_t n) {
+  ValidateWriteSlots(num_slots, slots, n);
   for (size_t t = 0; t < n; ++t) {
     std::memcpy(pool + static_cast<size_t>(slots[t]) * row_elements, rows + t * row_elements,
                 row_elements * sizeof(uint16_t));

@@ -40,6 +40,9 @@ void ValidateKvPoolAttention(const KvPoolAttentionArgs& args);
 // kernel: "" picks the best this CPU runs ("rvv", else "portable").
 void KvPoolAttention(const KvPoolAttentionArgs& args, size_t num_threads, const std::string& kernel = "");
 
+// Throws std::invalid_argument naming the first slot outside [0, num_slots).
+void ValidateWriteSlots(size_t num_slots, const int64_t* slots, size_t n);
+
 // pool[slots[t]] = rows[t] for t < n (rows: [n, row_elements] BF16, contiguous);
 // slots are checked against num_slots first.
 void WriteKvPool(uint16_t* pool, size_t num_slots, size_t row_elements, const uint16_t* rows,

@@ -82,6 +82,9 @@ def test_bf16_logits_match_transformers(checkpoint, policy):
     assert (got - want).abs().max().item() <= 0.03 * want.abs().max().item()
     if policy:
         assert get_policy(model).counters.calls(route="packed") > 0
+        kernels = get_policy(model).kernels.counters
+        assert kernels.calls("kv_pool_attention", "kernel") == model.config.num_hidden_layers
+        assert kernels.calls(route="fallback") == 0
 
 
 def test_fp32_greedy_tokens_match_transformers(checkpoint):
@@ -121,11 +124,14 @@ def test_continuous_batching_gives_m2_and_same_tokens(checkpoint):
     alone = [_greedy(model, torch.tensor(p), 6) for p in (a, b)]
     policy = get_policy(model)
     policy.counters.reset()
+    policy.kernels.counters.reset()
     engine = Engine(model, None, EngineConfig(max_total_tokens=128))
     seqs = engine.generate([a, b], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     assert [s.output_ids for s in seqs] == alone
     assert policy.counters.rows_seen("o_proj", "packed").get(2, 0) > 0
     assert policy.counters.rows_seen("lm_head", "packed").get(2, 0) > 0
+    # Both sequences' decode rows go through the pool attention kernel in one call per layer.
+    assert policy.kernels.counters.rows_seen("kv_pool_attention", "kernel").get(2, 0) > 0
     if family == "qwen2":  # q/k/v bias: the gate sends qkv_proj to F.linear
         assert policy.counters.calls("qkv_proj", "fallback", "bias") > 0
         assert policy.counters.calls("qkv_proj", "packed") == 0

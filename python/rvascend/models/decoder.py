@@ -9,6 +9,7 @@ vLLM, so the RVV policy sees one large Linear each.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +17,9 @@ from torch import nn
 
 from rvascend.models.config import ModelConfig
 from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, apply_rotary, maybe_norm, silu_and_mul
+from rvascend import ops
 from rvascend.policy import projection_linear
+from rvascend.policy.kernel_routes import routes_of
 
 
 @dataclasses.dataclass
@@ -29,6 +32,17 @@ class ForwardBatch:
     prefix_lens: list[int]             # tokens already cached per sequence
     kv_slots: list[torch.Tensor]       # per sequence: slots of all its tokens (prefix + new)
     write_slots: torch.Tensor          # [T] slots the new tokens' K/V go to
+    _flat: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+
+    def flat_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(all sequences' slots concatenated, kv_starts [B+1], q_starts [B+1]) for
+        kv_pool_attention; built once per batch, shared by every layer."""
+        if self._flat is None:
+            kv_lens = torch.tensor([0] + [len(s) for s in self.kv_slots])
+            q_lens = torch.tensor([0] + list(self.new_lens))
+            self._flat = (torch.cat(self.kv_slots) if self.kv_slots else torch.zeros(0, dtype=torch.long),
+                          kv_lens.cumsum(0), q_lens.cumsum(0))
+        return self._flat
 
 
 class KVPool:
@@ -47,6 +61,8 @@ class KVPool:
 
 
 class Attention(nn.Module):
+    rvv_kernels = ("kv_pool_attention",)
+
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
@@ -68,6 +84,12 @@ class Attention(nn.Module):
         k = maybe_norm(self.k_norm, k.reshape(t, self.kv_heads, self.head_dim))
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k_cache, v_cache = pool.k[self.layer], pool.v[self.layer]
+        routes = routes_of(self)
+        if routes is not None and routes.use("kv_pool_attention", q, k, v, k_cache, rows=t):
+            kv_slots, kv_starts, q_starts = batch.flat_index()
+            out = ops.kv_pool_attention(q, k_cache, v_cache, k, v.reshape(t, self.kv_heads, self.head_dim),
+                                        batch.write_slots, kv_slots, kv_starts, q_starts, self.scale)
+            return self.o_proj(out.reshape(t, self.heads * self.head_dim))
         k_cache[batch.write_slots] = k
         v_cache[batch.write_slots] = v.reshape(t, self.kv_heads, self.head_dim)
         out = torch.empty_like(q)

@@ -7,6 +7,7 @@ importing `rvascend.ops.gated_delta_rule` registers recurrent_gated_delta_rule
 (its extension is built for x86-64 hosts, not for the riscv64 image).
 """
 
+from rvascend.ops.kv_pool_attention import available_attention_kernels, kv_pool_attention
 from rvascend.ops.packed_linear import (
     BLOCK_N,
     LAYOUT_VERSION,
@@ -22,8 +23,10 @@ from rvascend.ops.packed_linear import (
 __all__ = [
     "BLOCK_N",
     "LAYOUT_VERSION",
+    "available_attention_kernels",
     "available_kernel_sets",
     "cpu_features",
+    "kv_pool_attention",
     "pack_bf16_weight",
     "packed_bf16_linear",
     "packed_weight_bytes",

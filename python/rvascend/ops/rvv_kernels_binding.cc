@@ -8,12 +8,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
+#include "rvv_kernels/attention/kv_pool_attention.h"
 #include "rvv_kernels/base/cpu_features.h"
 #include "rvv_kernels/linear/packed_layout.h"
 #include "rvv_kernels/linear/packed_linear.h"
@@ -28,6 +30,12 @@ T* Pointer(uintptr_t address, const char* what) {
   if (address == 0) throw std::invalid_argument(std::string(what) + " is a null pointer");
   if (address % alignof(T) != 0) throw std::invalid_argument(std::string(what) + " is misaligned");
   return reinterpret_cast<T*>(address);
+}
+
+// Like Pointer, but an empty array may come as a null pointer (torch's empty tensors).
+template <typename T>
+T* Array(uintptr_t address, size_t count, const char* what) {
+  return count == 0 ? reinterpret_cast<T*>(address) : Pointer<T>(address, what);
 }
 
 const Bf16PackedKernelSet& KernelSet(const std::string& name) {
@@ -117,6 +125,46 @@ uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, si
   return h;
 }
 
+// Index arrays and BF16 buffers cross as pointers; the Python op checks dtypes,
+// shapes and contiguity. Every index (the write slots and the read slots) is
+// checked before the pool is written, so a bad call changes nothing.
+void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, uintptr_t kv_starts,
+               uintptr_t kv_slots, size_t heads, size_t kv_heads, size_t head_dim, uintptr_t q, size_t q_stride,
+               uintptr_t k_pool, uintptr_t v_pool, size_t num_slots, uintptr_t k_new, uintptr_t v_new,
+               uintptr_t write_slots, size_t n_write, float scale, uintptr_t out, size_t out_stride,
+               size_t num_threads) {
+  KvPoolAttentionArgs a;
+  a.batch = batch;
+  a.q_starts = Pointer<const int64_t>(q_starts, "q_starts");
+  a.kv_starts = Pointer<const int64_t>(kv_starts, "kv_starts");
+  a.kv_slots = Array<const int64_t>(kv_slots, static_cast<size_t>(std::max<int64_t>(0, a.kv_starts[batch])),
+                                    "kv_slots");
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = head_dim;
+  const size_t rows = static_cast<size_t>(std::max<int64_t>(0, a.q_starts[batch]));
+  a.q = Array<const uint16_t>(q, rows, "q");
+  a.q_stride = q_stride;
+  a.k_pool = Pointer<const uint16_t>(k_pool, "k_pool");
+  a.v_pool = Pointer<const uint16_t>(v_pool, "v_pool");
+  a.num_slots = num_slots;
+  a.scale = scale;
+  a.out = Array<uint16_t>(out, rows, "out");
+  a.out_stride = out_stride;
+  ValidateKvPoolAttention(a);
+  const size_t row = kv_heads * head_dim;
+  if (n_write) {
+    const int64_t* slots = Pointer<const int64_t>(write_slots, "write_slots");
+    ValidateWriteSlots(num_slots, slots, n_write);
+    WriteKvPool(Pointer<uint16_t>(k_pool, "k_pool"), num_slots, row, Pointer<const uint16_t>(k_new, "k_new"),
+                slots, n_write);
+    WriteKvPool(Pointer<uint16_t>(v_pool, "v_pool"), num_slots, row, Pointer<const uint16_t>(v_new, "v_new"),
+                slots, n_write);
+  }
+  py::gil_scoped_release release;
+  KvPoolAttention(a, num_threads == 0 ? 1 : num_threads, kernel);
+}
+
 std::vector<std::string> Names(const std::vector<const Bf16PackedKernelSet*>& sets) {
   std::vector<std::string> names;
   for (const auto* s : sets) names.emplace_back(s->name);
@@ -150,6 +198,15 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("weight_fingerprint", &Fingerprint, py::arg("weight"), py::arg("n"), py::arg("k"),
         py::arg("row_stride"), py::arg("col_stride"), py::arg("weight_elements"), py::arg("samples"),
         "A content fingerprint of a BF16 [N, K] weight from `samples` spread elements.");
+  m.def("kv_pool_attention", &Attention, py::arg("kernel"), py::arg("batch"), py::arg("q_starts"),
+        py::arg("kv_starts"), py::arg("kv_slots"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
+        py::arg("q"), py::arg("q_stride"), py::arg("k_pool"), py::arg("v_pool"), py::arg("num_slots"),
+        py::arg("k_new"), py::arg("v_new"), py::arg("write_slots"), py::arg("n_write"), py::arg("scale"),
+        py::arg("out"), py::arg("out_stride"), py::arg("num_threads"),
+        "Writes the new K/V rows into the pools, then attention of BF16 queries over K/V read in place "
+        "from the [slots, kv_heads, head_dim] pools.");
+  m.def("available_attention_kernels", &AvailableAttentionKernels,
+        "Attention kernels this build has and this CPU runs, best first.");
   m.def("available_kernel_sets", [] { return Names(AvailableKernelSets()); },
         "Kernel sets this build has and this CPU supports, best first.");
   m.def("compiled_kernel_sets", [] { return Names(CompiledKernelSets()); },

@@ -13,14 +13,15 @@ class RvvPolicyConfig:
     """What `install_rvv_policy` turns on.
 
     `--enable-cpu-rvv-inductor` is `RvvPolicyConfig.from_flag()`: regional
-    compile, explicit packed weights and small-batch buckets together;
-    full-graph capture stays off.
+    compile, explicit packed weights, small-batch buckets and the kernels
+    beyond Linear together; full-graph capture stays off.
     """
 
     packed_weights: bool = True       # explicit packed BF16 side buffers
     small_batch: bool = True          # route M = 2..15 (buckets 2, 4, 8, 16)
     compile_mode: CompileMode = "regional"
     memory_budget_mib: Optional[int] = None  # None: derived from available memory
+    kernels: bool = True              # the RVV kernels beyond Linear (attention, ...): kernel_routes.KERNELS
 
     @classmethod
     def from_flag(cls, memory_budget_mib: Optional[int] = None,

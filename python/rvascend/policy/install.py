@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from absl import logging
 from torch import nn
 
-from rvascend.policy import adapters, budget, shape_gate
+from rvascend.policy import adapters, budget, kernel_routes, shape_gate
 from rvascend.policy.config import RvvPolicyConfig
 from rvascend.policy.counters import RouteCounters
 from rvascend.policy.route import PACKED_BUFFER, ProjectionRoute
@@ -67,6 +67,8 @@ class RvvPolicy:
         self._callables: dict[CacheKey, Callable] = {}
         self.report: Optional[PolicyReport] = None
         self.hook = None  # the load_state_dict post-hook's handle
+        self.kernels = kernel_routes.KernelRoutes(config.kernels)
+        self.kernel_modules: list[nn.Module] = []
 
     def callable_for(self, x: torch.Tensor, projection: str, rows: int, n: int, k: int,
                      mode: str) -> Callable:
@@ -174,6 +176,7 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
             # projection_linear() by the engine.
             if module is not embed:
                 module.forward = route
+        policy.kernel_modules = kernel_routes.attach(model, policy.kernels)
         model.__dict__[_POLICY_ATTR] = policy
         policy.hook = model.register_load_state_dict_post_hook(_invalidate_after_load)
         report = policy.pack_all()
@@ -194,6 +197,7 @@ def _uninstall(model: nn.Module, policy: RvvPolicy) -> None:
         if module.__dict__.get("forward") is route:
             del module.__dict__["forward"]
         module.__dict__.pop("_rvv_route", None)
+    kernel_routes.detach(policy.kernel_modules)
     if policy.hook is not None:
         policy.hook.remove()
     if model.__dict__.get(_POLICY_ATTR) is policy:

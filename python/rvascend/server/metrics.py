@@ -90,6 +90,11 @@ class _EngineCollector:
             for row in self._policy.counters.snapshot():
                 c.add_metric([row["projection"], row["route"], row["reason"]], row["calls"])
             yield c
+            k = CounterMetricFamily("rvascend_rvv_kernel_calls", "Calls of the kernels beyond Linear per route",
+                                    labels=["kernel", "route", "reason"])
+            for row in self._policy.kernels.counters.snapshot():
+                k.add_metric([row["projection"], row["route"], row["reason"]], row["calls"])
+            yield k
             rows = CounterMetricFamily("rvascend_rvv_packed_calls_by_rows", "Packed-kernel calls per M",
                                        labels=["rows"])
             for m, n in sorted(self._policy.counters.rows_seen(route="packed").items()):

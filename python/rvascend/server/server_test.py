@@ -72,6 +72,7 @@ def test_models_health_and_metrics(server):
     metrics = server.http.get("/metrics").text
     assert "rvascend_time_to_first_token_seconds_bucket" in metrics
     assert 'rvascend_rvv_projection_calls_total{projection="qkv_proj",reason="",route="packed"}' in metrics
+    assert 'rvascend_rvv_kernel_calls_total{kernel="kv_pool_attention",reason="",route="kernel"}' in metrics
 
 
 def test_api_key_is_required(server):

@@ -1,0 +1,94 @@
+"""`torch.ops.rvascend.kv_pool_attention`: attention that reads K/V in place from the KV pool.
+
+Writes the new tokens' K and V into the pool (in place, at `write_slots`),
+then computes, for every sequence b and query row r, softmax(q k^T * scale) v
+over the sequence's slots `kv_slots[kv_starts[b]:kv_starts[b+1]]`, causally
+(a sequence with n query rows and L slots: row r attends to its first
+L - n + r + 1 slots). GQA by index: query head h reads KV head
+h // (heads / kv_heads); nothing is gathered or repeated. FP32 inside, one
+BF16 rounding of the output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rvascend.ops.packed_linear import _native, register_fake
+
+torch.library.define(
+    "rvascend::kv_pool_attention",
+    "(Tensor q, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor k_new, Tensor v_new, Tensor write_slots, "
+    "Tensor kv_slots, Tensor kv_starts, Tensor q_starts, float scale) -> Tensor")
+
+
+def available_attention_kernels() -> list[str]:
+    return list(_native.available_attention_kernels())
+
+
+def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+           write_slots: torch.Tensor, kv_slots: torch.Tensor, kv_starts: torch.Tensor, q_starts: torch.Tensor) -> None:
+    name = "kv_pool_attention"
+    for what, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool), ("k_new", k_new), ("v_new", v_new)):
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name}: {what} must be bfloat16, got {t.dtype}")
+        if t.dim() != 3:
+            raise ValueError(f"{name}: {what} must be 3-D, got shape {tuple(t.shape)}")
+    for what, t in (("write_slots", write_slots), ("kv_slots", kv_slots), ("kv_starts", kv_starts),
+                    ("q_starts", q_starts)):
+        if t.dtype != torch.int64 or t.dim() != 1:
+            raise TypeError(f"{name}: {what} must be a 1-D int64 tensor, got {t.dtype} {tuple(t.shape)}")
+    slots, kv_heads, d = k_pool.shape
+    if v_pool.shape != k_pool.shape:
+        raise ValueError(f"{name}: v_pool {tuple(v_pool.shape)} differs from k_pool {tuple(k_pool.shape)}")
+    t, heads, qd = q.shape
+    if qd != d:
+        raise ValueError(f"{name}: q has head_dim {qd}, the pool {d}")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"{name}: {heads} query heads are not a multiple of {kv_heads} KV heads")
+    for what, new in (("k_new", k_new), ("v_new", v_new)):
+        if tuple(new.shape[1:]) != (kv_heads, d) or new.shape[0] != write_slots.shape[0]:
+            raise ValueError(f"{name}: {what} has shape {tuple(new.shape)}, expected "
+                             f"[{write_slots.shape[0]}, {kv_heads}, {d}] (one row per write slot)")
+    if kv_starts.shape != q_starts.shape or kv_starts.shape[0] < 1:
+        raise ValueError(f"{name}: kv_starts and q_starts must both have batch + 1 entries")
+    if q_starts.numel() and int(q_starts[-1]) != t:
+        raise ValueError(f"{name}: q_starts ends at {int(q_starts[-1])} but q has {t} rows")
+    if int(kv_starts[-1]) != kv_slots.shape[0]:
+        raise ValueError(f"{name}: kv_starts ends at {int(kv_starts[-1])} but kv_slots has {kv_slots.shape[0]}")
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+@torch.library.impl("rvascend::kv_pool_attention", "CPU")
+def _attention_cpu(q, k_pool, v_pool, k_new, v_new, write_slots, kv_slots, kv_starts, q_starts, scale):
+    _check(q, k_pool, v_pool, k_new, v_new, write_slots, kv_slots, kv_starts, q_starts)
+    if not (k_pool.is_contiguous() and v_pool.is_contiguous()):
+        raise ValueError("kv_pool_attention: the pools must be contiguous (they are written in place)")
+    slots, kv_heads, d = k_pool.shape
+    write_slots, kv_slots = _contiguous(write_slots), _contiguous(kv_slots)
+    kv_starts, q_starts = _contiguous(kv_starts), _contiguous(q_starts)
+    k_new, v_new = _contiguous(k_new), _contiguous(v_new)
+    t, heads, _ = q.shape
+    q = _contiguous(q)
+    out = torch.empty_like(q)
+    _native.kv_pool_attention("", q_starts.shape[0] - 1, q_starts.data_ptr(), kv_starts.data_ptr(),
+                              kv_slots.data_ptr(), heads, kv_heads, d, q.data_ptr(), heads * d,
+                              k_pool.data_ptr(), v_pool.data_ptr(), slots, k_new.data_ptr(), v_new.data_ptr(),
+                              write_slots.data_ptr(), write_slots.shape[0], float(scale), out.data_ptr(),
+                              heads * d, torch.get_num_threads())
+    return out
+
+
+@register_fake("rvascend::kv_pool_attention")
+def _attention_fake(q, k_pool, v_pool, k_new, v_new, write_slots, kv_slots, kv_starts, q_starts, scale):
+    return torch.empty_like(q)
+
+
+def kv_pool_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, k_new: torch.Tensor,
+                      v_new: torch.Tensor, write_slots: torch.Tensor, kv_slots: torch.Tensor,
+                      kv_starts: torch.Tensor, q_starts: torch.Tensor, scale: float) -> torch.Tensor:
+    """[T, heads, D] attention output; k_new/v_new are written into the pools first."""
+    return torch.ops.rvascend.kv_pool_attention(q, k_pool, v_pool, k_new, v_new, write_slots, kv_slots,
+                                                kv_starts, q_starts, scale)

@@ -1,0 +1,79 @@
+"""The non-Linear kernels the policy routes, one row per kernel.
+
+A model module declares which kernels it can use (`rvv_kernels = ("kv_pool_attention",)`
+on its class); installing the policy hands such modules the model's
+`KernelRoutes`, and at every call the module asks `routes.use(kind, ...)`:
+True runs the kernel, False the module's own torch code, and either way the
+call is counted with its reason. Adding a kernel adds a row to `KERNELS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import torch
+
+from rvascend import ops
+from rvascend.policy.counters import RouteCounters
+
+ROUTES_ATTR = "_rvv_kernel_routes"
+
+
+def _bf16_cpu_inference(*tensors: torch.Tensor) -> Optional[str]:
+    for t in tensors:
+        if t.device.type != "cpu":
+            return "non_cpu"
+        if t.dtype != torch.bfloat16:
+            return "dtype"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return "grad_required"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelKind:
+    name: str
+    gate: Callable[..., Optional[str]]  # (*tensors) -> None, or why the torch path runs
+
+
+KERNELS: dict[str, KernelKind] = {k.name: k for k in (
+    KernelKind("kv_pool_attention", _bf16_cpu_inference),
+)}
+
+
+class KernelRoutes:
+    """One model's kernel routing: which kinds are on, and the counters."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.counters = RouteCounters()
+        self.attention_kernel = ops.available_attention_kernels()[0]
+
+    def use(self, kind: str, *tensors: torch.Tensor, rows: int = 0) -> bool:
+        why = KERNELS[kind].gate(*tensors) if self.enabled else "kernels_off"
+        self.counters.record(kind, "kernel" if why is None else "fallback", rows, why)
+        return why is None
+
+
+def attach(model: torch.nn.Module, routes: KernelRoutes) -> list[torch.nn.Module]:
+    """Hands `routes` to every module that declares kernels it can use; returns them."""
+    attached = []
+    for module in model.modules():
+        kinds = getattr(type(module), "rvv_kernels", ())
+        unknown = [k for k in kinds if k not in KERNELS]
+        if unknown:
+            raise ValueError(f"{type(module).__name__} declares unknown kernels {unknown}; known: {sorted(KERNELS)}")
+        if kinds:
+            module.__dict__[ROUTES_ATTR] = routes
+            attached.append(module)
+    return attached
+
+
+def detach(modules: list[torch.nn.Module]) -> None:
+    for module in modules:
+        module.__dict__.pop(ROUTES_ATTR, None)
+
+
+def routes_of(module: torch.nn.Module) -> Optional[KernelRoutes]:
+    return module.__dict__.get(ROUTES_ATTR)
