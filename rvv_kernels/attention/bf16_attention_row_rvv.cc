@@ -3,8 +3,8 @@
 // Scores: per key, K is loaded and widened once (zero-extend + shift, no BF16
 // extension needed) and shared by up to four query heads of the GQA group,
 // each accumulating q*k in its own register group; the heads' sums are
-// reduced once per key. Softmax: vector max, a vector exp (Cody-Waite range
-// reduction and a degree-6 polynomial, below), vector sum. Values: per
+// reduced once per key. Softmax: vector max, vector exp (rvv_math.h),
+// vector sum. Values: per
 // chunk of the head dimension, up to four output accumulators stay in
 // registers over all keys, one widened V load feeding every head.
 #include <riscv_vector.h>
@@ -13,32 +13,13 @@
 
 #include "rvv_kernels/attention/attention_ukernels.h"
 #include "rvv_kernels/base/rvv_lmul.h"
+#include "rvv_kernels/base/rvv_math.h"
 
 namespace rvascend {
 namespace {
 
 using V = rvv::Lmul<4>;
 constexpr size_t kHeadsPerPass = 4;
-
-// exp(x) for x <= 0 (every argument here is a score minus the row maximum),
-// relative error about 2 FP32 ulp; arguments below -87 flush to ~0.
-vfloat32m4_t ExpNonPositive(vfloat32m4_t x, size_t vl) {
-  x = __riscv_vfmax_vf_f32m4(x, -87.0f, vl);
-  const vint32m4_t n = __riscv_vfcvt_x_f_v_i32m4(__riscv_vfmul_vf_f32m4(x, 1.44269504088896341f, vl), vl);
-  const vfloat32m4_t nf = __riscv_vfcvt_f_x_v_f32m4(n, vl);
-  vfloat32m4_t r = __riscv_vfnmsac_vf_f32m4(x, 0.693359375f, nf, vl);  // ln2 split in two for exactness
-  r = __riscv_vfnmsac_vf_f32m4(r, -2.12194440e-4f, nf, vl);
-  // Taylor to degree 6 on |r| <= ln2/2 (truncation error r^7/7! < 2^-23).
-  vfloat32m4_t p = __riscv_vfmv_v_f_f32m4(1.0f / 720, vl);
-  p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(1.0f / 120, vl), vl);
-  p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(1.0f / 24, vl), vl);
-  p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(1.0f / 6, vl), vl);
-  p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(0.5f, vl), vl);
-  p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(1.0f, vl), vl);
-  p = __riscv_vfmadd_vv_f32m4(p, r, __riscv_vfmv_v_f_f32m4(1.0f, vl), vl);
-  const vint32m4_t bits = __riscv_vsll_vx_i32m4(__riscv_vadd_vx_i32m4(n, 127, vl), 23, vl);
-  return __riscv_vfmul_vv_f32m4(p, __riscv_vreinterpret_v_i32m4_f32m4(bits), vl);
-}
 
 void Scores(const float* q, size_t heads, size_t d, const uint16_t* k_pool, size_t slot_stride,
             const int64_t* slots, size_t n_keys, float* scores) {
@@ -77,7 +58,7 @@ void Softmax(float* s, size_t n) {
   vfloat32m1_t sum1 = __riscv_vfmv_v_f_f32m1(0.0f, 1);
   for (size_t j = 0; j < n;) {
     const size_t vl = V::SetVl(n - j);
-    const vfloat32m4_t e = ExpNonPositive(__riscv_vfsub_vf_f32m4(__riscv_vle32_v_f32m4(s + j, vl), m, vl), vl);
+    const vfloat32m4_t e = rvv::Exp(__riscv_vfsub_vf_f32m4(__riscv_vle32_v_f32m4(s + j, vl), m, vl), vl);
     __riscv_vse32_v_f32m4(s + j, e, vl);
     sum1 = __riscv_vfredusum_vs_f32m4_f32m1(e, sum1, vl);
     j += vl;

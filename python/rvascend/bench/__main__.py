@@ -1,4 +1,5 @@
-"""The benchmark suite (`./dev bench`, `nix run .#bench`): kernels, policy, one batch, serving.
+"""The benchmark suite (`./dev bench`, `nix run .#bench`): kernels, policy, one batch, serving,
+and (asked for by name) riscv64_step, the whole decode step counted on riscv64.
 
 Each part runs as its own process (fresh memory, fresh compile state) and
 appends jsonl records, each carrying the reproducibility manifest, under
@@ -32,6 +33,10 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
                       "--hf"] + model + (["--cpu-compile-mode=eager"] if quick else []),
         "serving": ["rvascend.bench.serving", f"--output={out}/serving.jsonl", f"--plot={out}/serving.png"]
         + model + (["--server-args=--cpu-compile-mode=eager", "--num-prompts=2"] if quick else []),
+        # Not in the default set: about 30 minutes of emulation.
+        "riscv64_step": ["rvascend.bench.riscv64_step", f"--output={out}/riscv64_step.jsonl",
+                         f"--plot={out}/riscv64_step.png"]
+        + (["--contexts=64", "--rows=1", "--modes=stock,full"] if quick else []),
     }
 
 

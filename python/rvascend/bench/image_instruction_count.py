@@ -39,8 +39,10 @@ flags.DEFINE_string("output", "bench_results/image_instruction_count.jsonl", "js
 
 SHAPES = {"qkv_proj": (3072, 2048), "o_proj": (2048, 2048), "gate_up_proj": (16384, 2048),
           "down_proj": (2048, 8192), "lm_head": (128256, 2048)}
+# Matched by prefix: the image maps versioned sonames (libtorch_cpu.so.2.6.0,
+# libstdc++.so.6.0.33, libgomp.so.1.0.0, libblas.so.3.12.0).
 LIBS = ("libtorch_cpu.so", "libc.so.6", "libm.so.6", "libgomp.so.1", "libstdc++.so.6", "_rvv_kernels.so",
-        "libblas.so.3")
+        "libblas.so.3", "libc10.so")
 
 GUEST = r'''
 import json, sys, torch
@@ -66,11 +68,16 @@ print("DONE", flush=True)
 '''
 
 
+def counted_library(path: str) -> bool:
+    base = os.path.basename(path)
+    return any(base == lib or base.startswith(lib + ".") for lib in LIBS)
+
+
 def _ranges(maps: list[tuple[str, str]]) -> list[tuple[int, int]]:
     ranges = []
     for span, path in maps:
         lo, hi = (int(x, 16) for x in span.split("-"))
-        if os.path.basename(path) in LIBS:
+        if counted_library(path):
             ranges.append((lo, hi))
     return ranges
 

@@ -22,3 +22,28 @@ def bar_plot(path: str, title: str, labels: Sequence[str], series: dict[str, Seq
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def stacked_region_plot(records: Sequence[dict], path: str, top: int = 9) -> None:
+    """One stacked bar (instructions by region) per record of riscv64_step."""
+    totals: dict[str, float] = {}
+    for r in records:
+        for name, n in r["regions"].items():
+            totals[name] = totals.get(name, 0.0) + n
+    names = sorted(totals, key=lambda k: -totals[k])[:top]
+    labels = [f"{r['mode']}\nctx {r['context']} M {r['rows']}" for r in records]
+    fig, ax = plt.subplots(figsize=(max(7, len(records) * 0.8), 5))
+    bottom = [0.0] * len(records)
+    for name in names + ["other regions"]:
+        values = [(r["regions"].get(name, 0.0) if name != "other regions" else
+                   sum(v for k, v in r["regions"].items() if k not in names)) / 1e9 for r in records]
+        ax.bar(range(len(records)), values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(len(records)), labels, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("G instructions per decode step (log)")
+    ax.set_title("Qwen3-0.6B decode step on riscv64 (QEMU, extrapolated to 28 layers)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -39,14 +39,22 @@ SHAPES = {
 }
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("shape", "qwen3-0.6b", sorted(SHAPES), "Which model's shapes.")
-flags.DEFINE_string("output", None, "Directory to write.")
-flags.DEFINE_integer("seed", 0, "Weights seed.")
 
 
-def write(shape: str, output: str, seed: int = 0) -> str:
+def _define_flags() -> None:
+    # Defined only when run as a program: benchmarks import write() and have flags of their own.
+    flags.DEFINE_enum("shape", "qwen3-0.6b", sorted(SHAPES), "Which model's shapes.")
+    flags.DEFINE_string("output", None, "Directory to write.")
+    flags.DEFINE_integer("seed", 0, "Weights seed.")
+    flags.DEFINE_integer("layers", None, "Override the shape's number of layers.")
+
+
+def write(shape: str, output: str, seed: int = 0, layers: int | None = None) -> str:
+    """A checkpoint of `shape` with random weights; `layers` overrides its depth."""
     os.makedirs(output, exist_ok=True)
     config = dict(SHAPES[shape], torch_dtype="bfloat16")
+    if layers is not None:
+        config["num_hidden_layers"] = layers
     with open(os.path.join(output, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
     default = ensure_default_model()
@@ -61,9 +69,10 @@ def main(argv: list[str]) -> int:
     if not FLAGS.output:
         logging.error("--output is required")
         return 2
-    logging.info("wrote %s", write(FLAGS.shape, FLAGS.output, FLAGS.seed))
+    logging.info("wrote %s", write(FLAGS.shape, FLAGS.output, FLAGS.seed, FLAGS.layers))
     return 0
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))

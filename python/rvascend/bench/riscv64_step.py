@@ -1,0 +1,266 @@
+"""Every instruction of a decode step on riscv64, by region and library, and a K1 projection.
+
+  ./dev bench --parts=riscv64_step
+  bazel run //tests/riscv64_image:step_profile -- --vlens=256
+
+Inside the riscv64 image (Debian 13: python3.13, torch 2.6 with scalar ATen)
+under QEMU with a counting TCG plugin (qemu_count_plugin.cc), one thread,
+deterministic: the project's own model and engine on a Qwen3-0.6B-shaped
+checkpoint with random BF16 weights and 1 and 2 layers (so per-layer and
+fixed costs separate and extrapolate to 28 layers), decode steps at context
+64 and 512 with M = 1 and 4 sequences, in three modes: stock (no policy),
+linear (the policy with packed Linears only, as before the kernels beyond
+Linear existed) and full (the policy as --enable-cpu-rvv-inductor installs
+it). All code is counted: the interpreter, libtorch, libc, our extension.
+Output: a table per step (instructions by region, share outside the Linears,
+projected K1 tok/s at 1 and 8 threads), jsonl records with the manifest, and
+a stacked-bar plot per region.
+
+QEMU: Debian 12's qemu-user 7.2 (the pinned QEMU 10 is a static build and
+cannot load plugins). 7.2 has no Zvfbf* (the shift-widening kernels run, as
+on the K1) and no riscv_hwprobe (glibc takes its generic memcpy).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+from absl import app, flags, logging
+
+from rvascend.bench import k1_model
+from rvascend.bench.results import print_table, write_jsonl
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("qemu", "/usr/bin/qemu-riscv64", "A qemu-riscv64 that loads TCG plugins (Debian 12's 7.2).")
+flags.DEFINE_string("image", None, "riscv64 image root (default: .deps/riscv64_image).")
+flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image (default: built with Bazel).")
+flags.DEFINE_string("plugin", None, "qemu_count_plugin .so (default: built with Bazel).")
+flags.DEFINE_string("package", None, "Directory holding the rvascend package (default: this source tree).")
+flags.DEFINE_list("vlens", ["256"], "VLENs of the emulated CPU.")
+flags.DEFINE_list("layers", ["1", "2"], "Model depths to run (two, to separate per-layer and fixed costs).")
+flags.DEFINE_list("modes", ["stock", "linear", "full"], "stock: no policy; linear: packed Linears only; "
+                  "full: the policy as --enable-cpu-rvv-inductor installs it.")
+flags.DEFINE_list("contexts", ["64", "512"], "Context lengths of the decode step.")
+flags.DEFINE_list("rows", ["1", "4"], "Sequences decoding together (M).")
+flags.DEFINE_integer("target_layers", 28, "Layers to extrapolate to (Qwen3-0.6B: 28).")
+flags.DEFINE_string("output", "bench_results/riscv64_step.jsonl", "jsonl file to append to.")
+flags.DEFINE_string("plot", "bench_results/riscv64_step.png", "PNG plot (empty: none).")
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+_MODE_ARG = {"stock": "off", "linear": "linear", "full": "full"}
+LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+# Library of a mapped file, by name prefix (the image maps versioned sonames).
+LIBRARY_PREFIXES = (("libtorch_cpu", "libtorch_cpu"), ("libtorch_python", "libtorch_python"),
+                    ("libc10", "libc10"), ("libc.so", "libc"), ("libm.so", "libm"),
+                    ("libstdc++", "libstdc++"), ("libgomp", "libgomp"), ("libblas", "libblas"),
+                    ("libopenblas", "libblas"), ("_rvv_kernels", "rvascend kernels"),
+                    ("python3", "python"), ("libpython3", "python"), ("ld-linux", "ld.so"))
+
+
+def library_of(path: str) -> str:
+    base = os.path.basename(path)
+    for prefix, name in LIBRARY_PREFIXES:
+        if base.startswith(prefix):
+            return name
+    return "python extensions" if base.endswith(".so") or ".cpython-" in base else "other"
+
+
+def _bazel_outputs() -> tuple[str, str]:
+    targets = ["//python:rvv_kernels_extension_riscv64_image", "//python:qemu_count_plugin.so"]
+    logging.info("building %s", " ".join(targets))
+    subprocess.run(["bazel", "build", *targets], cwd=_REPO, check=True)
+    bin_dir = subprocess.run(["bazel", "info", "bazel-bin"], cwd=_REPO, check=True, capture_output=True,
+                             text=True).stdout.strip()
+    return (os.path.join(bin_dir, "python", "rvv_kernels_extension_riscv64_image", "_rvv_kernels.so"),
+            os.path.join(bin_dir, "python", "qemu_count_plugin.so"))
+
+
+def _check_qemu(qemu: str) -> str:
+    version = subprocess.run([qemu, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    if not re.search(r"version [0-9]", version):
+        raise RuntimeError(f"{qemu} did not report a version")
+    return version
+
+
+def _read_intervals(path: str) -> dict[int, dict[int, tuple[int, int]]]:
+    intervals: dict[int, dict[int, tuple[int, int]]] = {}
+    current: dict[int, tuple[int, int]] = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("I "):
+                current = intervals.setdefault(int(line[2:]), {})
+            else:
+                page, n, v = line.split()
+                current[int(page, 16)] = (int(n), int(v))
+    return intervals
+
+
+def _page_libraries(maps: list[tuple[str, str]]) -> list[tuple[int, int, str]]:
+    spans = []
+    for span, path in maps:
+        lo, hi = (int(x, 16) >> 12 for x in span.split("-"))
+        spans.append((lo, hi, library_of(path)))
+    return sorted(spans)
+
+
+def _library(page: int, spans: list[tuple[int, int, str]]) -> str:
+    for lo, hi, name in spans:
+        if lo <= page < hi:
+            return name
+    return "other"
+
+
+def _sum(intervals, ids, spans) -> tuple[int, int, dict[str, int]]:
+    total = vector = 0
+    libs: dict[str, int] = collections.Counter()
+    for i in ids:
+        for page, (n, v) in intervals.get(i, {}).items():
+            total += n
+            vector += v
+            libs[_library(page, spans)] += n
+    return total, vector, dict(libs)
+
+
+def run_guest(qemu: str, image: str, stage: str, plugin: str, checkpoint: str, mode: str,
+              configs: list[tuple[int, int]], vlen: int, tmp: str) -> list[dict[str, Any]]:
+    """One guest process: every (context, rows) config of one model and mode."""
+    out = os.path.join(tmp, f"counts-{mode}-{os.path.basename(checkpoint)}-{vlen}.txt")
+    cpu = f"rv64,v=true,vext_spec=v1.0,vlen={vlen}"
+    args = json.dumps({"checkpoint": checkpoint, "mode": _MODE_ARG[mode], "configs": configs})
+    cmd = [qemu, "-plugin", f"{plugin},out={out}", "-L", image, "-cpu", cpu, f"{image}/usr/bin/python3.13", "-B",
+           os.path.join(stage, "rvascend", "bench", "riscv64_step_guest.py"), args]
+    env = dict(os.environ, PYTHONPATH=stage, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"guest failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    logging.info("  %s, %s: %.0f s under QEMU", mode, os.path.basename(checkpoint), time.monotonic() - start)
+    lines = proc.stdout.splitlines()
+    maps = json.loads(next(line for line in lines if line.startswith("MAPS "))[5:])
+    spans = _page_libraries(maps)
+    intervals = _read_intervals(out)
+    steps = []
+    for line in lines:
+        if not line.startswith("STEP "):
+            continue
+        step = json.loads(line[5:])
+        total, vector, libs = _sum(intervals, [step["total_interval"]], spans)
+        regions: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+        region_libs: dict[str, dict[str, int]] = collections.defaultdict(collections.Counter)
+        first, last = step["marked_first_interval"], step["marked_last_interval"]
+        for i, name in zip(range(first, last + 1), step["regions"]):
+            n, v, by_lib = _sum(intervals, [i], spans)
+            regions[name][0] += n
+            regions[name][1] += v
+            for lib, c in by_lib.items():
+                region_libs[name][lib] += c
+        marked = sum(n for n, _ in regions.values())
+        steps.append({"context": step["context"], "rows": step["rows"], "mode": mode, "total": total,
+                      "vector": vector, "libraries": libs, "regions": {k: tuple(v) for k, v in regions.items()},
+                      "region_libraries": {k: dict(v) for k, v in region_libs.items()},
+                      "marker_overhead": marked - total})
+    return steps
+
+
+def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int) -> dict[str, Any]:
+    """fixed + layers * per_layer from the 1- and 2-layer runs (per region, per library)."""
+    def ext(a: float, b: float) -> float:
+        return (a - (b - a)) + layers * (b - a)
+
+    regions = {}
+    for name in set(one["regions"]) | set(two["regions"]):
+        a, b = one["regions"].get(name, (0, 0)), two["regions"].get(name, (0, 0))
+        regions[name] = (ext(a[0], b[0]), ext(a[1], b[1]))
+    libs = {k: ext(one["libraries"].get(k, 0), two["libraries"].get(k, 0))
+            for k in set(one["libraries"]) | set(two["libraries"])}
+    return {"total": ext(one["total"], two["total"]), "vector": ext(one["vector"], two["vector"]),
+            "regions": regions, "libraries": libs,
+            "marker_overhead": ext(one["marker_overhead"], two["marker_overhead"])}
+
+
+def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: int, layers: int,
+            threads: int) -> float:
+    """K1 tok/s. Regions are scaled so they add up to the unmarked total (the markers' own cost removed
+    in proportion)."""
+    marked = sum(n for n, _ in step["regions"].values())
+    scale = step["total"] / marked if marked else 1.0
+    regions = [k1_model.Region(name, n * scale, v * scale,
+                               k1_model.unavoidable_bytes(name, config, context * rows, layers))
+               for name, (n, v) in step["regions"].items()]
+    return k1_model.tokens_per_second(regions, rows, threads)
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    from rvascend.engine import random_checkpoint
+    from rvascend.repro import manifest
+
+    image = FLAGS.image or os.path.join(_REPO, ".deps", "riscv64_image")
+    extension, plugin = FLAGS.extension, FLAGS.plugin
+    if extension is None or plugin is None:
+        built_ext, built_plugin = _bazel_outputs()
+        extension, plugin = extension or built_ext, plugin or built_plugin
+    qemu_version = _check_qemu(FLAGS.qemu)
+    logging.info("QEMU: %s", qemu_version)
+    layers = [int(x) for x in FLAGS.layers]
+    configs = [(int(c), int(m)) for c in FLAGS.contexts for m in FLAGS.rows]
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        stage = os.path.join(tmp, "stage")
+        shutil.copytree(os.path.join(FLAGS.package or os.path.join(_REPO, "python"), "rvascend"),
+                        os.path.join(stage, "rvascend"), ignore=shutil.ignore_patterns("*.so", "_native", "__pycache__"))
+        shutil.copy(extension, os.path.join(stage, "rvascend", "ops", "_rvv_kernels.so"))
+        checkpoints = {n: random_checkpoint.write("qwen3-0.6b", os.path.join(tmp, f"qwen3-{n}l"), layers=n)
+                       for n in layers}
+        with open(os.path.join(checkpoints[layers[0]], "config.json")) as f:
+            config = json.load(f)
+        for vlen in (int(v) for v in FLAGS.vlens):
+            measured: dict[tuple[str, int], list[dict[str, Any]]] = {}
+            for mode in FLAGS.modes:
+                for n in layers:
+                    logging.info("VLEN %d, %s, %d layer(s): %d steps", vlen, mode, n, len(configs))
+                    measured[(mode, n)] = run_guest(FLAGS.qemu, image, stage, plugin, checkpoints[n], mode, configs,
+                                                    vlen, tmp)
+            for mode in FLAGS.modes:
+                for i, (context, rows) in enumerate(configs):
+                    runs = [measured[(mode, n)][i] for n in layers]
+                    step = extrapolate(runs[0], runs[1], FLAGS.target_layers) if len(runs) == 2 else runs[0]
+                    target = FLAGS.target_layers if len(runs) == 2 else layers[0]
+                    linear = sum(step["regions"].get(p, (0, 0))[0] for p in LINEARS)
+                    marked = sum(n for n, _ in step["regions"].values())
+                    records.append({
+                        "bench": "riscv64_step", "vlen": vlen, "mode": mode, "context": context, "rows": rows,
+                        "layers": target, "instructions": step["total"], "vector_instructions": step["vector"],
+                        "regions": {k: v[0] for k, v in sorted(step["regions"].items())},
+                        "libraries": dict(sorted(step["libraries"].items())),
+                        "marker_overhead": step["marker_overhead"],
+                        "share_outside_linears": 1 - linear / marked if marked else 0.0,
+                        "k1_tok_s_1_thread": project(step, config, context, rows, target, 1),
+                        "k1_tok_s_8_threads": project(step, config, context, rows, target, k1_model.CORES),
+                        "measured_layers": layers})
+    print_table(records, [("vlen", "VLEN", "d"), ("mode", "mode", "s"), ("context", "ctx", "d"), ("rows", "M", "d"),
+                          ("instructions", "insns/step", ",.0f"), ("share_outside_linears", "outside Linear", ".1%"),
+                          ("k1_tok_s_1_thread", "K1 tok/s 1T", ".2f"), ("k1_tok_s_8_threads", "K1 tok/s 8T", ".2f")])
+    for r in records:
+        top = sorted(r["regions"].items(), key=lambda kv: -kv[1])[:8]
+        print(f"VLEN {r['vlen']} {r['mode']:6s} ctx {r['context']:4d} M {r['rows']}: " +
+              ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in top))
+    write_jsonl(FLAGS.output, records, manifest.capture(
+        qemu_cpu=f"{qemu_version}: -cpu rv64,v=true,vext_spec=v1.0,vlen={'|'.join(FLAGS.vlens)}"))
+    if FLAGS.plot:
+        from rvascend.bench.plots import stacked_region_plot
+        stacked_region_plot(records, FLAGS.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))

@@ -1,0 +1,169 @@
+"""Runs inside the riscv64 image (its python3.13 + torch 2.6) under QEMU for riscv64_step.py.
+
+Builds the project's own model and engine on a checkpoint, sets up M running
+sequences at context C without a prefill (their KV pool slots are filled with
+random values: counts do not depend on them), and runs decode steps between
+calls of the extension's count marker, which the TCG plugin turns into
+intervals. For each configuration: a warm-up step, one step marked only at
+its ends (the total), and one step with a marker at every region boundary
+(the breakdown; its extra cost, the markers themselves, is total_marked -
+total). Prints one JSON line per measured step ("STEP {...}") and the guest's
+executable mappings at the end ("MAPS [...]").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+import torch
+
+torch.set_num_threads(1)
+
+from rvascend.engine import Engine, EngineConfig, SamplingParams, sampler  # noqa: E402
+from rvascend.engine.sequence import Sequence, Status  # noqa: E402
+from rvascend.models import decoder  # noqa: E402
+from rvascend.models.loader import load_model  # noqa: E402
+from rvascend.ops.packed_linear import _native  # noqa: E402
+from rvascend.policy import RvvPolicyConfig, install_rvv_policy  # noqa: E402
+
+_marks = 0
+
+
+def mark() -> int:
+    global _marks
+    _native.count_marker(_marks)
+    _marks += 1
+    return _marks - 1
+
+
+class Regions:
+    """A marker at every region entry and exit; names[i] is the region of the
+    interval that starts at this step's i-th marker (the innermost open one)."""
+
+    def __init__(self) -> None:
+        self.stack = ["engine"]
+        self.names: list[str] = []
+        self.active = False
+
+    def enter(self, name: str) -> None:
+        if self.active:
+            mark()
+            self.stack.append(name)
+            self.names.append(name)
+
+    def exit(self) -> None:
+        if self.active:
+            mark()
+            self.stack.pop()
+            self.names.append(self.stack[-1])
+
+    def wrap(self, fn, name):
+        def wrapped(*a, **k):
+            self.enter(name)
+            try:
+                return fn(*a, **k)
+            finally:
+                self.exit()
+        return wrapped
+
+    def hook(self, module: torch.nn.Module, name: str) -> None:
+        module.register_forward_pre_hook(lambda m, a: self.enter(name))
+        module.register_forward_hook(lambda m, a, o: self.exit())
+
+
+def instrument(model: torch.nn.Module, regions: Regions) -> None:
+    for layer in model.model.layers:
+        regions.hook(layer, "residual")
+        regions.hook(layer.input_layernorm, "rms_norm")
+        regions.hook(layer.post_attention_layernorm, "rms_norm")
+        attn = layer.self_attn
+        regions.hook(attn, "attention")
+        regions.hook(attn.qkv_proj, "qkv_proj")
+        regions.hook(attn.o_proj, "o_proj")
+        for norm in (attn.q_norm, attn.k_norm):
+            if norm is not None:
+                regions.hook(norm, "qk_norm")
+        regions.hook(layer.mlp, "mlp_glue")
+        regions.hook(layer.mlp.gate_up_proj, "gate_up_proj")
+        regions.hook(layer.mlp.down_proj, "down_proj")
+    regions.hook(model.model.embed_tokens, "embedding")
+    regions.hook(model.model.norm, "rms_norm")
+    regions.hook(model.rotary, "rotary")
+    regions.hook(model, "model_glue")
+    decoder.apply_rotary = regions.wrap(decoder.apply_rotary, "rotary")
+    decoder.projection_linear = regions.wrap(decoder.projection_linear, "lm_head")
+    decoder.silu_and_mul = regions.wrap(decoder.silu_and_mul, "silu_mul")
+    sampler.sample = regions.wrap(sampler.sample, "sampling")
+
+
+def decode_ready(engine: Engine, context: int, rows: int, vocab: int) -> list[Sequence]:
+    """`rows` running sequences whose next step is the decode of token `context`."""
+    gen = torch.Generator().manual_seed(0)
+    seqs = []
+    for _ in range(rows):
+        ids = torch.randint(0, vocab, (context,), generator=gen).tolist()
+        seq = Sequence(ids[:-1], SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))
+        seq.output_ids = [ids[-1]]
+        seq.status = Status.RUNNING
+        seq.slots = [engine._free_slots.pop() for _ in range(context - 1)]
+        engine._reserved += seq.reserved
+        engine._running.append(seq)
+        seqs.append(seq)
+    return seqs
+
+
+def rewind(engine: Engine, seqs: list[Sequence]) -> None:
+    """Undoes one decode step, so every measured step runs at the same context."""
+    for seq in seqs:
+        seq.output_ids.pop()
+        engine._free_slots.append(seq.slots.pop())
+        seq.token_times.pop()
+        seq.finish_reason = None
+        seq.status = Status.RUNNING
+        if seq not in engine._running:
+            engine._running.append(seq)
+
+
+def main() -> int:
+    args = json.loads(sys.argv[1])
+    model = load_model(args["checkpoint"], torch.bfloat16)
+    mode = args["mode"]  # off | linear | full
+    if mode != "off":
+        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", kernels=(mode == "full"),
+                                                  memory_budget_mib=1 << 20))
+    regions = Regions()
+    instrument(model, regions)
+    vocab = model.config.vocab_size
+    for context, rows in args["configs"]:
+        engine = Engine(model, None, EngineConfig(max_running_requests=rows, max_total_tokens=rows * (context + 4),
+                                                  max_queued_requests=rows + 1, context_length=context + 4))
+        with torch.no_grad():
+            for k, v in zip(engine.pool.k, engine.pool.v):
+                k.normal_()
+                v.normal_()
+        seqs = decode_ready(engine, context, rows, vocab)
+        engine.step()  # warm-up: first-call work, allocator growth
+        rewind(engine, seqs)
+        first = mark()
+        engine.step()
+        mark()
+        rewind(engine, seqs)
+        regions.names, regions.active = [], True
+        start = mark()
+        engine.step()
+        regions.active = False
+        end = mark()
+        rewind(engine, seqs)
+        print("STEP " + json.dumps({"context": context, "rows": rows, "mode": mode, "total_interval": first + 1,
+                                    "marked_first_interval": start + 1, "marked_last_interval": end,
+                                    "regions": ["engine"] + regions.names}), flush=True)
+    maps = [line.split() for line in open("/proc/self/maps") if "r-xp" in line]
+    print("MAPS " + json.dumps([(m[0], m[5]) for m in maps if len(m) > 5]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())

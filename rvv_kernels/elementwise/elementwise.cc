@@ -1,0 +1,80 @@
+#include "rvv_kernels/elementwise/elementwise.h"
+
+#include <stdexcept>
+
+#include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/base/thread_pool.h"
+
+namespace rvascend {
+namespace {
+
+struct Entry {
+  const ElementwiseKernels* kernels;
+  bool (*supported)(const CpuFeatures&);
+};
+
+// Best first.
+const Entry kEntries[] = {
+#if defined(RVASCEND_HAVE_RVV)
+    {&kElementwiseRvv, [](const CpuFeatures& f) { return f.rvv; }},
+#endif
+    {&kElementwisePortable, [](const CpuFeatures&) { return true; }},
+};
+
+constexpr size_t kMaxRopeDim = 1024;
+
+void Require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+
+}  // namespace
+
+const ElementwiseKernels& ChooseElementwiseKernels(const std::string& name) {
+  for (const Entry& e : kEntries) {
+    if ((name.empty() || name == e.kernels->name) && e.supported(GetCpuFeatures())) return *e.kernels;
+  }
+  throw std::invalid_argument("elementwise kernels '" + name + "' are not available on this CPU/build");
+}
+
+std::vector<std::string> AvailableElementwiseKernels() {
+  std::vector<std::string> names;
+  for (const Entry& e : kEntries) {
+    if (e.supported(GetCpuFeatures())) names.emplace_back(e.kernels->name);
+  }
+  return names;
+}
+
+void RmsNormRows(const ElementwiseKernels& k, size_t rows, size_t d, const uint16_t* x, size_t x_stride,
+                 const uint16_t* residual, size_t residual_stride, const uint16_t* weight, float eps, uint16_t* out,
+                 uint16_t* residual_out, size_t num_threads) {
+  Require(d > 0, "rms_norm: the row length must be positive");
+  ThreadPool::Global().ParallelFor(rows, num_threads, [&](size_t r) {
+    k.rms_norm(x + r * x_stride, residual ? residual + r * residual_stride : nullptr, weight, d, eps, out + r * d,
+               residual ? residual_out + r * d : nullptr);
+  });
+}
+
+void SiluMulRows(const ElementwiseKernels& k, size_t rows, size_t d, const uint16_t* x, size_t x_stride,
+                 uint16_t* out, size_t num_threads) {
+  Require(d > 0, "silu_mul: the row length must be positive");
+  ThreadPool::Global().ParallelFor(rows, num_threads,
+                                   [&](size_t r) { k.silu_mul(x + r * x_stride, d, out + r * d); });
+}
+
+void RopeRows(const ElementwiseKernels& k, size_t tokens, size_t heads, size_t d, const uint16_t* x, size_t x_stride,
+              const uint16_t* norm_weight, float eps, const uint16_t* cos, const uint16_t* sin, uint16_t* out,
+              size_t num_threads) {
+  Require(d > 0 && d % 2 == 0 && d <= kMaxRopeDim,
+          "rope: head_dim must be even and at most " + std::to_string(kMaxRopeDim) + ", got " + std::to_string(d));
+  ThreadPool::Global().ParallelFor(tokens, num_threads, [&](size_t t) {
+    k.rope(x + t * x_stride, heads, d, norm_weight, eps, cos + t * d, sin + t * d, out + t * heads * d);
+  });
+}
+
+void ArgmaxRows(const ElementwiseKernels& k, size_t rows, size_t n, const uint16_t* x, size_t x_stride, int64_t* out,
+                size_t num_threads) {
+  Require(n > 0, "argmax: rows must not be empty");
+  ThreadPool::Global().ParallelFor(rows, num_threads, [&](size_t r) { out[r] = k.argmax(x + r * x_stride, n); });
+}
+
+}  // namespace rvascend

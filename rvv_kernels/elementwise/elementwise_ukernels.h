@@ -1,0 +1,37 @@
+// Row microkernels of the per-layer elementwise work, BF16 in and out, FP32
+// inside, with the same intermediate BF16 roundings as the torch code they
+// replace (so a routed model gives the tokens the torch path gives):
+//
+// rms_norm:  h = bf16(x + residual) (or x), t = bf16(h * rsqrt(mean(h^2) + eps)),
+//            out = bf16(weight * t); residual_out = h when a residual is given.
+// silu_mul:  out = bf16(bf16(silu(gate)) * up) for a row [gate | up] of 2d.
+// rope:      per head of d (rotate-half RoPE), after an optional per-head RMSNorm
+//            as above: out = bf16(bf16(x * cos) + bf16(rot(x) * sin)),
+//            rot(x) = [-x[d/2:], x[:d/2]].
+// argmax:    the index of the largest value of a row (first on ties), -1 if any
+//            value is NaN.
+#ifndef RVV_KERNELS_ELEMENTWISE_ELEMENTWISE_UKERNELS_H_
+#define RVV_KERNELS_ELEMENTWISE_ELEMENTWISE_UKERNELS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rvascend {
+
+struct ElementwiseKernels {
+  const char* name;
+  void (*rms_norm)(const uint16_t* x, const uint16_t* residual, const uint16_t* weight, size_t d, float eps,
+                   uint16_t* out, uint16_t* residual_out);
+  void (*silu_mul)(const uint16_t* gate_up, size_t d, uint16_t* out);
+  // One token: `heads` rows of d at x (rows d apart), cos/sin rows of d.
+  void (*rope)(const uint16_t* x, size_t heads, size_t d, const uint16_t* norm_weight, float eps,
+               const uint16_t* cos, const uint16_t* sin, uint16_t* out);
+  int64_t (*argmax)(const uint16_t* row, size_t n);
+};
+
+extern const ElementwiseKernels kElementwisePortable;
+extern const ElementwiseKernels kElementwiseRvv;
+
+}  // namespace rvascend
+
+#endif  // RVV_KERNELS_ELEMENTWISE_ELEMENTWISE_UKERNELS_H_
