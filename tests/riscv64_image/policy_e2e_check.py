@@ -1,5 +1,7 @@
-"""Inside the riscv64 image: a small Llama-architecture model generates the same
-greedy tokens with the RVV policy on and off, and the packed kernels ran.
+"""Inside the riscv64 image: small Llama- and Qwen3-architecture models generate
+the same greedy tokens with the RVV policy on and off, and every RVV kernel ran
+(packed Linears, pool attention, RMSNorm with the residual add, q/k norm +
+RoPE, SiLU*mul, argmax) with no fallback.
 
 Runs with the image's python3.13 and torch 2.6 (no tokenizers there: token ids
 in, token ids out). The checkpoint is written here with random weights.
@@ -18,18 +20,21 @@ from rvascend.engine.default_model import random_weights
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
 
-CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermediate_size": 1024,
-          "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
-          "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 256,
-          "tie_word_embeddings": True, "eos_token_id": 1}
+LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermediate_size": 1024,
+         "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+         "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 256,
+         "tie_word_embeddings": True, "eos_token_id": 1}
+QWEN3 = dict(LLAMA, architectures=["Qwen3ForCausalLM"], num_hidden_layers=2, rope_theta=1000000.0)
+KERNELS = ("kv_pool_attention", "rope", "silu_mul", "add_rms_norm", "argmax")
 
 
-def main() -> int:
+def check(name: str, config: dict) -> bool:
     path = tempfile.mkdtemp()
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(CONFIG, f)
-    save_file(random_weights(CONFIG, seed=0), os.path.join(path, "model.safetensors"))
-    prompt = [int(t) for t in torch.randint(0, 1024, (8,), generator=torch.Generator().manual_seed(0))]
+        json.dump(config, f)
+    save_file(random_weights(config, seed=0), os.path.join(path, "model.safetensors"))
+    prompts = [[int(t) for t in torch.randint(0, 1024, (n,), generator=torch.Generator().manual_seed(n))]
+               for n in (8, 5)]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     tokens = {}
     for mode in ("off", "on"):
@@ -37,16 +42,24 @@ def main() -> int:
         if mode == "on":
             install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
         engine = Engine(model, None, EngineConfig(max_total_tokens=64))
-        tokens[mode] = engine.generate([prompt], params)[0].output_ids
+        tokens[mode] = [s.output_ids for s in engine.generate(prompts, params)]  # two sequences: M = 2
         if mode == "on":
-            packed = get_policy(model).counters.calls(route="packed")
-    print("policy off:", tokens["off"])
-    print("policy on: ", tokens["on"], f"({packed} packed-kernel calls)")
-    if tokens["on"] != tokens["off"] or packed == 0:
-        print("FAILED: greedy tokens differ or the packed kernels never ran")
-        return 1
-    print("1 passed, 0 failed")
-    return 0
+            policy = get_policy(model)
+            packed = policy.counters.calls(route="packed")
+            kernels = {k: policy.kernels.counters.calls(k, "kernel") for k in KERNELS}
+            fallbacks = policy.kernels.counters.calls(route="fallback")
+    print(f"{name}: policy off: {tokens['off']}")
+    print(f"{name}: policy on:  {tokens['on']} ({packed} packed calls, kernels {kernels}, {fallbacks} fallbacks)")
+    ok = tokens["on"] == tokens["off"] and packed > 0 and all(kernels.values()) and fallbacks == 0
+    if not ok:
+        print(f"FAILED {name}: greedy tokens differ, or a kernel never ran, or one fell back")
+    return ok
+
+
+def main() -> int:
+    results = [check("llama", LLAMA), check("qwen3", QWEN3)]
+    print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
+    return 0 if all(results) else 1
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ from typing import Callable, Optional
 import torch
 from absl import logging
 
+from rvascend import ops
 from rvascend.engine import sampler
 from rvascend.engine.detokenizer import IncrementalDetokenizer
 from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
+from rvascend.policy.kernel_routes import routes_of
 
 
 class RequestError(ValueError):
@@ -230,9 +232,15 @@ class Engine:
             logits = self.model(batch, self.pool)
         now = time.perf_counter()
         eos = tuple(self.eos_ids)
-        for seq, row in zip(seqs, logits):
+        fast = self._greedy_tokens(seqs, logits)
+        for i, (seq, row) in enumerate(zip(seqs, logits)):
             try:
-                sampled = sampler.sample(row, seq.params, seq.generator, seq.prompt_ids, seq.output_ids, eos)
+                if fast is not None:
+                    if fast[i] < 0:
+                        raise sampler.SamplingError("the model produced NaN logits for this sequence")
+                    sampled = sampler.Sampled(fast[i])
+                else:
+                    sampled = sampler.sample(row, seq.params, seq.generator, seq.prompt_ids, seq.output_ids, eos)
             except sampler.SamplingError as e:
                 with self._lock:
                     self._running.remove(seq)
@@ -250,6 +258,15 @@ class Engine:
                     if seq in self._running:
                         self._running.remove(seq)
                     self._release(seq)
+
+    def _greedy_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> Optional[list[int]]:
+        """Every row's argmax in one kernel call when all rows are plain greedy and routed, else None."""
+        routes = routes_of(self.model)
+        if routes is None or not all(sampler.plain_greedy(s.params, len(s.output_ids)) for s in seqs):
+            return None
+        if not routes.use("argmax", logits, rows=len(seqs)):
+            return None
+        return ops.elementwise.argmax(logits).tolist()
 
     def _emit(self, seq: Sequence, sampled: sampler.Sampled) -> None:
         params = seq.params

@@ -83,7 +83,12 @@ def test_bf16_logits_match_transformers(checkpoint, policy):
     if policy:
         assert get_policy(model).counters.calls(route="packed") > 0
         kernels = get_policy(model).kernels.counters
-        assert kernels.calls("kv_pool_attention", "kernel") == model.config.num_hidden_layers
+        layers = model.config.num_hidden_layers
+        assert kernels.calls("kv_pool_attention", "kernel") == layers
+        assert kernels.calls("rope", "kernel") == layers
+        assert kernels.calls("silu_mul", "kernel") == layers
+        # First layer's input norm has no residual yet; every other norm fuses the add.
+        assert kernels.calls("rms_norm", "kernel") == 1 and kernels.calls("add_rms_norm", "kernel") == 2 * layers
         assert kernels.calls(route="fallback") == 0
 
 

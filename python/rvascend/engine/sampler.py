@@ -71,6 +71,14 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[tor
     return result
 
 
+def plain_greedy(params: SamplingParams, outputs_so_far: int) -> bool:
+    """True when the next token is just the argmax of the raw logits (no bias,
+    penalty, masking or log-probabilities to compute)."""
+    return (params.greedy and params.logprobs is None and not params.logit_bias
+            and params.repetition_penalty == 1.0 and not params.frequency_penalty
+            and not params.presence_penalty and outputs_so_far >= params.min_tokens)
+
+
 def _draw(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator]) -> int:
     # Shifted so the best logit is 0: exp() of it is 1, so the weights sum to
     # at least 1 whatever the temperature (no overflow, no 0/0).

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rvascend.models.config import ModelConfig
-from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, apply_rotary, maybe_norm, silu_and_mul
+from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, SiluAndMul, apply_rotary, maybe_norm
 from rvascend import ops
 from rvascend.policy import projection_linear
 from rvascend.policy.kernel_routes import routes_of
@@ -61,7 +61,7 @@ class KVPool:
 
 
 class Attention(nn.Module):
-    rvv_kernels = ("kv_pool_attention",)
+    rvv_kernels = ("kv_pool_attention", "rope")
 
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -80,11 +80,21 @@ class Attention(nn.Module):
         t = h.shape[0]
         q, k, v = self.qkv_proj(h).split(
             [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
-        q = maybe_norm(self.q_norm, q.reshape(t, self.heads, self.head_dim))
-        k = maybe_norm(self.k_norm, k.reshape(t, self.kv_heads, self.head_dim))
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        k_cache, v_cache = pool.k[self.layer], pool.v[self.layer]
         routes = routes_of(self)
+        if routes is not None and routes.use("rope", q, cos, rows=t):
+            # q/k RMSNorm (Qwen3) and RoPE in one pass, read from the qkv row in place.
+            for norm in (self.q_norm, self.k_norm):
+                if norm is not None and norm.weight.dtype != torch.bfloat16:
+                    raise TypeError(f"q/k norm weight must be bfloat16 with BF16 activations, got {norm.weight.dtype}")
+            q = ops.elementwise.rope(q, self.heads, self.q_norm.weight if self.q_norm else None,
+                                     self.q_norm.eps if self.q_norm else 0.0, cos, sin)
+            k = ops.elementwise.rope(k, self.kv_heads, self.k_norm.weight if self.k_norm else None,
+                                     self.k_norm.eps if self.k_norm else 0.0, cos, sin)
+        else:
+            q = maybe_norm(self.q_norm, q.reshape(t, self.heads, self.head_dim))
+            k = maybe_norm(self.k_norm, k.reshape(t, self.kv_heads, self.head_dim))
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        k_cache, v_cache = pool.k[self.layer], pool.v[self.layer]
         if routes is not None and routes.use("kv_pool_attention", q, k, v, k_cache, rows=t):
             kv_slots, kv_starts, q_starts = batch.flat_index()
             out = ops.kv_pool_attention(q, k_cache, v_cache, k, v.reshape(t, self.kv_heads, self.head_dim),
@@ -120,9 +130,10 @@ class MLP(nn.Module):
         self.gate_up_proj = FusedLinear(config.hidden_size, {
             "gate": config.intermediate_size, "up": config.intermediate_size}, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act = SiluAndMul()
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(h)))
+        return self.down_proj(self.act(self.gate_up_proj(h)))
 
 
 class DecoderLayer(nn.Module):
@@ -133,9 +144,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, h, cos, sin, batch, pool):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, pool)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h, residual, cos, sin, batch, pool):
+        """(output, residual stream): the residual add is fused into the next norm."""
+        x, residual = self.input_layernorm.add_forward(h, residual)
+        h = self.self_attn(x, cos, sin, batch, pool)
+        x, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(x), residual
 
 
 class DecoderModel(nn.Module):
@@ -149,6 +163,8 @@ class DecoderModel(nn.Module):
 class CausalLM(nn.Module):
     """Llama / Qwen2 / Qwen3 for causal LM; `forward` returns the logits of the
     last new token of every sequence in the batch ([batch, vocab])."""
+
+    rvv_kernels = ("argmax",)  # used by the engine's greedy sampling
 
     # checkpoint name -> (fused module attribute, shard)
     STACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -167,9 +183,10 @@ class CausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, pool: KVPool, all_logits: bool = False) -> torch.Tensor:
         h = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.rotary(batch.positions, h.dtype)
+        residual = None
         for layer in self.model.layers:
-            h = layer(h, cos, sin, batch, pool)
-        h = self.model.norm(h)
+            h, residual = layer(h, residual, cos, sin, batch, pool)
+        h, _ = self.model.norm.add_forward(h, residual)
         if not all_logits:
             last = torch.tensor(batch.new_lens).cumsum(0) - 1
             h = h[last]

@@ -10,20 +10,39 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rvascend import ops
 from rvascend.models.config import ModelConfig
+from rvascend.policy.kernel_routes import routes_of
 
 
 class RMSNorm(nn.Module):
+    rvv_kernels = ("rms_norm", "add_rms_norm")
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        routes = routes_of(self)
+        if routes is not None and routes.use("rms_norm", x, self.weight, rows=x.numel() // x.shape[-1]):
+            return ops.elementwise.rms_norm(x, self.weight, self.eps)
         # FP32 statistics, as the reference implementations compute them.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); without a residual (norm(x), x). The
+        residual stream of SGLang's decoder layers: one fused add + norm."""
+        if residual is None:
+            return self(x), x
+        routes = routes_of(self)
+        if routes is not None and routes.use("add_rms_norm", x, residual, self.weight,
+                                             rows=x.numel() // x.shape[-1]):
+            return ops.elementwise.add_rms_norm(x, residual, self.weight, self.eps)
+        h = x + residual
+        return self(h), h
 
 
 class FusedLinear(nn.Linear):
@@ -51,6 +70,18 @@ class FusedLinear(nn.Linear):
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+class SiluAndMul(nn.Module):
+    """silu(x[..., :d]) * x[..., d:], through the RVV kernel when routed."""
+
+    rvv_kernels = ("silu_mul",)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        routes = routes_of(self)
+        if routes is not None and routes.use("silu_mul", x, rows=x.numel() // x.shape[-1]):
+            return ops.elementwise.silu_mul(x)
+        return silu_and_mul(x)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

@@ -17,6 +17,7 @@
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
 #include "rvv_kernels/attention/kv_pool_attention.h"
 #include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/elementwise/elementwise.h"
 #include "rvv_kernels/linear/packed_layout.h"
 #include "rvv_kernels/linear/packed_linear.h"
 
@@ -165,6 +166,52 @@ void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, uint
   KvPoolAttention(a, num_threads == 0 ? 1 : num_threads, kernel);
 }
 
+// The elementwise ops: shapes, strides and dtypes are checked by the torch ops
+// (elementwise.py) and the row drivers; only pointers cross here.
+void RmsNorm(size_t rows, size_t d, uintptr_t x, size_t x_stride, uintptr_t residual, size_t residual_stride,
+             uintptr_t weight, float eps, uintptr_t out, uintptr_t residual_out, size_t num_threads) {
+  if (rows == 0) return;
+  const ElementwiseKernels& k = ChooseElementwiseKernels("");
+  const uint16_t* res = residual ? Pointer<const uint16_t>(residual, "residual") : nullptr;
+  uint16_t* res_out = residual ? Pointer<uint16_t>(residual_out, "residual_out") : nullptr;
+  const uint16_t* xp = Pointer<const uint16_t>(x, "x");
+  const uint16_t* wp = Pointer<const uint16_t>(weight, "weight");
+  uint16_t* op = Pointer<uint16_t>(out, "out");
+  py::gil_scoped_release release;
+  RmsNormRows(k, rows, d, xp, x_stride, res, residual_stride, wp, eps, op, res_out, num_threads ? num_threads : 1);
+}
+
+void SiluMul(size_t rows, size_t d, uintptr_t x, size_t x_stride, uintptr_t out, size_t num_threads) {
+  if (rows == 0) return;
+  const ElementwiseKernels& k = ChooseElementwiseKernels("");
+  const uint16_t* xp = Pointer<const uint16_t>(x, "x");
+  uint16_t* op = Pointer<uint16_t>(out, "out");
+  py::gil_scoped_release release;
+  SiluMulRows(k, rows, d, xp, x_stride, op, num_threads ? num_threads : 1);
+}
+
+void Rope(size_t tokens, size_t heads, size_t d, uintptr_t x, size_t x_stride, uintptr_t norm_weight, float eps,
+          uintptr_t cos, uintptr_t sin, uintptr_t out, size_t num_threads) {
+  if (tokens == 0) return;
+  const ElementwiseKernels& k = ChooseElementwiseKernels("");
+  const uint16_t* w = norm_weight ? Pointer<const uint16_t>(norm_weight, "norm_weight") : nullptr;
+  const uint16_t* xp = Pointer<const uint16_t>(x, "x");
+  const uint16_t* cp = Pointer<const uint16_t>(cos, "cos");
+  const uint16_t* sp = Pointer<const uint16_t>(sin, "sin");
+  uint16_t* op = Pointer<uint16_t>(out, "out");
+  py::gil_scoped_release release;
+  RopeRows(k, tokens, heads, d, xp, x_stride, w, eps, cp, sp, op, num_threads ? num_threads : 1);
+}
+
+void Argmax(size_t rows, size_t n, uintptr_t x, size_t x_stride, uintptr_t out, size_t num_threads) {
+  if (rows == 0) return;
+  const ElementwiseKernels& k = ChooseElementwiseKernels("");
+  const uint16_t* xp = Pointer<const uint16_t>(x, "x");
+  int64_t* op = Pointer<int64_t>(out, "out");
+  py::gil_scoped_release release;
+  ArgmaxRows(k, rows, n, xp, x_stride, op, num_threads ? num_threads : 1);
+}
+
 std::vector<std::string> Names(const std::vector<const Bf16PackedKernelSet*>& sets) {
   std::vector<std::string> names;
   for (const auto* s : sets) names.emplace_back(s->name);
@@ -213,6 +260,18 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         "from the [slots, kv_heads, head_dim] pools.");
   m.def("available_attention_kernels", &AvailableAttentionKernels,
         "Attention kernels this build has and this CPU runs, best first.");
+  m.def("rms_norm", &RmsNorm, py::arg("rows"), py::arg("d"), py::arg("x"), py::arg("x_stride"),
+        py::arg("residual"), py::arg("residual_stride"), py::arg("weight"), py::arg("eps"), py::arg("out"),
+        py::arg("residual_out"), py::arg("num_threads"), "RMSNorm of BF16 rows, optionally after a residual add.");
+  m.def("silu_mul", &SiluMul, py::arg("rows"), py::arg("d"), py::arg("x"), py::arg("x_stride"), py::arg("out"),
+        py::arg("num_threads"), "silu(x[:, :d]) * x[:, d:] of BF16 rows.");
+  m.def("rope", &Rope, py::arg("tokens"), py::arg("heads"), py::arg("d"), py::arg("x"), py::arg("x_stride"),
+        py::arg("norm_weight"), py::arg("eps"), py::arg("cos"), py::arg("sin"), py::arg("out"), py::arg("num_threads"),
+        "Rotate-half RoPE of BF16 heads, after an optional per-head RMSNorm.");
+  m.def("argmax", &Argmax, py::arg("rows"), py::arg("n"), py::arg("x"), py::arg("x_stride"), py::arg("out"),
+        py::arg("num_threads"), "First index of the maximum of each BF16 row; -1 for a row with a NaN.");
+  m.def("available_elementwise_kernels", &AvailableElementwiseKernels,
+        "Elementwise kernel sets this build has and this CPU runs, best first.");
   m.def("available_kernel_sets", [] { return Names(AvailableKernelSets()); },
         "Kernel sets this build has and this CPU supports, best first.");
   m.def("compiled_kernel_sets", [] { return Names(CompiledKernelSets()); },

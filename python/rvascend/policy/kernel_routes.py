@@ -39,6 +39,11 @@ class KernelKind:
 
 KERNELS: dict[str, KernelKind] = {k.name: k for k in (
     KernelKind("kv_pool_attention", _bf16_cpu_inference),
+    KernelKind("rms_norm", _bf16_cpu_inference),
+    KernelKind("add_rms_norm", _bf16_cpu_inference),
+    KernelKind("rope", _bf16_cpu_inference),
+    KernelKind("silu_mul", _bf16_cpu_inference),
+    KernelKind("argmax", _bf16_cpu_inference),
 )}
 
 

@@ -1,0 +1,179 @@
+"""Per-layer elementwise torch ops over BF16 rows (the elementwise kernel family).
+
+- `rms_norm(x, weight, eps)` and `add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)`
+- `silu_mul(x[..., 2d]) -> silu(x[..., :d]) * x[..., d:]`
+- `rope(x[T, heads * D] (rows may be a slice of a wider row), heads, norm_weight, eps, cos, sin)`
+  -> [T, heads, D]: per-head RMSNorm (optional, Qwen3's q/k norm) then rotate-half RoPE
+- `argmax(x[M, V]) -> int64[M]`, -1 for a row holding a NaN
+
+Each reproduces the intermediate BF16 roundings of the torch code it replaces
+(RMSNorm: normalise, round, scale, round; RoPE: round each product and the sum;
+SiLU: round, multiply, round), with FP32 inside.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from rvascend.ops.packed_linear import _native, register_fake
+
+for schema in (
+        "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
+        "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+        "silu_mul(Tensor x) -> Tensor",
+        "rope(Tensor x, int heads, Tensor? norm_weight, float eps, Tensor cos, Tensor sin) -> Tensor",
+        "argmax(Tensor x) -> Tensor"):
+    torch.library.define("rvascend::" + schema.split("(")[0], "(" + schema.split("(", 1)[1])
+
+
+def available_elementwise_kernels() -> list[str]:
+    return list(_native.available_elementwise_kernels())
+
+
+def _bf16(name: str, **tensors: torch.Tensor) -> None:
+    for what, t in tensors.items():
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name}: {what} must be bfloat16, got {t.dtype}")
+        if t.device.type != "cpu":
+            raise RuntimeError(f"{name}: {what} must be on the CPU, got {t.device}")
+
+
+def _rows(name: str, x: torch.Tensor, width: int) -> torch.Tensor:
+    """x as [rows, width] with unit column stride (a copy only if it is not already)."""
+    x2 = x.reshape(-1, width) if x.numel() else x.reshape(0, width)
+    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < width):
+        x2 = x2.contiguous()
+    return x2
+
+
+def _check_norm(name: str, x: torch.Tensor, weight: torch.Tensor) -> None:
+    if weight.dim() != 1 or x.dim() < 1 or x.shape[-1] != weight.shape[0]:
+        raise ValueError(f"{name}: weight {tuple(weight.shape)} does not match the last dim of x {tuple(x.shape)}")
+    if x.shape[-1] == 0:
+        raise ValueError(f"{name}: rows must not be empty")
+
+
+@torch.library.impl("rvascend::rms_norm", "CPU")
+def _rms_norm_cpu(x, weight, eps):
+    _bf16("rms_norm", x=x, weight=weight)
+    _check_norm("rms_norm", x, weight)
+    d = weight.shape[0]
+    x2, w = _rows("rms_norm", x, d), weight.contiguous()
+    out = torch.empty((x2.shape[0], d), dtype=torch.bfloat16)
+    _native.rms_norm(x2.shape[0], d, x2.data_ptr(), x2.stride(0) if x2.shape[0] > 1 else d, 0, 0, w.data_ptr(),
+                     float(eps), out.data_ptr(), 0, torch.get_num_threads())
+    return out.reshape(x.shape)
+
+
+@torch.library.impl("rvascend::add_rms_norm", "CPU")
+def _add_rms_norm_cpu(x, residual, weight, eps):
+    _bf16("add_rms_norm", x=x, residual=residual, weight=weight)
+    _check_norm("add_rms_norm", x, weight)
+    if residual.shape != x.shape:
+        raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} differs from x {tuple(x.shape)}")
+    d = weight.shape[0]
+    x2, r2, w = _rows("add_rms_norm", x, d), _rows("add_rms_norm", residual, d), weight.contiguous()
+    rows = x2.shape[0]
+    out = torch.empty((rows, d), dtype=torch.bfloat16)
+    res_out = torch.empty((rows, d), dtype=torch.bfloat16)
+    _native.rms_norm(rows, d, x2.data_ptr(), x2.stride(0) if rows > 1 else d, r2.data_ptr(),
+                     r2.stride(0) if rows > 1 else d, w.data_ptr(), float(eps), out.data_ptr(), res_out.data_ptr(),
+                     torch.get_num_threads())
+    return out.reshape(x.shape), res_out.reshape(x.shape)
+
+
+@torch.library.impl("rvascend::silu_mul", "CPU")
+def _silu_mul_cpu(x):
+    _bf16("silu_mul", x=x)
+    if x.dim() < 1 or x.shape[-1] % 2 or x.shape[-1] == 0:
+        raise ValueError(f"silu_mul: the last dim of x must be even and positive, got {tuple(x.shape)}")
+    d = x.shape[-1] // 2
+    x2 = _rows("silu_mul", x, 2 * d)
+    out = torch.empty((x2.shape[0], d), dtype=torch.bfloat16)
+    _native.silu_mul(x2.shape[0], d, x2.data_ptr(), x2.stride(0) if x2.shape[0] > 1 else 2 * d, out.data_ptr(),
+                     torch.get_num_threads())
+    return out.reshape(*x.shape[:-1], d)
+
+
+@torch.library.impl("rvascend::rope", "CPU")
+def _rope_cpu(x, heads, norm_weight, eps, cos, sin):
+    _bf16("rope", x=x, cos=cos, sin=sin, **({"norm_weight": norm_weight} if norm_weight is not None else {}))
+    if x.dim() != 2 or heads < 1 or x.shape[1] % heads:
+        raise ValueError(f"rope: x must be [tokens, heads * head_dim], got {tuple(x.shape)} for {heads} heads")
+    t, d = x.shape[0], x.shape[1] // heads
+    if cos.shape != (t, d) or sin.shape != (t, d):
+        raise ValueError(f"rope: cos/sin must be [{t}, {d}], got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if norm_weight is not None and norm_weight.shape != (d,):
+        raise ValueError(f"rope: norm_weight must be [{d}], got {tuple(norm_weight.shape)}")
+    if d % 2:
+        raise ValueError(f"rope: head_dim must be even, got {d}")
+    if x.stride(1) != 1 or (t > 1 and x.stride(0) < heads * d):
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    w = norm_weight.contiguous() if norm_weight is not None else None
+    out = torch.empty((t, heads, d), dtype=torch.bfloat16)
+    _native.rope(t, heads, d, x.data_ptr(), x.stride(0) if t > 1 else heads * d, w.data_ptr() if w is not None else 0,
+                 float(eps), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+@torch.library.impl("rvascend::argmax", "CPU")
+def _argmax_cpu(x):
+    _bf16("argmax", x=x)
+    if x.dim() != 2 or x.shape[1] == 0:
+        raise ValueError(f"argmax: x must be [rows, n] with n > 0, got {tuple(x.shape)}")
+    x2 = _rows("argmax", x, x.shape[1])
+    out = torch.empty(x2.shape[0], dtype=torch.int64)
+    _native.argmax(x2.shape[0], x2.shape[1], x2.data_ptr(), x2.stride(0) if x2.shape[0] > 1 else x2.shape[1],
+                   out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+@register_fake("rvascend::rms_norm")
+def _rms_norm_fake(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@register_fake("rvascend::add_rms_norm")
+def _add_rms_norm_fake(x, residual, weight, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@register_fake("rvascend::silu_mul")
+def _silu_mul_fake(x):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@register_fake("rvascend::rope")
+def _rope_fake(x, heads, norm_weight, eps, cos, sin):
+    return x.new_empty((x.shape[0], heads, x.shape[1] // heads))
+
+
+@register_fake("rvascend::argmax")
+def _argmax_fake(x):
+    return x.new_empty((x.shape[0],), dtype=torch.int64)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.ops.rvascend.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual), the sum rounded to BF16 once."""
+    return torch.ops.rvascend.add_rms_norm(x, residual, weight, eps)
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.rvascend.silu_mul(x)
+
+
+def rope(x: torch.Tensor, heads: int, norm_weight: Optional[torch.Tensor], eps: float, cos: torch.Tensor,
+         sin: torch.Tensor) -> torch.Tensor:
+    return torch.ops.rvascend.rope(x, heads, norm_weight, eps, cos, sin)
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.rvascend.argmax(x)

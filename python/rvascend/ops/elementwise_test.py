@@ -1,0 +1,124 @@
+"""The elementwise ops against the torch code they replace (the model's own
+layers, torch's F.silu / rsqrt / cat) and FP64 statements of their contracts."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rvascend import ops
+from rvascend.models.layers import RMSNorm, apply_rotary, silu_and_mul
+
+E = ops.elementwise
+
+
+def _ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """|got - want| in BF16 ulps of want."""
+    want = want.double()
+    ulp = torch.ldexp(torch.ones_like(want), torch.frexp(want.abs().clamp_min(1e-30))[1] - 8)
+    return (got.double() - want).abs() / ulp
+
+
+def _torch_norm(d: int, eps: float, weight: torch.Tensor) -> RMSNorm:
+    norm = RMSNorm(d, eps).bfloat16()
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+    return norm
+
+
+@pytest.mark.parametrize("rows,d", [(1, 1024), (4, 576), (3, 7), (2, 3000)])
+def test_rms_norm_and_add_rms_norm_match_the_torch_layer(rows, d):
+    g = torch.Generator().manual_seed(d)
+    x = (torch.randn(rows, d, generator=g) * 3).bfloat16()
+    r = torch.randn(rows, d, generator=g).bfloat16()
+    w = (1 + 0.3 * torch.randn(d, generator=g)).bfloat16()
+    norm = _torch_norm(d, 1e-6, w)
+    with torch.no_grad():
+        want = norm(x)
+        want_sum = x + r
+        want_add = norm(want_sum)
+    got = E.rms_norm(x, w, 1e-6)
+    got_add, got_sum = E.add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(got_sum, want_sum)                 # one BF16 rounding of the sum, like torch
+    assert _ulps(got, want).max() <= 1 and _ulps(got_add, want_add).max() <= 1
+    assert (got != want).float().mean() < 0.01             # the same roundings: nearly bit-identical
+    exact = w.double() * x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert _ulps(got, exact).max() <= 2
+
+
+def test_silu_mul_matches_torch():
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(3, 2 * 3072, generator=g) * 4).bfloat16()
+    x[0, :4] = torch.tensor([-100.0, 90.0, 0.0, -0.0]).bfloat16()
+    want = silu_and_mul(x)
+    got = E.silu_mul(x)
+    assert _ulps(got, want).max() <= 1 and (got != want).float().mean() < 0.01
+    gate, up = x.double().chunk(2, -1)
+    assert _ulps(got, F.silu(gate) * up).max() <= 2
+
+
+@pytest.mark.parametrize("heads,d,norm", [(16, 128, True), (8, 128, True), (32, 64, False), (3, 6, True)])
+def test_rope_matches_the_model_path(heads, d, norm):
+    g = torch.Generator().manual_seed(heads * d)
+    t, extra = 5, 3 * d
+    qkv = torch.randn(t, heads * d + extra, generator=g).bfloat16()
+    x = qkv[:, :heads * d]  # a slice of the wider qkv row, as the model passes it
+    angles = torch.rand(t, d // 2, generator=g) * 6
+    emb = torch.cat((angles, angles), -1)
+    cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
+    w = (1 + 0.2 * torch.randn(d, generator=g)).bfloat16()
+    ref = x.reshape(t, heads, d)
+    if norm:
+        with torch.no_grad():
+            ref = _torch_norm(d, 1e-6, w)(ref)
+    want = apply_rotary(ref, cos, sin)
+    got = E.rope(x, heads, w if norm else None, 1e-6, cos, sin)
+    assert got.shape == (t, heads, d)
+    assert (got.double() - want.double()).abs().max() <= 2 * torch.finfo(torch.bfloat16).eps * want.abs().max()
+    assert (got != want).float().mean() < 0.02
+
+
+def test_argmax_matches_torch_and_flags_nan():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 151936, generator=g).bfloat16()
+    x[2, 7] = x[2, 100] = 50  # tie: the first index, as torch.argmax
+    assert torch.equal(E.argmax(x), torch.argmax(x, dim=-1))
+    x[1, 5] = float("nan")
+    got = E.argmax(x)
+    assert got[1] == -1 and got[0] == torch.argmax(x[0])
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: E.rms_norm(torch.zeros(2, 4), torch.ones(4).bfloat16(), 1e-6), TypeError, "x must be bfloat16"),
+    (lambda: E.rms_norm(torch.zeros(2, 4).bfloat16(), torch.ones(5).bfloat16(), 1e-6), ValueError, "does not match"),
+    (lambda: E.add_rms_norm(torch.zeros(2, 4).bfloat16(), torch.zeros(3, 4).bfloat16(), torch.ones(4).bfloat16(),
+                            1e-6), ValueError, "residual"),
+    (lambda: E.silu_mul(torch.zeros(2, 5).bfloat16()), ValueError, "even"),
+    (lambda: E.rope(torch.zeros(2, 12).bfloat16(), 5, None, 0.0, torch.zeros(2, 2).bfloat16(),
+                    torch.zeros(2, 2).bfloat16()), ValueError, "heads"),
+    (lambda: E.rope(torch.zeros(2, 12).bfloat16(), 2, None, 0.0, torch.zeros(2, 5).bfloat16(),
+                    torch.zeros(2, 5).bfloat16()), ValueError, "cos/sin"),
+    (lambda: E.argmax(torch.zeros(2, 0).bfloat16()), ValueError, "n > 0"),
+])
+def test_bad_input_is_a_clear_error(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_ops_trace_under_torch_compile():
+    x = torch.randn(2, 64).bfloat16()
+    w = torch.ones(64).bfloat16()
+
+    def f(x, w):
+        n, s = E.add_rms_norm(x, x, w, 1e-6)
+        return E.silu_mul(torch.cat([n, s], -1)), E.argmax(n)
+    want = f(x, w)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, w)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
