@@ -30,7 +30,16 @@ def main(argv: list[str]) -> int:
     command, rest = argv[1], argv[2:]
     try:
         if command == "lock":
-            steps.regenerate_lock(FLAGS.lock, dry_run=FLAGS.dry_run)
+            # `./dev lock --lock=NAME` (the README's form) as well as `./dev --lock=NAME lock`.
+            unknown = [a for a in rest if not a.startswith("--lock=")]
+            if unknown:
+                logging.error("lock takes only --lock=NAME (one of %s), got %s", ", ".join(steps.LOCKS), unknown)
+                return 2
+            name = rest[-1].split("=", 1)[1] if rest else FLAGS.lock
+            if name not in steps.LOCKS:
+                logging.error("unknown lock %r; known: %s", name, ", ".join(steps.LOCKS))
+                return 2
+            steps.regenerate_lock(name, dry_run=FLAGS.dry_run)
             return 0
         steps.setup(dry_run=FLAGS.dry_run)
         if command == "setup":

@@ -45,6 +45,8 @@ _LOCK_PACKAGES = {
     "riscv64_image": ((
         "python3", "python3-torch", "python3-numpy", "python3-safetensors", "python3-pytest",
         "python3-absl", "python3-psutil", "python3-jinja2",
+        # the server (`python3 -m rvascend.server` on a board); pip installs the wheel
+        "python3-fastapi", "python3-uvicorn", "python3-prometheus-client", "python3-regex", "python3-pip",
         # headers and crt files for building our extension against the image
         "libpython3.13-dev", "python3-pybind11", "pybind11-dev", "libstdc++-14-dev", "libc6-dev",
     ), True),

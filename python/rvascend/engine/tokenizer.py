@@ -1,5 +1,6 @@
 """Tokenizer of a checkpoint directory: tokenizer.json through the `tokenizers`
-library, the chat template from tokenizer_config.json through Jinja2."""
+library (or, where it cannot be installed, the pure-Python byte-level BPE of
+bpe_tokenizer.py), the chat template from tokenizer_config.json through Jinja2."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from typing import Any, Optional
 
 import jinja2
+from absl import logging
 
 
 class Tokenizer:
@@ -15,8 +17,7 @@ class Tokenizer:
         path = os.path.join(model_path, "tokenizer.json")
         if not os.path.exists(path):
             raise FileNotFoundError(f"{model_path} has no tokenizer.json")
-        from tokenizers import Tokenizer as HfTokenizer  # the riscv64 image lacks it; imported on use
-        self._tok = HfTokenizer.from_file(path)
+        self._tok = _load_tokenizer_json(path)
         config: dict[str, Any] = {}
         config_path = os.path.join(model_path, "tokenizer_config.json")
         if os.path.exists(config_path):
@@ -55,6 +56,17 @@ class Tokenizer:
             return env.from_string(self.chat_template).render(**variables)
         # Checkpoints without a template: a plain transcript.
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+def _load_tokenizer_json(path: str):
+    try:
+        from tokenizers import Tokenizer as HfTokenizer
+    except ImportError:
+        # No riscv64 wheel of `tokenizers` exists; the pure-Python reader serves there.
+        from rvascend.engine.bpe_tokenizer import BpeTokenizer
+        logging.info("tokenizers is not installed: using the pure-Python byte-level BPE for %s", path)
+        return BpeTokenizer.from_file(path)
+    return HfTokenizer.from_file(path)
 
 
 def _token_text(token: Any) -> Optional[str]:

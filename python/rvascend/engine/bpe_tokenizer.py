@@ -1,0 +1,234 @@
+"""A byte-level BPE tokenizer read from `tokenizer.json`, in pure Python.
+
+For machines where the `tokenizers` library cannot be installed (no riscv64
+wheel on PyPI, no Debian package): the riscv64 image and RISC-V boards. It
+implements the subset of the format that byte-level BPE checkpoints use
+(GPT-2, Llama 3, Qwen 2/3, this project's default model) and refuses anything
+else by name:
+
+- normalizer: none or NFC;
+- pre-tokenizer: ByteLevel (with or without its regex), Split on a regex
+  (behavior Isolated), or a Sequence of those;
+- model: BPE with merges (`ignore_merges` honoured), no dropout, no byte fallback;
+- added tokens matched literally before pre-tokenization;
+- post-processor: TemplateProcessing (single sequence), ByteLevel, or none;
+- decoder: ByteLevel.
+
+`tokenizers` stays the implementation wherever it is installed; tests check
+that both give the same ids on a mixed corpus.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import unicodedata
+from typing import Any, Optional
+
+import regex
+
+# The pattern of the ByteLevel pre-tokenizer's regex (GPT-2's word split).
+_BYTE_LEVEL_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+class UnsupportedTokenizer(ValueError):
+    """tokenizer.json uses a part of the format this reader does not implement."""
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_to_unicode() -> dict[int, str]:
+    """Byte-level BPE's reversible byte -> printable character map: printable
+    Latin-1 bytes stand for themselves, the others take code points from 256 up."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+@dataclasses.dataclass
+class Encoding:
+    ids: list[int]
+
+
+class BpeTokenizer:
+    """The methods of `tokenizers.Tokenizer` the engine uses."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        model = spec.get("model") or {}
+        if model.get("type") != "BPE":
+            raise UnsupportedTokenizer(f"model type {model.get('type')!r} (only BPE)")
+        if model.get("dropout") or model.get("byte_fallback") or model.get("continuing_subword_prefix") \
+                or model.get("end_of_word_suffix"):
+            raise UnsupportedTokenizer("BPE dropout, byte fallback or subword affixes")
+        self.vocab: dict[str, int] = dict(model["vocab"])
+        self.ignore_merges = bool(model.get("ignore_merges"))
+        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
+        self.ranks = {pair: i for i, pair in enumerate(merges)}
+        self.added = {t["content"]: t["id"] for t in spec.get("added_tokens") or []}
+        self.special_ids = {t["id"] for t in spec.get("added_tokens") or [] if t.get("special")}
+        for content, i in self.added.items():
+            self.vocab.setdefault(content, i)
+        self.id_to_token = {i: t for t, i in self.vocab.items()}
+        self._added_split = regex.compile("(" + "|".join(regex.escape(t) for t in
+                                                         sorted(self.added, key=len, reverse=True)) + ")") \
+            if self.added else None
+        self.normalizer = self._normalizer(spec.get("normalizer"))
+        self.splits = self._pre_tokenizers(spec.get("pre_tokenizer"))
+        self.prefix, self.suffix = self._template(spec.get("post_processor"))
+        decoder = spec.get("decoder")
+        if decoder is not None and decoder.get("type") != "ByteLevel":
+            raise UnsupportedTokenizer(f"decoder {decoder.get('type')!r} (only ByteLevel)")
+        self.b2u = _byte_to_unicode()
+        self.u2b = {c: b for b, c in self.b2u.items()}
+        self._cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_file(cls, path: str) -> "BpeTokenizer":
+        with open(path, encoding="utf-8") as f:
+            return cls(json.load(f))
+
+    # -- configuration ---------------------------------------------------------------
+    @staticmethod
+    def _normalizer(spec: Optional[dict]):
+        if spec is None:
+            return None
+        if spec.get("type") == "NFC":
+            return lambda s: unicodedata.normalize("NFC", s)
+        raise UnsupportedTokenizer(f"normalizer {spec.get('type')!r} (only NFC or none)")
+
+    def _pre_tokenizers(self, spec: Optional[dict]) -> list[tuple[str, Any]]:
+        """A list of ("split", compiled regex) and ("bytes", add_prefix_space) steps."""
+        if spec is None:
+            return [("bytes", False)]
+        kind = spec.get("type")
+        if kind == "Sequence":
+            steps = []
+            for part in spec["pretokenizers"]:
+                steps.extend(self._pre_tokenizers(part))
+            return steps
+        if kind == "ByteLevel":
+            steps = [("split", regex.compile(_BYTE_LEVEL_PATTERN))] if spec.get("use_regex", True) else []
+            return steps + [("bytes", bool(spec.get("add_prefix_space")))]
+        if kind == "Split":
+            if spec.get("behavior") != "Isolated" or spec.get("invert"):
+                raise UnsupportedTokenizer(f"Split behavior {spec.get('behavior')!r} (only Isolated)")
+            pattern = spec["pattern"]
+            source = pattern["Regex"] if "Regex" in pattern else regex.escape(pattern["String"])
+            return [("split", regex.compile(source))]
+        raise UnsupportedTokenizer(f"pre-tokenizer {kind!r}")
+
+    def _template(self, spec: Optional[dict]) -> tuple[list[int], list[int]]:
+        if spec is None or spec.get("type") == "ByteLevel":
+            return [], []
+        if spec.get("type") == "Sequence":
+            prefix, suffix = [], []
+            for part in spec["processors"]:
+                p, s = self._template(part)
+                prefix, suffix = prefix + p, suffix + s
+            return prefix, suffix
+        if spec.get("type") != "TemplateProcessing":
+            raise UnsupportedTokenizer(f"post-processor {spec.get('type')!r}")
+        prefix, suffix, seen = [], [], False
+        for item in spec["single"]:
+            if "Sequence" in item:
+                seen = True
+            else:
+                ids = spec["special_tokens"][item["SpecialToken"]["id"]]["ids"]
+                (suffix if seen else prefix).extend(ids)
+        return prefix, suffix
+
+    # -- encoding -----------------------------------------------------------------------
+    def _pieces(self, text: str) -> list[str]:
+        pieces = [text]
+        for kind, arg in self.splits:
+            if kind == "split":
+                out = []
+                for piece in pieces:
+                    pos = 0
+                    for m in arg.finditer(piece):
+                        if m.start() > pos:
+                            out.append(piece[pos:m.start()])
+                        out.append(m.group())
+                        pos = m.end()
+                    if pos < len(piece):
+                        out.append(piece[pos:])
+                pieces = out
+            else:
+                if arg and pieces and not pieces[0].startswith(" "):
+                    pieces[0] = " " + pieces[0]
+                pieces = ["".join(self.b2u[b] for b in p.encode("utf-8")) for p in pieces]
+        return [p for p in pieces if p]
+
+    def _bpe(self, word: str) -> list[int]:
+        cached = self._cache.get(word)
+        if cached is not None:
+            return cached
+        if self.ignore_merges and word in self.vocab:
+            ids = [self.vocab[word]]
+        else:
+            symbols = list(word)
+            while len(symbols) > 1:
+                best, at = None, -1
+                for i in range(len(symbols) - 1):
+                    rank = self.ranks.get((symbols[i], symbols[i + 1]))
+                    if rank is not None and (best is None or rank < best):
+                        best, at = rank, i
+                if best is None:
+                    break
+                symbols[at:at + 2] = [symbols[at] + symbols[at + 1]]
+            try:
+                ids = [self.vocab[s] for s in symbols]
+            except KeyError as e:
+                raise UnsupportedTokenizer(f"symbol {e.args[0]!r} is not in the vocabulary (no unk token)") from None
+        if len(self._cache) < 100_000:
+            self._cache[word] = ids
+        return ids
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> Encoding:
+        if self.normalizer is not None:
+            text = self.normalizer(text)
+        ids: list[int] = []
+        chunks = self._added_split.split(text) if self._added_split else [text]
+        for chunk in chunks:
+            if not chunk:
+                continue
+            if chunk in self.added:
+                ids.append(self.added[chunk])
+                continue
+            for piece in self._pieces(chunk):
+                ids.extend(self._bpe(piece))
+        if add_special_tokens:
+            ids = self.prefix + ids + self.suffix
+        return Encoding(ids)
+
+    # -- decoding -----------------------------------------------------------------------
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        out, buf = [], bytearray()
+        for i in ids:
+            token = self.id_to_token.get(i)
+            if token is None or (skip_special_tokens and i in self.special_ids):
+                continue
+            if token in self.added and i not in self.special_ids or i in self.special_ids:
+                out.append(buf.decode("utf-8", errors="replace"))
+                buf = bytearray()
+                out.append(token)
+                continue
+            buf.extend(self.u2b[c] for c in token)
+        out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self.vocab.get(token)
+
+    def get_vocab_size(self) -> int:
+        return max(self.id_to_token) + 1 if self.id_to_token else 0
+
+    def get_vocab(self, with_added_tokens: bool = True) -> dict[str, int]:
+        return dict(self.vocab)
