@@ -71,13 +71,13 @@ CpuFeatures Detect() {
   const bool have_hwprobe = Hwprobe(&ext0);
   f.rvv = have_hwprobe ? (ext0 & kHwprobeImaV) != 0
                        : (getauxval(AT_HWCAP) & (1ul << ('V' - 'A'))) != 0;
-#if defined(__riscv_vector)
   if (f.rvv) {
+    // vlenb by its CSR number (0xc22): this file is built without V (rv64gc)
+    // and reads it only after the CPU reported V.
     unsigned long vlenb;
-    asm volatile("csrr %0, vlenb" : "=r"(vlenb));
+    asm volatile("csrr %0, 0xc22" : "=r"(vlenb));
     f.vlen_bits = vlenb * 8;
   }
-#endif
 #if defined(RVASCEND_HAVE_ZVFBFWMA)
   if (!f.rvv) {
     f.zvfbfwma_source = "no RVV";

@@ -6,6 +6,7 @@ BINARY="%BINARY%"
 CPU_BASE="%CPU_BASE%"
 VLENS=(%VLENS%)
 EXPECT_SIGILL_WITHOUT_VECTOR=%EXPECT_SIGILL%
+PASS_WITHOUT_VECTOR=%PASS_WITHOUT_VECTOR%
 %ENV%
 
 origin=$(cat "%ORIGIN%")
@@ -34,6 +35,17 @@ if [[ "${EXPECT_SIGILL_WITHOUT_VECTOR}" == "1" ]]; then
     failures=$((failures + 1))
   else
     echo "ok: SIGILL without the vector extension"
+  fi
+fi
+
+if [[ "${PASS_WITHOUT_VECTOR}" == "1" ]]; then
+  # A CPU without V: the binary must choose its portable kernels and pass, never SIGILL.
+  echo "=== vector extension off: expecting a pass on the portable kernels"
+  "${QEMU}" -cpu "rv64,v=false" "${BINARY}" "$@"
+  rc=$?
+  if [[ ${rc} -ne 0 ]]; then
+    echo "FAILED without the vector extension (exit ${rc})"
+    failures=$((failures + 1))
   fi
 fi
 

@@ -43,6 +43,7 @@ def _rvv_qemu_test_impl(ctx):
             "%CPU_BASE%": ",".join(cpu),
             "%VLENS%": " ".join([str(v) for v in ctx.attr.vlens]),
             "%EXPECT_SIGILL%": "1" if ctx.attr.expect_sigill_without_vector else "0",
+            "%PASS_WITHOUT_VECTOR%": "1" if ctx.attr.pass_without_vector else "0",
             "%ENV%": env_exports(ctx.attr.env),
         },
         is_executable = True,
@@ -60,6 +61,10 @@ rvv_qemu_test = rule(
         "cpu_extensions": attr.string_list(),
         "env": attr.string_dict(doc = "Environment of the emulated program."),
         "expect_sigill_without_vector": attr.bool(default = False),
+        "pass_without_vector": attr.bool(
+            default = False,
+            doc = "Also run on a CPU without V, where the test must pass on the portable kernels.",
+        ),
         "_runner_template": attr.label(
             default = "//toolchains/qemu:rvv_qemu_test_runner.sh.tpl",
             allow_single_file = True,
@@ -78,7 +83,8 @@ _COMPILER_PLATFORMS = {
 }
 
 def rvv_cc_test(name, srcs, deps = [], copts = [], compilers = ["llvm", "gcc"], vlens = None, cpu_extensions = [],
-                env = {}, expect_sigill_without_vector = False, args = [], size = "medium", tags = [], **kwargs):
+                env = {}, expect_sigill_without_vector = False, pass_without_vector = False, args = [],
+                size = "medium", tags = [], **kwargs):
     """A C++ test compiled for riscv64 (static) by each compiler in `compilers`
     (clang-19 and GCC 14 from the pinned root) and run under QEMU once per VLEN:
     targets NAME_llvm, NAME_gcc."""
@@ -103,6 +109,7 @@ def rvv_cc_test(name, srcs, deps = [], copts = [], compilers = ["llvm", "gcc"], 
             cpu_extensions = cpu_extensions,
             env = env,
             expect_sigill_without_vector = expect_sigill_without_vector,
+            pass_without_vector = pass_without_vector,
             args = args,
             size = size,
             tags = tags + ["qemu", compiler],

@@ -168,9 +168,11 @@ inline void RunUnit(const RgdrArgs& a, const Unit& u, float* __restrict S, float
   }
 }
 
-// Compiled once per ISA level; RunUnit is inlined into each so its loops use
-// the widest vectors the CPU reports.
+// On x86-64 compiled once per ISA level; RunUnit is inlined into each so its
+// loops use the widest vectors the CPU reports. Elsewhere (riscv64) one build.
+#if defined(__x86_64__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 void RunUnits(const RgdrArgs& a, const Unit* units, size_t n, float* S, float* scratch) {
   for (size_t i = 0; i < n; ++i) {
     switch (a.elem) {

@@ -21,9 +21,10 @@ import torch
 
 torch.set_num_threads(1)
 
+from rvascend import ops  # noqa: E402
 from rvascend.engine import Engine, EngineConfig, SamplingParams, sampler  # noqa: E402
 from rvascend.engine.sequence import Sequence, Status  # noqa: E402
-from rvascend.models import decoder  # noqa: E402
+from rvascend.models import decoder, layers  # noqa: E402
 from rvascend.models.loader import load_model  # noqa: E402
 from rvascend.ops.packed_linear import _native  # noqa: E402
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy  # noqa: E402
@@ -86,6 +87,7 @@ def instrument(model: torch.nn.Module, regions: Regions) -> None:
             if norm is not None:
                 regions.hook(norm, "qk_norm")
         regions.hook(layer.mlp, "mlp_glue")
+        regions.hook(layer.mlp.act, "silu_mul")
         regions.hook(layer.mlp.gate_up_proj, "gate_up_proj")
         regions.hook(layer.mlp.down_proj, "down_proj")
     regions.hook(model.model.embed_tokens, "embedding")
@@ -94,8 +96,11 @@ def instrument(model: torch.nn.Module, regions: Regions) -> None:
     regions.hook(model, "model_glue")
     decoder.apply_rotary = regions.wrap(decoder.apply_rotary, "rotary")
     decoder.projection_linear = regions.wrap(decoder.projection_linear, "lm_head")
-    decoder.silu_and_mul = regions.wrap(decoder.silu_and_mul, "silu_mul")
+    ops.elementwise.rope = regions.wrap(ops.elementwise.rope, "qk_norm_rope")
+    # The residual add and the norm after it, fused or not.
+    layers.RMSNorm.add_forward = regions.wrap(layers.RMSNorm.add_forward, "rms_norm")
     sampler.sample = regions.wrap(sampler.sample, "sampling")
+    Engine._greedy_tokens = regions.wrap(Engine._greedy_tokens, "sampling")
 
 
 def decode_ready(engine: Engine, context: int, rows: int, vocab: int) -> list[Sequence]:

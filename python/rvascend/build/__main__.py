@@ -2,7 +2,8 @@
 
   setup   install everything a fresh Debian 12 machine needs (idempotent)
   test    setup, then `bazel test //...` (extra args go to bazel)
-  serve   setup, then `bazel run //python:serve -- ARGS`
+  serve   setup, then `bazel run //python:serve -- ARGS`; with --riscv64 the riscv64
+          wheel's server inside the riscv64 image under QEMU
   bench   setup, then the benchmark suite
   lock    regenerate a Debian lock file on purpose (--lock=qemu)
 """
@@ -49,6 +50,8 @@ def main(argv: list[str]) -> int:
             options = [a for a in rest if a.startswith("-")]
             return steps.bazel_test([*options, *targets], dry_run=FLAGS.dry_run)
         if command == "serve":
+            if "--riscv64" in rest:
+                return steps.serve_riscv64([a for a in rest if a != "--riscv64"], dry_run=FLAGS.dry_run)
             return steps.bazel(["run", "//python:serve", "--", *rest], dry_run=FLAGS.dry_run)
         return steps.bench(rest, dry_run=FLAGS.dry_run)
     except SetupError as e:

@@ -232,6 +232,31 @@ def bazel_test(args: Sequence[str], dry_run: bool = False) -> int:
     return proc.returncode
 
 
+def serve_riscv64(args: Sequence[str], dry_run: bool = False) -> int:
+    """The server a RISC-V board runs, on this machine: the riscv64 wheel installed with the
+    image's pip into .deps/riscv64_site, then `python3 -m rvascend.server ARGS` inside the
+    riscv64 image under the pinned QEMU 10 (VLEN 256)."""
+    from rvascend.server import riscv64
+
+    if bazel(["build", "//python:wheel_riscv64"], dry_run) != 0:
+        return 1
+    wheel = os.path.join(REPO_ROOT, "bazel-bin", "python", "rvascend-0.1.0-cp313-cp313-linux_riscv64.whl")
+    qemu = os.path.join(DEPS_DIR, "qemu", "usr", "bin", "qemu-riscv64")
+    image = os.path.join(DEPS_DIR, "riscv64_image")
+    if dry_run:
+        logging.info("would install %s into the image's site and serve under %s", wheel, qemu)
+        return 0
+    site = riscv64.install_wheel(qemu, image, wheel, os.path.join(DEPS_DIR, "riscv64_site"))
+    args = list(args)
+    if not any(a.startswith("--model-path") for a in args):
+        # No tokenizers in the image to train the default model's tokenizer: made here, read there.
+        from rvascend.engine.default_model import ensure_default_model
+        args.append(f"--model-path={ensure_default_model()}")
+    logging.warning("serving from the riscv64 wheel under QEMU: emulated, so expect minutes to start and "
+                    "seconds per token; this is the exact build a board runs, not its speed")
+    return riscv64.server_process(qemu, image, site, args).wait()
+
+
 def bench(args: Sequence[str], dry_run: bool = False) -> int:
     python = os.path.join(VENV_DIR, "bin", "python3")
     return _run([python, "-m", "rvascend.bench", *args], dry_run, cwd=REPO_ROOT)

@@ -37,6 +37,25 @@ class ServeOptions:
     context_length: Optional[int] = None
 
 
+def _have_cxx() -> bool:
+    import shutil
+
+    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
+def _log_cpu() -> None:
+    """What the kernels will run on: the CPU as detected, and the kernel set each family picked."""
+    from rvascend import ops
+
+    logging.info("CPU: %s", ops.cpu_features())
+    logging.info("kernels: linear %s, attention %s, elementwise %s (best first; the first is used)",
+                 ops.available_kernel_sets(), ops.available_attention_kernels(),
+                 ops.elementwise.available_elementwise_kernels())
+    if "rvv" not in ops.available_kernel_sets() and "riscv" in ops.cpu_features():
+        logging.warning("this riscv64 CPU reports no RVV 1.0 (V): every kernel runs its scalar/portable "
+                        "path, and F.linear serves where the policy would pack")
+
+
 def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     """(engine, served model name, installed policy or None)."""
     if opts.device != "cpu":
@@ -45,14 +64,19 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         raise ValueError(f"--attention-backend {opts.attention_backend!r} is not supported (torch_native only)")
     if opts.dtype not in _DTYPES:
         raise ValueError(f"--dtype {opts.dtype!r} is not supported ({', '.join(_DTYPES)})")
+    _log_cpu()
     path = opts.model_path or ensure_default_model()
     name = opts.model_path.rstrip("/").rsplit("/", 1)[-1] if opts.model_path else "rvascend-default"
     model = load_model(path, _DTYPES[opts.dtype])
     tokenizer = Tokenizer(path)
     policy = None
     if opts.enable_cpu_rvv_inductor:
-        config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib,
-                                           compile_mode=opts.cpu_compile_mode)
+        mode = opts.cpu_compile_mode
+        if mode == "regional" and not _have_cxx():
+            # Inductor compiles C++: a board or image without a compiler runs the same routes eagerly.
+            logging.warning("no C++ compiler for Inductor on this machine: --cpu-compile-mode eager")
+            mode = "eager"
+        config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib, compile_mode=mode)
         install_rvv_policy(model, config)
         policy = get_policy(model)
     tokens = opts.max_total_tokens

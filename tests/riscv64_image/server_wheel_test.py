@@ -1,0 +1,116 @@
+"""The riscv64 wheel, installed with the image's own pip, serves from inside the
+image under QEMU (VLEN 256) and answers the host's `openai` client: a chat
+completion and a streamed completion with the same greedy tokens as the host
+engine on the same checkpoint, and /metrics showing the packed route. A second
+start without the vector extension serves too (portable kernels, no SIGILL).
+
+Arguments: --qemu, --image, --wheel (Bazel passes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import time
+
+import httpx
+import openai
+
+from rvascend.engine.default_model import ensure_default_model
+from rvascend.server import riscv64
+from rvascend.server.launch import ServeOptions, build_engine
+from rvascend.server.testing import free_port
+
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "Hello there"}]
+
+
+def wait_healthy(proc, url: str, log: str, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the guest server exited ({proc.returncode}):\n{open(log).read()[-4000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"the guest server did not become healthy:\n{open(log).read()[-4000:]}")
+
+
+def stop(proc) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except Exception:  # noqa: BLE001
+        proc.kill()
+
+
+def host_answers(model: str) -> tuple[str, str]:
+    engine, _, _ = build_engine(ServeOptions(model_path=model, enable_cpu_rvv_inductor=True,
+                                             cpu_compile_mode="eager", max_total_tokens=512))
+    from rvascend.engine import SamplingParams
+    params = SamplingParams(max_tokens=4, temperature=0)
+    tok = engine.tokenizer
+    completion = engine.generate([tok.encode(PROMPT)], params)[0].text
+    chat_ids = tok.encode(tok.apply_chat_template(CHAT), add_special_tokens=False)
+    chat = engine.generate([chat_ids], params)[0].text
+    return completion, chat
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--qemu", required=True)
+    parser.add_argument("--image", required=True)
+    parser.add_argument("--wheel", required=True)
+    args = parser.parse_args()
+    model = ensure_default_model()
+    want_completion, want_chat = host_answers(model)
+    failures = 0
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
+        site = riscv64.install_wheel(args.qemu, args.image, os.path.abspath(args.wheel), os.path.join(tmp, "site"))
+        assert os.path.exists(os.path.join(site, "rvascend", "ops", "_rvv_kernels.so"))
+        for vector in (True, False):
+            port = free_port()
+            log = os.path.join(tmp, f"server-{vector}.log")
+            proc = riscv64.server_process(args.qemu, args.image, site, [
+                f"--model-path={model}", f"--port={port}", "--enable-cpu-rvv-inductor", "--cpu-compile-mode=eager",
+                "--max-total-tokens=512"], vector=vector, log=log)
+            url = f"http://127.0.0.1:{port}"
+            try:
+                wait_healthy(proc, url, log)
+                client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=600)
+                chat = client.chat.completions.create(model="x", messages=CHAT, max_tokens=4, temperature=0)
+                streamed = "".join(c.choices[0].text for c in client.completions.create(
+                    model="x", prompt=PROMPT, max_tokens=4, temperature=0, stream=True))
+                metrics = httpx.get(url + "/metrics").text
+            finally:
+                stop(proc)
+            text = open(log).read()
+            label = "with V" if vector else "without V"
+            checks = {
+                "chat text equals the host engine's": chat.choices[0].message.content == want_chat,
+                "streamed text equals the host engine's": streamed == want_completion,
+                "the start-up log names the CPU": "CPU: riscv64 rvv=" + ("1" if vector else "0") in text,
+                "no SIGILL": "Illegal instruction" not in text,
+            }
+            if vector:
+                checks["packed route taken"] = 'route="packed"' in metrics
+                checks["pool attention kernel ran"] = 'kernel="kv_pool_attention",reason="",route="kernel"' in metrics
+            else:
+                checks["the log says why there is no RVV"] = "reports no RVV" in text
+            for name, ok in checks.items():
+                print(f"{'ok  ' if ok else 'FAIL'} {label}: {name}")
+                failures += not ok
+            print(f"  host: {want_chat!r} / {want_completion!r}; guest: {chat.choices[0].message.content!r} / "
+                  f"{streamed!r}")
+    print(f"{1 if failures == 0 else 0} passed, {1 if failures else 0} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
