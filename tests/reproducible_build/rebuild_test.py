@@ -1,6 +1,7 @@
 """The RVV kernel library rebuilt from clean in two different Bazel output bases,
 with each compiler (clang-19 and GCC 14 from the pinned root), is byte-for-byte
-identical: objects depend neither on where nor on when they were built."""
+identical: objects depend neither on where nor on when they were built. So is
+the riscv64 wheel a board installs."""
 
 from __future__ import annotations
 
@@ -44,6 +45,22 @@ class RebuildTest(unittest.TestCase):
             differing = [rel for rel in first if not filecmp.cmp(first[rel], second[rel], shallow=False)]
             self.assertEqual(differing, [], f"{compiler}: objects differ between output bases")
             print(f"{compiler}: {len(first)} objects and archives identical")
+
+    def test_wheel(self):
+        wheels = []
+        with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
+            for base in ("a", "second-output-base"):
+                output_base = os.path.join(tmp, base)
+                cmd = ["bazel", f"--output_base={output_base}", "build", "--symlink_prefix=/", "//python:wheel_riscv64"]
+                result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+                subprocess.run(["bazel", f"--output_base={output_base}", "shutdown"], cwd=ROOT, capture_output=True)
+                self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+                (path,) = glob.glob(os.path.join(output_base, "execroot", "rvascend", "bazel-out", "*", "bin", "python",
+                                                 "rvascend-*-cp313-cp313-linux_riscv64.whl"))
+                with open(path, "rb") as f:
+                    wheels.append(f.read())
+        self.assertEqual(wheels[0], wheels[1], "the riscv64 wheel differs between clean builds")
+        print(f"wheel: {len(wheels[0])} bytes, identical in two clean builds")
 
     def test_llvm(self):
         self.check("llvm")
