@@ -40,6 +40,16 @@ struct Lmul;
     static F Fmacc(F acc, float a, F w, size_t vl) {                                           \
       return __riscv_vfmacc_vf_f32##M32(acc, a, w, vl);                                   \
     }                                                                                          \
+    static F Load(const float* p, size_t vl) { return __riscv_vle32_v_f32##M32(p, vl); }      \
+    static void Store(float* p, F v, size_t vl) { __riscv_vse32_v_f32##M32(p, v, vl); }      \
+    /* acc += a * b on the first vl lanes; the lanes past vl keep their values */             \
+    static F FmaccVvTu(F acc, F a, F b, size_t vl) {                                          \
+      return __riscv_vfmacc_vv_f32##M32##_tu(acc, a, b, vl);                                  \
+    }                                                                                          \
+    /* init[0] + the sum of the first vl lanes of x */                                         \
+    static vfloat32m1_t SumTo(F x, vfloat32m1_t init, size_t vl) {                            \
+      return __riscv_vfredusum_vs_f32##M32##_f32m1(x, init, vl);                               \
+    }                                                                                          \
     /* Round to nearest even; NaN lanes keep their sign and stay quiet NaNs. */               \
     static void StoreBf16(uint16_t* p, F acc, size_t vl) {                                     \
       U bits = __riscv_vreinterpret_v_f32##M32##_u32##M32(acc);                                \

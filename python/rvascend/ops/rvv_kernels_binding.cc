@@ -129,8 +129,8 @@ uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, si
 // Index arrays and BF16 buffers cross as pointers; the Python op checks dtypes,
 // shapes and contiguity. Every index (the write slots and the read slots) is
 // checked before the pool is written, so a bad call changes nothing.
-void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, uintptr_t kv_starts,
-               uintptr_t kv_slots, size_t heads, size_t kv_heads, size_t head_dim, uintptr_t q, size_t q_stride,
+void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, size_t q_rows, uintptr_t kv_starts,
+               uintptr_t kv_slots, size_t n_kv_slots, size_t heads, size_t kv_heads, size_t head_dim, uintptr_t q, size_t q_stride,
                uintptr_t k_pool, uintptr_t v_pool, size_t num_slots, uintptr_t k_new, uintptr_t v_new,
                uintptr_t write_slots, size_t n_write, float scale, uintptr_t out, size_t out_stride,
                size_t num_threads) {
@@ -138,12 +138,19 @@ void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, uint
   a.batch = batch;
   a.q_starts = Pointer<const int64_t>(q_starts, "q_starts");
   a.kv_starts = Pointer<const int64_t>(kv_starts, "kv_starts");
-  a.kv_slots = Array<const int64_t>(kv_slots, static_cast<size_t>(std::max<int64_t>(0, a.kv_starts[batch])),
-                                    "kv_slots");
+  if (a.q_starts[batch] != static_cast<int64_t>(q_rows)) {
+    throw std::invalid_argument("q_starts ends at " + std::to_string(a.q_starts[batch]) + " but q has " +
+                                std::to_string(q_rows) + " rows");
+  }
+  if (a.kv_starts[batch] != static_cast<int64_t>(n_kv_slots)) {
+    throw std::invalid_argument("kv_starts ends at " + std::to_string(a.kv_starts[batch]) + " but kv_slots has " +
+                                std::to_string(n_kv_slots));
+  }
+  a.kv_slots = Array<const int64_t>(kv_slots, n_kv_slots, "kv_slots");
   a.heads = heads;
   a.kv_heads = kv_heads;
   a.head_dim = head_dim;
-  const size_t rows = static_cast<size_t>(std::max<int64_t>(0, a.q_starts[batch]));
+  const size_t rows = q_rows;
   a.q = Array<const uint16_t>(q, rows, "q");
   a.q_stride = q_stride;
   a.k_pool = Pointer<const uint16_t>(k_pool, "k_pool");
@@ -252,7 +259,7 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("row_stride"), py::arg("col_stride"), py::arg("weight_elements"), py::arg("samples"),
         "A content fingerprint of a BF16 [N, K] weight from `samples` spread elements.");
   m.def("kv_pool_attention", &Attention, py::arg("kernel"), py::arg("batch"), py::arg("q_starts"),
-        py::arg("kv_starts"), py::arg("kv_slots"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
+        py::arg("q_rows"), py::arg("kv_starts"), py::arg("kv_slots"), py::arg("n_kv_slots"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
         py::arg("q"), py::arg("q_stride"), py::arg("k_pool"), py::arg("v_pool"), py::arg("num_slots"),
         py::arg("k_new"), py::arg("v_new"), py::arg("write_slots"), py::arg("n_write"), py::arg("scale"),
         py::arg("out"), py::arg("out_stride"), py::arg("num_threads"),
