@@ -42,19 +42,22 @@
           flags="-O3 -std=c++17 -fPIC -shared -fvisibility=hidden"
           portable=""
           for v in portable:"" portable_avx2:"-mavx2 -mfma" portable_avx512:"-mavx512f -mavx512bw -mavx512vl -mfma"; do
-            clang++ $flags -c $inc ''${v#*:} -DRVASCEND_PORTABLE_SUFFIX=''${v%%:*} rvv_kernels/bf16_gemm_packed_portable.cc -o ''${v%%:*}.o
+            clang++ $flags -c $inc ''${v#*:} -DRVASCEND_PORTABLE_SUFFIX=''${v%%:*} rvv_kernels/linear/bf16_gemm_packed_portable.cc -o ''${v%%:*}.o
             portable="$portable ''${v%%:*}.o"
           done
           clang++ $flags $inc -DRVASCEND_HAVE_X86_VARIANTS -mavx512bf16 -mavx512f -mavx512bw -mavx512vl \
-            rvv_kernels/bf16_gemm_packed_8x32_avx512bf16.cc rvv_kernels/bf16_gemm_packed_1x32_scalar.cc \
-            rvv_kernels/bf16_packed_kernel_sets.cc rvv_kernels/cpu_features.cc rvv_kernels/packed_layout.cc \
-            rvv_kernels/packed_linear.cc rvv_kernels/thread_pool.cc python/rvascend/ops/rvv_kernels_binding.cc \
+            rvv_kernels/linear/bf16_gemm_packed_8x32_avx512bf16.cc rvv_kernels/linear/bf16_gemm_packed_1x32_scalar.cc \
+            rvv_kernels/linear/bf16_packed_kernel_sets.cc rvv_kernels/base/cpu_features.cc \
+            rvv_kernels/linear/packed_layout.cc rvv_kernels/linear/packed_linear.cc rvv_kernels/base/thread_pool.cc \
+            rvv_kernels/attention/kv_pool_attention.cc rvv_kernels/attention/bf16_attention_row_portable.cc \
+            rvv_kernels/elementwise/elementwise.cc rvv_kernels/elementwise/bf16_elementwise_portable.cc \
+            python/rvascend/ops/rvv_kernels_binding.cc \
             $portable -o _rvv_kernels.so -lpthread
           clang++ $flags $inc ascend_kernels/recurrent_gated_delta_rule/cpu/rgdr_cpu.cc \
             ascend_kernels/recurrent_gated_delta_rule/cpu_twin/twin_launch.cc \
             ascend_kernels/recurrent_gated_delta_rule/cpu_twin/twin_runtime.cc \
             ascend_kernels/recurrent_gated_delta_rule/op_host/recurrent_gated_delta_rule_tiling.cpp \
-            rvv_kernels/thread_pool.cc python/rvascend/ops/rgdr_binding.cc -o _rgdr.so -lpthread
+            rvv_kernels/base/thread_pool.cc python/rvascend/ops/rgdr_binding.cc -o _rgdr.so -lpthread
         '';
         installPhase = ''
           mkdir -p $out/python/rvascend/_native

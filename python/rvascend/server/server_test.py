@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import sys
 import time
 
@@ -132,34 +133,75 @@ def test_too_many_requests_get_503(server):
     server.wait_idle()
 
 
-def test_load_eight_clients_for_thirty_seconds():
-    server = Server(max_queued_requests=16)
+def test_soak_sixteen_hostile_clients_for_a_minute():
+    """16 clients for 60 s mixing streams, plain requests, hang-ups mid-stream and
+    mid-request, and bad requests: no 5xx, the KV pool and its reservations back to
+    zero, and RSS after the first quarter grows by less than 5 %."""
+    server = Server(max_queued_requests=64, max_running_requests=8)
     process = psutil.Process()
     try:
-        rss_before = process.memory_info().rss
-        deadline = time.time() + 30
-        errors, done = [], [0]
+        start = time.time()
+        deadline, warm = start + 60, start + 15
+        rss_warm: list[int] = []
+        errors, counts = [], {"ok": 0, "hangup": 0, "bad": 0}
 
         def client(i: int) -> None:
+            http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
             c = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
+            n = 0
             while time.time() < deadline:
+                n += 1
+                kind = (i + n) % 5
                 try:
-                    if i % 2:
-                        list(c.completions.create(model=server.name, prompt=f"load {i}", max_tokens=16, stream=True))
-                    else:
-                        c.chat.completions.create(model=server.name, messages=[{"role": "user", "content": f"{i}"}],
-                                                  max_tokens=16)
-                    done[0] += 1
-                except Exception as e:  # noqa: BLE001 - any failure is the finding
+                    if kind == 0:
+                        list(c.completions.create(model=server.name, prompt=f"soak {i} {n}", max_tokens=12,
+                                                  stream=True))
+                    elif kind == 1:
+                        c.chat.completions.create(model=server.name, messages=[{"role": "user", "content": f"{n}"}],
+                                                  max_tokens=12, n=2, logprobs=True, top_logprobs=2)
+                    elif kind == 2:  # hang up mid-stream
+                        with http.stream("POST", "/v1/completions", json={"prompt": "hang", "max_tokens": 64,
+                                                                          "stream": True, "ignore_eos": True}) as r:
+                            for line in r.iter_lines():
+                                if line.startswith("data: {"):
+                                    break
+                        counts["hangup"] += 1
+                        continue
+                    elif kind == 3:  # give up on a plain request
+                        try:
+                            http.post("/v1/completions", json={"prompt": "slow", "max_tokens": 200,
+                                                               "ignore_eos": True}, timeout=0.3)
+                        except httpx.TimeoutException:
+                            counts["hangup"] += 1
+                            continue
+                    else:  # bad requests must be 400s, never 5xx
+                        bad = [{"prompt": "x", "top_p": 1e-60, "temperature": 1.0, "max_tokens": 2},
+                               {"prompt": "x\ud800"}, {"prompt": "x", "seed": 2**70}, {"prompt": [10**9]}]
+                        body = bad[n % len(bad)]
+                        r = http.post("/v1/completions", content=json.dumps(body),
+                                      headers={"content-type": "application/json"})
+                        if r.status_code >= 500:
+                            errors.append(f"{r.status_code} for {body}: {r.text[:200]}")
+                        counts["bad"] += 1
+                        continue
+                    counts["ok"] += 1
+                except openai.APIStatusError as e:
+                    if e.status_code != 503:  # a full queue may refuse; nothing else may
+                        errors.append(repr(e))
+                except Exception as e:  # noqa: BLE001 - any other failure is the finding
                     errors.append(repr(e))
+                if not rss_warm and time.time() > warm:
+                    rss_warm.append(process.memory_info().rss)
 
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            list(pool.map(client, range(8)))
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(client, range(16)))
         stats = server.wait_idle()
         assert not errors, errors[:3]
-        assert done[0] > 8
-        assert stats["kv_reserved_tokens"] == 0
-        assert process.memory_info().rss - rss_before < 512 * 2**20
+        assert counts["ok"] > 16 and counts["hangup"] > 4 and counts["bad"] > 4, counts
+        assert stats["kv_reserved_tokens"] == 0 and stats["kv_used_tokens"] == 0
+        growth = process.memory_info().rss / rss_warm[0] - 1
+        assert growth < 0.05, f"RSS grew {growth:.1%} after warm-up"
+        assert server.http.get("/health").status_code == 200
     finally:
         server.stop()
 
