@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from rvascend.ops.packed_linear import _native, register_fake
+from rvascend.ops.packed_linear import _native, eager_call, register_fake
 
 for schema in (
         "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
@@ -55,7 +55,6 @@ def _check_norm(name: str, x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"{name}: rows must not be empty")
 
 
-@torch.library.impl("rvascend::rms_norm", "CPU")
 def _rms_norm_cpu(x, weight, eps):
     _bf16("rms_norm", x=x, weight=weight)
     _check_norm("rms_norm", x, weight)
@@ -67,7 +66,6 @@ def _rms_norm_cpu(x, weight, eps):
     return out.reshape(x.shape)
 
 
-@torch.library.impl("rvascend::add_rms_norm", "CPU")
 def _add_rms_norm_cpu(x, residual, weight, eps):
     _bf16("add_rms_norm", x=x, residual=residual, weight=weight)
     _check_norm("add_rms_norm", x, weight)
@@ -84,7 +82,6 @@ def _add_rms_norm_cpu(x, residual, weight, eps):
     return out.reshape(x.shape), res_out.reshape(x.shape)
 
 
-@torch.library.impl("rvascend::silu_mul", "CPU")
 def _silu_mul_cpu(x):
     _bf16("silu_mul", x=x)
     if x.dim() < 1 or x.shape[-1] % 2 or x.shape[-1] == 0:
@@ -97,7 +94,6 @@ def _silu_mul_cpu(x):
     return out.reshape(*x.shape[:-1], d)
 
 
-@torch.library.impl("rvascend::rope", "CPU")
 def _rope_cpu(x, heads, norm_weight, eps, cos, sin):
     _bf16("rope", x=x, cos=cos, sin=sin, **({"norm_weight": norm_weight} if norm_weight is not None else {}))
     if x.dim() != 2 or heads < 1 or x.shape[1] % heads:
@@ -119,7 +115,6 @@ def _rope_cpu(x, heads, norm_weight, eps, cos, sin):
     return out
 
 
-@torch.library.impl("rvascend::argmax", "CPU")
 def _argmax_cpu(x):
     _bf16("argmax", x=x)
     if x.dim() != 2 or x.shape[1] == 0:
@@ -129,6 +124,13 @@ def _argmax_cpu(x):
     _native.argmax(x2.shape[0], x2.shape[1], x2.data_ptr(), x2.stride(0) if x2.shape[0] > 1 else x2.shape[1],
                    out.data_ptr(), torch.get_num_threads())
     return out
+
+
+torch.library.impl("rvascend::rms_norm", "CPU")(_rms_norm_cpu)
+torch.library.impl("rvascend::add_rms_norm", "CPU")(_add_rms_norm_cpu)
+torch.library.impl("rvascend::silu_mul", "CPU")(_silu_mul_cpu)
+torch.library.impl("rvascend::rope", "CPU")(_rope_cpu)
+torch.library.impl("rvascend::argmax", "CPU")(_argmax_cpu)
 
 
 @register_fake("rvascend::rms_norm")
@@ -157,23 +159,23 @@ def _argmax_fake(x):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.ops.rvascend.rms_norm(x, weight, eps)
+    return eager_call(torch.ops.rvascend.rms_norm, _rms_norm_cpu, x, weight, eps)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual), the sum rounded to BF16 once."""
-    return torch.ops.rvascend.add_rms_norm(x, residual, weight, eps)
+    return eager_call(torch.ops.rvascend.add_rms_norm, _add_rms_norm_cpu, x, residual, weight, eps)
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.rvascend.silu_mul(x)
+    return eager_call(torch.ops.rvascend.silu_mul, _silu_mul_cpu, x)
 
 
 def rope(x: torch.Tensor, heads: int, norm_weight: Optional[torch.Tensor], eps: float, cos: torch.Tensor,
          sin: torch.Tensor) -> torch.Tensor:
-    return torch.ops.rvascend.rope(x, heads, norm_weight, eps, cos, sin)
+    return eager_call(torch.ops.rvascend.rope, _rope_cpu, x, heads, norm_weight, eps, cos, sin)
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.rvascend.argmax(x)
+    return eager_call(torch.ops.rvascend.argmax, _argmax_cpu, x)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rvascend.ops.packed_linear import _native, register_fake
+from rvascend.ops.packed_linear import _native, eager_call, register_fake
 
 torch.library.define(
     "rvascend::kv_pool_attention",
@@ -59,7 +59,6 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-@torch.library.impl("rvascend::kv_pool_attention", "CPU")
 def _attention_cpu(q, k_pool, v_pool, k_new, v_new, write_slots, kv_slots, kv_starts, q_starts, scale):
     _check(q, k_pool, v_pool, k_new, v_new, write_slots, kv_slots, kv_starts, q_starts)
     if not (k_pool.is_contiguous() and v_pool.is_contiguous()):
@@ -79,6 +78,9 @@ def _attention_cpu(q, k_pool, v_pool, k_new, v_new, write_slots, kv_slots, kv_st
     return out
 
 
+torch.library.impl("rvascend::kv_pool_attention", "CPU")(_attention_cpu)
+
+
 @register_fake("rvascend::kv_pool_attention")
 def _attention_fake(q, k_pool, v_pool, k_new, v_new, write_slots, kv_slots, kv_starts, q_starts, scale):
     return torch.empty_like(q)
@@ -88,5 +90,5 @@ def kv_pool_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
                       v_new: torch.Tensor, write_slots: torch.Tensor, kv_slots: torch.Tensor,
                       kv_starts: torch.Tensor, q_starts: torch.Tensor, scale: float) -> torch.Tensor:
     """[T, heads, D] attention output; k_new/v_new are written into the pools first."""
-    return torch.ops.rvascend.kv_pool_attention(q, k_pool, v_pool, k_new, v_new, write_slots, kv_slots,
-                                                kv_starts, q_starts, scale)
+    return eager_call(torch.ops.rvascend.kv_pool_attention, _attention_cpu, q, k_pool, v_pool, k_new, v_new,
+                      write_slots, kv_slots, kv_starts, q_starts, scale)

@@ -110,7 +110,6 @@ torch.library.define(
     "(Tensor input, Tensor packed_weight, SymInt out_features, int layout_version=1) -> Tensor")
 
 
-@torch.library.impl("rvascend::pack_bf16_weight", "CPU")
 def _pack_cpu(weight: torch.Tensor, layout_version: int = 1) -> torch.Tensor:
     _check_pack_args(weight, layout_version)
     n, k = weight.shape
@@ -130,7 +129,6 @@ def readable_elements(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
 
 
-@torch.library.impl("rvascend::packed_bf16_linear", "CPU")
 def _linear_cpu(input: torch.Tensor, packed_weight: torch.Tensor, out_features: int,
                 layout_version: int = 1) -> torch.Tensor:
     _check_linear_args(input, packed_weight, out_features, layout_version)
@@ -165,6 +163,19 @@ def weight_fingerprint(weight: torch.Tensor, samples: int = FINGERPRINT_SAMPLES)
                                           readable_elements(weight), samples))
 
 
+torch.library.impl("rvascend::pack_bf16_weight", "CPU")(_pack_cpu)
+torch.library.impl("rvascend::packed_bf16_linear", "CPU")(_linear_cpu)
+
+
+def eager_call(op, impl, *args):
+    """`impl(*args)` directly when running eagerly, the registered `op` while torch.compile
+    traces. The dispatcher's round trip back into a Python kernel costs more than many of
+    these ops themselves on a small in-order core (tens of thousands of instructions)."""
+    if torch.compiler.is_compiling():
+        return op(*args)
+    return impl(*args)
+
+
 def register_fake(name: str):
     """The fake (meta) registration decorator for an op of this package.
 
@@ -189,10 +200,11 @@ def _linear_fake(input: torch.Tensor, packed_weight: torch.Tensor, out_features:
 
 def pack_bf16_weight(weight: torch.Tensor, layout_version: int = LAYOUT_VERSION) -> torch.Tensor:
     """Packs a BF16 [N, K] weight into [ceil(N/32), K, 32] (layout version 1)."""
-    return torch.ops.rvascend.pack_bf16_weight(weight, layout_version)
+    return eager_call(torch.ops.rvascend.pack_bf16_weight, _pack_cpu, weight, layout_version)
 
 
 def packed_bf16_linear(input: torch.Tensor, packed_weight: torch.Tensor, out_features: int,
                        layout_version: int = LAYOUT_VERSION) -> torch.Tensor:
     """input[..., K] x W^T -> [..., out_features] (BF16) over a packed weight."""
-    return torch.ops.rvascend.packed_bf16_linear(input, packed_weight, out_features, layout_version)
+    return eager_call(torch.ops.rvascend.packed_bf16_linear, _linear_cpu, input, packed_weight, out_features,
+                      layout_version)

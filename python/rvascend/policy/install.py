@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from absl import logging
 from torch import nn
 
+from rvascend import ops
 from rvascend.policy import adapters, budget, kernel_routes, shape_gate
 from rvascend.policy.config import RvvPolicyConfig
 from rvascend.policy.counters import RouteCounters
@@ -41,7 +42,7 @@ class PolicyReport:
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    return torch.ops.rvascend.packed_bf16_linear(x, packed, n)
+    return ops.packed_bf16_linear(x, packed, n)
 
 
 def _row_major_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
