@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import tempfile
-import time
 
 import httpx
 import openai
@@ -22,24 +21,10 @@ import openai
 from rvascend.engine.default_model import ensure_default_model
 from rvascend.server import riscv64
 from rvascend.server.launch import ServeOptions, build_engine
-from rvascend.server.testing import free_port
+from rvascend.server.testing import free_port, wait_healthy
 
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "Hello there"}]
-
-
-def wait_healthy(proc, url: str, log: str, timeout: float = 600) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the guest server exited ({proc.returncode}):\n{open(log).read()[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"the guest server did not become healthy:\n{open(log).read()[-4000:]}")
 
 
 def stop(proc) -> None:
@@ -82,7 +67,7 @@ def main() -> int:
                 "--max-total-tokens=512"], vector=vector, log=log)
             url = f"http://127.0.0.1:{port}"
             try:
-                wait_healthy(proc, url, log)
+                wait_healthy(url, proc, 600, lambda: open(log).read()[-4000:])
                 client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=600)
                 chat = client.chat.completions.create(model="x", messages=CHAT, max_tokens=4, temperature=0)
                 streamed = "".join(c.choices[0].text for c in client.completions.create(

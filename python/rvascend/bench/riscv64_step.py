@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any
 
 from absl import app, flags, logging
 

@@ -26,7 +26,7 @@ from absl import app, flags, logging
 from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.bench.rss import peak_rss_mib
-from rvascend.server.testing import free_port
+from rvascend.server.testing import free_port, wait_healthy
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model-path", None, "Checkpoint directory (default: the embedded model).")
@@ -103,18 +103,7 @@ def run_server(policy: str, model_path: Optional[str], extra: list[str]) -> list
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("server did not become healthy in 600 s")
-            time.sleep(0.5)
+        wait_healthy(url, proc, 600, lambda: proc.stderr.read()[-2000:] if proc.poll() is not None else "")
         vocab = _vocab(url, model_path)
         records = []
         for c in FLAGS.concurrency:

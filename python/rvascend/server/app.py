@@ -9,7 +9,6 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Optional, Union
 
-from absl import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rvascend.engine import SamplingParams, sampler
-from rvascend.server.testing import API_KEY, Server, free_port
+from rvascend.server.testing import Server, free_port
 
 
 @pytest.fixture(scope="module")

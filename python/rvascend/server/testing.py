@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import openai
@@ -15,6 +16,23 @@ from rvascend.server.app import create_app
 from rvascend.server.launch import ServeOptions, build_engine
 
 API_KEY = "test-key"
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, describe: Callable[[], str] = lambda: "") -> None:
+    """Until `url`/health answers 200; RuntimeError if `proc` exits first or `timeout` s pass
+    (with `describe()`, e.g. the end of its log, in the message)."""
+    deadline = time.time() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}): {describe()}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline:
+            raise RuntimeError(f"the server did not become healthy in {timeout:.0f} s: {describe()}")
+        time.sleep(0.5)
 
 
 def free_port() -> int:

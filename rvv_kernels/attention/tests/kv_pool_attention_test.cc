@@ -16,33 +16,13 @@
 
 #include "rvv_kernels/attention/kv_pool_attention.h"
 #include "rvv_kernels/base/bf16.h"
+#include "rvv_kernels/base/kernel_testing.h"
 #include "rvv_kernels/base/cpu_features.h"
 
 namespace rvascend {
 namespace {
 
-int g_passed = 0;
-int g_failed = 0;
-
-#define EXPECT(cond, ...)                              \
-  do {                                                 \
-    if (cond) {                                        \
-      ++g_passed;                                      \
-    } else {                                           \
-      ++g_failed;                                      \
-      std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::printf(__VA_ARGS__);                        \
-      std::printf("\n");                               \
-    }                                                  \
-  } while (0)
-
-double Bf16Ulp(double x) {
-  const double ax = std::fabs(x);
-  if (ax < 1e-38) return std::ldexp(1.0, -133);
-  int e;
-  std::frexp(ax, &e);
-  return std::ldexp(1.0, e - 8);
-}
+using testing::Bf16Ulp;
 
 struct Case {
   std::vector<int64_t> q_lens, kv_lens;
@@ -194,6 +174,5 @@ int main() {
     for (const Case& c : cases) Run(c, kernel, rng);
   }
   TestErrors();
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return testing::Summary();
 }

@@ -13,33 +13,14 @@
 #include <vector>
 
 #include "rvv_kernels/base/bf16.h"
+#include "rvv_kernels/base/kernel_testing.h"
 #include "rvv_kernels/base/cpu_features.h"
 #include "rvv_kernels/elementwise/elementwise.h"
 
 namespace rvascend {
 namespace {
 
-int g_passed = 0, g_failed = 0;
-
-#define EXPECT(cond, ...)                              \
-  do {                                                 \
-    if (cond) {                                        \
-      ++g_passed;                                      \
-    } else {                                           \
-      ++g_failed;                                      \
-      std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::printf(__VA_ARGS__);                        \
-      std::printf("\n");                               \
-    }                                                  \
-  } while (0)
-
-double Ulp(double x) {
-  const double ax = std::fabs(x);
-  if (ax < 1e-30) return 1e-30;
-  int e;
-  std::frexp(ax, &e);
-  return std::ldexp(1.0, e - 8);
-}
+using testing::Bf16Ulp;
 
 double F(uint16_t h) { return Bf16ToFloat(h); }
 
@@ -71,7 +52,7 @@ void TestRmsNorm(const ElementwiseKernels& k, std::mt19937& rng) {
         const double rinv = 1.0 / std::sqrt(sq / d + 1e-6);
         for (size_t i = 0; i < d; ++i) {
           const double want = F(w[i]) * h[i] * rinv;
-          if (!(std::fabs(F(out[row * d + i]) - want) <= 2 * Ulp(want) + 1e-6)) ++bad;
+          if (!(std::fabs(F(out[row * d + i]) - want) <= 2 * Bf16Ulp(want) + 1e-6)) ++bad;
         }
       }
       EXPECT(bad == 0, "%s rms_norm d=%zu residual=%d: %d bad", k.name, d, with_residual, bad);
@@ -92,7 +73,7 @@ void TestSiluMul(const ElementwiseKernels& k, std::mt19937& rng) {
       for (size_t i = 0; i < d; ++i) {
         const double g = F(x[row * 2 * d + i]), u = F(x[row * 2 * d + d + i]);
         const double want = g / (1 + std::exp(-g)) * u;
-        if (!(std::fabs(F(out[row * d + i]) - want) <= 2 * Ulp(want) + 1e-30)) ++bad;
+        if (!(std::fabs(F(out[row * d + i]) - want) <= 2 * Bf16Ulp(want) + 1e-30)) ++bad;
       }
     }
     EXPECT(bad == 0, "%s silu_mul d=%zu: %d bad", k.name, d, bad);
@@ -129,7 +110,7 @@ void TestRope(const ElementwiseKernels& k, std::mt19937& rng) {
             const double rot = i < d / 2 ? -v[i + d / 2] : v[i - d / 2];
             const double a = v[i] * F(cs[t * d + i]), b = rot * F(sn[t * d + i]);
             const double want = a + b;
-            const double tol = Ulp(a) + Ulp(b) + Ulp(want) + (norm ? 2 * Ulp(v[i]) + 2 * Ulp(rot) : 0.0);
+            const double tol = Bf16Ulp(a) + Bf16Ulp(b) + Bf16Ulp(want) + (norm ? 2 * Bf16Ulp(v[i]) + 2 * Bf16Ulp(rot) : 0.0);
             if (!(std::fabs(F(out[(t * heads + h) * d + i]) - want) <= tol)) ++bad;
           }
         }
@@ -179,6 +160,5 @@ int main() {
     threw = true;
   }
   EXPECT(threw, "an unknown kernel set is refused");
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return testing::Summary();
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "rvv_kernels/base/bf16.h"
+#include "rvv_kernels/base/kernel_testing.h"
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
 #include "rvv_kernels/base/cpu_features.h"
 #include "rvv_kernels/linear/packed_layout.h"
@@ -25,28 +26,7 @@
 namespace rvascend {
 namespace {
 
-int g_passed = 0;
-int g_failed = 0;
-
-#define EXPECT(cond, ...)                                   \
-  do {                                                      \
-    if (cond) {                                             \
-      ++g_passed;                                           \
-    } else {                                                \
-      ++g_failed;                                           \
-      std::printf("FAIL %s:%d: ", __FILE__, __LINE__);      \
-      std::printf(__VA_ARGS__);                             \
-      std::printf("\n");                                    \
-    }                                                       \
-  } while (0)
-
-double Bf16Ulp(double x) {
-  const double ax = std::fabs(x);
-  if (ax < 1e-38) return std::ldexp(1.0, -133);  // BF16 subnormal spacing
-  int e;
-  std::frexp(ax, &e);  // ax = f * 2^e, f in [0.5, 1)
-  return std::ldexp(1.0, e - 8);
-}
+using testing::Bf16Ulp;
 
 uint16_t Bf16(float f) { return FloatToBf16(f); }
 
@@ -262,6 +242,5 @@ int main() {
   timed("shapes", [&] { TestShapes(sets); });
   timed("threads", [&] { TestThreadsAgree(sets); });
   timed("non-finite", [&] { TestNonFinite(sets); });
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return testing::Summary();
 }
