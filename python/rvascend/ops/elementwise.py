@@ -42,7 +42,10 @@ def _bf16(name: str, **tensors: torch.Tensor) -> None:
 
 def _rows(name: str, x: torch.Tensor, width: int) -> torch.Tensor:
     """x as [rows, width] with unit column stride (a copy only if it is not already)."""
-    x2 = x.reshape(-1, width) if x.numel() else x.reshape(0, width)
+    if x.dim() == 2:  # the decode path: no reshape, no copy
+        x2 = x
+    else:
+        x2 = x.reshape(-1, width) if x.numel() else x.reshape(0, width)
     if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < width):
         x2 = x2.contiguous()
     return x2
@@ -63,7 +66,7 @@ def _rms_norm_cpu(x, weight, eps):
     out = torch.empty((x2.shape[0], d), dtype=torch.bfloat16)
     _native.rms_norm(x2.shape[0], d, x2.data_ptr(), x2.stride(0) if x2.shape[0] > 1 else d, 0, 0, w.data_ptr(),
                      float(eps), out.data_ptr(), 0, torch.get_num_threads())
-    return out.reshape(x.shape)
+    return out if x.dim() == 2 else out.reshape(x.shape)
 
 
 def _add_rms_norm_cpu(x, residual, weight, eps):
@@ -79,6 +82,8 @@ def _add_rms_norm_cpu(x, residual, weight, eps):
     _native.rms_norm(rows, d, x2.data_ptr(), x2.stride(0) if rows > 1 else d, r2.data_ptr(),
                      r2.stride(0) if rows > 1 else d, w.data_ptr(), float(eps), out.data_ptr(), res_out.data_ptr(),
                      torch.get_num_threads())
+    if x.dim() == 2:
+        return out, res_out
     return out.reshape(x.shape), res_out.reshape(x.shape)
 
 
@@ -91,7 +96,7 @@ def _silu_mul_cpu(x):
     out = torch.empty((x2.shape[0], d), dtype=torch.bfloat16)
     _native.silu_mul(x2.shape[0], d, x2.data_ptr(), x2.stride(0) if x2.shape[0] > 1 else 2 * d, out.data_ptr(),
                      torch.get_num_threads())
-    return out.reshape(*x.shape[:-1], d)
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], d)
 
 
 def _rope_cpu(x, heads, norm_weight, eps, cos, sin):
