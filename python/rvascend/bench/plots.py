@@ -25,25 +25,32 @@ def bar_plot(path: str, title: str, labels: Sequence[str], series: dict[str, Seq
 
 
 def stacked_region_plot(records: Sequence[dict], path: str, top: int = 9) -> None:
-    """One stacked bar (instructions by region) per record of riscv64_step."""
+    """One bar per record of riscv64_step: each region's share of the decode step
+    (stacked to 100 %), the step's total instructions written above the bar."""
     totals: dict[str, float] = {}
     for r in records:
         for name, n in r["regions"].items():
-            totals[name] = totals.get(name, 0.0) + n
+            totals[name] = totals.get(name, 0.0) + n / max(1.0, sum(r["regions"].values()))
     names = sorted(totals, key=lambda k: -totals[k])[:top]
-    labels = [f"{r['mode']}\nctx {r['context']} M {r['rows']}" for r in records]
-    fig, ax = plt.subplots(figsize=(max(7, len(records) * 0.8), 5))
+    labels = [f"VLEN {r['vlen']}\n{r['mode']}\nctx {r['context']} M {r['rows']}" for r in records]
+    fig, ax = plt.subplots(figsize=(max(8, len(records) * 0.9 + 2), 5.5))
     bottom = [0.0] * len(records)
     for name in names + ["other regions"]:
-        values = [(r["regions"].get(name, 0.0) if name != "other regions" else
-                   sum(v for k, v in r["regions"].items() if k not in names)) / 1e9 for r in records]
+        values = []
+        for r in records:
+            whole = max(1.0, sum(max(0.0, v) for v in r["regions"].values()))
+            part = r["regions"].get(name, 0.0) if name != "other regions" else \
+                sum(v for k, v in r["regions"].items() if k not in names)
+            values.append(100.0 * max(0.0, part) / whole)
         ax.bar(range(len(records)), values, bottom=bottom, label=name)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_xticks(range(len(records)), labels, fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("G instructions per decode step (log)")
-    ax.set_title("Qwen3-0.6B decode step on riscv64 (QEMU, extrapolated to 28 layers)")
-    ax.legend(fontsize=7, ncol=2)
+    for i, r in enumerate(records):
+        ax.text(i, 101, f"{r['instructions'] / 1e9:.2f} G", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(records)), labels, fontsize=6)
+    ax.set_ylim(0, 112)
+    ax.set_ylabel("share of the decode step's instructions (%)")
+    ax.set_title("Qwen3-0.6B decode step on riscv64, 28 layers (total above each bar)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
