@@ -29,6 +29,13 @@ std::string Validate(const Shapes& s) {
     e << "ssm_state_indices must be int32 or int64";
   } else if (s.gkPerDim && !s.hasGk) {
     e << "gkPerDim set without gk";
+  } else if (s.b < 1) {
+    e << "B = " << s.b << ": at least one sequence is needed";
+  } else if (static_cast<uint64_t>(s.t) > static_cast<uint64_t>(s.b) * kMaxMtp) {
+    // The lengths themselves live in device memory; the shapes already prove
+    // that some sequence would exceed the kernel's MAX_MTP-row buffers.
+    e << "T = " << s.t << " tokens in B = " << s.b << " sequences: at least one sequence would have more than "
+      << "MAX_MTP = " << kMaxMtp << " tokens";
   }
   return e.str();
 }

@@ -78,7 +78,10 @@ class RGDR {
     int64_t seq0 = 0;
     for (uint32_t b = 0; b < t_.b; ++b) {
       const int64_t seqLen = SeqLen(b);
-      if (seqLen > 0) {
+      // The host refuses lengths past MAX_MTP and T; should one reach the kernel
+      // anyway, its sequence is skipped: its rows would not fit the MAX_MTP-row
+      // UB buffers, and its tokens would lie past the inputs' T rows.
+      if (seqLen > 0 && seqLen <= static_cast<int64_t>(kMaxMtp) && seq0 + seqLen <= static_cast<int64_t>(t_.t)) {
         const uint32_t len = static_cast<uint32_t>(seqLen);
         const int64_t readSlot = ReadSlot(b, seq0, len);
         for (uint32_t h = 0; h < t_.nv; ++h) {
@@ -86,8 +89,8 @@ class RGDR {
             ProcessHead(seq0, len, h, readSlot);
           }
         }
-        seq0 += seqLen;
       }
+      if (seqLen > 0) seq0 += seqLen;
     }
   }
 

@@ -191,6 +191,31 @@ def test_torch_compile_with_fake_implementation():
     assert torch.equal(got, step(args["query"], s2)) and torch.equal(s1, s2)
 
 
+def test_host_tiling_refuses_more_tokens_than_max_mtp_per_sequence():
+    args = make(lens=(8, 1))  # T = 9 tokens
+    with pytest.raises(ValueError, match="T = 9 tokens in B = 1 sequences: .* more than MAX_MTP = 8"):
+        R.tiling(args["query"], args["value"], args["state"], 1, has_g=True, gk=None, has_accepted=False,
+                 seq_lens_int64=False, indices_int64=False, scale=0.1)
+    R.tiling(args["query"], args["value"], args["state"], 2, has_g=True, gk=None, has_accepted=False,
+             seq_lens_int64=False, indices_int64=False, scale=0.1)  # 9 tokens in 2 sequences can fit
+
+
+def test_kernel_given_a_length_past_max_mtp_skips_it_without_writing_out_of_bounds():
+    """What an aclnn caller could pass past the host checks: lengths [9, 0] for T = 9 in B = 2.
+    The twin flags any UB overflow or out-of-bounds DMA; the kernel must skip that sequence."""
+    args = make(lens=(8, 1))
+    plan = R.tiling(args["query"], args["value"], args["state"], 2, has_g=True, gk=None, has_accepted=False,
+                    seq_lens_int64=False, indices_int64=False, scale=args["scale"])
+    state = args["state"].clone()
+    shapes = {"t": 9, "b": 2, "nk": 2, "nv": 4, "dk": 72, "dv": 40, "num_slots": state.shape[0]}
+    out = torch.zeros((9, 4, 40), dtype=torch.bfloat16)
+    lengths = torch.tensor([9, 0], dtype=torch.int32)
+    spec, _keep = R._spec(shapes, args["query"], args["key"], args["value"], state, args["beta"], args["scale"],
+                          lengths, args["ssm_state_indices"], None, args["g"], None, out)
+    R._rgdr.run_twin(spec, plan)
+    assert torch.equal(state, args["state"]) and not out.any()
+
+
 def test_twin_rejects_a_tiling_that_overflows_ub():
     args = make(lens=(1,), dk=128, dv=128)
     plan = R.tiling(args["query"], args["value"], args["state"], 1, has_g=True, gk=None, has_accepted=False,
