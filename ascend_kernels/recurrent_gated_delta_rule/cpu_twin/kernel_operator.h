@@ -31,6 +31,10 @@ struct bfloat16_t {
 };
 using half = _Float16;
 
+// CANN declares the hardware event ids as a global type, outside AscendC; a
+// kernel casts TPipe::FetchEventID's TEventID to it.
+enum event_t : int32_t { EVENT_ID0, EVENT_ID1, EVENT_ID2, EVENT_ID3, EVENT_ID4, EVENT_ID5, EVENT_ID6, EVENT_ID7 };
+
 namespace AscendC {
 
 using twin::TwinError;
@@ -52,18 +56,18 @@ using QuePosition = TPosition;
 enum class RoundMode { CAST_NONE, CAST_RINT, CAST_ROUND, CAST_FLOOR, CAST_CEIL, CAST_TRUNC };
 enum class HardEvent { MTE2_V, V_MTE2, V_MTE3, MTE3_V, V_S, S_V, MTE2_S, S_MTE2, MTE3_S, S_MTE3, MTE3_MTE2 };
 enum pipe_t { PIPE_S, PIPE_V, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
-using event_t = int32_t;
+using TEventID = int8_t;  // what TPipe::FetchEventID returns
 
 inline int64_t GetBlockIdx() { return twin::Runtime::Get().block_idx(); }
 inline int64_t GetBlockNum() { return twin::Runtime::Get().block_num(); }
 
 template <HardEvent event>
-inline void SetFlag(event_t id) {
+inline void SetFlag(int32_t id) {
   ++twin::Runtime::Get().events()[{static_cast<int>(event), id}];
 }
 
 template <HardEvent event>
-inline void WaitFlag(event_t id) {
+inline void WaitFlag(int32_t id) {
   auto& count = twin::Runtime::Get().events()[{static_cast<int>(event), id}];
   if (count <= 0) throw TwinError("WaitFlag on an event that was never set: the core would hang");
   --count;
@@ -280,10 +284,10 @@ class TPipe {
   void InitBuffer(TBuf<pos>& buf, uint32_t len) {
     buf.Init(len);
   }
-  event_t FetchEventID(HardEvent) { return next_event_++ % 8; }
+  TEventID FetchEventID(HardEvent) { return static_cast<TEventID>(next_event_++ % 8); }
 
  private:
-  event_t next_event_ = 0;
+  int32_t next_event_ = 0;
 };
 
 inline TPipe*& CurrentPipe() {

@@ -127,23 +127,18 @@ class RGDR {
 
     const uint32_t aK = t_.alignK, aV = t_.alignV;
     uint32_t off = 0;
-    auto take = [&](uint32_t count) {
-      AscendC::LocalTensor<float> tensor = tmpBuf_.GetWithOffset<float>(count, off);
-      off += AlignUp(count * 4, kBlockBytes);
-      return tensor;
-    };
-    qF_ = take(kMaxMtp * aK);
-    kF_ = take(kMaxMtp * aK);
-    vF_ = take(kMaxMtp * aV);
-    betaF_ = take(kMaxMtp * 16);
-    gF_ = take(kMaxMtp * 8);
-    gkF_ = take(t_.gkPerDim == 1 ? kMaxMtp * aK : kMaxMtp * 8);
-    rowTmp_ = take(AlignUp(aK, kReduceLength));
-    partial_ = take(8);
-    stateF_ = take(t_.vStep * aK);
-    kvF_ = take(t_.vStep);
-    attnF_ = take(t_.vStep);
-    deltaF_ = take(t_.vStep);
+    qF_ = TakeF32(off, kMaxMtp * aK);
+    kF_ = TakeF32(off, kMaxMtp * aK);
+    vF_ = TakeF32(off, kMaxMtp * aV);
+    betaF_ = TakeF32(off, kMaxMtp * 16);
+    gF_ = TakeF32(off, kMaxMtp * 8);
+    gkF_ = TakeF32(off, t_.gkPerDim == 1 ? kMaxMtp * aK : kMaxMtp * 8);
+    rowTmp_ = TakeF32(off, AlignUp(aK, kReduceLength));
+    partial_ = TakeF32(off, 8);
+    stateF_ = TakeF32(off, t_.vStep * aK);
+    kvF_ = TakeF32(off, t_.vStep);
+    attnF_ = TakeF32(off, t_.vStep);
+    deltaF_ = TakeF32(off, t_.vStep);
     // Products past alignK are summed by the 64-wide reduction: keep them zero.
     AscendC::Duplicate(rowTmp_, 0.0f, AlignUp(aK, kReduceLength));
   }
@@ -221,8 +216,21 @@ class RGDR {
     }
   }
 
+  // The next FP32 slice of the working buffer: count elements at `off`, which
+  // advances to the next 32-byte boundary. (A member, not a capturing lambda:
+  // device code calls only __aicore__ functions.)
+  __aicore__ inline AscendC::LocalTensor<float> TakeF32(uint32_t& off, uint32_t count) {
+    AscendC::LocalTensor<float> tensor = tmpBuf_.GetWithOffset<float>(count, off);
+    off += AlignUp(count * 4, kBlockBytes);
+    return tensor;
+  }
+
+  // The V->S synchronisation as public AscendC kernels write it: event_t is a
+  // global type and FetchEventID returns a TEventID, so the id is cast
+  // (e.g. CANN ops-transformer's attention kernels:
+  // `event_t id = static_cast<event_t>(GetTPipePtr()->FetchEventID(HardEvent::V_S))`).
   __aicore__ inline void WaitVectorToScalar() {
-    AscendC::event_t id = pipe_->FetchEventID(AscendC::HardEvent::V_S);
+    event_t id = static_cast<event_t>(pipe_->FetchEventID(AscendC::HardEvent::V_S));
     AscendC::SetFlag<AscendC::HardEvent::V_S>(id);
     AscendC::WaitFlag<AscendC::HardEvent::V_S>(id);
   }

@@ -6,6 +6,15 @@
 
 #include <cstdint>
 
+// Helpers the kernel calls must be device functions there (__aicore__, which
+// CANN's kernel headers define for device compiles) and plain functions in the
+// host tiling, where nothing defines it.
+#ifdef __aicore__
+#define RGDR_AICORE __aicore__
+#else
+#define RGDR_AICORE
+#endif
+
 namespace rgdr {
 
 constexpr uint32_t kMaxMtp = 8;             // tokens per sequence (speculative decode)
@@ -16,10 +25,10 @@ constexpr uint32_t kAlignElems = 16;        // 16 x 16-bit = one 32-byte block (
 constexpr uint32_t kReduceLength = 64;      // FP32 elements WholeReduceSum takes per repeat
 constexpr uint32_t kMaxOutBuffers = 2;      // deepest output queue
 
-inline constexpr uint32_t AlignUp(uint32_t x, uint32_t a) { return (x + a - 1) / a * a; }
+RGDR_AICORE inline constexpr uint32_t AlignUp(uint32_t x, uint32_t a) { return (x + a - 1) / a * a; }
 
 // Work units are (batch, value head) pairs dealt round-robin over the cores.
-inline constexpr uint32_t BlockDimFor(uint64_t batches, uint32_t value_heads, uint32_t vector_cores) {
+RGDR_AICORE inline constexpr uint32_t BlockDimFor(uint64_t batches, uint32_t value_heads, uint32_t vector_cores) {
   const uint64_t units = batches * value_heads;
   const uint64_t dim = units < vector_cores ? units : vector_cores;
   return dim == 0 ? 1 : static_cast<uint32_t>(dim);
@@ -34,7 +43,7 @@ struct UbLayout {
   uint32_t tmpPerRow;  // stateF row + kv, attn, delta scalars
 };
 
-inline constexpr UbLayout LayoutFor(uint32_t align_k, uint32_t align_v, uint32_t v_step, uint32_t elem_bytes,
+RGDR_AICORE inline constexpr UbLayout LayoutFor(uint32_t align_k, uint32_t align_v, uint32_t v_step, uint32_t elem_bytes,
                                     bool has_g, bool has_gk, bool gk_per_dim) {
   UbLayout l{};
   l.qIn = kMaxMtp * align_k * elem_bytes;

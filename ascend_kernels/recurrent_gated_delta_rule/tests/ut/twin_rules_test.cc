@@ -143,7 +143,7 @@ int main() {
       pipe.InitBuffer(buf, 64);
       auto t = buf.Get<float>();
       Duplicate(t, 1.0f, 16);
-      event_t id = pipe.FetchEventID(HardEvent::V_S);
+      event_t id = static_cast<event_t>(pipe.FetchEventID(HardEvent::V_S));
       SetFlag<HardEvent::V_S>(id);
       WaitFlag<HardEvent::V_S>(id);
       (void)t.GetValue(3);
