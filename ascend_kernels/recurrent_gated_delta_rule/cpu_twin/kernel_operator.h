@@ -76,7 +76,10 @@ inline void WaitFlag(int32_t id) {
 
 template <pipe_t pipe>
 inline void PipeBarrier() {
-  if (pipe == PIPE_V || pipe == PIPE_ALL) twin::Runtime::Get().ScalarSynced();
+  // PipeBarrier<PIPE_V> orders vector instructions among themselves; it does
+  // not make their results visible to the scalar unit (that takes a V_S
+  // event). Only a full barrier does both.
+  if (pipe == PIPE_ALL) twin::Runtime::Get().ScalarSynced();
 }
 
 // ---------------------------------------------------------------------------

@@ -149,6 +149,17 @@ int main() {
       (void)t.GetValue(3);
     });
   });
+  Expect("PipeBarrier<PIPE_V> is no V->S sync", true, "V_S", [] {
+    OneBlock(4096, [] {
+      TPipe pipe;
+      TBuf<TPosition::VECCALC> buf;
+      pipe.InitBuffer(buf, 64);
+      auto t = buf.Get<float>();
+      Duplicate(t, 1.0f, 16);
+      PipeBarrier<PIPE_V>();
+      (void)t.GetValue(3);
+    });
+  });
   Expect("unaligned vector operand", true, "32-byte aligned", [] {
     OneBlock(4096, [] {
       TPipe pipe;
