@@ -76,7 +76,7 @@ class Regions:
 
 def instrument(model: torch.nn.Module, regions: Regions) -> None:
     for layer in model.model.layers:
-        regions.hook(layer, "residual")
+        regions.hook(layer, "layer_glue")
         regions.hook(layer.input_layernorm, "rms_norm")
         regions.hook(layer.post_attention_layernorm, "rms_norm")
         attn = layer.self_attn

@@ -58,33 +58,35 @@ def _check_norm(name: str, x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"{name}: rows must not be empty")
 
 
-def _rms_norm_cpu(x, weight, eps):
-    _bf16("rms_norm", x=x, weight=weight)
-    _check_norm("rms_norm", x, weight)
+def _norm(name: str, x, residual, weight, eps):
+    """rms_norm of x (after adding residual when given): (normed, x + residual or None)."""
+    _bf16(name, x=x, weight=weight, **({"residual": residual} if residual is not None else {}))
+    _check_norm(name, x, weight)
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"{name}: residual {tuple(residual.shape)} differs from x {tuple(x.shape)}")
     d = weight.shape[0]
-    x2, w = _rows("rms_norm", x, d), weight.contiguous()
-    out = torch.empty((x2.shape[0], d), dtype=torch.bfloat16)
-    _native.rms_norm(x2.shape[0], d, x2.data_ptr(), x2.stride(0) if x2.shape[0] > 1 else d, 0, 0, w.data_ptr(),
-                     float(eps), out.data_ptr(), 0, torch.get_num_threads())
-    return out if x.dim() == 2 else out.reshape(x.shape)
-
-
-def _add_rms_norm_cpu(x, residual, weight, eps):
-    _bf16("add_rms_norm", x=x, residual=residual, weight=weight)
-    _check_norm("add_rms_norm", x, weight)
-    if residual.shape != x.shape:
-        raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} differs from x {tuple(x.shape)}")
-    d = weight.shape[0]
-    x2, r2, w = _rows("add_rms_norm", x, d), _rows("add_rms_norm", residual, d), weight.contiguous()
+    x2, w = _rows(name, x, d), weight.contiguous()
     rows = x2.shape[0]
     out = torch.empty((rows, d), dtype=torch.bfloat16)
-    res_out = torch.empty((rows, d), dtype=torch.bfloat16)
-    _native.rms_norm(rows, d, x2.data_ptr(), x2.stride(0) if rows > 1 else d, r2.data_ptr(),
-                     r2.stride(0) if rows > 1 else d, w.data_ptr(), float(eps), out.data_ptr(), res_out.data_ptr(),
+    r2 = res_out = None
+    if residual is not None:
+        r2 = _rows(name, residual, d)
+        res_out = torch.empty((rows, d), dtype=torch.bfloat16)
+    _native.rms_norm(rows, d, x2.data_ptr(), x2.stride(0) if rows > 1 else d,
+                     r2.data_ptr() if r2 is not None else 0, r2.stride(0) if r2 is not None and rows > 1 else d,
+                     w.data_ptr(), float(eps), out.data_ptr(), res_out.data_ptr() if res_out is not None else 0,
                      torch.get_num_threads())
     if x.dim() == 2:
         return out, res_out
-    return out.reshape(x.shape), res_out.reshape(x.shape)
+    return out.reshape(x.shape), res_out.reshape(x.shape) if res_out is not None else None
+
+
+def _rms_norm_cpu(x, weight, eps):
+    return _norm("rms_norm", x, None, weight, eps)[0]
+
+
+def _add_rms_norm_cpu(x, residual, weight, eps):
+    return _norm("add_rms_norm", x, residual, weight, eps)
 
 
 def _silu_mul_cpu(x):

@@ -14,7 +14,6 @@ from typing import Callable, Optional
 
 import torch
 
-from rvascend import ops
 from rvascend.policy.counters import RouteCounters
 
 ROUTES_ATTR = "_rvv_kernel_routes"
@@ -53,7 +52,6 @@ class KernelRoutes:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.counters = RouteCounters()
-        self.attention_kernel = ops.available_attention_kernels()[0]
 
     def use(self, kind: str, *tensors: torch.Tensor, rows: int = 0) -> bool:
         why = KERNELS[kind].gate(*tensors) if self.enabled else "kernels_off"

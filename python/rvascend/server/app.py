@@ -96,6 +96,22 @@ def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = No
             metrics.requests.labels(endpoint, "rejected").inc()
             return error(503, f"server busy: {e}", "server_busy")
 
+    async def collect(endpoint: str, sub: Submission, request: Request) -> tuple[list[ChoiceState], Optional[Response]]:
+        """Every choice's outputs of a non-streaming request, and the error response
+        (499 if the client left, 500 if generation failed) or None; records the request."""
+        states = [ChoiceState() for _ in sub.seqs]
+        async for index, out in sub.outputs(request):
+            states[index].add(out)
+        if any(s.reason is None for s in states):  # the client went away
+            record(endpoint, sub, "aborted")
+            return states, error(499, "client closed the request")
+        failed = [s.error or "generation failed" for s in states if s.reason == "error"]
+        if failed:
+            record(endpoint, sub, "error")
+            return states, error(500, failed[0], "server_error")
+        record(endpoint, sub, "ok")
+        return states, None
+
     async def serve_openai(endpoint: str, pairs: list[tuple[list[int], SamplingParams]], n: int, stream: bool,
                            chat: bool, include_usage: bool, logprobs: bool, request: Request,
                            echo: Optional[list[str]] = None):
@@ -110,17 +126,9 @@ def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = No
         if stream:
             return StreamingResponse(stream_openai(endpoint, sub, head, n, chat, include_usage, fmt, echo),
                                      media_type="text/event-stream")
-        states = [ChoiceState() for _ in sub.seqs]
-        async for index, out in sub.outputs(request):
-            states[index].add(out)
-        failed = [s.error for s in states if s.reason == "error"]
-        if any(s.reason is None for s in states):  # the client went away
-            record(endpoint, sub, "aborted")
-            return error(499, "client closed the request")
-        if failed:
-            record(endpoint, sub, "error")
-            return error(500, failed[0], "server_error")
-        record(endpoint, sub, "ok")
+        states, failure = await collect(endpoint, sub, request)
+        if failure is not None:
+            return failure
         choices = [responses.choice(i, s, chat, fmt, echo[i // n] if echo else "") for i, s in enumerate(states)]
         return {**head, "choices": choices, "usage": responses.usage(sub.seqs, n)}
 
@@ -248,17 +256,8 @@ def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = No
                 finally:
                     record("generate", sub, status)
             return StreamingResponse(stream(), media_type="text/event-stream")
-        state = ChoiceState()
-        async for _, out in sub.outputs(request):
-            state.add(out)
-        if state.reason is None:
-            record("generate", sub, "aborted")
-            return error(499, "client closed the request")
-        if state.reason == "error":
-            record("generate", sub, "error")
-            return error(500, state.error or "generation failed", "server_error")
-        record("generate", sub, "ok")
-        return body(state, sub.seqs[0])
+        (state,), failure = await collect("generate", sub, request)
+        return failure if failure is not None else body(state, sub.seqs[0])
 
     @app.get("/get_model_info")
     async def model_info():

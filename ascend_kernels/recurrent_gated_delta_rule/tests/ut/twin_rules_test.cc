@@ -31,6 +31,20 @@ void OneBlock(uint32_t ub, const std::function<void()>& body) {
   rt.Launch(1, body);
 }
 
+// A vector instruction writes a tensor, `sync` runs, then the scalar unit reads it.
+void VectorWriteThenScalarRead(const std::function<void(AscendC::TPipe&)>& sync) {
+  using namespace AscendC;
+  OneBlock(4096, [&] {
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> buf;
+    pipe.InitBuffer(buf, 64);
+    auto t = buf.Get<float>();
+    Duplicate(t, 1.0f, 16);
+    sync(pipe);
+    (void)t.GetValue(3);
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -126,39 +140,16 @@ int main() {
     });
   });
 
-  Expect("scalar read without V_S", true, "V_S", [] {
-    OneBlock(4096, [] {
-      TPipe pipe;
-      TBuf<TPosition::VECCALC> buf;
-      pipe.InitBuffer(buf, 64);
-      auto t = buf.Get<float>();
-      Duplicate(t, 1.0f, 16);
-      (void)t.GetValue(3);
-    });
-  });
+  Expect("scalar read without V_S", true, "V_S", [] { VectorWriteThenScalarRead([](TPipe&) {}); });
   Expect("scalar read after V_S", false, "", [] {
-    OneBlock(4096, [] {
-      TPipe pipe;
-      TBuf<TPosition::VECCALC> buf;
-      pipe.InitBuffer(buf, 64);
-      auto t = buf.Get<float>();
-      Duplicate(t, 1.0f, 16);
+    VectorWriteThenScalarRead([](TPipe& pipe) {
       event_t id = static_cast<event_t>(pipe.FetchEventID(HardEvent::V_S));
       SetFlag<HardEvent::V_S>(id);
       WaitFlag<HardEvent::V_S>(id);
-      (void)t.GetValue(3);
     });
   });
   Expect("PipeBarrier<PIPE_V> is no V->S sync", true, "V_S", [] {
-    OneBlock(4096, [] {
-      TPipe pipe;
-      TBuf<TPosition::VECCALC> buf;
-      pipe.InitBuffer(buf, 64);
-      auto t = buf.Get<float>();
-      Duplicate(t, 1.0f, 16);
-      PipeBarrier<PIPE_V>();
-      (void)t.GetValue(3);
-    });
+    VectorWriteThenScalarRead([](TPipe&) { PipeBarrier<PIPE_V>(); });
   });
   Expect("unaligned vector operand", true, "32-byte aligned", [] {
     OneBlock(4096, [] {
