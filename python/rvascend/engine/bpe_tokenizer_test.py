@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from rvascend.engine.bpe_tokenizer import BpeTokenizer, UnsupportedTokenizer
-from rvascend.engine.default_model import ensure_default_model
+from rvascend.engine.random_model import ensure_random_model
 
 CORPUS = [
     "plain ASCII text, with punctuation! 12345 and don't we'll THEY'RE", "accents: café, naïve, Ångström, Ωμέγα",
@@ -44,7 +44,7 @@ def _qwen_style(path: str) -> str:
 @pytest.fixture(scope="module", params=["default", "qwen_style"])
 def pair(request, tmp_path_factory):
     if request.param == "default":
-        path = os.path.join(ensure_default_model(), "tokenizer.json")
+        path = os.path.join(ensure_random_model(), "tokenizer.json")
     else:
         path = _qwen_style(str(tmp_path_factory.mktemp("qwen")))
     return Tokenizer.from_file(path), BpeTokenizer.from_file(path)
@@ -82,7 +82,7 @@ def test_unsupported_formats_are_refused_by_name(tmp_path):
     spec = json.loads(Tokenizer(models.WordPiece({"[UNK]": 0}, unk_token="[UNK]")).to_str())
     with pytest.raises(UnsupportedTokenizer, match="WordPiece"):
         BpeTokenizer(spec)
-    spec = json.loads(open(os.path.join(ensure_default_model(), "tokenizer.json")).read())
+    spec = json.loads(open(os.path.join(ensure_random_model(), "tokenizer.json")).read())
     spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁"}
     with pytest.raises(UnsupportedTokenizer, match="Metaspace"):
         BpeTokenizer(spec)

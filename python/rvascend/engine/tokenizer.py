@@ -1,6 +1,7 @@
 """Tokenizer of a checkpoint directory: tokenizer.json through the `tokenizers`
 library (or, where it cannot be installed, the pure-Python byte-level BPE of
-bpe_tokenizer.py), the chat template from tokenizer_config.json through Jinja2."""
+bpe_tokenizer.py), the chat template from tokenizer_config.json through Jinja2.
+A GGUF file's tokenizer is rebuilt as the same two files (models/gguf_tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,22 @@ from absl import logging
 
 class Tokenizer:
     def __init__(self, model_path: str) -> None:
-        path = os.path.join(model_path, "tokenizer.json")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{model_path} has no tokenizer.json")
-        self._tok = _load_tokenizer_json(path)
+        from rvascend.models import gguf_checkpoint
+
         config: dict[str, Any] = {}
-        config_path = os.path.join(model_path, "tokenizer_config.json")
-        if os.path.exists(config_path):
-            with open(config_path, encoding="utf-8") as f:
-                config = json.load(f)
+        if gguf_checkpoint.is_gguf(model_path):
+            spec, config = gguf_checkpoint.GgufCheckpoint(model_path).tokenizer_files()
+            self._tok = _load_tokenizer_json(json.dumps(spec), model_path)
+        else:
+            path = os.path.join(model_path, "tokenizer.json")
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"{model_path} has no tokenizer.json")
+            with open(path, encoding="utf-8") as f:
+                self._tok = _load_tokenizer_json(f.read(), path)
+            config_path = os.path.join(model_path, "tokenizer_config.json")
+            if os.path.exists(config_path):
+                with open(config_path, encoding="utf-8") as f:
+                    config = json.load(f)
         self.chat_template: Optional[str] = config.get("chat_template")
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
@@ -58,15 +66,15 @@ class Tokenizer:
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
 
-def _load_tokenizer_json(path: str):
+def _load_tokenizer_json(text: str, source: str):
     try:
         from tokenizers import Tokenizer as HfTokenizer
     except ImportError:
         # No riscv64 wheel of `tokenizers` exists; the pure-Python reader serves there.
         from rvascend.engine.bpe_tokenizer import BpeTokenizer
-        logging.info("tokenizers is not installed: using the pure-Python byte-level BPE for %s", path)
-        return BpeTokenizer.from_file(path)
-    return HfTokenizer.from_file(path)
+        logging.info("tokenizers is not installed: using the pure-Python byte-level BPE for %s", source)
+        return BpeTokenizer(json.loads(text))
+    return HfTokenizer.from_str(text)
 
 
 def _token_text(token: Any) -> Optional[str]:

@@ -27,6 +27,8 @@ class ModelConfig:
     qk_norm: bool               # RMSNorm on q and k per head (Qwen3)
     eos_token_ids: tuple[int, ...]
     bos_token_id: Optional[int]
+    # Per-frequency rope divisors (GGUF's rope_freqs tensor, Llama 3.1+ files).
+    rope_freq_factors: Optional[tuple[float, ...]] = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
@@ -66,10 +68,14 @@ class ModelConfig:
             qk_norm=arch == "Qwen3ForCausalLM",
             eos_token_ids=eos_ids,
             bos_token_id=raw.get("bos_token_id"),
+            rope_freq_factors=tuple(raw["rope_freq_factors"]) if raw.get("rope_freq_factors") else None,
         )
 
     @classmethod
     def from_dir(cls, model_path: str) -> "ModelConfig":
+        if os.path.isfile(model_path):
+            raise ValueError(f"{model_path} is a file but not a GGUF file (no 'GGUF' magic): a model path is a "
+                             "Hugging Face checkpoint directory or a .gguf file")
         path = os.path.join(model_path, "config.json")
         if not os.path.exists(path):
             raise FileNotFoundError(f"{model_path} has no config.json: not a Hugging Face checkpoint directory")

@@ -105,6 +105,11 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         if config.rope_scaling is not None:
             inv_freq = _llama3_inv_freq(inv_freq, config.rope_scaling)
+        if config.rope_freq_factors is not None:
+            factors = torch.tensor(config.rope_freq_factors, dtype=torch.float32)
+            if factors.shape != inv_freq.shape:
+                raise ValueError(f"{factors.numel()} rope frequency factors for {inv_freq.numel()} frequencies")
+            inv_freq = inv_freq / factors
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,15 +1,18 @@
-"""Loads a Hugging Face checkpoint directory (config.json + *.safetensors) into a CausalLM."""
+"""Loads a checkpoint into a CausalLM: a Hugging Face directory (config.json +
+*.safetensors) or a GGUF file (gguf_checkpoint.py)."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+from typing import Iterator
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
+from rvascend.models import gguf_checkpoint
 from rvascend.models.config import ModelConfig
 from rvascend.models.decoder import CausalLM
 from rvascend.models.layers import FusedLinear
@@ -33,8 +36,17 @@ def weight_files(model_path: str) -> list[str]:
     return paths
 
 
+def _safetensors(model_path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in weight_files(model_path):
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
 def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16) -> CausalLM:
-    config = ModelConfig.from_dir(model_path)
+    """The model of a checkpoint directory or GGUF file, in `dtype`, in eval mode."""
+    gguf_file = gguf_checkpoint.GgufCheckpoint(model_path) if gguf_checkpoint.is_gguf(model_path) else None
+    config = ModelConfig.from_dict(gguf_file.config) if gguf_file else ModelConfig.from_dir(model_path)
     cls = model_class_for(config.architecture)
     with torch.device("meta"):
         model = cls(config)
@@ -42,10 +54,8 @@ def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16) -> CausalLM
     model.rotary.__init__(config)  # buffers made on meta hold no values
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    for path in weight_files(model_path):
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                _load_tensor(model, params, name, f.get_tensor(name), loaded)
+    for name, tensor in gguf_file.tensors(dtype) if gguf_file else _safetensors(model_path):
+        _load_tensor(model, params, name, tensor, loaded)
     expected = set(params)
     if config.tie_word_embeddings:
         expected.discard("lm_head.weight")

@@ -135,6 +135,8 @@ def checkpoint(path: Optional[str]) -> Optional[dict[str, Any]]:
     if not path:
         return None
     files = {}
+    if os.path.isfile(path):  # a GGUF file is the whole checkpoint
+        files[os.path.basename(path)] = sha256_file(path)
     for pattern in ("*.safetensors", "*.json", "*.model", "*.txt"):
         for f in sorted(glob.glob(os.path.join(path, pattern))):
             files[os.path.basename(f)] = sha256_file(f)

@@ -1,8 +1,9 @@
 """`serve`: an OpenAI-compatible server (flags follow SGLang's names).
 
-  bazel run //python:serve -- [--model-path DIR] [--enable-cpu-rvv-inductor] [--port 30000]
+  bazel run //python:serve -- [--model-path DIR|FILE.gguf] [--enable-cpu-rvv-inductor] [--port 30000]
 
-Without --model-path it serves the embedded default model (generated at first use).
+Without --model-path it serves SmolLM2-135M-Instruct (engine/default_model.py), converted
+from its pinned GGUF into the cache at first use.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from absl import app, flags, logging
 from rvascend.server.app import create_app
 from rvascend.server.launch import ServeOptions, build_engine
 
-flags.DEFINE_string("model-path", None, "Hugging Face checkpoint directory (default: the embedded model).")
+flags.DEFINE_string("model-path", None,
+                    "Hugging Face checkpoint directory or GGUF file (default: SmolLM2-135M-Instruct).")
 flags.DEFINE_string("served-model-name", None, "Model name reported by the API.")
 flags.DEFINE_string("device", "cpu", "Device (cpu).")
 flags.DEFINE_string("dtype", "bfloat16", "Weights and activations: bfloat16 or float32.")

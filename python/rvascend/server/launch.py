@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
 import psutil
@@ -10,11 +11,11 @@ import torch
 from absl import logging
 
 from rvascend.engine import Engine, EngineConfig
-from rvascend.engine.default_model import ensure_default_model
+from rvascend.engine import default_model
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import KVPool
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicy, RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.policy import RvvPolicy, RvvPolicyConfig, get_policy, install_rvv_policy, shape_gate
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # Without --max-total-tokens the KV pool gets at most this share of free memory.
@@ -65,8 +66,10 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     if opts.dtype not in _DTYPES:
         raise ValueError(f"--dtype {opts.dtype!r} is not supported ({', '.join(_DTYPES)})")
     _log_cpu()
-    path = opts.model_path or ensure_default_model()
-    name = opts.model_path.rstrip("/").rsplit("/", 1)[-1] if opts.model_path else "rvascend-default"
+    path = opts.model_path or default_model.ensure_default_model()
+    name = os.path.basename(opts.model_path.rstrip("/")).removesuffix(".gguf") if opts.model_path \
+        else default_model.served_name()
+    logging.info("model: %s (%s)", name, path)
     model = load_model(path, _DTYPES[opts.dtype])
     tokenizer = Tokenizer(path)
     policy = None
@@ -77,8 +80,15 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
             logging.warning("no C++ compiler for Inductor on this machine: --cpu-compile-mode eager")
             mode = "eager"
         config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib, compile_mode=mode)
-        install_rvv_policy(model, config)
+        report = install_rvv_policy(model, config)
         policy = get_policy(model)
+        if not report.packed:
+            reasons = sorted({reason for _, _, reason in report.not_packed})
+            logging.warning(
+                "the RVV policy packed none of %s's Linears (%s: the seed's shape gate needs N, K >= %d, BF16): "
+                "they run through F.linear; the attention and elementwise kernels still apply. "
+                "/metrics' rvascend_rvv_projection_calls_total shows the route of every call", name, ", ".join(reasons),
+                shape_gate.MIN_FEATURES)
     tokens = opts.max_total_tokens
     if tokens is None:
         per_token = KVPool.bytes_per_token(model.config, _DTYPES[opts.dtype])

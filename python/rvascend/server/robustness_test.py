@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rvascend.engine import SamplingParams, sampler
+from rvascend.engine.random_model import ensure_random_model
 from rvascend.server.testing import Server, free_port
 
 
@@ -122,6 +123,7 @@ def test_sigterm_stops_a_busy_server_within_seconds(tmp_path):
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "rvascend.server", f"--port={port}", "--max-total-tokens=2048",
+                             f"--model-path={ensure_random_model()}",
                              "--graceful-shutdown-timeout=2"], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "log", "w"))
     try:

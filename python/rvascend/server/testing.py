@@ -12,6 +12,7 @@ import httpx
 import openai
 import uvicorn
 
+from rvascend.engine.random_model import ensure_random_model
 from rvascend.server.app import create_app
 from rvascend.server.launch import ServeOptions, build_engine
 
@@ -43,11 +44,12 @@ def free_port() -> int:
 
 
 class Server:
-    """The default model served with the RVV policy (eager), an API key, and clients for it."""
+    """A model (the random-weight test model unless `model_path` says otherwise) served with
+    the RVV policy (eager), an API key, and clients for it."""
 
     def __init__(self, app_options: dict[str, Any] | None = None, **options: Any) -> None:
-        opts = dict(enable_cpu_rvv_inductor=True, cpu_compile_mode="eager", max_total_tokens=4096,
-                    max_running_requests=8)
+        opts = dict(model_path=ensure_random_model(), enable_cpu_rvv_inductor=True, cpu_compile_mode="eager",
+                    max_total_tokens=4096, max_running_requests=8)
         opts.update(options)
         self.engine, self.name, self.policy = build_engine(ServeOptions(**opts))
         self.port = free_port()

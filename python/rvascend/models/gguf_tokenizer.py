@@ -1,0 +1,116 @@
+"""The tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata, written as
+the `tokenizer.json` + `tokenizer_config.json` pair every other checkpoint has, so the
+one Tokenizer class (with `tokenizers`, or the pure-Python BPE on a board) serves both.
+
+Only byte-level BPE vocabularies (`tokenizer.ggml.model == "gpt2"`: GPT-2, Llama 3,
+Qwen 2/3, SmolLM) are supported; SentencePiece and the others are refused by name.
+Text is split before BPE the way llama.cpp splits it for the file's pre-tokenizer type
+(`tokenizer.ggml.pre`), which is the way the vocabulary's merges were learned.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from absl import logging
+
+# GPT-2's word split; also what the ByteLevel pre-tokenizer applies with use_regex.
+_GPT2 = None  # ByteLevel(use_regex=True) carries it
+# Llama 3 (tiktoken cl100k-style) and Qwen 2 splits: contractions, words with one
+# leading non-letter, digit groups, punctuation runs, newlines, spaces.
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_EACH_DIGIT = r"\p{N}"
+
+# tokenizer.ggml.pre -> regexes applied one after the other before the byte mapping
+# (None: GPT-2's split inside ByteLevel). The names are llama.cpp's.
+PRE_TOKENIZER_SPLITS: dict[str, tuple[Optional[str], ...]] = {
+    "gpt-2": (_GPT2,),
+    "llama3": (_LLAMA3,), "llama-v3": (_LLAMA3,), "llama-bpe": (_LLAMA3,), "smaug-bpe": (_LLAMA3,),
+    "qwen2": (_QWEN2,), "deepseek-r1-qwen": (_QWEN2,),
+    # SmolLM (and StarCoder-family vocabularies): every digit on its own, then GPT-2's split.
+    "smollm": (_EACH_DIGIT, _GPT2), "starcoder": (_EACH_DIGIT, _GPT2), "refact": (_EACH_DIGIT, _GPT2),
+}
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+class UnsupportedGgufTokenizer(ValueError):
+    """The file's tokenizer is one this engine cannot rebuild."""
+
+
+def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(tokenizer.json, tokenizer_config.json) contents from GGUF metadata (key -> value)."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise UnsupportedGgufTokenizer(
+            f"tokenizer model {kind!r} is not supported (only 'gpt2', byte-level BPE: GPT-2, Llama 3, "
+            "Qwen 2/3, SmolLM); SentencePiece vocabularies ('llama') are not")
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    merges = meta.get("tokenizer.ggml.merges")
+    if not merges:
+        raise UnsupportedGgufTokenizer("a byte-level BPE vocabulary without tokenizer.ggml.merges")
+    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    if len(types) != len(tokens):
+        raise UnsupportedGgufTokenizer(f"{len(types)} token types for {len(tokens)} tokens")
+
+    vocab: dict[str, int] = {}
+    added = []
+    for i, (token, kind_of) in enumerate(zip(tokens, types)):
+        vocab.setdefault(token, i)
+        if kind_of in (_CONTROL, _USER_DEFINED):
+            added.append({"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": kind_of == _CONTROL})
+
+    pre = meta.get("tokenizer.ggml.pre", "(none)")
+    splits = PRE_TOKENIZER_SPLITS.get(pre)
+    if splits is None:
+        logging.warning("GGUF pre-tokenizer type %r is not known here: splitting text as GPT-2 does, "
+                        "which may tokenize some text differently from llama.cpp", pre)
+        splits = (_GPT2,)
+    steps: list[dict[str, Any]] = [{"type": "Split", "pattern": {"Regex": s}, "behavior": "Isolated",
+                                    "invert": False} for s in splits if s is not None]
+    steps.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": _GPT2 in splits})
+
+    def token_of(key: str) -> Optional[str]:
+        i = meta.get(f"tokenizer.ggml.{key}")
+        return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+
+    bos = token_of("bos_token_id")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    post = None
+    if add_bos:
+        post = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {bos: {"id": bos, "ids": [meta["tokenizer.ggml.bos_token_id"]], "tokens": [bos]}}}
+    tokenizer_json = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": steps},
+        "post_processor": post,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": list(merges)},
+    }
+    config = {"bos_token": bos, "eos_token": token_of("eos_token_id"), "pad_token": token_of("padding_token_id"),
+              "add_bos_token": add_bos}
+    template = meta.get("tokenizer.chat_template")
+    if template:
+        config["chat_template"] = template
+    return tokenizer_json, config
+
+
+def end_of_generation_ids(meta: dict[str, Any]) -> list[int]:
+    """Token ids that end a generation: EOS, and EOT/EOM where the file names them."""
+    ids = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        i = meta.get(f"tokenizer.ggml.{key}")
+        if i is not None and i not in ids:
+            ids.append(int(i))
+    return ids
