@@ -1,5 +1,6 @@
 """The benchmark suite (`./dev bench`, `nix run .#bench`): kernels, policy, one batch, serving,
-and (asked for by name) riscv64_step, the whole decode step counted on riscv64.
+and (asked for by name) riscv64_step, the whole decode step counted on riscv64, and
+llama_cpp, llama.cpp measured side by side with this engine on the same GGUF files.
 
 Each part runs as its own process (fresh memory, fresh compile state) and
 appends jsonl records, each carrying the reproducibility manifest, under
@@ -34,6 +35,9 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
                       "--hf"] + model + (["--cpu-compile-mode=eager"] if quick else []),
         "serving": ["rvascend.bench.serving", f"--output={out}/serving.jsonl", f"--plot={out}/serving.png"]
         + model + (["--server-args=--cpu-compile-mode=eager", "--num-prompts=2"] if quick else []),
+        # Not in the default set: builds llama.cpp from source once (about 5 minutes), then about 10.
+        "llama_cpp": ["rvascend.bench.llama_cpp_peer", f"--output={out}/llama_cpp.jsonl", f"--plot={out}/llama_cpp.png"]
+        + (["--models=smollm2-135m", "--batch-sizes=1", "--output-len=16"] if quick else []),
         # Not in the default set: about 30 minutes of emulation.
         "riscv64_step": ["rvascend.bench.riscv64_step", f"--output={out}/riscv64_step.jsonl",
                          f"--plot={out}/riscv64_step.png"]

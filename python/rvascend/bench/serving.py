@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 from absl import app, flags, logging
@@ -91,11 +91,9 @@ def _level(url: str, concurrency: int, n: int, warmup: int, input_len: int, outp
     }
 
 
-def run_server(policy: str, model_path: Optional[str], extra: list[str]) -> list[dict[str, Any]]:
+def run_server(policy: str, model_path: str, extra: list[str]) -> list[dict[str, Any]]:
     port = free_port()
-    cmd = [sys.executable, "-m", "rvascend.server", f"--port={port}"]
-    if model_path:
-        cmd.append(f"--model-path={model_path}")
+    cmd = [sys.executable, "-m", "rvascend.server", f"--port={port}", f"--model-path={model_path}"]
     if policy == "on":
         cmd.append("--enable-cpu-rvv-inductor")
     cmd += extra
@@ -104,7 +102,7 @@ def run_server(policy: str, model_path: Optional[str], extra: list[str]) -> list
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, 600, lambda: proc.stderr.read()[-2000:] if proc.poll() is not None else "")
-        vocab = _vocab(url, model_path)
+        vocab = _vocab(model_path)
         records = []
         for c in FLAGS.concurrency:
             logging.info("policy %s, concurrency %s", policy, c)
@@ -122,15 +120,20 @@ def run_server(policy: str, model_path: Optional[str], extra: list[str]) -> list
             proc.kill()
 
 
-def _vocab(url: str, model_path: Optional[str]) -> int:
-    from rvascend.engine.random_model import ensure_random_model
-    with open(os.path.join(model_path or ensure_random_model(), "config.json")) as f:
+def _vocab(model_path: str) -> int:
+    from rvascend.models import gguf_checkpoint
+
+    if gguf_checkpoint.is_gguf(model_path):
+        return int(gguf_checkpoint.GgufCheckpoint(model_path).config["vocab_size"])
+    with open(os.path.join(model_path, "config.json")) as f:
         return int(json.load(f)["vocab_size"])
 
 
 def main(argv: list[str]) -> int:
     del argv
-    model_path = FLAGS["model-path"].value
+    from rvascend.engine.random_model import ensure_random_model
+
+    model_path = FLAGS["model-path"].value or ensure_random_model()
     records = []
     for policy in FLAGS.policy:
         records += run_server(policy, model_path, FLAGS["server-args"].value.split())
@@ -143,9 +146,8 @@ def main(argv: list[str]) -> int:
                           ("benchmark_duration", "wall s", ".2f"), ("server_peak_rss_mib", "RSS MiB", ".0f")])
     manifest = None
     try:
-        from rvascend.engine.random_model import ensure_random_model
         from rvascend.repro import manifest as repro
-        manifest = repro.capture(checkpoint_dir=model_path or ensure_random_model())
+        manifest = repro.capture(checkpoint_dir=model_path)
     except ImportError:
         pass
     write_jsonl(FLAGS.output, records, manifest)

@@ -2,7 +2,7 @@
 would write: the metadata under llama.cpp's keys, the byte-level BPE tokenizer as
 `tokenizer.ggml.*`, Llama's Q/K rows reordered for llama.cpp's rotary, and each
 tensor in the type asked for (`gguf.quants.quantize`). It is how this project gives
-llama.cpp the same weights it serves itself (bench/llama_cpp.py), and how the GGUF
+llama.cpp the same weights it serves itself (bench/llama_cpp_peer.py), and how the GGUF
 tests make files of every family.
 
   python -m rvascend.models.gguf_export --checkpoint=DIR --output=model.gguf [--type=BF16]

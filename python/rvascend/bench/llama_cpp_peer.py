@@ -1,0 +1,178 @@
+"""llama.cpp as the measured peer (`./dev bench --parts=llama_cpp`).
+
+The same BF16 GGUF files go to llama.cpp (llama-cpp-python built from its PyPI source,
+pinned in llama_cpp_peer.lock.json, in its own venv under .deps/llama_cpp; a step of its own,
+cached, never part of `./dev test`) and to this engine, each in a fresh process with
+the same thread count: SmolLM2-135M-Instruct (the default model, written back as BF16
+GGUF) and a random-weight Qwen3-0.6B-shaped checkpoint. Batch 1 and 4, 64 tokens in
+and 64 out, greedy: prefill tok/s, median decode tok/s, TTFT, peak RSS, and this
+engine's ratios to llama.cpp. Every step is timed by itself on both sides
+(llama_cpp_peer_guest.py; one_batch.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from absl import app, flags, logging
+
+from rvascend.bench.plots import bar_plot
+from rvascend.bench.results import print_table, write_jsonl
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("models", ["smollm2-135m", "qwen3-0.6b"], "Which models (smollm2-135m, qwen3-0.6b).")
+flags.DEFINE_list("batch-sizes", ["1", "4"], "Sequences per batch.")
+flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
+flags.DEFINE_integer("output-len", 64, "Generated tokens per sequence.")
+flags.DEFINE_list("policy", ["off", "on"], "This engine's runs: RVV policy off and/or on.")
+flags.DEFINE_integer("threads", None, "Threads for both engines (default: the CPUs this process may use).")
+flags.DEFINE_string("work-dir", None, "Venv and GGUF files (default: .deps/llama_cpp of the checkout).")
+flags.DEFINE_string("output", "bench_results/llama_cpp.jsonl", "jsonl file to append to.")
+flags.DEFINE_string("plot", "bench_results/llama_cpp.png", "PNG plot (empty: none).")
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
+
+
+def _lock() -> dict[str, Any]:
+    with open(os.path.join(_HERE, "llama_cpp_peer.lock.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def ensure_llama_cpp(work: str) -> str:
+    """The interpreter of a venv with the pinned llama-cpp-python, built from source once."""
+    lock = _lock()
+    venv = os.path.join(work, f"venv-{lock['version']}")
+    python = os.path.join(venv, "bin", "python")
+    stamp = os.path.join(venv, "INSTALLED")
+    pinned = ("package", "version", "sdist_sha256", "dependencies")
+    want = {k: lock[k] for k in pinned}
+    if os.path.exists(stamp) and {k: v for k, v in json.load(open(stamp, encoding="utf-8")).items()
+                                  if k in pinned} == want:
+        logging.info("llama-cpp-python %s: already built in %s", lock["version"], venv)
+        return python
+    logging.info("llama-cpp-python %s: building llama.cpp from source into %s (about 5 minutes on 2 cores)",
+                 lock["version"], venv)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", venv], check=True)
+    pip = [python, "-m", "pip", "install", "--progress-bar", "off"]
+    subprocess.run(pip + ["--no-deps", *lock["dependencies"]], check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        requirement = os.path.join(tmp, "requirement.txt")
+        with open(requirement, "w", encoding="utf-8") as f:
+            f.write(f"{lock['package']}=={lock['version']} --hash=sha256:{lock['sdist_sha256']}\n")
+        subprocess.run(pip + ["--no-deps", "--no-binary", lock["package"], "--require-hashes", "-r", requirement],
+                       check=True)
+    with open(stamp, "w", encoding="utf-8") as f:
+        json.dump(want, f)
+    return python
+
+
+def prepare_models(work: str, names: list[str]) -> dict[str, str]:
+    """name -> BF16 GGUF file, written once."""
+    from rvascend.engine import default_model, random_checkpoint
+    from rvascend.models import gguf_export
+
+    sources = {
+        "smollm2-135m": lambda d: default_model.ensure_default_model(),
+        "qwen3-0.6b": lambda d: random_checkpoint.write("qwen3-0.6b", d),
+    }
+    unknown = [n for n in names if n not in sources]
+    if unknown:
+        raise ValueError(f"unknown model(s) {unknown}; known: {sorted(sources)}")
+    files = {}
+    for name in names:
+        path = os.path.join(work, f"{name}-bf16.gguf")
+        if not os.path.exists(path):
+            logging.info("%s: writing %s", name, path)
+            with tempfile.TemporaryDirectory(dir=work) as tmp:
+                gguf_export.export(sources[name](os.path.join(tmp, "checkpoint")), path + ".part")
+            os.replace(path + ".part", path)
+        files[name] = path
+    return files
+
+
+def _last_json_line(out: str) -> dict[str, Any]:
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+
+
+def run_llama_cpp(python: str, model: str, batch: int, threads: int) -> dict[str, Any]:
+    # -P: the guest must not import this directory's modules in place of installed ones.
+    cmd = [python, "-P", os.path.join(_HERE, "llama_cpp_peer_guest.py"), f"--model={model}", f"--batch-size={batch}",
+           f"--input-len={FLAGS['input-len'].value}", f"--output-len={FLAGS['output-len'].value}",
+           f"--threads={threads}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp run failed: {done.stderr[-2000:]}")
+    return _last_json_line(done.stdout)
+
+
+def run_ours(model: str, batch: int, policy: str, threads: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "one_batch.jsonl")
+        cmd = [sys.executable, "-m", "rvascend.bench.one_batch", f"--model-path={model}", f"--batch-size={batch}",
+               f"--input-len={FLAGS['input-len'].value}", f"--output-len={FLAGS['output-len'].value}",
+               f"--policy={policy}", f"--threads={threads}", f"--output={out}", "--plot="]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(out, encoding="utf-8") as f:
+            record = json.loads(f.readline())
+    record.pop("manifest", None)
+    return {**record, "ttft": record["prefill_latency"]}
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    work = FLAGS["work-dir"].value or os.path.join(_REPO, ".deps", "llama_cpp")
+    os.makedirs(work, exist_ok=True)
+    threads = FLAGS.threads or len(os.sched_getaffinity(0))
+    python = ensure_llama_cpp(work)
+    models = prepare_models(work, FLAGS.models)
+    keys = ("prefill_throughput", "median_decode_throughput", "ttft", "median_decode_latency", "peak_rss_mib")
+    records = []
+    for name, path in models.items():
+        for batch in (int(b) for b in FLAGS["batch-sizes"].value):
+            base = {"model": name, "gguf": os.path.basename(path), "batch_size": batch, "threads": threads,
+                    "input_len": FLAGS["input-len"].value, "output_len": FLAGS["output-len"].value}
+            logging.info("%s bs %d: llama.cpp", name, batch)
+            peer = run_llama_cpp(python, path, batch, threads)
+            records.append({**base, "run_name": "llama.cpp", "backend": "llama.cpp", **peer})
+            for policy in FLAGS.policy:
+                logging.info("%s bs %d: rvascend, policy %s", name, batch, policy)
+                ours = run_ours(path, batch, policy, threads)
+                ratios = {f"ratio_{k}": ours[k] / peer[k] for k in keys}
+                records.append({**base, "run_name": f"rvascend-policy-{policy}", "backend": "rvascend",
+                                "policy": policy, **{k: ours[k] for k in keys}, **ratios})
+    print_table(records, [("model", "model", "s"), ("batch_size", "bs", "d"), ("run_name", "run", "s"),
+                          ("prefill_throughput", "prefill tok/s", ".1f"),
+                          ("median_decode_throughput", "decode tok/s", ".2f"), ("ttft", "TTFT s", ".4f"),
+                          ("peak_rss_mib", "peak RSS MiB", ".0f"),
+                          ("ratio_prefill_throughput", "prefill x", ".2f"),
+                          ("ratio_median_decode_throughput", "decode x", ".2f"),
+                          ("ratio_ttft", "TTFT x", ".2f"), ("ratio_peak_rss_mib", "RSS x", ".2f")])
+    print("x: this engine / llama.cpp, measured in this run (decode x > 1: faster than llama.cpp; "
+          "TTFT x and RSS x < 1: better)")
+    manifest = None
+    try:
+        from rvascend.repro import manifest as repro
+
+        manifest = repro.capture()
+    except ImportError:
+        pass
+    write_jsonl(FLAGS.output, records, manifest)
+    if FLAGS.plot:
+        groups = sorted({(r["model"], r["batch_size"]) for r in records}, key=lambda g: (g[0], g[1]))
+        runs = sorted({r["run_name"] for r in records})
+        value = {(r["model"], r["batch_size"], r["run_name"]): r["median_decode_throughput"] for r in records}
+        bar_plot(FLAGS.plot, f"decode tok/s, {threads} threads, {FLAGS['input-len'].value} in / "
+                 f"{FLAGS['output-len'].value} out", [f"{m} bs{b}" for m, b in groups],
+                 {run: [value.get((m, b, run), 0.0) for m, b in groups] for run in runs}, "tokens / s")
+    logging.info("wrote %s", FLAGS.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))
