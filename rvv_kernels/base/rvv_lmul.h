@@ -37,6 +37,12 @@ struct Lmul;
       U u = __riscv_vsll_vx_u32##M32(__riscv_vzext_vf2_u32##M32(h, vl), 16, vl);              \
       return __riscv_vreinterpret_v_u32##M32##_f32##M32(u);                                    \
     }                                                                                          \
+    /* Packed layout version 2: vl 32-bit lanes, each two BF16 columns (packed_layout.h). */   \
+    static void LoadBf16Pair(const uint16_t* p, size_t vl, F& lo, F& hi) {                     \
+      U u = __riscv_vle32_v_u32##M32(reinterpret_cast<const uint32_t*>(p), vl);               \
+      lo = __riscv_vreinterpret_v_u32##M32##_f32##M32(__riscv_vsll_vx_u32##M32(u, 16, vl));    \
+      hi = __riscv_vreinterpret_v_u32##M32##_f32##M32(__riscv_vand_vx_u32##M32(u, 0xffff0000u, vl)); \
+    }                                                                                          \
     static F Fmacc(F acc, float a, F w, size_t vl) {                                           \
       return __riscv_vfmacc_vf_f32##M32(acc, a, w, vl);                                   \
     }                                                                                          \

@@ -2,6 +2,7 @@
 
 #include "rvv_kernels/linear/bf16_packed_ukernels.h"
 #include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/linear/packed_layout.h"
 
 namespace rvascend {
 namespace {
@@ -22,6 +23,10 @@ const Entry kEntries[] = {
      [](const CpuFeatures& f) { return f.zvfbfwma; }},
 #endif
 #if defined(RVASCEND_HAVE_RVV)
+    // Layout version 2 (block_n = VLEN/2): the fewest instructions per weight
+    // without BF16 vector extensions; VLEN 128 to 1024.
+    {{"rvv_wide", true, bf16_gemv_packed_ukernel_1xB__rvv_wide, 0, bf16_gemm_packed_ukernel_2xB__rvv_wide, 2, 0, 0},
+     [](const CpuFeatures& f) { return f.rvv && IsWideBlockN(f.vlen_bits / 2); }},
     {{"rvv", true, bf16_gemv_packed_ukernel_1x128__rvv, 128, bf16_gemm_packed_ukernel_4x32__rvv,
       4, 32},
      [](const CpuFeatures& f) { return f.rvv; }},
@@ -65,6 +70,17 @@ std::vector<const Bf16PackedKernelSet*> AvailableKernelSets() {
 const Bf16PackedKernelSet& DefaultKernelSet() {
   static const Bf16PackedKernelSet* best = AvailableKernelSets().front();
   return *best;
+}
+
+size_t KernelSetBlockN(const Bf16PackedKernelSet& set) {
+  return set.block_n ? set.block_n : GetCpuFeatures().vlen_bits / 2;
+}
+
+const Bf16PackedKernelSet* BestKernelSetFor(size_t block_n) {
+  for (const Bf16PackedKernelSet* set : AvailableKernelSets()) {
+    if (KernelSetBlockN(*set) == block_n) return set;
+  }
+  return nullptr;
 }
 
 const Bf16PackedKernelSet* FindKernelSet(const std::string& name) {

@@ -22,6 +22,12 @@ const Bf16PackedKernelSet& DefaultKernelSet();
 // the CPU does not report its ISA.
 const Bf16PackedKernelSet* FindKernelSet(const std::string& name);
 
+// The packed block_n a set reads (resolves block_n = 0: VLEN/2 of this machine).
+size_t KernelSetBlockN(const Bf16PackedKernelSet& set);
+
+// The best available set that reads `block_n`, or nullptr.
+const Bf16PackedKernelSet* BestKernelSetFor(size_t block_n);
+
 }  // namespace rvascend
 
 #endif  // RVV_KERNELS_LINEAR_BF16_PACKED_KERNEL_SETS_H_

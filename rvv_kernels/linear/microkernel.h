@@ -26,6 +26,10 @@ struct Bf16PackedKernelSet {
   Bf16PackedUkernel gemm;  // M >= 2, any m <= gemm_mr
   size_t gemm_mr;
   size_t gemm_nr;
+  // The packed layout the set reads: 32 (version 1), or 0 for version 2 with
+  // block_n = VLEN/2 of this machine (then gemv_nr and gemm_nr are 0 too: one
+  // block per call). KernelSetBlockN() resolves it.
+  size_t block_n = 32;
 };
 
 }  // namespace rvascend

@@ -1,6 +1,14 @@
-// Packed BF16 weight layout, version 1: W[N, K] -> P[ceil(N/32), K, 32],
-// P[b, k, j] = W[b*32 + j, k], rows past N zero. block_n = 32 is the contract
-// whatever the VLEN. The layout is a runtime layout, never a checkpoint format.
+// Packed BF16 weight layouts. Both are runtime layouts, never a checkpoint format.
+//
+// Version 1 (every kernel set reads it): W[N, K] -> P[ceil(N/32), K, 32],
+// P[b, k, j] = W[b*32 + j, k], rows past N zero. block_n = 32 whatever the VLEN.
+//
+// Version 2, "wide" (the RVV wide kernel set): P[ceil(N/B), K, B] with B = VLEN/2
+// of the machine that packs it (64, 128, 256 or 512), and the columns of a k-row
+// paired: P[b, k, 2t] = W[b*B + t, k], P[b, k, 2t+1] = W[b*B + B/2 + t, k]. One
+// 32-bit lane then carries two columns: shifted left by 16 it is column t in
+// FP32, masked to its high half it is column B/2 + t, so one load and two ALU
+// operations widen B/2 lanes twice over (no BF16 vector extension needed).
 #ifndef RVV_KERNELS_LINEAR_PACKED_LAYOUT_H_
 #define RVV_KERNELS_LINEAR_PACKED_LAYOUT_H_
 
@@ -9,15 +17,22 @@
 
 namespace rvascend {
 
-inline constexpr int kPackedLayoutVersion = 1;
 inline constexpr size_t kPackedBlockN = 32;
 
-inline size_t PackedBlocks(size_t n) { return (n + kPackedBlockN - 1) / kPackedBlockN; }
+inline constexpr size_t kMaxWideBlockN = 512;
+
+inline bool IsWideBlockN(size_t block_n) {
+  return block_n == 64 || block_n == 128 || block_n == 256 || block_n == 512;
+}
+inline bool IsPackedBlockN(size_t block_n) { return block_n == kPackedBlockN || IsWideBlockN(block_n); }
+
+inline size_t PackedBlocks(size_t n, size_t block_n = kPackedBlockN) { return (n + block_n - 1) / block_n; }
 
 // Packs a row-major weight (rows `row_stride` elements apart) into `packed`,
-// which holds PackedBlocks(n) * k * 32 elements.
+// which holds PackedBlocks(n, block_n) * k * block_n elements: version 1 for
+// block_n = 32, version 2 for a wide block_n.
 void PackBf16Weight(const uint16_t* weight, size_t n, size_t k, size_t row_stride,
-                    uint16_t* packed);
+                    uint16_t* packed, size_t block_n = kPackedBlockN);
 
 }  // namespace rvascend
 

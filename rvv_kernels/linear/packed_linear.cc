@@ -1,9 +1,12 @@
 #include "rvv_kernels/linear/packed_linear.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "rvv_kernels/base/bf16.h"
+#include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
 #include "rvv_kernels/linear/packed_layout.h"
 #include "rvv_kernels/base/thread_pool.h"
 
@@ -20,6 +23,11 @@ size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
 void PackedBf16Linear(const Bf16PackedKernelSet& kernels, const PackedLinearArgs& args,
                       size_t num_threads) {
   const size_t m = args.m, n = args.n, k = args.k;
+  const size_t block = args.block_n;
+  if (block != KernelSetBlockN(kernels)) {
+    throw std::invalid_argument("weight packed with block_n " + std::to_string(block) + "; kernel set " +
+                                kernels.name + " reads block_n " + std::to_string(KernelSetBlockN(kernels)));
+  }
   if (m == 0 || n == 0) return;
   if (k == 0) {
     for (size_t r = 0; r < m; ++r) std::fill_n(args.output + r * args.output_stride, n, uint16_t{0});
@@ -46,7 +54,8 @@ void PackedBf16Linear(const Bf16PackedKernelSet& kernels, const PackedLinearArgs
   const bool gemv = m == 1;
   const Bf16PackedUkernel ukernel = gemv ? kernels.gemv : kernels.gemm;
   const size_t mr = gemv ? 1 : kernels.gemm_mr;
-  const size_t nr = gemv ? kernels.gemv_nr : kernels.gemm_nr;
+  size_t nr = gemv ? kernels.gemv_nr : kernels.gemm_nr;
+  if (nr == 0) nr = block;  // version 2 sets: one block per call
   const size_t n_tiles = CeilDiv(n, nr);
   const size_t m_tiles = CeilDiv(m, mr);
 
@@ -68,7 +77,7 @@ void PackedBf16Linear(const Bf16PackedKernelSet& kernels, const PackedLinearArgs
     for (size_t nt = nt0; nt < nt1; ++nt) {
       const size_t j = nt * nr;
       const size_t nc = std::min(nr, n - j);
-      const uint16_t* w = args.packed + (j / kPackedBlockN) * k * kPackedBlockN;
+      const uint16_t* w = args.packed + (j / block) * k * block;
       // Every M tile reuses this weight panel while it is still in cache.
       for (size_t mt = mt0; mt < mt1; ++mt) {
         const size_t r = mt * mr;

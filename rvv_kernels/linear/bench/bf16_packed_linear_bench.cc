@@ -54,8 +54,9 @@ int main(int argc, char** argv) {
   std::vector<uint16_t> weight(n * k), input(m * k), output(m * n);
   for (size_t i = 0; i < weight.size(); ++i) weight[i] = static_cast<uint16_t>(0x3c00 | (i * 2654435761u >> 25));
   for (size_t i = 0; i < input.size(); ++i) input[i] = static_cast<uint16_t>(0x3f00 | (i * 40503u >> 9 & 0x7f));
-  std::vector<uint16_t> packed(PackedBlocks(n) * k * kPackedBlockN);
-  PackBf16Weight(weight.data(), n, k, k, packed.data());
+  const size_t block = KernelSetBlockN(*set);
+  std::vector<uint16_t> packed(PackedBlocks(n, block) * k * block);
+  PackBf16Weight(weight.data(), n, k, k, packed.data(), block);
   PackedLinearArgs args;
   args.m = m;
   args.n = n;
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
   args.input = input.data();
   args.input_stride = k;
   args.packed = packed.data();
+  args.block_n = block;
   args.output = output.data();
   args.output_stride = n;
   if (reps > 1) PackedBf16Linear(*set, args, threads);  // warm-up

@@ -4,9 +4,10 @@ Method (deterministic): the riscv64 benchmark binary runs once under
 `qemu-riscv64 -one-insn-per-tb -d exec,nochain -dfilter <kernel ranges>`, so
 QEMU logs one line per executed guest instruction whose PC lies inside the
 microkernel functions (their ranges come from the binary's symbol table).
-The count is compared with the minimal sequence per 32 columns per k: load,
-widen, shift, FMA (4) for the shift-widening kernels; load, widening BF16 FMA
-(2) with Zvfbfwma.
+The count is compared with the minimal vector sequence per k-row of a block:
+per 32 columns load, widen, shift, FMA (4) for the version-1 shift-widening
+kernels and load, widening BF16 FMA (2) with Zvfbfwma; per VLEN/2 columns
+load, shift, AND and two FMAs (5) for the version-2 (rvv_wide) kernels.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ flags.DEFINE_string("qemu", None, "qemu-riscv64 to run it with.")
 flags.DEFINE_string("nm", "llvm-nm-19", "nm that reads riscv64 ELF files.")
 flags.DEFINE_list("vlens", ["256"], "VLENs to count at.")
 flags.DEFINE_list("shapes", ["1x2048x2048", "4x2048x2048"], "MxNxK shapes.")
-flags.DEFINE_list("kernel_sets", ["rvv", "zvfbfwma"], "Kernel sets to count.")
+flags.DEFINE_list("kernel_sets", ["rvv_wide", "rvv", "zvfbfwma"], "Kernel sets to count.")
 flags.DEFINE_string("output", None, "Append one JSON line per count to this file.")
 
-MINIMAL_PER_32_COLUMNS_PER_K = {"rvv": 4, "zvfbfwma": 2}
+def minimal_per_weight(kernel_set: str, vlen: int) -> float:
+    """Vector instructions per weight element of the shortest sequence the set's layout allows."""
+    return {"rvv": 4 / 32, "zvfbfwma": 2 / 32, "rvv_wide": 5 / (vlen / 2)}[kernel_set]
 _KERNEL_SYMBOL = re.compile(r"rvascend::.*(ukernel|Gemv|Gemm|BlockPair|Lmul)")
 
 
@@ -68,7 +71,7 @@ def main(argv: list[str]) -> int:
     ranges = kernel_ranges(FLAGS.binary, FLAGS.nm)
     rows = []
     print(f"{'kernels':10s} {'VLEN':>5s} {'M':>4s} {'N':>6s} {'K':>6s} {'insns':>12s} "
-          f"{'per weight':>11s} {'minimum':>9s} {'ratio':>6s}")
+          f"{'per weight':>11s} {'minimum':>9s} {'ratio':>6s} {'x 16/VLEN':>9s}")
     for kernel_set in FLAGS.kernel_sets:
         cpu_ext = ",zfbfmin=true,zvfbfmin=true,zvfbfwma=true" if kernel_set == "zvfbfwma" else ""
         for vlen in FLAGS.vlens:
@@ -78,14 +81,16 @@ def main(argv: list[str]) -> int:
                 insns = count(FLAGS.binary, FLAGS.qemu, cpu,
                               [f"--kernel_set={kernel_set}", f"--m={m}", f"--n={n}", f"--k={k}",
                                "--reps=1", "--threads=1"], ranges)
-                minimum = MINIMAL_PER_32_COLUMNS_PER_K[kernel_set] * -(-n // 32) * k
+                minimum = minimal_per_weight(kernel_set, int(vlen)) * n * k
                 row = {"bench": "rvv_instruction_count", "kernel_set": kernel_set, "vlen": int(vlen),
                        "m": m, "n": n, "k": k, "instructions": insns,
                        "instructions_per_weight": insns / (n * k),
-                       "minimal_instructions_m1": minimum, "ratio_to_minimum_per_row": insns / (m * minimum)}
+                       "minimal_instructions_m1": minimum, "ratio_to_minimum_per_row": insns / (m * minimum),
+                       "ratio_to_16_over_vlen": insns / (m * n * k) / (16 / int(vlen))}
                 rows.append(row)
                 print(f"{kernel_set:10s} {vlen:>5s} {m:4d} {n:6d} {k:6d} {insns:12d} "
-                      f"{insns / (n * k):11.4f} {minimum / (n * k):9.4f} {insns / (m * minimum):6.2f}")
+                      f"{insns / (n * k):11.4f} {minimum / (n * k):9.4f} {insns / (m * minimum):6.2f} "
+                      f"{row['ratio_to_16_over_vlen']:9.2f}")
     if FLAGS.output:
         with open(FLAGS.output, "a") as f:
             for row in rows:

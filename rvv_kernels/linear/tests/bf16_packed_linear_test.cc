@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,25 @@ void TestPack() {
       }
   EXPECT(ok, "pack: P[b,k,j] == W[b*32+j,k] with zero padding");
   EXPECT(PackedBlocks(3072) == 96 && PackedBlocks(1) == 1 && PackedBlocks(33) == 2, "block count");
+  // Version 2: lanes 2t and 2t+1 of a k-row hold columns t and B/2 + t.
+  for (size_t block : {64, 128, 256, 512}) {
+    const size_t wn = block + 37;  // one full block and a ragged one
+    std::vector<uint16_t> ww(wn * stride);
+    for (size_t i = 0; i < ww.size(); ++i) ww[i] = static_cast<uint16_t>(i + 1);
+    std::vector<uint16_t> wp(PackedBlocks(wn, block) * k * block, 0xffff);
+    PackBf16Weight(ww.data(), wn, k, stride, wp.data(), block);
+    bool wide_ok = true;
+    for (size_t b = 0; b < PackedBlocks(wn, block); ++b)
+      for (size_t kk = 0; kk < k; ++kk)
+        for (size_t t = 0; t < block / 2; ++t)
+          for (size_t hi = 0; hi < 2; ++hi) {
+            const size_t row = b * block + hi * block / 2 + t;
+            const uint16_t want = row < wn ? ww[row * stride + kk] : 0;
+            wide_ok &= wp[(b * k + kk) * block + 2 * t + hi] == want;
+          }
+    EXPECT(wide_ok, "pack v2 (block %zu): P[b,k,2t+h] == W[b*B + h*B/2 + t, k] with zero padding", block);
+  }
+  EXPECT(IsWideBlockN(64) && IsWideBlockN(512) && !IsWideBlockN(32) && !IsWideBlockN(96), "wide blocks");
 }
 
 struct Problem {
@@ -112,13 +132,21 @@ Problem MakeProblem(size_t m, size_t n, size_t k, bool integer_valued, uint32_t 
 std::vector<uint16_t> Run(const Bf16PackedKernelSet& ks, const Problem& p, size_t threads,
                           size_t out_stride) {
   std::vector<uint16_t> out(p.m * out_stride, 0xdead);
+  // Each set reads its own layout: version 1 is packed once per problem, version 2 here.
+  const size_t block = KernelSetBlockN(ks);
+  std::vector<uint16_t> wide;
+  if (block != kPackedBlockN) {
+    wide.resize(PackedBlocks(p.n, block) * p.k * block);
+    PackBf16Weight(p.w.data(), p.n, p.k, p.k, wide.data(), block);
+  }
   PackedLinearArgs args;
   args.m = p.m;
   args.n = p.n;
   args.k = p.k;
   args.input = p.a.data();
   args.input_stride = p.k;
-  args.packed = p.packed.data();
+  args.packed = block != kPackedBlockN ? wide.data() : p.packed.data();
+  args.block_n = block;
   args.output = out.data();
   args.output_stride = out_stride;
   PackedBf16Linear(ks, args, threads);
@@ -153,8 +181,9 @@ void TestShapes(const std::vector<const Bf16PackedKernelSet*>& sets) {
   ms.push_back(64);
   ms.push_back(128);
   uint32_t seed = 1;
-  // Every M against every small N (tails on both sides of a block) and K.
-  for (size_t n : {1, 31, 32, 33, 100}) {
+  // Every M against every small N (tails on both sides of a block, and of a
+  // wide block's halves) and K.
+  for (size_t n : {1, 31, 32, 33, 100, 300}) {
     for (size_t k : {1, 7, 64}) {
       for (size_t m : ms) {
         for (bool integer_valued : {false, true}) {
@@ -171,7 +200,8 @@ void TestShapes(const std::vector<const Bf16PackedKernelSet*>& sets) {
   std::vector<const Bf16PackedKernelSet*> heavy;
   for (const auto* ks : sets) {
 #if defined(__riscv)
-    if (std::string(ks->name) != "rvv" && std::string(ks->name) != "zvfbfwma") continue;
+    const std::string name = ks->name;
+    if (name != "rvv" && name != "rvv_wide" && name != "zvfbfwma") continue;
 #endif
     heavy.push_back(ks);
   }
@@ -192,6 +222,31 @@ void TestShapes(const std::vector<const Bf16PackedKernelSet*>& sets) {
               std::chrono::duration<double>(t1 - t_small).count());
 }
 
+// A layout the set does not read is refused, not misread.
+void TestLayoutMismatch(const std::vector<const Bf16PackedKernelSet*>& sets) {
+  const Problem p = MakeProblem(1, 40, 8, false, 5);
+  for (const auto* ks : sets) {
+    PackedLinearArgs args;
+    args.m = 1;
+    args.n = p.n;
+    args.k = p.k;
+    args.input = p.a.data();
+    args.input_stride = p.k;
+    args.packed = p.packed.data();
+    args.block_n = KernelSetBlockN(*ks) == kPackedBlockN ? 64 : kPackedBlockN;
+    std::vector<uint16_t> out(p.n);
+    args.output = out.data();
+    args.output_stride = p.n;
+    bool threw = false;
+    try {
+      PackedBf16Linear(*ks, args, 1);
+    } catch (const std::invalid_argument&) {
+      threw = true;
+    }
+    EXPECT(threw, "%s: a weight packed with block_n %zu is refused", ks->name, args.block_n);
+  }
+}
+
 void TestThreadsAgree(const std::vector<const Bf16PackedKernelSet*>& sets) {
   const Problem p = MakeProblem(9, 333, 96, false, 99);
   for (const auto* ks : sets) {
@@ -206,7 +261,7 @@ void TestNonFinite(const std::vector<const Bf16PackedKernelSet*>& sets) {
   Problem p = MakeProblem(2, 40, 16, false, 7);
   p.a[3] = 0x7fc0;           // NaN in row 0 poisons all of row 0
   p.w[5 * p.k + 2] = 0x7f80;  // +inf weight in column 5
-  PackBf16Weight(p.w.data(), p.n, p.k, p.k, p.packed.data());
+  PackBf16Weight(p.w.data(), p.n, p.k, p.k, p.packed.data());  // (Run packs version 2 itself)
   for (const auto* ks : sets) {
     const auto out = Run(*ks, p, 1, p.n);
     bool row0_nan = true;
@@ -241,6 +296,7 @@ int main() {
   timed("pack", [] { TestPack(); });
   timed("shapes", [&] { TestShapes(sets); });
   timed("threads", [&] { TestThreadsAgree(sets); });
+  timed("layout mismatch", [&] { TestLayoutMismatch(sets); });
   timed("non-finite", [&] { TestNonFinite(sets); });
   return testing::Summary();
 }
