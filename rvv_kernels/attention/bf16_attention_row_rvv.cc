@@ -1,5 +1,7 @@
-// RVV 1.0 decode-attention row (VLEN-agnostic; e32m8 over the head dimension,
-// so a 128-wide head is two chunks at VLEN 256 and one at 512).
+// RVV 1.0 decode-attention row (VLEN-agnostic). Scores at e32m4 over the head
+// dimension (at m8 two accumulators, a q chunk and the widened K row do not
+// fit the registers with the widening temporaries, and the compiler spilled
+// them on every key), values at e32m8.
 //
 // Scores: per key, K is loaded and widened once (zero-extend + shift, no BF16
 // extension needed) and shared by two query heads of the GQA group, each
@@ -19,8 +21,7 @@ namespace rvascend {
 namespace {
 
 using V = rvv::Lmul<4>;  // softmax
-// Two query heads per pass over the keys: at LMUL 8 two accumulators, the
-// widened K/V row and a q chunk fill the 32 vector registers.
+// Two query heads per pass over the keys, sharing each widened K/V row.
 constexpr size_t kHeadsPerPass = 2;
 
 template <int kLmul>
@@ -99,7 +100,7 @@ void bf16_attention_row__rvv(const float* q, size_t g, size_t d, const uint16_t*
   for (size_t h0 = 0; h0 < g; h0 += kHeadsPerPass) {
     const size_t heads = std::min(kHeadsPerPass, g - h0);
     float* s = scratch + h0 * n_keys;
-    Scores<8>(q + h0 * d, heads, d, k_pool, slot_stride, slots, n_keys, s);
+    Scores<4>(q + h0 * d, heads, d, k_pool, slot_stride, slots, n_keys, s);
     for (size_t h = 0; h < heads; ++h) Softmax(s + h * n_keys, n_keys);
     Values<8>(s, heads, d, v_pool, slot_stride, slots, n_keys, out + h0 * d);
   }
