@@ -35,6 +35,9 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
                       "--hf"] + model + (["--cpu-compile-mode=eager"] if quick else []),
         "serving": ["rvascend.bench.serving", f"--output={out}/serving.jsonl", f"--plot={out}/serving.png"]
         + model + (["--server-args=--cpu-compile-mode=eager", "--num-prompts=2"] if quick else []),
+        # Not in the default set: ITL of running requests while a long prompt is prefilled, by chunk size.
+        "chunked_prefill": ["rvascend.bench.chunked_prefill", f"--output={out}/chunked_prefill.jsonl"] + model
+        + (["--sizes=-1,64", "--long-input-len=1024"] if quick else []),
         # Not in the default set: builds llama.cpp from source once (about 5 minutes), then about 10.
         "llama_cpp": ["rvascend.bench.llama_cpp_peer", f"--output={out}/llama_cpp.jsonl", f"--plot={out}/llama_cpp.png"]
         + (["--models=smollm2-135m", "--batch-sizes=1", "--output-len=16"] if quick else []),

@@ -1,8 +1,11 @@
 """The engine: FCFS admission against the KV pool, prefill and batched decode steps.
 
-Each step runs one forward pass: new requests' prefills first (several
-prompts concatenated), otherwise one decode token for every running sequence
-together, so two running sequences make M = 2 in every projection. KV memory
+Each step runs one forward pass over every running sequence: one decode token
+for each sequence that is decoding (two make M = 2 in every projection) plus
+the prompt tokens of the sequences still prefilling, at most
+`chunked_prefill_size` of them per step (a long prompt is prefilled over
+several steps). So a long prompt delays the others' next token by one chunk,
+not by its whole prefill. KV memory
 is reserved at admission for prompt + max_tokens, so a running request never
 runs out of slots; requests wait until their reservation fits.
 """
@@ -42,6 +45,7 @@ class EngineConfig:
     max_prefill_tokens: int = 4096     # tokens of new prompts per prefill step
     max_queued_requests: int = 64      # waiting + running, beyond it: QueueFullError
     context_length: Optional[int] = None  # default: the model's max_position_embeddings
+    chunked_prefill_size: Optional[int] = 512  # prompt tokens per prefill step; None or <= 0: whole prompts
 
 
 class Engine:
@@ -153,25 +157,39 @@ class Engine:
             self._waiting.extend(self._pending)
             self._pending.clear()
         self._drop_aborted()
-        prefill = self._admit()
-        if prefill:
-            with self._lock:
-                # Running from admission on, so that a failing step fails them too.
-                self._running.extend(prefill)
-            self._guarded_forward(prefill, prefill=True)
-            return len(prefill)
-        if self._running:
-            batch = list(self._running)
-            self._guarded_forward(batch, prefill=False)
-            return len(batch)
-        return 0
+        admitted = self._admit()
+        with self._lock:
+            # Running from admission on, so that a failing step fails them too.
+            self._running.extend(admitted)
+            decoding = [s for s in self._running if not s.prefilling]
+            prefilling = [s for s in self._running if s.prefilling]
+        if not decoding and not prefilling:
+            return 0
+        work = [(s, 1) for s in decoding] + (self._prefill_chunk(prefilling) if prefilling else [])
+        self._guarded_forward(work)
+        return len(work)
 
-    def _guarded_forward(self, seqs: list[Sequence], prefill: bool) -> None:
+    def _prefill_chunk(self, prefilling: list[Sequence]) -> list[tuple[Sequence, int]]:
+        """(sequence, prompt tokens to prefill now), in arrival order, within the chunk size."""
+        budget = self.config.chunked_prefill_size
+        if budget is None or budget <= 0:
+            return [(s, len(s.prompt_ids) - s.prefilled) for s in prefilling]
+        work = []
+        for seq in prefilling:
+            n = min(len(seq.prompt_ids) - seq.prefilled, budget)
+            work.append((seq, n))
+            budget -= n
+            if budget == 0:
+                break
+        return work
+
+    def _guarded_forward(self, work: list[tuple[Sequence, int]]) -> None:
         """A failing forward pass fails exactly the sequences in it: each gets an
         error, its slots and reservation are freed, everyone else goes on."""
         self.step_started = time.monotonic()
+        seqs = [s for s, _ in work]
         try:
-            self._forward(seqs, prefill)
+            self._forward(work)
         except Exception as e:  # noqa: BLE001 - reported to each affected client
             logging.exception("engine step failed; failing its %d sequences", len(seqs))
             with self._lock:
@@ -211,12 +229,16 @@ class Engine:
                 self._running.remove(seq)
                 self._finish(seq, "abort")
 
-    def _forward(self, seqs: list[Sequence], prefill: bool) -> None:
+    def _forward(self, work: list[tuple[Sequence, int]]) -> None:
+        """One forward pass: `n` prompt tokens of each prefilling sequence, the last
+        token of each decoding one; then a token for every sequence whose prompt is done."""
         ids, positions, new_lens, prefix_lens, kv_slots, write = [], [], [], [], [], []
+        seqs = [s for s, _ in work]
+        prefill = [s.prefilling for s in seqs]
         with self._lock:
-            for seq in seqs:
-                new = seq.prompt_ids if prefill else [seq.last_token]
-                start = 0 if prefill else seq.num_tokens - 1
+            for (seq, n), chunk in zip(work, prefill):
+                new = seq.prompt_ids[seq.prefilled:seq.prefilled + n] if chunk else [seq.last_token]
+                start = seq.prefilled if chunk else seq.num_tokens - 1
                 fresh = [self._free_slots.pop() for _ in new]
                 seq.slots.extend(fresh)
                 ids.extend(new)
@@ -230,6 +252,15 @@ class Engine:
         self.last_batch_rows = len(ids)
         with torch.inference_mode():
             logits = self.model(batch, self.pool)
+        for (seq, n), chunk in zip(work, prefill):
+            if chunk:
+                seq.prefilled += n
+        # A sequence whose prompt is not complete yet samples nothing this step.
+        done = [i for i, s in enumerate(seqs) if not s.prefilling]
+        if len(done) < len(seqs):
+            seqs, logits = [seqs[i] for i in done], logits[done]
+        if not seqs:
+            return
         now = time.perf_counter()
         eos = tuple(self.eos_ids)
         fast = self._greedy_tokens(seqs, logits)

@@ -130,6 +130,58 @@ def test_continuous_batching_gives_m2_and_same_tokens(checkpoint):
         assert policy.counters.rows_seen("qkv_proj", "packed").get(2, 0) > 0
 
 
+def test_chunked_prefill_gives_the_same_tokens(checkpoint):
+    _, path = checkpoint
+    model = _ours(path, torch.float32, False)
+    prompts = [torch.randint(0, 2048, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (150, 37)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    runs = {}
+    for size in (None, 32, 7):
+        engine = Engine(model, None, EngineConfig(max_total_tokens=256, chunked_prefill_size=size))
+        runs[size] = [s.output_ids for s in engine.generate(prompts, params)]
+        assert engine.stats()["kv_used_tokens"] == 0 and engine.stats()["kv_reserved_tokens"] == 0
+    assert runs[32] == runs[None] and runs[7] == runs[None]
+
+
+def _steps_until_first_token(engine: Engine, waiting, running) -> int:
+    """Decode tokens `running` gets while `waiting` is prefilled (until its first token)."""
+    before = len(running.output_ids)
+    while not waiting.output_ids:
+        engine.step()
+    return len(running.output_ids) - before
+
+
+@pytest.mark.parametrize("size,gained", [(16, 7), (None, 1)])
+def test_chunked_prefill_rides_along_with_decoding(size, gained):
+    from rvascend.engine.random_model import ensure_random_model
+    model = load_model(ensure_random_model())
+    engine = Engine(model, None, EngineConfig(max_total_tokens=512, chunked_prefill_size=size))
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    short = engine.add_request([1, 2, 3], params)
+    engine.step()
+    assert short.output_ids  # decoding now
+    long = engine.add_request(list(range(10, 110)), params)
+    # 100 prompt tokens in chunks of 16: 7 steps, each also decoding the short request.
+    # Unchunked: one step with the whole prompt.
+    assert _steps_until_first_token(engine, long, short) == gained
+    while engine.has_work():
+        engine.step()
+    assert engine.stats()["kv_used_tokens"] == 0
+
+
+def test_abort_during_chunked_prefill_frees_its_slots():
+    from rvascend.engine.random_model import ensure_random_model
+    engine = Engine(load_model(ensure_random_model()), None, EngineConfig(max_total_tokens=512, chunked_prefill_size=16))
+    long = engine.add_request(list(range(10, 110)), SamplingParams(max_tokens=4))
+    engine.step()
+    engine.step()
+    assert long.prefilled == 32 and engine.stats()["kv_used_tokens"] == 32 and not long.output_ids
+    engine.abort(long)
+    engine.step()
+    assert long.finish_reason == "abort"
+    assert engine.stats()["kv_used_tokens"] == 0 and engine.stats()["kv_reserved_tokens"] == 0
+
+
 def test_checkpoint_errors(tmp_path, checkpoint):
     _, path = checkpoint
     with pytest.raises(FileNotFoundError, match="config.json"):

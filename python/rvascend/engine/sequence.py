@@ -68,6 +68,7 @@ class Sequence:
         self.on_output = on_output
         self.status = Status.WAITING
         self.slots: list[int] = []
+        self.prefilled = 0    # prompt tokens already in the KV pool (chunked prefill)
         self.reserved = len(prompt_ids) + params.max_tokens
         self.generator: Optional[torch.Generator] = None
         if params.seed is not None:
@@ -81,6 +82,10 @@ class Sequence:
         self.arrival = time.perf_counter()
         self.first_token_time: Optional[float] = None
         self.token_times: list[float] = []
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -33,6 +33,9 @@ flags.DEFINE_integer("max-running-requests", 8, "Sequences decoding together at 
 flags.DEFINE_integer("max-total-tokens", None, "KV pool size in tokens (default: from free memory).")
 flags.DEFINE_integer("max-queued-requests", 64, "Requests queued or running before 503s.")
 flags.DEFINE_integer("context-length", None, "Context length (default: the model's).")
+flags.DEFINE_integer("chunked-prefill-size", 512,
+                     "Prompt tokens per prefill step; a longer prompt is prefilled over several steps, "
+                     "alternating with the running requests' decode steps (-1: whole prompts in one step).")
 flags.DEFINE_float("watchdog-timeout", 300.0, "/health reports unhealthy when one engine step runs longer (s).")
 flags.DEFINE_float("graceful-shutdown-timeout", 5.0,
                    "On SIGTERM/SIGINT, seconds open requests get before the server exits anyway.")
@@ -51,7 +54,8 @@ def main(argv: list[str]) -> int:
         max_running_requests=FLAGS["max-running-requests"].value,
         max_total_tokens=FLAGS["max-total-tokens"].value,
         max_queued_requests=FLAGS["max-queued-requests"].value,
-        context_length=FLAGS["context-length"].value)
+        context_length=FLAGS["context-length"].value,
+        chunked_prefill_size=FLAGS["chunked-prefill-size"].value)
     try:
         engine, name, policy = build_engine(opts)
     except (ValueError, FileNotFoundError) as e:

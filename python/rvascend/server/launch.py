@@ -36,6 +36,7 @@ class ServeOptions:
     max_total_tokens: Optional[int] = None
     max_queued_requests: int = 64
     context_length: Optional[int] = None
+    chunked_prefill_size: Optional[int] = 512
 
 
 def _have_cxx() -> bool:
@@ -96,5 +97,6 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         logging.info("KV pool: %d tokens (%.1f MiB)", tokens, tokens * per_token / 2**20)
     engine = Engine(model, tokenizer, EngineConfig(
         max_running_requests=opts.max_running_requests, max_total_tokens=tokens,
-        max_queued_requests=opts.max_queued_requests, context_length=opts.context_length))
+        max_queued_requests=opts.max_queued_requests, context_length=opts.context_length,
+        chunked_prefill_size=opts.chunked_prefill_size))
     return engine, name, policy
