@@ -184,13 +184,24 @@ class Engine:
         return work
 
     def _guarded_forward(self, work: list[tuple[Sequence, int]]) -> None:
-        """A failing forward pass fails exactly the sequences in it: each gets an
-        error, its slots and reservation are freed, everyone else goes on."""
+        """A failing forward pass fails exactly the sequences that make it fail: a
+        step of several sequences that raises is run again one sequence at a time
+        (its slot allocations were undone; K/V rewritten to the same slots are the
+        same values), so one poisoned request in a mixed prefill/decode step does
+        not take the running ones with it. Each failing sequence gets an error, its
+        slots and reservation are freed, everyone else goes on."""
         self.step_started = time.monotonic()
         seqs = [s for s, _ in work]
         try:
             self._forward(work)
         except Exception as e:  # noqa: BLE001 - reported to each affected client
+            if len(work) > 1:
+                logging.warning("an engine step of %d sequences failed (%s: %s); running them one at a time",
+                                len(work), type(e).__name__, e)
+                for item in work:
+                    if item[0].status is Status.RUNNING and item[0] in self._running:
+                        self._guarded_forward([item])
+                return
             logging.exception("engine step failed; failing its %d sequences", len(seqs))
             with self._lock:
                 for seq in seqs:
@@ -235,12 +246,14 @@ class Engine:
         ids, positions, new_lens, prefix_lens, kv_slots, write = [], [], [], [], [], []
         seqs = [s for s, _ in work]
         prefill = [s.prefilling for s in seqs]
+        allocated: list[tuple[Sequence, list[int]]] = []
         with self._lock:
             for (seq, n), chunk in zip(work, prefill):
                 new = seq.prompt_ids[seq.prefilled:seq.prefilled + n] if chunk else [seq.last_token]
                 start = seq.prefilled if chunk else seq.num_tokens - 1
                 fresh = [self._free_slots.pop() for _ in new]
                 seq.slots.extend(fresh)
+                allocated.append((seq, fresh))
                 ids.extend(new)
                 positions.extend(range(start, start + len(new)))
                 new_lens.append(len(new))
@@ -250,8 +263,15 @@ class Engine:
         batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
                              new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long))
         self.last_batch_rows = len(ids)
-        with torch.inference_mode():
-            logits = self.model(batch, self.pool)
+        try:
+            with torch.inference_mode():
+                logits = self.model(batch, self.pool)
+        except BaseException:
+            with self._lock:  # undo this step's slot allocations
+                for seq, fresh in allocated:
+                    del seq.slots[len(seq.slots) - len(fresh):]
+                    self._free_slots.extend(reversed(fresh))
+            raise
         for (seq, n), chunk in zip(work, prefill):
             if chunk:
                 seq.prefilled += n

@@ -169,6 +169,33 @@ def test_chunked_prefill_rides_along_with_decoding(size, gained):
     assert engine.stats()["kv_used_tokens"] == 0
 
 
+def test_a_poisoned_prompt_in_a_mixed_step_fails_alone():
+    """A new prompt whose forward raises rides in the same step as a running request's
+    decode: only the prompt fails; the running request's tokens are as without it."""
+    from rvascend.engine.random_model import ensure_random_model
+    model = load_model(ensure_random_model())
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    want = greedy(model, [5, 6, 7], 10)
+    forward = model.forward
+
+    def poisoned(batch, pool, **kwargs):
+        if 1999 in batch.input_ids.tolist():
+            raise RuntimeError("poisoned batch")
+        return forward(batch, pool, **kwargs)
+    model.forward = poisoned
+    engine = Engine(model, None, EngineConfig(max_total_tokens=256))
+    running = engine.add_request([5, 6, 7], params)
+    engine.step()
+    bad = engine.add_request([1999, 3], params)
+    engine.step()
+    assert bad.finish_reason == "error" and "poisoned batch" in bad.error
+    assert len(running.output_ids) == 2 and running.finish_reason is None
+    while engine.has_work():
+        engine.step()
+    assert running.output_ids == want and running.finish_reason == "length"
+    assert engine.stats()["kv_used_tokens"] == 0 and engine.stats()["kv_reserved_tokens"] == 0
+
+
 def test_abort_during_chunked_prefill_frees_its_slots():
     from rvascend.engine.random_model import ensure_random_model
     engine = Engine(load_model(ensure_random_model()), None, EngineConfig(max_total_tokens=512, chunked_prefill_size=16))
