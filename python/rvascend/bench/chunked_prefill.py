@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from absl import app, flags, logging
 
-from rvascend.bench.results import print_table, write_jsonl
+from rvascend.bench.results import percentile, print_table, write_jsonl
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.models.loader import load_model
@@ -31,11 +31,6 @@ flags.DEFINE_integer("baseline-steps", 24, "Decode steps timed before the long p
 flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
 flags.DEFINE_enum("policy", "on", ["on", "off"], "RVV policy (eager routes: its attention reads the KV pool in place).")
 flags.DEFINE_string("output", "bench_results/chunked_prefill.jsonl", "jsonl file to append to.")
-
-
-def _percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
 def run(model, size: int, decoders: int, long_len: int, baseline_steps: int) -> dict[str, Any]:
@@ -63,9 +58,9 @@ def run(model, size: int, decoders: int, long_len: int, baseline_steps: int) -> 
         during.append(timed_step())
     ttft = time.perf_counter() - arrival
     return {"chunked_prefill_size": size, "decoders": decoders, "long_input_len": long_len,
-            "baseline_p50_itl_ms": 1e3 * statistics.median(baseline), "baseline_p99_itl_ms": 1e3 * _percentile(baseline, 0.99),
-            "during_p50_itl_ms": 1e3 * statistics.median(during), "during_p99_itl_ms": 1e3 * _percentile(during, 0.99),
-            "p99_itl_ratio": _percentile(during, 0.99) / _percentile(baseline, 0.99),
+            "baseline_p50_itl_ms": 1e3 * statistics.median(baseline), "baseline_p99_itl_ms": 1e3 * percentile(baseline, 99),
+            "during_p50_itl_ms": 1e3 * statistics.median(during), "during_p99_itl_ms": 1e3 * percentile(during, 99),
+            "p99_itl_ratio": percentile(during, 99) / percentile(baseline, 99),
             "long_prompt_ttft_s": ttft, "steps_during": len(during)}
 
 

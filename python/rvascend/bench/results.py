@@ -7,6 +7,14 @@ import os
 from typing import Any, Iterable, Sequence
 
 
+def percentile(values: Sequence[float], p: float) -> float:
+    """The nearest-rank p-th percentile (0..100); NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> None:
     """columns: (key, header, format spec)."""
     widths = [max(len(h), 10) for _, h, _ in columns]

@@ -24,7 +24,7 @@ import httpx
 from absl import app, flags, logging
 
 from rvascend.bench.plots import bar_plot
-from rvascend.bench.results import print_table, write_jsonl
+from rvascend.bench.results import percentile, print_table, write_jsonl
 from rvascend.bench.rss import peak_rss_mib
 from rvascend.server.testing import free_port, wait_healthy
 
@@ -39,13 +39,6 @@ flags.DEFINE_list("policy", ["off", "on"], "Server runs: RVV policy off and/or o
 flags.DEFINE_string("server-args", "", "Extra flags for the server, space-separated.")
 flags.DEFINE_string("output", "bench_results/serving.jsonl", "jsonl file to append to.")
 flags.DEFINE_string("plot", "bench_results/serving.png", "PNG plot (empty: none).")
-
-
-def _pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 def _one_request(url: str, prompt: list[int], output_len: int) -> dict[str, Any]:
@@ -81,12 +74,12 @@ def _level(url: str, concurrency: int, n: int, warmup: int, input_len: int, outp
         "request_throughput": n / wall, "input_throughput": n * input_len / wall,
         "output_throughput": out_tokens / wall, "total_throughput": n * (input_len + output_len) / wall,
         "mean_e2e_latency_ms": 1e3 * statistics.mean(e2e), "median_e2e_latency_ms": 1e3 * statistics.median(e2e),
-        "p99_e2e_latency_ms": 1e3 * _pct(e2e, 99),
+        "p99_e2e_latency_ms": 1e3 * percentile(e2e, 99),
         "mean_ttft_ms": 1e3 * statistics.mean(ttft), "median_ttft_ms": 1e3 * statistics.median(ttft),
-        "p99_ttft_ms": 1e3 * _pct(ttft, 99),
+        "p99_ttft_ms": 1e3 * percentile(ttft, 99),
         "mean_itl_ms": 1e3 * statistics.mean(itl) if itl else float("nan"),
         "median_itl_ms": 1e3 * statistics.median(itl) if itl else float("nan"),
-        "p99_itl_ms": 1e3 * _pct(itl, 99),
+        "p99_itl_ms": 1e3 * percentile(itl, 99),
         "mean_decode_tok_per_s_per_request": statistics.mean(decode_rate) if decode_rate else float("nan"),
     }
 
