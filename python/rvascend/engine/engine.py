@@ -42,7 +42,7 @@ class QueueFullError(RuntimeError):
 class EngineConfig:
     max_running_requests: int = 8
     max_total_tokens: int = 8192       # KV pool slots
-    max_prefill_tokens: int = 4096     # tokens of new prompts per prefill step
+    max_prefill_tokens: int = 4096     # prompt tokens of the requests admitted together (prefill: chunked_prefill_size)
     max_queued_requests: int = 64      # waiting + running, beyond it: QueueFullError
     context_length: Optional[int] = None  # default: the model's max_position_embeddings
     chunked_prefill_size: Optional[int] = 512  # prompt tokens per prefill step; None or <= 0: whole prompts
@@ -165,7 +165,7 @@ class Engine:
             prefilling = [s for s in self._running if s.prefilling]
         if not decoding and not prefilling:
             return 0
-        work = [(s, 1) for s in decoding] + (self._prefill_chunk(prefilling) if prefilling else [])
+        work = [(s, 1) for s in decoding] + self._prefill_chunk(prefilling)
         self._guarded_forward(work)
         return len(work)
 
