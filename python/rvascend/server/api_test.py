@@ -55,9 +55,10 @@ def test_top_k_one_equals_greedy_and_logit_bias_forces_a_token(server):
 
 
 def test_stop_token_ids_and_matched_stop(server):
-    base = _complete(server, logprobs=0)
-    tokens = server.engine.tokenizer.encode(base["choices"][0]["text"], add_special_tokens=False)
-    stop_at = tokens[2]
+    # The generated ids themselves: re-encoding the generated text need not give them back.
+    base = server.http.post("/generate", json={"text": "The api", "sampling_params": {
+        "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}).json()
+    stop_at = base["output_ids"][2]
     r = server.http.post("/v1/completions", json={"prompt": "The api", "max_tokens": 6, "temperature": 0,
                                                   "ignore_eos": True, "stop_token_ids": [stop_at]}).json()
     c = r["choices"][0]
