@@ -180,10 +180,14 @@ def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int) -> dict[s
     for name in set(one["regions"]) | set(two["regions"]):
         a, b = one["regions"].get(name, (0, 0)), two["regions"].get(name, (0, 0))
         regions[name] = (ext(a[0], b[0]), ext(a[1], b[1]))
-    libs = {k: ext(one["libraries"].get(k, 0), two["libraries"].get(k, 0))
-            for k in set(one["libraries"]) | set(two["libraries"])}
+    def ext_libs(a: dict[str, int], b: dict[str, int]) -> dict[str, float]:
+        return {k: ext(a.get(k, 0), b.get(k, 0)) for k in set(a) | set(b)}
+
+    region_libs = {name: ext_libs(one["region_libraries"].get(name, {}), two["region_libraries"].get(name, {}))
+                   for name in regions}
     return {"total": ext(one["total"], two["total"]), "vector": ext(one["vector"], two["vector"]),
-            "regions": regions, "libraries": libs,
+            "regions": regions, "libraries": ext_libs(one["libraries"], two["libraries"]),
+            "region_libraries": region_libs,
             "marker_overhead": ext(one["marker_overhead"], two["marker_overhead"])}
 
 
@@ -242,6 +246,8 @@ def main(argv: list[str]) -> int:
                         "layers": target, "instructions": step["total"], "vector_instructions": step["vector"],
                         "regions": {k: v[0] for k, v in sorted(step["regions"].items())},
                         "libraries": dict(sorted(step["libraries"].items())),
+                        "region_libraries": {k: dict(sorted(v.items(), key=lambda kv: -kv[1]))
+                                             for k, v in sorted(step["region_libraries"].items())},
                         "marker_overhead": step["marker_overhead"],
                         "share_outside_linears": 1 - linear / marked if marked else 0.0,
                         "k1_tok_s_1_thread": project(step, config, context, rows, target, 1),

@@ -113,6 +113,7 @@ def decode_ready(engine: Engine, context: int, rows: int, vocab: int) -> list[Se
         seq.output_ids = [ids[-1]]
         seq.status = Status.RUNNING
         seq.slots = [engine._free_slots.pop() for _ in range(context - 1)]
+        seq.prefilled = len(seq.prompt_ids)
         engine._reserved += seq.reserved
         engine._running.append(seq)
         seqs.append(seq)
@@ -143,7 +144,8 @@ def main() -> int:
     vocab = model.config.vocab_size
     for context, rows in args["configs"]:
         engine = Engine(model, None, EngineConfig(max_running_requests=rows, max_total_tokens=rows * (context + 4),
-                                                  max_queued_requests=rows + 1, context_length=context + 4))
+                                                  max_queued_requests=rows + 1, context_length=context + 4,
+                                                  disable_radix_cache=True))
         with torch.no_grad():
             for k, v in zip(engine.pool.k, engine.pool.v):
                 k.normal_()

@@ -8,6 +8,14 @@ several steps). So a long prompt delays the others' next token by one chunk,
 not by its whole prefill. KV memory
 is reserved at admission for prompt + max_tokens, so a running request never
 runs out of slots; requests wait until their reservation fits.
+
+The prefix cache (prefix_cache.py) keeps the K/V of finished and fully
+prefilled prompts; a new request starts prefilling after the longest cached
+prefix of its prompt. Cached slots nobody uses are evicted when the free list
+runs dry. The reservation stays prompt + max_tokens, cached part included: every
+slot a running request refers to is counted in its own reservation, so shared
+slots never overcommit the pool (sharing saves compute and time to first token,
+not admission room).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from absl import logging
 from rvascend import ops
 from rvascend.engine import sampler
 from rvascend.engine.detokenizer import IncrementalDetokenizer
+from rvascend.engine.prefix_cache import PrefixCache
 from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
@@ -46,6 +55,7 @@ class EngineConfig:
     max_queued_requests: int = 64      # waiting + running, beyond it: QueueFullError
     context_length: Optional[int] = None  # default: the model's max_position_embeddings
     chunked_prefill_size: Optional[int] = 512  # prompt tokens per prefill step; None or <= 0: whole prompts
+    disable_radix_cache: bool = False  # True: no prefix cache, every prompt is prefilled whole
 
 
 class Engine:
@@ -58,6 +68,7 @@ class Engine:
         dtype = next(model.parameters()).dtype
         self.pool = KVPool(model.config, config.max_total_tokens, dtype)
         self._free_slots = list(range(config.max_total_tokens - 1, -1, -1))
+        self.cache = None if config.disable_radix_cache else PrefixCache(config.max_total_tokens)
         self._reserved = 0
         self._lock = threading.Lock()
         self._pending: collections.deque[Sequence] = collections.deque()
@@ -144,11 +155,30 @@ class Engine:
         with self._lock:
             return bool(self._pending or self._waiting or self._running)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
+        """kv_used_tokens: slots requests hold (free slots and evictable cache excluded);
+        kv_cached_tokens: slots the prefix cache holds (shared with requests or evictable)."""
         with self._lock:
+            cache = self.cache
+            evictable = cache.evictable_size if cache else 0
             return {"running": len(self._running), "waiting": len(self._waiting) + len(self._pending),
-                    "kv_used_tokens": self.config.max_total_tokens - len(self._free_slots),
-                    "kv_reserved_tokens": self._reserved, "kv_total_tokens": self.config.max_total_tokens}
+                    "kv_used_tokens": self.config.max_total_tokens - len(self._free_slots) - evictable,
+                    "kv_cached_tokens": cache.size if cache else 0,
+                    "kv_reserved_tokens": self._reserved, "kv_total_tokens": self.config.max_total_tokens,
+                    "cache_hit_rate": cache.hit_rate if cache else 0.0}
+
+    def flush_cache(self) -> bool:
+        """Empties the prefix cache; refused (False) while requests are queued or running."""
+        with self._lock:
+            if self.cache is None:
+                return True
+            if self._pending or self._waiting or self._running:
+                return False
+            freed = self.cache.flush()
+            if freed is None:
+                return False
+            self._free_slots.extend(freed)
+            return True
 
     # -- the step (engine thread only) ------------------------------------------
     def step(self) -> int:
@@ -228,8 +258,43 @@ class Engine:
                 self._reserved += seq.reserved
                 tokens += len(seq.prompt_ids)
                 seq.status = Status.RUNNING
+                self._reuse_cached_prefix(seq)
                 admitted.append(seq)
         return admitted
+
+    def _reuse_cached_prefix(self, seq: Sequence) -> None:
+        """Starts `seq` after the longest cached prefix of its prompt (caller holds the lock).
+        The last prompt token always runs: its logits give the first output token."""
+        if self.cache is None:
+            return
+        slots, node = self.cache.match(seq.prompt_ids[:-1])
+        self.cache.lock(node)
+        seq.cache_node = node
+        seq.slots = list(slots)
+        seq.prefilled = seq.cached_tokens = len(slots)
+        self.cache.hit_tokens += len(slots)
+        self.cache.queried_tokens += len(seq.prompt_ids)
+
+    def _cache_tokens(self, seq: Sequence) -> None:
+        """Gives the K/V `seq` has written to the prefix cache and moves its lock to
+        their end (caller holds the lock). Where the tree had the same tokens already,
+        `seq` switches to the tree's slots and frees its own copies."""
+        tokens = (seq.prompt_ids + seq.output_ids)[:len(seq.slots)]
+        node, tree_slots = self.cache.insert(tokens, seq.slots)
+        self._free_slots.extend(s for s, t in zip(seq.slots, tree_slots) if s != t)
+        seq.slots = tree_slots
+        self.cache.lock(node)
+        if seq.cache_node is not None:
+            self.cache.unlock(seq.cache_node)
+        seq.cache_node = node
+
+    def _take_slots(self, n: int) -> list[int]:
+        """n free slots, evicting unused cached prefixes if the free list is short (caller holds the lock)."""
+        if len(self._free_slots) < n and self.cache is not None:
+            self._free_slots.extend(self.cache.evict(n - len(self._free_slots)))
+        if len(self._free_slots) < n:  # the reservations make this unreachable
+            raise RuntimeError(f"the KV pool has {len(self._free_slots)} free slots, {n} needed")
+        return [self._free_slots.pop() for _ in range(n)]
 
     def _drop_aborted(self) -> None:
         with self._lock:
@@ -247,23 +312,23 @@ class Engine:
         seqs = [s for s, _ in work]
         prefill = [s.prefilling for s in seqs]
         allocated: list[tuple[Sequence, list[int]]] = []
-        with self._lock:
-            for (seq, n), chunk in zip(work, prefill):
-                new = seq.prompt_ids[seq.prefilled:seq.prefilled + n] if chunk else [seq.last_token]
-                start = seq.prefilled if chunk else seq.num_tokens - 1
-                fresh = [self._free_slots.pop() for _ in new]
-                seq.slots.extend(fresh)
-                allocated.append((seq, fresh))
-                ids.extend(new)
-                positions.extend(range(start, start + len(new)))
-                new_lens.append(len(new))
-                prefix_lens.append(start)
-                kv_slots.append(torch.tensor(seq.slots, dtype=torch.long))
-                write.extend(fresh)
-        batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
-                             new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long))
-        self.last_batch_rows = len(ids)
         try:
+            with self._lock:
+                for (seq, n), chunk in zip(work, prefill):
+                    new = seq.prompt_ids[seq.prefilled:seq.prefilled + n] if chunk else [seq.last_token]
+                    start = seq.prefilled if chunk else seq.num_tokens - 1
+                    fresh = self._take_slots(len(new))
+                    seq.slots.extend(fresh)
+                    allocated.append((seq, fresh))
+                    ids.extend(new)
+                    positions.extend(range(start, start + len(new)))
+                    new_lens.append(len(new))
+                    prefix_lens.append(start)
+                    kv_slots.append(torch.tensor(seq.slots, dtype=torch.long))
+                    write.extend(fresh)
+            batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
+                                 new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long))
+            self.last_batch_rows = len(ids)
             with torch.inference_mode():
                 logits = self.model(batch, self.pool)
         except BaseException:
@@ -281,6 +346,22 @@ class Engine:
             seqs, logits = [seqs[i] for i in done], logits[done]
         if not seqs:
             return
+        self._sample(seqs, logits)
+        if self.cache is not None:
+            with self._lock:  # prompts prefilled this step serve the requests admitted next
+                for seq, chunk in zip(seqs, (prefill[i] for i in done)):
+                    if chunk and seq.status is Status.RUNNING and seq in self._running:
+                        self._cache_tokens(seq)
+        finished = [s for s in seqs if s.finish_reason is not None]
+        if finished:
+            with self._lock:
+                for seq in finished:
+                    if seq in self._running:
+                        self._running.remove(seq)
+                    self._release(seq)
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """A token for each sequence (one whose sampling fails is failed and removed)."""
         now = time.perf_counter()
         eos = tuple(self.eos_ids)
         fast = self._greedy_tokens(seqs, logits)
@@ -302,13 +383,6 @@ class Engine:
                 seq.first_token_time = now
             seq.token_times.append(now)
             self._emit(seq, sampled)
-        finished = [s for s in seqs if s.finish_reason is not None]
-        if finished:
-            with self._lock:
-                for seq in finished:
-                    if seq in self._running:
-                        self._running.remove(seq)
-                    self._release(seq)
 
     def _greedy_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> Optional[list[int]]:
         """Every row's argmax in one kernel call when all rows are plain greedy and routed, else None."""
@@ -361,8 +435,18 @@ class Engine:
         self._finish(seq, "error", message)
 
     def _release(self, seq: Sequence) -> None:
-        """Returns a finished sequence's slots and reservation (caller holds the lock)."""
-        self._free_slots.extend(reversed(seq.slots))
+        """Returns a finished sequence's slots and reservation (caller holds the lock).
+        Its K/V go to the prefix cache unless it failed (a failed step's writes are undone,
+        but nothing of a request that errored is worth keeping)."""
+        if self.cache is not None:
+            if seq.error is None and seq.slots:
+                self._cache_tokens(seq)
+            if seq.cache_node is not None:
+                self.cache.unlock(seq.cache_node)
+                seq.cache_node = None
+            self._free_slots.extend(s for s in reversed(seq.slots) if not self.cache.holds(s))
+        else:
+            self._free_slots.extend(reversed(seq.slots))
         seq.slots = []
         self._reserved -= seq.reserved
         seq.reserved = 0

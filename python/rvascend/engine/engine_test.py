@@ -209,6 +209,110 @@ def test_abort_during_chunked_prefill_frees_its_slots():
     assert engine.stats()["kv_used_tokens"] == 0 and engine.stats()["kv_reserved_tokens"] == 0
 
 
+def _random_prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 2048, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_prefix_cache_gives_the_same_tokens_and_reuses_the_prefix(checkpoint):
+    """A system prompt shared by several requests and a chat's second turn (which
+    extends the first turn's prompt and answer): the same greedy tokens as without
+    the cache, exactly in FP32, chunked or not, with the prefix taken from the cache."""
+    _, path = checkpoint
+    model = _ours(path, torch.float32, False)
+    system = _random_prompt(60, 7)
+    questions = [system + _random_prompt(n, n) for n in (5, 11, 3)]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    for size in (None, 16):
+        plain = Engine(model, None, EngineConfig(max_total_tokens=512, chunked_prefill_size=size,
+                                                 disable_radix_cache=True))
+        cached = Engine(model, None, EngineConfig(max_total_tokens=512, chunked_prefill_size=size))
+        first_plain = plain.generate(questions[:1], params)[0]
+        first = cached.generate(questions[:1], params)[0]
+        assert first.output_ids == first_plain.output_ids and first.cached_tokens == 0
+        rest = cached.generate(questions[1:], params)
+        assert [s.output_ids for s in rest] == [s.output_ids for s in plain.generate(questions[1:], params)]
+        assert all(s.cached_tokens == len(system) for s in rest)
+        turn2 = questions[0] + first.output_ids + _random_prompt(4, 99)
+        again = cached.generate([turn2], params)[0]
+        assert again.output_ids == plain.generate([turn2], params)[0].output_ids
+        # The first turn's prompt and all but its last answer token (never run) were cached.
+        assert again.cached_tokens == len(questions[0]) + len(first.output_ids) - 1
+        stats = cached.stats()
+        assert stats["kv_used_tokens"] == 0 and stats["kv_reserved_tokens"] == 0 and stats["kv_cached_tokens"] > 0
+        assert 0 < stats["cache_hit_rate"] < 1
+        assert plain.stats()["kv_cached_tokens"] == 0
+
+
+def _random_engine(**config) -> Engine:
+    from rvascend.engine.random_model import ensure_random_model
+    return Engine(load_model(ensure_random_model()), None, EngineConfig(**config))
+
+
+def test_prefix_cache_evicts_under_pool_pressure_and_never_overcommits():
+    """A pool of 96 slots and prompts of 40 distinct tokens: each request evicts the
+    earlier ones' cached K/V, and answers as on a fresh engine."""
+    engine = _random_engine(max_total_tokens=96)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompts = [_random_prompt(40, seed) for seed in range(6)]
+    want = [_random_engine(max_total_tokens=96, disable_radix_cache=True).generate([p], params)[0].output_ids
+            for p in prompts[:2]]
+    for i, prompt in enumerate(prompts):
+        seq = engine.generate([prompt], params)[0]
+        assert seq.finish_reason == "length"
+        if i < 2:
+            assert seq.output_ids == want[i]
+        stats = engine.stats()
+        assert stats["kv_used_tokens"] == 0 and stats["kv_cached_tokens"] <= 96
+        assert len(engine._free_slots) + stats["kv_cached_tokens"] == 96
+    # Two at once sharing a prompt, in a pool that cannot hold three copies.
+    both = engine.generate([prompts[0], prompts[0]], params)
+    assert both[0].output_ids == both[1].output_ids == want[0]
+    assert len(engine._free_slots) + engine.stats()["kv_cached_tokens"] == 96
+
+
+def test_identical_prompts_admitted_together_share_the_cached_copy():
+    engine = _random_engine(max_total_tokens=256)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    prompt = _random_prompt(30, 3)
+    a, b = engine.generate([prompt, prompt], params)
+    assert a.output_ids == b.output_ids
+    # The second copy's slots were given up for the tree's: one copy is cached.
+    assert engine.stats()["kv_cached_tokens"] == 30 + 3
+    assert len(engine._free_slots) == 256 - 33
+
+
+def test_flush_cache_and_failed_requests_are_not_cached():
+    engine = _random_engine(max_total_tokens=256)
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    prompt = _random_prompt(20, 5)
+    engine.generate([prompt], params)
+    assert engine.stats()["kv_cached_tokens"] == 22
+    running = engine.add_request(prompt + [1], params)
+    assert not engine.flush_cache()  # a request is queued
+    engine.step()
+    assert running.cached_tokens == 20 and not engine.flush_cache()
+    while engine.has_work():
+        engine.step()
+    assert engine.flush_cache() and engine.stats()["kv_cached_tokens"] == 0
+    assert len(engine._free_slots) == 256
+    assert engine.generate([prompt], params)[0].cached_tokens == 0
+    assert engine.flush_cache()
+    # A request that fails keeps nothing in the cache.
+    forward = engine.model.forward
+
+    def poisoned(batch, pool, **kwargs):
+        if 1999 in batch.input_ids.tolist():
+            raise RuntimeError("poisoned batch")
+        return forward(batch, pool, **kwargs)
+    engine.model.forward = poisoned
+    try:
+        bad = engine.generate([[1999] + prompt], params)[0]
+    finally:
+        engine.model.forward = forward
+    assert bad.finish_reason == "error" and engine.stats()["kv_cached_tokens"] == 0
+    assert len(engine._free_slots) == 256
+
+
 def test_checkpoint_errors(tmp_path, checkpoint):
     _, path = checkpoint
     with pytest.raises(FileNotFoundError, match="config.json"):

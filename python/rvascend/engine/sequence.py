@@ -69,6 +69,8 @@ class Sequence:
         self.status = Status.WAITING
         self.slots: list[int] = []
         self.prefilled = 0    # prompt tokens already in the KV pool (chunked prefill)
+        self.cached_tokens = 0  # of which taken from the prefix cache
+        self.cache_node = None  # the prefix-cache node this request pins (engine/prefix_cache.py)
         self.reserved = len(prompt_ids) + params.max_tokens
         self.generator: Optional[torch.Generator] = None
         if params.seed is not None:

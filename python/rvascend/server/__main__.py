@@ -36,6 +36,8 @@ flags.DEFINE_integer("context-length", None, "Context length (default: the model
 flags.DEFINE_integer("chunked-prefill-size", 512,
                      "Prompt tokens per prefill step; a longer prompt is prefilled over several steps, "
                      "alternating with the running requests' decode steps (-1: whole prompts in one step).")
+flags.DEFINE_bool("disable-radix-cache", False,
+                  "No prefix cache: every prompt is prefilled whole, even when an earlier request ran its prefix.")
 flags.DEFINE_float("watchdog-timeout", 300.0, "/health reports unhealthy when one engine step runs longer (s).")
 flags.DEFINE_float("graceful-shutdown-timeout", 5.0,
                    "On SIGTERM/SIGINT, seconds open requests get before the server exits anyway.")
@@ -55,7 +57,8 @@ def main(argv: list[str]) -> int:
         max_total_tokens=FLAGS["max-total-tokens"].value,
         max_queued_requests=FLAGS["max-queued-requests"].value,
         context_length=FLAGS["context-length"].value,
-        chunked_prefill_size=FLAGS["chunked-prefill-size"].value)
+        chunked_prefill_size=FLAGS["chunked-prefill-size"].value,
+        disable_radix_cache=FLAGS["disable-radix-cache"].value)
     try:
         engine, name, policy = build_engine(opts)
     except (ValueError, FileNotFoundError) as e:

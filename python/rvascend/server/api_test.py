@@ -120,6 +120,39 @@ def test_sglang_metric_names(server):
         assert name in metrics, name
 
 
+def _metric(text: str, name: str) -> float:
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_prefix_cache_usage_metrics_and_flush(server):
+    system = "You are a helpful assistant who answers in one short sentence. " * 6
+    server.wait_idle()
+    assert server.http.post("/flush_cache").status_code == 200
+    first = _complete(server, prompt=system + "First question?")
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    second = server.client.completions.create(model=server.name, prompt=system + "Second question?", max_tokens=2)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < second.usage.prompt_tokens
+    native = server.http.post("/generate", json={"text": system + "Third?", "sampling_params": {
+        "max_new_tokens": 1}}).json()
+    assert native["meta_info"]["cached_tokens"] >= cached
+    assert _metric(server.http.get("/metrics").text, "sglang:cache_hit_rate") > 0
+    server.wait_idle()
+    flushed = server.http.get("/flush_cache")
+    assert flushed.status_code == 200 and server.engine.stats()["kv_cached_tokens"] == 0
+    again = _complete(server, prompt=system + "Second question?")
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_flush_cache_is_refused_while_requests_run(server):
+    server.wait_idle()
+    with server.http.stream("POST", "/v1/completions", json={"prompt": "busy", "max_tokens": 200, "stream": True,
+                                                              "ignore_eos": True}) as s:
+        next(s.iter_lines())
+        refused = server.http.post("/flush_cache")
+    assert refused.status_code == 400 and "running" in refused.json()["error"]["message"]
+
+
 def test_chat_template_kwargs_reach_the_template(server):
     msgs = [{"role": "user", "content": "hi"}]
     with_prompt = server.http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}).json()

@@ -236,7 +236,7 @@ def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = No
                 if state.matched_stop is not None:
                     reason["matched"] = state.matched_stop
             return {"text": "".join(state.text), "output_ids": list(seq.output_ids),
-                    "meta_info": {"id": rid, "prompt_tokens": len(seq.prompt_ids),
+                    "meta_info": {"id": rid, "prompt_tokens": len(seq.prompt_ids), "cached_tokens": seq.cached_tokens,
                                   "completion_tokens": len(seq.output_ids), "finish_reason": reason}}
 
         if req.stream:
@@ -268,6 +268,12 @@ def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = No
     async def server_info():
         return {**(server_args or {}), "version": rvascend.__version__, "context_length": engine.context_length,
                 **engine.stats()}
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        if engine.flush_cache():
+            return Response("Cache flushed.\n", media_type="text/plain")
+        return error(400, "the prefix cache was not flushed: requests are queued or running; retry when idle")
 
     @app.post("/tokenize")
     async def tokenize_endpoint(request: Request):

@@ -37,6 +37,7 @@ class ServeOptions:
     max_queued_requests: int = 64
     context_length: Optional[int] = None
     chunked_prefill_size: Optional[int] = 512
+    disable_radix_cache: bool = False
 
 
 def _have_cxx() -> bool:
@@ -98,5 +99,5 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     engine = Engine(model, tokenizer, EngineConfig(
         max_running_requests=opts.max_running_requests, max_total_tokens=tokens,
         max_queued_requests=opts.max_queued_requests, context_length=opts.context_length,
-        chunked_prefill_size=opts.chunked_prefill_size))
+        chunked_prefill_size=opts.chunked_prefill_size, disable_radix_cache=opts.disable_radix_cache))
     return engine, name, policy

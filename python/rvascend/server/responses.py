@@ -25,11 +25,14 @@ def sse(payload: Any) -> str:
     return "data: " + (payload if isinstance(payload, str) else json.dumps(payload)) + "\n\n"
 
 
-def usage(seqs: list[Sequence], prompts_per_seq: int) -> dict[str, int]:
-    """Prompt tokens count once per prompt (n samples share it)."""
+def usage(seqs: list[Sequence], prompts_per_seq: int) -> dict[str, Any]:
+    """Prompt tokens count once per prompt (n samples share it); cached_tokens: of
+    those, the ones the prefix cache served (OpenAI's prompt_tokens_details)."""
     prompt = sum(len(s.prompt_ids) for s in seqs[::prompts_per_seq])
+    cached = sum(s.cached_tokens for s in seqs[::prompts_per_seq])
     completion = sum(len(s.output_ids) for s in seqs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 @dataclasses.dataclass

@@ -1,0 +1,169 @@
+"""The prefix cache: a radix tree from token prefixes to the KV pool slots that hold them.
+
+SGLang's radix cache, for a pool of single-token slots: a request whose prompt
+starts with tokens some earlier request already ran (a system prompt, the turns
+of a chat) takes those tokens' slots instead of recomputing them. K/V of a
+token depends only on the tokens before it and its position, both fixed by the
+prefix, so the reuse is exact.
+
+Each edge holds a run of tokens and their slots. A running request locks the
+deepest node it uses, which pins the whole path to the root; unlocked nodes are
+evicted leaf first, least recently used first, when the pool runs out of free
+slots. The tree owns every slot it holds: a request gives the slots of its
+tokens to the tree when it inserts them and must not free them itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+_clock = itertools.count()
+
+
+class Node:
+    __slots__ = ("tokens", "slots", "children", "parent", "locks", "last_use")
+
+    def __init__(self, tokens: tuple[int, ...], slots: list[int], parent: Optional["Node"]) -> None:
+        self.tokens = tokens
+        self.slots = slots
+        self.children: dict[int, Node] = {}
+        self.parent = parent
+        self.locks = 0
+        self.last_use = next(_clock)
+
+
+class PrefixCache:
+    def __init__(self, pool_slots: int) -> None:
+        self.root = Node((), [], None)
+        self.root.locks = 1  # never evicted
+        self._held = bytearray(pool_slots)  # 1: the slot belongs to the tree
+        self.size = 0            # slots held by the tree
+        self.locked_size = 0     # of which pinned by running requests
+        self.hit_tokens = 0      # prompt tokens served from the cache (since start)
+        self.queried_tokens = 0  # prompt tokens looked up
+
+    # -- lookup --------------------------------------------------------------
+    def match(self, tokens: list[int]) -> tuple[list[int], Node]:
+        """The slots of the longest cached prefix of `tokens`, and the node where it ends
+        (an edge matched part-way is split so that a node ends exactly there)."""
+        node, _, slots = self._descend(tokens)
+        return slots, node
+
+    def holds(self, slot: int) -> bool:
+        return bool(self._held[slot])
+
+    # -- pinning -------------------------------------------------------------
+    def lock(self, node: Node) -> None:
+        while node is not self.root:
+            if node.locks == 0:
+                self.locked_size += len(node.slots)
+            node.locks += 1
+            node = node.parent
+
+    def unlock(self, node: Node) -> None:
+        while node is not self.root:
+            node.locks -= 1
+            if node.locks == 0:
+                self.locked_size -= len(node.slots)
+            node = node.parent
+
+    # -- growth and eviction ---------------------------------------------------
+    def insert(self, tokens: list[int], slots: list[int]) -> tuple[Node, list[int]]:
+        """Adds `tokens` (whose K/V are in `slots`); returns the node where they end and
+        the tree's slots for them. Where a prefix was cached already the tree keeps its
+        own slots (the caller's copies there are the caller's to free); the new
+        suffix's slots become the tree's."""
+        assert len(tokens) == len(slots)
+        node, i, path = self._descend(tokens)
+        if i == len(tokens):
+            return node, path
+        child = Node(tuple(tokens[i:]), list(slots[i:]), node)
+        node.children[tokens[i]] = child
+        for s in child.slots:
+            self._held[s] = 1
+        self.size += len(child.slots)
+        return child, path + child.slots
+
+    @property
+    def evictable_size(self) -> int:
+        return self.size - self.locked_size
+
+    def evict(self, wanted: int) -> list[int]:
+        """Frees at least `wanted` slots (fewer if not that many are unlocked), least
+        recently used leaves first; returns them."""
+        freed: list[int] = []
+        leaves = sorted((n for n in self._nodes() if not n.children and n.locks == 0), key=lambda n: n.last_use)
+        while leaves and len(freed) < wanted:
+            leaf = leaves.pop(0)
+            freed.extend(self._remove(leaf))
+            parent = leaf.parent
+            if parent is not self.root and not parent.children and parent.locks == 0:
+                # The parent became a leaf: it goes in by its own age.
+                at = next((k for k, n in enumerate(leaves) if n.last_use > parent.last_use), len(leaves))
+                leaves.insert(at, parent)
+        return freed
+
+    def flush(self) -> Optional[list[int]]:
+        """Empties the tree and returns its slots, or None if a running request holds a part."""
+        if self.locked_size or any(n.locks for n in self._nodes()):
+            return None
+        freed = [s for n in self._nodes() for s in n.slots]
+        for s in freed:
+            self._held[s] = 0
+        self.root.children.clear()
+        self.size = 0
+        return freed
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    # -- internals --------------------------------------------------------------
+    def _descend(self, tokens: list[int]) -> tuple[Node, int, list[int]]:
+        """(deepest node on the longest cached prefix of `tokens`, its length, its slots),
+        marking the path used now."""
+        node, slots, i = self.root, [], 0
+        now = next(_clock)
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                break
+            n = _common(child.tokens, tokens, i)
+            if n < len(child.tokens):
+                child = self._split(child, n)
+            child.last_use = now
+            slots.extend(child.slots)
+            node, i = child, i + n
+        return node, i, slots
+
+    def _split(self, child: Node, n: int) -> Node:
+        """Cuts `child`'s edge after n tokens; returns the new upper node."""
+        upper = Node(child.tokens[:n], child.slots[:n], child.parent)
+        upper.locks, upper.last_use = child.locks, child.last_use
+        upper.children[child.tokens[n]] = child
+        child.parent.children[child.tokens[0]] = upper
+        child.tokens, child.slots, child.parent = child.tokens[n:], child.slots[n:], upper
+        return upper
+
+    def _remove(self, leaf: Node) -> list[int]:
+        del leaf.parent.children[leaf.tokens[0]]
+        for s in leaf.slots:
+            self._held[s] = 0
+        self.size -= len(leaf.slots)
+        return leaf.slots
+
+    def _nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+
+def _common(edge: tuple[int, ...], tokens: list[int], start: int) -> int:
+    n = 0
+    limit = min(len(edge), len(tokens) - start)
+    while n < limit and edge[n] == tokens[start + n]:
+        n += 1
+    return n
