@@ -38,6 +38,12 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         # Not in the default set: ITL of running requests while a long prompt is prefilled, by chunk size.
         "chunked_prefill": ["rvascend.bench.chunked_prefill", f"--output={out}/chunked_prefill.jsonl"] + model
         + (["--sizes=-1,64", "--long-input-len=1024"] if quick else []),
+        # Not in the default set: TTFT with a shared 1k-token system prompt, prefix cache on vs off.
+        "prefix_cache": ["rvascend.bench.prefix_cache", f"--output={out}/prefix_cache.jsonl"] + model
+        + (["--system-len=256", "--requests-per-client=2"] if quick else []),
+        # Not in the default set: time per output token at token 512 vs 16, batch 1.
+        "long_output": ["rvascend.bench.long_output", f"--output={out}/long_output.jsonl"] + model
+        + (["--at=16,128"] if quick else []),
         # Not in the default set: builds llama.cpp from source once (about 5 minutes), then about 10.
         "llama_cpp": ["rvascend.bench.llama_cpp_peer", f"--output={out}/llama_cpp.jsonl", f"--plot={out}/llama_cpp.png"]
         + (["--models=smollm2-135m", "--batch-sizes=1", "--output-len=16"] if quick else []),

@@ -17,19 +17,16 @@ from typing import Any
 import torch
 from absl import app, flags, logging
 
+from rvascend.bench import engine_model
 from rvascend.bench.results import percentile, print_table, write_jsonl
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine.random_model import ensure_random_model
-from rvascend.models.loader import load_model
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model-path", None, "Checkpoint (default: the random-weight test model).")
+engine_model.define_flags(policy="on")
 flags.DEFINE_list("sizes", ["-1", "512", "128", "64", "32"], "Chunked-prefill sizes (-1: whole prompts).")
 flags.DEFINE_integer("decoders", 4, "Requests decoding while the long prompt arrives.")
 flags.DEFINE_integer("long-input-len", 3968, "Tokens of the long prompt.")
 flags.DEFINE_integer("baseline-steps", 24, "Decode steps timed before the long prompt arrives.")
-flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
-flags.DEFINE_enum("policy", "on", ["on", "off"], "RVV policy (eager routes: its attention reads the KV pool in place).")
 flags.DEFINE_string("output", "bench_results/chunked_prefill.jsonl", "jsonl file to append to.")
 
 
@@ -66,14 +63,7 @@ def run(model, size: int, decoders: int, long_len: int, baseline_steps: int) -> 
 
 def main(argv: list[str]) -> int:
     del argv
-    if FLAGS.threads:
-        torch.set_num_threads(FLAGS.threads)
-    path = FLAGS["model-path"].value or ensure_random_model()
-    model = load_model(path)
-    if FLAGS.policy == "on":
-        from rvascend.policy import RvvPolicyConfig, install_rvv_policy
-
-        install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode="eager"))
+    path, model = engine_model.load()
     records = []
     for size in (int(s) for s in FLAGS.sizes):
         logging.info("chunked prefill size %d", size)

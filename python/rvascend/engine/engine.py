@@ -32,11 +32,15 @@ from absl import logging
 from rvascend import ops
 from rvascend.engine import sampler
 from rvascend.engine.detokenizer import IncrementalDetokenizer
-from rvascend.engine.prefix_cache import PrefixCache
+from rvascend.engine.prefix_cache import PrefixCache, common_prefix_len
 from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
 from rvascend.policy.kernel_routes import routes_of
+
+
+# Shared uncached prompt tokens that make a request wait for another one's prefill.
+SHARED_PREFILL_WAIT = 32
 
 
 class RequestError(ValueError):
@@ -254,6 +258,8 @@ class Engine:
                     break  # FCFS: the head waits for memory, nobody overtakes it
                 if admitted and tokens + len(seq.prompt_ids) > self.config.max_prefill_tokens:
                     break
+                if self._shares_a_prefill_under_way(seq, admitted):
+                    break  # admitted once that prefill is cached, it prefills only the rest
                 self._waiting.popleft()
                 self._reserved += seq.reserved
                 tokens += len(seq.prompt_ids)
@@ -261,6 +267,20 @@ class Engine:
                 self._reuse_cached_prefix(seq)
                 admitted.append(seq)
         return admitted
+
+    def _shares_a_prefill_under_way(self, seq: Sequence, admitted: list[Sequence]) -> bool:
+        """Whether a request being prefilled is computing at least SHARED_PREFILL_WAIT
+        prompt tokens `seq` starts with (caller holds the lock). Then `seq` waits for it
+        (SGLang's in-batch prefix caching): prefilling the same tokens twice would only
+        slow both down, and once they are cached `seq` prefills only its own rest."""
+        if self.cache is None:
+            return False
+        for other in [*self._running, *admitted]:
+            if other.prefilling:
+                shared = common_prefix_len(other.prompt_ids, seq.prompt_ids[:-1])
+                if shared >= other.cached_tokens + SHARED_PREFILL_WAIT:
+                    return True
+        return False
 
     def _reuse_cached_prefix(self, seq: Sequence) -> None:
         """Starts `seq` after the longest cached prefix of its prompt (caller holds the lock).

@@ -281,6 +281,20 @@ def test_identical_prompts_admitted_together_share_the_cached_copy():
     assert len(engine._free_slots) == 256 - 33
 
 
+def test_a_request_sharing_a_prefill_under_way_waits_for_it_and_hits_the_cache():
+    """Two requests with the same 64-token system prompt arrive together: the second
+    waits until the first's prompt is cached, then prefills only its own question."""
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    system = _random_prompt(64, 8)
+    prompts = [system + _random_prompt(6, 1), system + _random_prompt(6, 2), _random_prompt(40, 3)]
+    plain = _random_engine(max_total_tokens=512, chunked_prefill_size=16, disable_radix_cache=True)
+    want = [s.output_ids for s in plain.generate(prompts, params)]
+    engine = _random_engine(max_total_tokens=512, chunked_prefill_size=16)
+    seqs = engine.generate(prompts, params)
+    assert [s.output_ids for s in seqs] == want
+    assert [s.cached_tokens for s in seqs] == [0, 64, 0]
+
+
 def test_flush_cache_and_failed_requests_are_not_cached():
     engine = _random_engine(max_total_tokens=256)
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)

@@ -129,7 +129,7 @@ class PrefixCache:
             child = node.children.get(tokens[i])
             if child is None:
                 break
-            n = _common(child.tokens, tokens, i)
+            n = common_prefix_len(child.tokens, tokens, i)
             if n < len(child.tokens):
                 child = self._split(child, n)
             child.last_use = now
@@ -161,9 +161,10 @@ class PrefixCache:
             stack.extend(node.children.values())
 
 
-def _common(edge: tuple[int, ...], tokens: list[int], start: int) -> int:
+def common_prefix_len(a, b, start: int = 0) -> int:
+    """How many leading items of `a` equal `b[start:]`'s."""
     n = 0
-    limit = min(len(edge), len(tokens) - start)
-    while n < limit and edge[n] == tokens[start + n]:
+    limit = min(len(a), len(b) - start)
+    while n < limit and a[n] == b[start + n]:
         n += 1
     return n

@@ -1,0 +1,31 @@
+"""The model the in-process engine benchmarks run (chunked_prefill, prefix_cache, long_output):
+their shared flags and loading."""
+
+from __future__ import annotations
+
+import torch
+from absl import flags
+
+from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.loader import load_model
+from rvascend.models.decoder import CausalLM
+
+
+def define_flags(policy: str) -> None:
+    flags.DEFINE_string("model-path", None, "Checkpoint (default: the random-weight test model).")
+    flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
+    flags.DEFINE_enum("policy", policy, ["on", "off"], "RVV policy (eager routes).")
+
+
+def load() -> tuple[str, CausalLM]:
+    """(checkpoint path, model) as the flags ask, with torch's threads set."""
+    flag_values = flags.FLAGS
+    if flag_values.threads:
+        torch.set_num_threads(flag_values.threads)
+    path = flag_values["model-path"].value or ensure_random_model()
+    model = load_model(path)
+    if flag_values.policy == "on":
+        from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+
+        install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode="eager"))
+    return path, model
