@@ -95,7 +95,8 @@ class Attention(nn.Module):
             k = maybe_norm(self.k_norm, k.reshape(t, self.kv_heads, self.head_dim))
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k_cache, v_cache = pool.k[self.layer], pool.v[self.layer]
-        if routes is not None and routes.use("kv_pool_attention", q, k, v, k_cache, rows=t):
+        if routes is not None and routes.use("kv_pool_attention", q, k, v, k_cache, rows=t,
+                                             prefill=t > len(batch.new_lens)):
             kv_slots, kv_starts, q_starts = batch.flat_index()
             out = ops.kv_pool_attention(q, k_cache, v_cache, k, v.reshape(t, self.kv_heads, self.head_dim),
                                         batch.write_slots, kv_slots, kv_starts, q_starts, self.scale)

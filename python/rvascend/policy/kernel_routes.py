@@ -10,6 +10,7 @@ call is counted with its reason. Adding a kernel adds a row to `KERNELS`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Optional
 
 import torch
@@ -19,7 +20,7 @@ from rvascend.policy.counters import RouteCounters
 ROUTES_ATTR = "_rvv_kernel_routes"
 
 
-def _bf16_cpu_inference(*tensors: torch.Tensor) -> Optional[str]:
+def _bf16_cpu_inference(*tensors: torch.Tensor, prefill: bool = False) -> Optional[str]:
     for t in tensors:
         if t.device.type != "cpu":
             return "non_cpu"
@@ -30,14 +31,29 @@ def _bf16_cpu_inference(*tensors: torch.Tensor) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _attention_kernel_is_vectorized() -> bool:
+    from rvascend import ops
+
+    return ops.available_attention_kernels()[0] != "portable"
+
+
+def _kv_pool_attention(*tensors: torch.Tensor, prefill: bool = False) -> Optional[str]:
+    why = _bf16_cpu_inference(*tensors)
+    if why is None and prefill and not _attention_kernel_is_vectorized():
+        # Many query rows per sequence: the portable kernel is scalar, SDPA's BLAS is not.
+        return "prefill_on_portable_kernel"
+    return why
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelKind:
     name: str
-    gate: Callable[..., Optional[str]]  # (*tensors) -> None, or why the torch path runs
+    gate: Callable[..., Optional[str]]  # (*tensors, prefill=) -> None, or why the torch path runs
 
 
 KERNELS: dict[str, KernelKind] = {k.name: k for k in (
-    KernelKind("kv_pool_attention", _bf16_cpu_inference),
+    KernelKind("kv_pool_attention", _kv_pool_attention),
     KernelKind("rms_norm", _bf16_cpu_inference),
     KernelKind("add_rms_norm", _bf16_cpu_inference),
     KernelKind("rope", _bf16_cpu_inference),
@@ -53,8 +69,9 @@ class KernelRoutes:
         self.enabled = enabled
         self.counters = RouteCounters()
 
-    def use(self, kind: str, *tensors: torch.Tensor, rows: int = 0) -> bool:
-        why = KERNELS[kind].gate(*tensors) if self.enabled else "kernels_off"
+    def use(self, kind: str, *tensors: torch.Tensor, rows: int = 0, prefill: bool = False) -> bool:
+        """prefill: some sequence of the call has more than one query row."""
+        why = KERNELS[kind].gate(*tensors, prefill=prefill) if self.enabled else "kernels_off"
         self.counters.record(kind, "kernel" if why is None else "fallback", rows, why)
         return why is None
 
