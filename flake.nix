@@ -51,7 +51,7 @@
             rvv_kernels/linear/packed_layout.cc rvv_kernels/linear/packed_linear.cc rvv_kernels/base/thread_pool.cc \
             rvv_kernels/attention/kv_pool_attention.cc rvv_kernels/attention/bf16_attention_row_portable.cc \
             rvv_kernels/elementwise/elementwise.cc rvv_kernels/elementwise/bf16_elementwise_portable.cc \
-            python/rvascend/ops/rvv_kernels_binding.cc \
+            rvv_kernels/decoder/decoder_layers.cc python/rvascend/ops/rvv_kernels_binding.cc \
             $portable -o _rvv_kernels.so -lpthread
           clang++ $flags $inc ascend_kernels/recurrent_gated_delta_rule/cpu/rgdr_cpu.cc \
             ascend_kernels/recurrent_gated_delta_rule/cpu_twin/twin_launch.cc \

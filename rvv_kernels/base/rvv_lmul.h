@@ -47,6 +47,14 @@ struct Lmul;
       return __riscv_vfmacc_vf_f32##M32(acc, a, w, vl);                                   \
     }                                                                                          \
     static F Load(const float* p, size_t vl) { return __riscv_vle32_v_f32##M32(p, vl); }      \
+    /* p[0], p[stride_bytes / 4], ...: every other float of an interleaved row */              \
+    static F LoadStrided(const float* p, ptrdiff_t stride_bytes, size_t vl) {                   \
+      return __riscv_vlse32_v_f32##M32(p, stride_bytes, vl);                                  \
+    }                                                                                          \
+    static F Mul(F a, F b, size_t vl) { return __riscv_vfmul_vv_f32##M32(a, b, vl); }          \
+    static F FmaccVv(F acc, F a, F b, size_t vl) {                                             \
+      return __riscv_vfmacc_vv_f32##M32(acc, a, b, vl);                                       \
+    }                                                                                          \
     static void Store(float* p, F v, size_t vl) { __riscv_vse32_v_f32##M32(p, v, vl); }      \
     /* acc += a * b on the first vl lanes; the lanes past vl keep their values */             \
     static F FmaccVvTu(F acc, F a, F b, size_t vl) {                                          \

@@ -8,10 +8,12 @@ under QEMU with a counting TCG plugin (qemu_count_plugin.cc), one thread,
 deterministic: the project's own model and engine on a Qwen3-0.6B-shaped
 checkpoint with random BF16 weights and 1 and 2 layers (so per-layer and
 fixed costs separate and extrapolate to 28 layers), decode steps at context
-64 and 512 with M = 1 and 4 sequences, in three modes: stock (no policy),
+64 and 512 with M = 1 and 4 sequences, in four modes: stock (no policy),
 linear (the policy with packed Linears only, as before the kernels beyond
-Linear existed) and full (the policy as --enable-cpu-rvv-inductor installs
-it). All code is counted: the interpreter, libtorch, libc, our extension.
+Linear existed), op_by_op (every kernel, each called from Python as the
+modules call it, as before the fused decode step) and full (the policy as
+--enable-cpu-rvv-inductor installs it: a decode step's layers in one native
+call). All code is counted: the interpreter, libtorch, libc, our extension.
 Output: a table per step (instructions by region, share outside the Linears,
 projected K1 tok/s at 1 and 8 threads), jsonl records with the manifest, and
 a stacked-bar plot per region.
@@ -47,8 +49,9 @@ flags.DEFINE_string("plugin", None, "qemu_count_plugin .so (default: built with 
 flags.DEFINE_string("package", None, "Directory holding the rvascend package (default: this source tree).")
 flags.DEFINE_list("vlens", ["256"], "VLENs of the emulated CPU.")
 flags.DEFINE_list("layers", ["1", "2"], "Model depths to run (two, to separate per-layer and fixed costs).")
-flags.DEFINE_list("modes", ["stock", "linear", "full"], "stock: no policy; linear: packed Linears only; "
-                  "full: the policy as --enable-cpu-rvv-inductor installs it.")
+flags.DEFINE_list("modes", ["stock", "linear", "op_by_op", "full"],
+                  "stock: no policy; linear: packed Linears only; op_by_op: every kernel, called module by "
+                  "module; full: the policy as --enable-cpu-rvv-inductor installs it (fused decode step).")
 flags.DEFINE_list("contexts", ["64", "512"], "Context lengths of the decode step.")
 flags.DEFINE_list("rows", ["1", "4"], "Sequences decoding together (M).")
 flags.DEFINE_integer("target_layers", 28, "Layers to extrapolate to (Qwen3-0.6B: 28).")
@@ -56,7 +59,7 @@ flags.DEFINE_string("output", "bench_results/riscv64_step.jsonl", "jsonl file to
 flags.DEFINE_string("plot", "bench_results/riscv64_step.png", "PNG plot (empty: none).")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-_MODE_ARG = {"stock": "off", "linear": "linear", "full": "full"}
+_MODE_ARG = {"stock": "off", "linear": "linear", "op_by_op": "op_by_op", "full": "full"}
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 # Library of a mapped file, by name prefix (the image maps versioned sonames).
 LIBRARY_PREFIXES = (("libtorch_cpu", "libtorch_cpu"), ("libtorch_python", "libtorch_python"),

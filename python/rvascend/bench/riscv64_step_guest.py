@@ -28,6 +28,8 @@ from rvascend.models import decoder, layers  # noqa: E402
 from rvascend.models.loader import load_model  # noqa: E402
 from rvascend.ops.packed_linear import _native  # noqa: E402
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy  # noqa: E402
+from rvascend.policy import fused_decoder  # noqa: E402
+from rvascend.policy.fused_decoder import FusedDecoder  # noqa: E402
 
 _marks = 0
 
@@ -100,6 +102,32 @@ def instrument(model: torch.nn.Module, regions: Regions) -> None:
     # The residual add and the norm after it, fused or not.
     layers.RMSNorm.add_forward = regions.wrap(layers.RMSNorm.add_forward, "rms_norm")
     sampler.sample = regions.wrap(sampler.sample, "sampling")
+    instrument_fused_decoder(regions)
+
+
+def instrument_fused_decoder(regions: Regions) -> None:
+    """The fused decode step marks its own stages from C++ (one interval per stage
+    and layer, then one back to the Python around it); their names come after."""
+    stages = list(_native.decoder_stage_names())
+    call = FusedDecoder.__call__
+
+    def wrapped(self, *args):
+        if not regions.active:
+            return call(self, *args)
+        regions.enter("decoder_glue")
+        self.stage_markers = True
+        try:
+            out = call(self, *args)
+        finally:
+            self.stage_markers = False
+        if out is not None:
+            names = stages * len(self.layers) + ["decoder_glue"]
+            regions.names.extend(names)
+            global _marks
+            _marks += len(names)  # the markers the C++ side placed
+        regions.exit()
+        return out
+    FusedDecoder.__call__ = wrapped
     Engine._greedy_tokens = regions.wrap(Engine._greedy_tokens, "sampling")
 
 
@@ -135,10 +163,12 @@ def rewind(engine: Engine, seqs: list[Sequence]) -> None:
 def main() -> int:
     args = json.loads(sys.argv[1])
     model = load_model(args["checkpoint"], torch.bfloat16)
-    mode = args["mode"]  # off | linear | full
+    mode = args["mode"]  # off | linear | op_by_op | full
     if mode != "off":
-        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", kernels=(mode == "full"),
+        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", kernels=(mode in ("full", "op_by_op")),
                                                   memory_budget_mib=1 << 20))
+    if mode == "op_by_op":
+        fused_decoder.detach(model)
     regions = Regions()
     instrument(model, regions)
     vocab = model.config.vocab_size

@@ -18,7 +18,7 @@ from rvascend.engine.random_model import ensure_random_model
 _GUEST = os.path.join(os.path.dirname(__file__), "riscv64_step_guest.py")
 
 
-@pytest.mark.parametrize("mode", ["off", "full"])
+@pytest.mark.parametrize("mode", ["off", "op_by_op", "full"])
 def test_the_guest_marks_every_region_of_a_decode_step(mode):
     configs = [[16, 1], [24, 2]]
     args = json.dumps({"checkpoint": ensure_random_model(), "mode": mode, "configs": configs})

@@ -19,6 +19,7 @@ from rvascend.models.config import ModelConfig
 from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, SiluAndMul, apply_rotary, maybe_norm
 from rvascend import ops
 from rvascend.policy import projection_linear
+from rvascend.policy.fused_decoder import fused_decoder_of
 from rvascend.policy.kernel_routes import routes_of
 
 
@@ -166,6 +167,7 @@ class CausalLM(nn.Module):
     last new token of every sequence in the batch ([batch, vocab])."""
 
     rvv_kernels = ("argmax",)  # used by the engine's greedy sampling
+    rvv_fused_decoder = True  # the policy may run a decode step's layers in one call (policy/fused_decoder.py)
 
     # checkpoint name -> (fused module attribute, shard)
     STACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -184,9 +186,14 @@ class CausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, pool: KVPool, all_logits: bool = False) -> torch.Tensor:
         h = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.rotary(batch.positions, h.dtype)
-        residual = None
-        for layer in self.model.layers:
-            h, residual = layer(h, residual, cos, sin, batch, pool)
+        fused = fused_decoder_of(self)
+        done = fused(h, cos, sin, batch, pool) if fused is not None else None
+        if done is not None:
+            h, residual = done
+        else:
+            residual = None
+            for layer in self.model.layers:
+                h, residual = layer(h, residual, cos, sin, batch, pool)
         h, _ = self.model.norm.add_forward(h, residual)
         if not all_logits:
             last = torch.tensor(batch.new_lens).cumsum(0) - 1

@@ -17,6 +17,7 @@
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
 #include "rvv_kernels/attention/kv_pool_attention.h"
 #include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/decoder/decoder_layers.h"
 #include "rvv_kernels/elementwise/elementwise.h"
 #include "rvv_kernels/linear/packed_layout.h"
 #include "rvv_kernels/linear/packed_linear.h"
@@ -139,6 +140,22 @@ uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, si
   return h;
 }
 
+// Checks many weights' fingerprints in one call: `descriptor` is int64
+// [count, 7] of (pointer, n, k, row stride, column stride, readable elements,
+// expected fingerprint), with FINGERPRINT samples each. Returns the index of
+// the first weight whose fingerprint differs, or -1.
+int64_t FingerprintsMatch(uintptr_t descriptor, size_t count, size_t samples) {
+  const int64_t* rows = Array<const int64_t>(descriptor, count, "descriptor");
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t* f = rows + i * 7;
+    const uint64_t h = Fingerprint(static_cast<uintptr_t>(f[0]), static_cast<size_t>(f[1]), static_cast<size_t>(f[2]),
+                                   static_cast<size_t>(f[3]), static_cast<size_t>(f[4]), static_cast<size_t>(f[5]),
+                                   samples);
+    if (h != static_cast<uint64_t>(f[6])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 // Index arrays and BF16 buffers cross as pointers; the Python op checks dtypes,
 // shapes and contiguity. Every index (the write slots and the read slots) is
 // checked before the pool is written, so a bad call changes nothing.
@@ -232,6 +249,75 @@ void Argmax(size_t rows, size_t n, uintptr_t x, size_t x_stride, uintptr_t out, 
   ArgmaxRows(k, rows, n, xp, x_stride, op, num_threads ? num_threads : 1);
 }
 
+// Fields of one row of the decoder_layers descriptor (int64 [layers, kLayerFields]):
+// data pointers, as DecoderLayerWeights lists them.
+constexpr size_t kLayerFields = 10;
+
+void StageMarker(int id);
+
+// The step's decoder layers (decoder_layers.h). The descriptor's pointers come
+// from the policy's plan (fused_decoder.py), which holds every tensor they point
+// into and checked their shapes against `shape`; the batch is checked here.
+void DecoderLayersStep(const std::string& kernel_set, uintptr_t descriptor, size_t n_layers, size_t block_n,
+                       size_t hidden, size_t intermediate, size_t heads, size_t kv_heads, size_t head_dim,
+                       size_t num_slots, float norm_eps, float qk_norm_eps, float scale, size_t tokens, size_t batch,
+                       uintptr_t q_starts, uintptr_t kv_starts, size_t n_kv_slots, uintptr_t kv_slots,
+                       uintptr_t write_slots, uintptr_t cos, uintptr_t sin, uintptr_t h, uintptr_t residual,
+                       uintptr_t h_out, uintptr_t residual_out, size_t num_threads, bool stage_markers) {
+  if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
+  if (tokens == 0) return;
+  const int64_t* rows = Pointer<const int64_t>(descriptor, "descriptor");
+  std::vector<DecoderLayerWeights> layers(n_layers);
+  for (size_t l = 0; l < n_layers; ++l) {
+    const int64_t* f = rows + l * kLayerFields;
+    DecoderLayerWeights& w = layers[l];
+    w.input_norm = Pointer<const uint16_t>(f[0], "input_norm");
+    w.post_attention_norm = Pointer<const uint16_t>(f[1], "post_attention_norm");
+    w.qkv = Pointer<const uint16_t>(f[2], "qkv packed weight");
+    w.o = Pointer<const uint16_t>(f[3], "o packed weight");
+    w.gate_up = Pointer<const uint16_t>(f[4], "gate_up packed weight");
+    w.down = Pointer<const uint16_t>(f[5], "down packed weight");
+    w.q_norm = f[6] ? Pointer<const uint16_t>(f[6], "q_norm") : nullptr;
+    w.k_norm = f[7] ? Pointer<const uint16_t>(f[7], "k_norm") : nullptr;
+    w.k_pool = Pointer<uint16_t>(f[8], "k_pool");
+    w.v_pool = Pointer<uint16_t>(f[9], "v_pool");
+  }
+  DecoderShape shape;
+  shape.hidden = hidden;
+  shape.intermediate = intermediate;
+  shape.heads = heads;
+  shape.kv_heads = kv_heads;
+  shape.head_dim = head_dim;
+  shape.num_slots = num_slots;
+  shape.norm_eps = norm_eps;
+  shape.qk_norm_eps = qk_norm_eps;
+  shape.scale = scale;
+  DecoderBatch b;
+  b.tokens = tokens;
+  b.batch = batch;
+  b.q_starts = Pointer<const int64_t>(q_starts, "q_starts");
+  b.kv_starts = Pointer<const int64_t>(kv_starts, "kv_starts");
+  if (b.kv_starts[batch] != static_cast<int64_t>(n_kv_slots)) {
+    throw std::invalid_argument("kv_starts ends at " + std::to_string(b.kv_starts[batch]) + " but kv_slots has " +
+                                std::to_string(n_kv_slots));
+  }
+  b.kv_slots = Array<const int64_t>(kv_slots, n_kv_slots, "kv_slots");
+  b.write_slots = Pointer<const int64_t>(write_slots, "write_slots");
+  b.cos = Pointer<const uint16_t>(cos, "cos");
+  b.sin = Pointer<const uint16_t>(sin, "sin");
+  DecoderKernels kernels;
+  kernels.linear = &KernelSet(kernel_set, block_n);
+  kernels.elementwise = &ChooseElementwiseKernels("");
+  kernels.stage_marker = stage_markers ? &StageMarker : nullptr;
+  ValidateDecoderBatch(shape, b);
+  const uint16_t* hp = Pointer<const uint16_t>(h, "h");
+  const uint16_t* rp = residual ? Pointer<const uint16_t>(residual, "residual") : nullptr;
+  uint16_t* hop = Pointer<uint16_t>(h_out, "h_out");
+  uint16_t* rop = Pointer<uint16_t>(residual_out, "residual_out");
+  py::gil_scoped_release release;
+  DecoderLayers(kernels, layers.data(), n_layers, shape, b, hp, rp, hop, rop, num_threads ? num_threads : 1);
+}
+
 std::vector<std::string> Names(const std::vector<const Bf16PackedKernelSet*>& sets) {
   std::vector<std::string> names;
   for (const auto* s : sets) names.emplace_back(s->name);
@@ -252,6 +338,10 @@ extern "C" __attribute__((noinline, used, visibility("default"))) int rvascend_c
 #endif
   return id;
 }
+
+namespace {
+void StageMarker(int id) { rvascend_count_marker(id); }
+}  // namespace
 
 }  // namespace rvascend
 
@@ -280,6 +370,8 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("weight_fingerprint", &Fingerprint, py::arg("weight"), py::arg("n"), py::arg("k"),
         py::arg("row_stride"), py::arg("col_stride"), py::arg("weight_elements"), py::arg("samples"),
         "A content fingerprint of a BF16 [N, K] weight from `samples` spread elements.");
+  m.def("weight_fingerprints_match", &FingerprintsMatch, py::arg("descriptor"), py::arg("count"),
+        py::arg("samples"), "Index of the first weight whose fingerprint changed, or -1.");
   m.def("kv_pool_attention", &Attention, py::arg("kernel"), py::arg("batch"), py::arg("q_starts"),
         py::arg("q_rows"), py::arg("kv_starts"), py::arg("kv_slots"), py::arg("n_kv_slots"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
         py::arg("q"), py::arg("q_stride"), py::arg("k_pool"), py::arg("v_pool"), py::arg("num_slots"),
@@ -307,6 +399,17 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("name"), "The packed block_n an available kernel set reads.");
   m.def("compiled_kernel_sets", [] { return Names(CompiledKernelSets()); },
         "Every kernel set compiled into this build.");
+  m.def("decoder_layers", &DecoderLayersStep, py::arg("kernel_set"), py::arg("descriptor"), py::arg("n_layers"),
+        py::arg("block_n"), py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("kv_heads"),
+        py::arg("head_dim"), py::arg("num_slots"), py::arg("norm_eps"), py::arg("qk_norm_eps"), py::arg("scale"),
+        py::arg("tokens"), py::arg("batch"), py::arg("q_starts"), py::arg("kv_starts"), py::arg("n_kv_slots"),
+        py::arg("kv_slots"), py::arg("write_slots"), py::arg("cos"), py::arg("sin"), py::arg("h"),
+        py::arg("residual"), py::arg("h_out"), py::arg("residual_out"), py::arg("num_threads"),
+        py::arg("stage_markers") = false,
+        "One decode step's decoder layers in one call (rvv_kernels/decoder/decoder_layers.h).");
+  m.def("decoder_stage_names", [] {
+    return std::vector<std::string>(kDecoderStageNames, kDecoderStageNames + kDecoderStages);
+  });
   m.def("count_marker", &rvascend_count_marker, "Marks a region for instruction counting under QEMU.");
   m.def("cpu_features", [] { return GetCpuFeatures().Describe(); },
         "What the CPU reported at first use.");

@@ -15,10 +15,10 @@ class RouteCounters:
         self._calls: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self._rows: collections.Counter[tuple[str, str, int]] = collections.Counter()
 
-    def record(self, projection: str, route: str, rows: int, reason: Optional[str] = None) -> None:
+    def record(self, projection: str, route: str, rows: int, reason: Optional[str] = None, calls: int = 1) -> None:
         with self._lock:
-            self._calls[(projection, route, reason or "")] += 1
-            self._rows[(projection, route, rows)] += 1
+            self._calls[(projection, route, reason or "")] += calls
+            self._rows[(projection, route, rows)] += calls
 
     def calls(self, projection: Optional[str] = None, route: Optional[str] = None,
               reason: Optional[str] = None) -> int:

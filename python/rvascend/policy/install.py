@@ -12,7 +12,7 @@ from absl import logging
 from torch import nn
 
 from rvascend import ops
-from rvascend.policy import adapters, budget, kernel_routes, shape_gate
+from rvascend.policy import adapters, budget, fused_decoder, kernel_routes, shape_gate
 from rvascend.policy.config import RvvPolicyConfig
 from rvascend.policy.counters import RouteCounters
 from rvascend.policy.route import PACKED_BUFFER, ProjectionRoute
@@ -178,6 +178,7 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
             if module is not embed:
                 module.forward = route
         policy.kernel_modules = kernel_routes.attach(model, policy.kernels)
+        fused_decoder.attach(model, policy)
         model.__dict__[_POLICY_ATTR] = policy
         policy.hook = model.register_load_state_dict_post_hook(_invalidate_after_load)
         report = policy.pack_all()
@@ -199,6 +200,7 @@ def _uninstall(model: nn.Module, policy: RvvPolicy) -> None:
             del module.__dict__["forward"]
         module.__dict__.pop("_rvv_route", None)
     kernel_routes.detach(policy.kernel_modules)
+    fused_decoder.detach(model)
     if policy.hook is not None:
         policy.hook.remove()
     if model.__dict__.get(_POLICY_ATTR) is policy:

@@ -20,7 +20,7 @@ from rvascend.policy.counters import RouteCounters
 ROUTES_ATTR = "_rvv_kernel_routes"
 
 
-def _bf16_cpu_inference(*tensors: torch.Tensor, prefill: bool = False) -> Optional[str]:
+def bf16_cpu_inference(*tensors: torch.Tensor, prefill: bool = False) -> Optional[str]:
     for t in tensors:
         if t.device.type != "cpu":
             return "non_cpu"
@@ -39,7 +39,7 @@ def _attention_kernel_is_vectorized() -> bool:
 
 
 def _kv_pool_attention(*tensors: torch.Tensor, prefill: bool = False) -> Optional[str]:
-    why = _bf16_cpu_inference(*tensors)
+    why = bf16_cpu_inference(*tensors)
     if why is None and prefill and not _attention_kernel_is_vectorized():
         # Many query rows per sequence: the portable kernel is scalar, SDPA's BLAS is not.
         return "prefill_on_portable_kernel"
@@ -54,11 +54,11 @@ class KernelKind:
 
 KERNELS: dict[str, KernelKind] = {k.name: k for k in (
     KernelKind("kv_pool_attention", _kv_pool_attention),
-    KernelKind("rms_norm", _bf16_cpu_inference),
-    KernelKind("add_rms_norm", _bf16_cpu_inference),
-    KernelKind("rope", _bf16_cpu_inference),
-    KernelKind("silu_mul", _bf16_cpu_inference),
-    KernelKind("argmax", _bf16_cpu_inference),
+    KernelKind("rms_norm", bf16_cpu_inference),
+    KernelKind("add_rms_norm", bf16_cpu_inference),
+    KernelKind("rope", bf16_cpu_inference),
+    KernelKind("silu_mul", bf16_cpu_inference),
+    KernelKind("argmax", bf16_cpu_inference),
 )}
 
 

@@ -146,9 +146,11 @@ def test_prefix_cache_usage_metrics_and_flush(server):
 
 def test_flush_cache_is_refused_while_requests_run(server):
     server.wait_idle()
-    with server.http.stream("POST", "/v1/completions", json={"prompt": "busy", "max_tokens": 200, "stream": True,
+    with server.http.stream("POST", "/v1/completions", json={"prompt": "busy", "max_tokens": 3000, "stream": True,
                                                               "ignore_eos": True}) as s:
-        next(s.iter_lines())
+        lines = s.iter_lines()
+        while server.engine.stats()["running"] == 0:
+            next(lines)
         refused = server.http.post("/flush_cache")
     assert refused.status_code == 400 and "running" in refused.json()["error"]["message"]
 

@@ -1,0 +1,228 @@
+"""A decode step's decoder layers in one native call, when the policy routes all of them.
+
+Op by op, a decode step of a 28-layer model makes about 300 routed calls, and
+on an in-order RISC-V core the interpreter, the dispatcher and the allocator
+around each call cost as much as the kernels outside the Linears (the
+riscv64_step profile: about 1.4 M instructions of Python per layer). The fused
+path runs the same kernels in the same order from C++
+(rvv_kernels/decoder/decoder_layers.h), so its results are bit-identical to the
+op-by-op path's; what remains per step in Python is one staleness check per
+packed weight and building the layers' pointer table.
+
+It runs when the policy's kernels are on, every sequence of the step decodes
+one token (prefill and chunked-prefill steps run op by op: their projections
+take the row-major GEMM past 128 rows and their attention may not take the
+kernel), the rows pass the projections' row gate, and every layer's four
+projections are packed and fresh (the same check the projection routes make:
+packed_source.py). Otherwise the model runs op by op and the reason is
+counted under the kernel "decoder_layers". The route counters of the fused
+step are the op-by-op path's, added in bulk, so /metrics reads the same.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from rvascend import ops
+from rvascend.ops.packed_linear import _native
+from rvascend.policy import kernel_routes, shape_gate
+
+if TYPE_CHECKING:
+    from rvascend.policy.install import RvvPolicy
+
+FUSED_ATTR = "_rvv_fused_decoder"
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+class FusedDecoder:
+    """The fused decode path of one model (class attribute `rvv_fused_decoder = True`
+    on the model marks the structure of models/decoder.py)."""
+
+    def __init__(self, policy: "RvvPolicy", model: torch.nn.Module) -> None:
+        self._policy = weakref.ref(policy)
+        config = model.config
+        self.shape = dict(hidden=config.hidden_size, intermediate=config.intermediate_size,
+                          heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
+                          head_dim=config.head_dim)
+        self.norm_eps = float(config.rms_norm_eps)
+        self.layers = []
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append((layer.input_layernorm, layer.post_attention_layernorm,
+                                (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj),
+                                attn.q_norm, attn.k_norm))
+        self.scale = float(model.model.layers[0].self_attn.scale) if self.layers else 1.0
+        self.stage_markers = False  # the step profiler's region markers inside the call
+        self._plan: Optional[_Plan] = None
+
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch, pool
+                 ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """(last layer's output, residual stream), or None: run the layers op by op."""
+        policy = self._policy()
+        t = h.shape[0]
+        why = self._why_not(policy, h, t, batch)
+        plan = None
+        if why is None:
+            plan = self._plan if self._plan is not None and self._plan.holds(pool) else None
+            if plan is None:
+                self._plan, why = _Plan.build(self.layers, pool)
+                plan = self._plan
+        if why is not None:
+            policy.kernels.counters.record("decoder_layers", "fallback", t, why)
+            return None
+        kv_slots, kv_starts, q_starts = batch.flat_index()
+        h = h if h.is_contiguous() else h.contiguous()
+        cos, sin = cos.contiguous(), sin.contiguous()
+        h_out, residual_out = torch.empty_like(h), torch.empty_like(h)
+        s = self.shape
+        n = len(self.layers)
+        _native.decoder_layers(
+            ops.packed_linear._kernel_set, plan.table.data_ptr(), n, plan.block_n, s["hidden"], s["intermediate"],
+            s["heads"], s["kv_heads"], s["head_dim"], pool.num_slots, self.norm_eps, plan.qk_eps, self.scale, t,
+            q_starts.shape[0] - 1, q_starts.data_ptr(), kv_starts.data_ptr(), kv_slots.shape[0], kv_slots.data_ptr(),
+            batch.write_slots.data_ptr(), cos.data_ptr(), sin.data_ptr(), h.data_ptr(), 0, h_out.data_ptr(),
+            residual_out.data_ptr(), torch.get_num_threads(), self.stage_markers)
+        self._count(policy, t, n)
+        return h_out, residual_out
+
+    # -- when it runs ------------------------------------------------------------
+    def _why_not(self, policy: "RvvPolicy", h: torch.Tensor, t: int, batch) -> Optional[str]:
+        if not policy.kernels.enabled:
+            return "kernels_off"
+        if not self.layers:
+            return "no_layers"
+        why = kernel_routes.bf16_cpu_inference(h)
+        if why is not None:
+            return why
+        if t != len(batch.new_lens):
+            return "prefill"
+        if batch.write_slots.dtype != torch.int64 or batch.write_slots.numel() != t:
+            return "write_slots"
+        if t > 1 and not policy.config.small_batch:
+            return "small_batch_off"
+        if t > shape_gate.PREFILL_BUCKETS[-1]:
+            return "rows_out_of_range"
+        return None
+
+    def _count(self, policy: "RvvPolicy", t: int, n: int) -> None:
+        """The op-by-op path's counts, in bulk."""
+        for projection in PROJECTIONS:
+            policy.counters.record(projection, "packed", t, calls=n)
+        counters = policy.kernels.counters
+        counters.record("decoder_layers", "kernel", t)
+        counters.record("rms_norm", "kernel", t)
+        counters.record("add_rms_norm", "kernel", t, calls=2 * n - 1)
+        for kind in ("rope", "kv_pool_attention", "silu_mul"):
+            counters.record(kind, "kernel", t, calls=n)
+
+
+class _Plan:
+    """The layers' pointer table for one KV pool (int64 [layers, 10] in
+    decoder_layers.h's order) and what it was built from.
+
+    Built with the projection routes' own staleness check; kept while every
+    packed weight is provably the one packed, checked per step: the same module
+    weight object, version, storage pointer and strides, the route's packed copy
+    unchanged, and (one native call for all of them) the content fingerprint
+    (packed_source.py says which writes that catches). Norm weights are read
+    through their pointer at every call, so only their identity and pointer are
+    checked."""
+
+    def __init__(self) -> None:
+        self.table: Optional[torch.Tensor] = None
+        self.block_n = 0
+        self.qk_eps = 0.0
+        self.pool_ref: Optional[weakref.ReferenceType] = None
+        self.layout_version = ops.LAYOUT_VERSION
+        self.projections: list[tuple] = []  # (module, weight, version, data_ptr, stride, route, source)
+        self.norms: list[tuple] = []        # (module, weight, data_ptr)
+        self.fingerprints: Optional[torch.Tensor] = None  # int64 [weights, 7] for weight_fingerprints_match
+
+    @classmethod
+    def build(cls, layers: list, pool) -> tuple[Optional["_Plan"], Optional[str]]:
+        plan = cls()
+        rows, fingerprints = [], []
+        for l, (input_norm, post_norm, projections, q_norm, k_norm) in enumerate(layers):
+            row = []
+            for norm in (input_norm, post_norm):
+                if not plan._add_norm(norm, row):
+                    return None, "norm_weight_layout"
+            for module in projections:
+                route = module.__dict__.get("_rvv_route")
+                if route is None:
+                    return None, "not_routed"
+                weight = module._parameters["weight"]
+                packed, why = route.packed_weight(weight)
+                if packed is None:
+                    return None, why
+                if module._parameters.get("bias") is not None:
+                    return None, "bias"
+                if not plan.block_n:
+                    plan.block_n = packed.shape[2]
+                if packed.shape[2] != plan.block_n or not packed.is_contiguous():
+                    return None, "packed_layout"
+                row.append(packed.data_ptr())
+                source = route.source
+                plan.projections.append((module, weight, weight._version, weight.data_ptr(), weight.stride(), route,
+                                         source))
+                fp = source.fingerprint
+                fingerprints.append([weight.data_ptr(), weight.shape[0], weight.shape[1], weight.stride(0),
+                                     weight.stride(1), ops.packed_linear.readable_elements(weight),
+                                     fp - (1 << 64) if fp >= 1 << 63 else fp])
+            for norm in (q_norm, k_norm):
+                if norm is None:
+                    row.append(0)
+                    continue
+                if not plan._add_norm(norm, row):
+                    return None, "norm_weight_layout"
+                plan.qk_eps = float(norm.eps)
+            k, v = pool.k[l], pool.v[l]
+            if k.dtype != torch.bfloat16 or not (k.is_contiguous() and v.is_contiguous()):
+                return None, "kv_pool_layout"
+            row += [k.data_ptr(), v.data_ptr()]
+            rows.append(row)
+        plan.table = torch.tensor(rows, dtype=torch.int64)
+        plan.fingerprints = torch.tensor(fingerprints, dtype=torch.int64)
+        plan.pool_ref = weakref.ref(pool)
+        return plan, None
+
+    def _add_norm(self, norm: torch.nn.Module, row: list[int]) -> bool:
+        w = norm._parameters["weight"]
+        if w.dtype != torch.bfloat16 or not w.is_contiguous() or w.device.type != "cpu":
+            return False
+        row.append(w.data_ptr())
+        self.norms.append((norm, w, w.data_ptr()))
+        return True
+
+    def holds(self, pool) -> bool:
+        """Whether the table still describes the model and `pool` exactly."""
+        if self.pool_ref() is not pool or self.layout_version != ops.LAYOUT_VERSION:
+            return False
+        for module, weight, version, ptr, stride, route, source in self.projections:
+            if (module._parameters["weight"] is not weight or weight._version != version
+                    or route.source is not source or weight.data_ptr() != ptr or weight.stride() != stride):
+                return False
+        for norm, weight, ptr in self.norms:
+            if norm._parameters["weight"] is not weight or weight.data_ptr() != ptr:
+                return False
+        return _native.weight_fingerprints_match(self.fingerprints.data_ptr(), self.fingerprints.shape[0],
+                                                 ops.packed_linear.FINGERPRINT_SAMPLES) < 0
+
+
+def attach(model: torch.nn.Module, policy: "RvvPolicy") -> Optional[FusedDecoder]:
+    if not getattr(type(model), "rvv_fused_decoder", False):
+        return None
+    fused = FusedDecoder(policy, model)
+    model.__dict__[FUSED_ATTR] = fused
+    return fused
+
+
+def detach(model: torch.nn.Module) -> None:
+    model.__dict__.pop(FUSED_ATTR, None)
+
+
+def fused_decoder_of(model: torch.nn.Module) -> Optional[FusedDecoder]:
+    return model.__dict__.get(FUSED_ATTR)

@@ -1,0 +1,184 @@
+"""The fused decode step against the op-by-op path it replaces: bit-identical logits and
+K/V, the same route counts, and every reason to run op by op instead."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import transformers
+
+from rvascend.models.decoder import ForwardBatch, KVPool
+from rvascend.models.loader import load_model
+from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, repack
+from rvascend.policy.fused_decoder import FUSED_ATTR
+
+COMMON = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
+              num_key_value_heads=4, vocab_size=2048, max_position_embeddings=256, initializer_range=0.05)
+FAMILIES = {
+    "llama": lambda: transformers.LlamaConfig(**COMMON, tie_word_embeddings=True),
+    "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=128, tie_word_embeddings=True),
+    "qwen2": lambda: transformers.Qwen2Config(**COMMON, tie_word_embeddings=False),
+}
+
+
+_MODELS: dict = {}
+
+
+def _model(family: str, tmp_path_factory):
+    if family not in _MODELS:
+        torch.manual_seed(0)
+        path = str(tmp_path_factory.mktemp(family))
+        transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).save_pretrained(path)
+        m = load_model(path, torch.bfloat16)
+        install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager"))
+        _MODELS[family] = m
+    return family, _MODELS[family]
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def model(request, tmp_path_factory):
+    return _model(request.param, tmp_path_factory)
+
+
+@pytest.fixture(params=["llama", "qwen3"])
+def fusing_model(request, tmp_path_factory):
+    """The families whose layers fuse (qwen2's q/k/v bias keeps qkv_proj unpacked)."""
+    return _model(request.param, tmp_path_factory)
+
+
+def _decode_batch(contexts: list[int]) -> ForwardBatch:
+    """One new token per sequence; sequence i's slots are a disjoint range of the pool."""
+    slots, start = [], 0
+    for n in contexts:
+        slots.append(torch.arange(start, start + n))
+        start += n + 3
+    ids = torch.randint(0, 2048, (len(contexts),), generator=torch.Generator().manual_seed(sum(contexts)))
+    return ForwardBatch(ids, torch.tensor([n - 1 for n in contexts]), [1] * len(contexts),
+                        [n - 1 for n in contexts], slots, torch.stack([s[-1] for s in slots]))
+
+
+def _pool(m, slots: int = 256) -> KVPool:
+    pool = KVPool(m.config, slots, torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    for k, v in zip(pool.k, pool.v):
+        k.copy_(torch.randn(k.shape, generator=g))
+        v.copy_(torch.randn(v.shape, generator=g))
+    return pool
+
+
+def _forward(m, batch: ForwardBatch, pool: KVPool, fused: bool) -> torch.Tensor:
+    saved = m.__dict__.get(FUSED_ATTR)
+    if not fused:
+        m.__dict__.pop(FUSED_ATTR, None)
+    try:
+        with torch.inference_mode():
+            return m(batch, pool)
+    finally:
+        if saved is not None:
+            m.__dict__[FUSED_ATTR] = saved
+
+
+def _clone(pool: KVPool) -> KVPool:
+    copy = KVPool.__new__(KVPool)
+    copy.k, copy.v, copy.num_slots = [k.clone() for k in pool.k], [v.clone() for v in pool.v], pool.num_slots
+    return copy
+
+
+@pytest.mark.parametrize("contexts", [[40], [9, 57, 23]])
+def test_fused_step_is_bit_identical_to_the_op_by_op_step(model, contexts):
+    family, m = model
+    policy = get_policy(m)
+    batch = _decode_batch(contexts)
+    pool = _pool(m)
+    ops_pool, fused_pool = _clone(pool), _clone(pool)
+    policy.counters.reset()
+    policy.kernels.counters.reset()
+    want = _forward(m, batch, ops_pool, fused=False)
+    op_counts = (policy.counters.snapshot(), policy.kernels.counters.snapshot())
+    policy.counters.reset()
+    policy.kernels.counters.reset()
+    got = _forward(m, batch, fused_pool, fused=True)
+    kernels = policy.kernels.counters
+    if family == "qwen2":  # q/k/v bias: qkv_proj is not packed, so the layers run op by op
+        assert kernels.calls("decoder_layers", "fallback", "not_packable") == 1
+        assert torch.equal(got, want)
+        return
+    assert kernels.calls("decoder_layers", "kernel") == 1
+    assert torch.equal(got, want), (got.float() - want.float()).abs().max()
+    for a, b in zip(ops_pool.k + ops_pool.v, fused_pool.k + fused_pool.v):
+        assert torch.equal(a, b)  # the new tokens' K/V, written to the same slots
+    fused_counts = [c for c in policy.kernels.counters.snapshot() if c["projection"] != "decoder_layers"]
+    assert (policy.counters.snapshot(), fused_counts) == op_counts
+    assert policy.counters.rows_seen("qkv_proj", "packed") == {len(contexts): m.config.num_hidden_layers}
+
+
+def test_a_stale_packed_weight_is_never_used(fusing_model):
+    family, m = fusing_model
+    policy = get_policy(m)
+    batch = _decode_batch([30])
+    pool = _pool(m)
+    # One pool throughout: the step's plan is kept between calls and must see the write.
+    fresh = _forward(m, _decode_batch([30]), pool, fused=True)
+    assert torch.equal(_forward(m, _decode_batch([30]), pool, fused=True), fresh)
+    down = m.model.layers[1].mlp.down_proj
+    before = down.weight.detach().clone()
+    policy.kernels.counters.reset()
+    policy.counters.reset()
+    try:
+        down.weight.data.mul_(-1)  # a weight loader's write: bypasses the version counter
+        got = _forward(m, batch, pool, fused=True)
+    finally:
+        with torch.no_grad():
+            down.weight.copy_(before)
+    assert policy.kernels.counters.calls("decoder_layers", "fallback", "weight_content_changed") == 1
+    # Op by op, down_proj ran F.linear on the new weight; the rest stayed packed.
+    assert policy.counters.calls("down_proj", "fallback", "weight_content_changed") == 1
+    assert policy.counters.calls("gate_up_proj", "packed") == m.config.num_hidden_layers
+    assert not torch.equal(got, fresh)
+    # The weight restored bit for bit (a new version, content as packed): fused again.
+    repack(m)
+    again = _forward(m, _decode_batch([30]), pool, fused=True)
+    assert policy.kernels.counters.calls("decoder_layers", "kernel") == 1
+    assert torch.equal(again, fresh)
+    # A write through the version counter is caught as well.
+    with torch.no_grad():
+        down.weight.mul_(1)
+    _forward(m, _decode_batch([30]), pool, fused=True)
+    assert policy.kernels.counters.calls("decoder_layers", "fallback", "weight_mutated_in_place") == 1
+    repack(m)
+
+
+def test_prefill_and_kernels_off_run_op_by_op(fusing_model):
+    family, m = fusing_model
+    policy = get_policy(m)
+    kernels = policy.kernels.counters
+    kernels.reset()
+    n = 12
+    prefill = ForwardBatch(torch.arange(n), torch.arange(n), [n], [0], [torch.arange(n)], torch.arange(n))
+    _forward(m, prefill, _pool(m), fused=True)
+    assert kernels.calls("decoder_layers", "fallback", "prefill") == 1
+    assert kernels.calls("decoder_layers", "kernel") == 0
+    policy.kernels.enabled = False
+    try:
+        _forward(m, _decode_batch([20]), _pool(m), fused=True)
+        assert kernels.calls("decoder_layers", "fallback", "kernels_off") == 1
+    finally:
+        policy.kernels.enabled = True
+
+
+def test_a_bad_slot_is_an_error_before_anything_is_written(fusing_model):
+    family, m = fusing_model
+    batch = _decode_batch([20])
+    batch.kv_slots[0][3] = 10_000
+    pool = _pool(m)
+    before = _clone(pool)
+    with pytest.raises(ValueError, match="outside the KV pool"):
+        _forward(m, batch, pool, fused=True)
+    for a, b in zip(pool.k + pool.v, before.k + before.v):
+        assert torch.equal(a, b)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
