@@ -1,20 +1,21 @@
 // RVV 1.0 decode-attention row (VLEN-agnostic).
 //
-// Scores (e32m4): a K row is loaded as 32-bit words, each two BF16 values;
-// one shift and one mask turn a word vector into the FP32 values of the even
-// and of the odd dimensions (no zero-extend, half the loads), and q is read
-// split the same way (strided loads, once per pass). Two query heads of the
-// GQA group share each loaded K row, each accumulating q*k in its own
-// register group; the heads' sums are reduced once per key. At VLEN 256 a
-// head of 128 dimensions is one chunk: per key one load, two ALU ops, four
-// FMAs and two reductions (odd head dimensions, whose rows are not word
-// aligned, load one element per lane instead). Softmax (e32m4): vector max, vector exp
-// (rvv_math.h), vector sum. Values (e32m8): per chunk of the head dimension,
-// two output accumulators stay in registers over all keys, one widened V load
-// feeding both heads.
+// Scores (e32m4), one query head at a time: a K row is loaded as 32-bit
+// words, each two BF16 values; one shift and one mask turn a word vector into
+// the FP32 values of the even and of the odd dimensions (no zero-extend, half
+// the loads), and q is split the same way once per call. When the head fits
+// one or two register groups (128 dimensions at VLEN 256: two), q stays in
+// registers over all keys: per key two loads, four ALU ops, four FMAs and one
+// reduction. Sharing each K row between the GQA group's heads instead needs
+// more registers than there are and spills on every key. Odd head dimensions,
+// whose rows are not word aligned, load one element per lane. Softmax (e32m4):
+// vector max, vector exp (rvv_math.h), vector sum. Values (e32m8): per chunk
+// of the head dimension, two output accumulators stay in registers over all
+// keys, one widened V load feeding two heads.
 #include <riscv_vector.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "rvv_kernels/attention/attention_ukernels.h"
 #include "rvv_kernels/base/rvv_lmul.h"
@@ -24,10 +25,8 @@ namespace rvascend {
 namespace {
 
 using V = rvv::Lmul<4>;  // softmax
-// Two query heads per pass over the keys, sharing each widened K/V row.
+// Two query heads per pass over the values, sharing each widened V row.
 constexpr size_t kHeadsPerPass = 2;
-// Even heads up to this many dimensions split q on the stack.
-constexpr size_t kMaxSplitDim = 512;
 
 // Odd head dimensions (K rows not word-aligned): one BF16 element per lane.
 template <int kLmul>
@@ -54,36 +53,67 @@ void ScoresByElement(const float* q, size_t heads, size_t d, const uint16_t* k_p
   }
 }
 
-// qe/qo: each head's even / odd dimensions (half = d / 2 of each, heads
-// `half` apart in qe and in qo).
+// One head's scores when its half = d / 2 words are kChunks whole chunks of
+// vl: q stays in registers for all keys (at VLEN 256, 128 dimensions are two
+// chunks: per key two loads, four ALU ops, four FMAs and one reduction).
+template <int kLmul, int kChunks>
+void ScoresInRegisters(const float* qe, const float* qo, size_t vl, const uint16_t* const* rows, size_t n_keys,
+                       float* scores) {
+  using V = rvv::Lmul<kLmul>;
+  using F = typename V::F;
+  static_assert(kChunks == 1 || kChunks == 2, "one or two chunks of q fit the registers");
+  const vfloat32m1_t zero = __riscv_vfmv_v_f_f32m1(0.0f, 1);
+  const F qe0 = V::Load(qe, vl), qo0 = V::Load(qo, vl);
+  const F qe1 = kChunks == 2 ? V::Load(qe + vl, vl) : qe0;
+  const F qo1 = kChunks == 2 ? V::Load(qo + vl, vl) : qo0;
+  for (size_t j = 0; j < n_keys; ++j) {
+    const uint16_t* k = rows[j];
+    F lo, hi;
+    V::LoadBf16Pair(k, vl, lo, hi);
+    F acc = V::FmaccVv(V::Mul(qe0, lo, vl), qo0, hi, vl);
+    if (kChunks == 2) {
+      V::LoadBf16Pair(k + 2 * vl, vl, lo, hi);
+      acc = V::FmaccVv(V::FmaccVv(acc, qe1, lo, vl), qo1, hi, vl);
+    }
+    scores[j] = __riscv_vfmv_f_s_f32m1_f32(V::SumTo(acc, zero, vl));
+  }
+}
+
+// Any even d: chunks of vl0 words, a short last chunk tail-undisturbed (the
+// reduction over the first vl0 lanes sees every lane).
 template <int kLmul>
-void Scores(const float* qe, const float* qo, size_t heads, size_t half, const uint16_t* k_pool,
-            size_t slot_stride, const int64_t* slots, size_t n_keys, float* scores) {
+void ScoresChunked(const float* qe, const float* qo, size_t half, const uint16_t* const* rows, size_t n_keys,
+                   float* scores) {
   using V = rvv::Lmul<kLmul>;
   using F = typename V::F;
   const size_t vl0 = V::SetVl(half);
   const vfloat32m1_t zero = __riscv_vfmv_v_f_f32m1(0.0f, 1);
   for (size_t j = 0; j < n_keys; ++j) {
-    const uint16_t* k = k_pool + static_cast<size_t>(slots[j]) * slot_stride;
-    F lo, hi;
-    V::LoadBf16Pair(k, vl0, lo, hi);
-    F acc0 = V::FmaccVv(V::Mul(V::Load(qe, vl0), lo, vl0), V::Load(qo, vl0), hi, vl0);
-    F acc1 = acc0;
-    if (heads > 1) acc1 = V::FmaccVv(V::Mul(V::Load(qe + half, vl0), lo, vl0), V::Load(qo + half, vl0), hi, vl0);
-    // Heads longer than one chunk: the later (no longer) chunks accumulate
-    // tail-undisturbed, so the reduction over the first chunk's lanes sees them all.
-    for (size_t i = vl0; i < half;) {
+    const uint16_t* k = rows[j];
+    F acc = V::Zero(vl0);
+    for (size_t i = 0; i < half;) {
       const size_t vl = V::SetVl(half - i);
+      F lo, hi;
       V::LoadBf16Pair(k + 2 * i, vl, lo, hi);
-      acc0 = V::FmaccVvTu(V::FmaccVvTu(acc0, V::Load(qe + i, vl), lo, vl), V::Load(qo + i, vl), hi, vl);
-      if (heads > 1) {
-        acc1 = V::FmaccVvTu(V::FmaccVvTu(acc1, V::Load(qe + half + i, vl), lo, vl), V::Load(qo + half + i, vl), hi,
-                            vl);
-      }
+      acc = V::FmaccVvTu(V::FmaccVvTu(acc, V::Load(qe + i, vl), lo, vl), V::Load(qo + i, vl), hi, vl);
       i += vl;
     }
-    scores[j] = __riscv_vfmv_f_s_f32m1_f32(V::SumTo(acc0, zero, vl0));
-    if (heads > 1) scores[n_keys + j] = __riscv_vfmv_f_s_f32m1_f32(V::SumTo(acc1, zero, vl0));
+    scores[j] = __riscv_vfmv_f_s_f32m1_f32(V::SumTo(acc, zero, vl0));
+  }
+}
+
+// qe/qo: one head's even / odd dimensions (half = d / 2 of each); rows[j]:
+// key j's K row.
+void Scores(const float* qe, const float* qo, size_t half, const uint16_t* const* rows, size_t n_keys,
+            float* scores) {
+  using V = rvv::Lmul<4>;
+  const size_t vl = V::SetVl(half);
+  if (half == vl) {
+    ScoresInRegisters<4, 1>(qe, qo, vl, rows, n_keys, scores);
+  } else if (half == 2 * vl) {
+    ScoresInRegisters<4, 2>(qe, qo, vl, rows, n_keys, scores);
+  } else {
+    ScoresChunked<4>(qe, qo, half, rows, n_keys, scores);
   }
 }
 
@@ -126,16 +156,16 @@ void Softmax(float* s, size_t n) {
   }
 }
 
+// rows[j]: key j's V row.
 template <int kLmul>
-void Values(const float* p, size_t heads, size_t d, const uint16_t* v_pool, size_t slot_stride,
-            const int64_t* slots, size_t n_keys, float* out) {
+void Values(const float* p, size_t heads, size_t d, const uint16_t* const* rows, size_t n_keys, float* out) {
   using V = rvv::Lmul<kLmul>;
   using F = typename V::F;
   for (size_t i = 0; i < d;) {
     const size_t vl = V::SetVl(d - i);
     F acc0 = V::Zero(vl), acc1 = acc0;
     for (size_t j = 0; j < n_keys; ++j) {
-      const F vv = V::LoadBf16(v_pool + static_cast<size_t>(slots[j]) * slot_stride + i, vl);
+      const F vv = V::LoadBf16(rows[j] + i, vl);
       acc0 = V::Fmacc(acc0, p[j], vv, vl);
       if (heads > 1) acc1 = V::Fmacc(acc1, p[n_keys + j], vv, vl);
     }
@@ -145,26 +175,50 @@ void Values(const float* p, size_t heads, size_t d, const uint16_t* v_pool, size
   }
 }
 
+// Per-thread buffers of the row kernel, grown once.
+struct RowScratch {
+  std::vector<const uint16_t*> k_rows, v_rows;
+  std::vector<float> q_split;
+  static RowScratch& ThisThread() {
+    thread_local RowScratch s;
+    return s;
+  }
+};
+
 }  // namespace
 
 void bf16_attention_row__rvv(const float* q, size_t g, size_t d, const uint16_t* k_pool,
                              const uint16_t* v_pool, size_t slot_stride, const int64_t* slots,
                              size_t n_keys, float* scratch, float* out) {
+  // Row addresses once per call, shared by the scores and every chunk of the values.
+  RowScratch& rs = RowScratch::ThisThread();
+  rs.k_rows.resize(n_keys);
+  rs.v_rows.resize(n_keys);
+  const uint16_t** k_rows = rs.k_rows.data();
+  const uint16_t** v_rows = rs.v_rows.data();
+  for (size_t j = 0; j < n_keys; ++j) {
+    const size_t offset = static_cast<size_t>(slots[j]) * slot_stride;
+    k_rows[j] = k_pool + offset;
+    v_rows[j] = v_pool + offset;
+  }
+  // K rows of an even head dimension are d / 2 whole (aligned) words; q is
+  // split the same way, each head once per call.
+  const bool by_word = d % 2 == 0;
+  if (by_word) rs.q_split.resize(d);
   for (size_t h0 = 0; h0 < g; h0 += kHeadsPerPass) {
     const size_t heads = std::min(kHeadsPerPass, g - h0);
     float* s = scratch + h0 * n_keys;
-    if (d % 2 == 0 && d <= kMaxSplitDim) {
-      // K rows are d / 2 whole (aligned) words.
-      float split[kHeadsPerPass * kMaxSplitDim];
-      float* qe = split;
-      float* qo = split + kHeadsPerPass * (d / 2);
-      SplitEvenOdd(q + h0 * d, heads, d, qe, qo);
-      Scores<4>(qe, qo, heads, d / 2, k_pool, slot_stride, slots, n_keys, s);
-    } else {
-      ScoresByElement<4>(q + h0 * d, heads, d, k_pool, slot_stride, slots, n_keys, s);
+    for (size_t h = 0; h < heads; ++h) {
+      if (by_word) {
+        float* qe = rs.q_split.data();
+        SplitEvenOdd(q + (h0 + h) * d, 1, d, qe, qe + d / 2);
+        Scores(qe, qe + d / 2, d / 2, k_rows, n_keys, s + h * n_keys);
+      } else {
+        ScoresByElement<4>(q + (h0 + h) * d, 1, d, k_pool, slot_stride, slots, n_keys, s + h * n_keys);
+      }
+      Softmax(s + h * n_keys, n_keys);
     }
-    for (size_t h = 0; h < heads; ++h) Softmax(s + h * n_keys, n_keys);
-    Values<8>(s, heads, d, v_pool, slot_stride, slots, n_keys, out + h0 * d);
+    Values<8>(s, heads, d, v_rows, n_keys, out + h0 * d);
   }
 }
 
