@@ -83,6 +83,13 @@ const Bf16PackedKernelSet* BestKernelSetFor(size_t block_n) {
   return nullptr;
 }
 
+size_t WideKernelSetBlockN() {
+  for (const Bf16PackedKernelSet* set : AvailableKernelSets()) {
+    if (KernelSetBlockN(*set) != kPackedBlockN) return KernelSetBlockN(*set);
+  }
+  return 0;
+}
+
 const Bf16PackedKernelSet* FindKernelSet(const std::string& name) {
   for (const Bf16PackedKernelSet* set : AvailableKernelSets()) {
     if (name == set->name) return set;

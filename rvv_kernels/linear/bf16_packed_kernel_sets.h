@@ -28,6 +28,10 @@ size_t KernelSetBlockN(const Bf16PackedKernelSet& set);
 // The best available set that reads `block_n`, or nullptr.
 const Bf16PackedKernelSet* BestKernelSetFor(size_t block_n);
 
+// Layout version 2's block on this machine (VLEN/2): the block of the best
+// available set that reads version 2, or 0 where none does.
+size_t WideKernelSetBlockN();
+
 }  // namespace rvascend
 
 #endif  // RVV_KERNELS_LINEAR_BF16_PACKED_KERNEL_SETS_H_

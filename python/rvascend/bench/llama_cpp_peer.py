@@ -21,6 +21,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
+from rvascend import checkout
 from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import print_table, write_jsonl
 
@@ -36,7 +37,6 @@ flags.DEFINE_string("output", "bench_results/llama_cpp.jsonl", "jsonl file to ap
 flags.DEFINE_string("plot", "bench_results/llama_cpp.png", "PNG plot (empty: none).")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
 
 
 def _lock() -> dict[str, Any]:
@@ -126,7 +126,7 @@ def run_ours(model: str, batch: int, policy: str, threads: int) -> dict[str, Any
 
 def main(argv: list[str]) -> int:
     del argv
-    work = FLAGS["work-dir"].value or os.path.join(_REPO, ".deps", "llama_cpp")
+    work = FLAGS["work-dir"].value or os.path.join(checkout.root(), ".deps", "llama_cpp")
     os.makedirs(work, exist_ok=True)
     threads = FLAGS.threads or len(os.sched_getaffinity(0))
     python = ensure_llama_cpp(work)

@@ -38,6 +38,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
+from rvascend import checkout
 from rvascend.bench import k1_model
 from rvascend.bench.results import print_table, write_jsonl
 
@@ -58,7 +59,6 @@ flags.DEFINE_integer("target_layers", 28, "Layers to extrapolate to (Qwen3-0.6B:
 flags.DEFINE_string("output", "bench_results/riscv64_step.jsonl", "jsonl file to append to.")
 flags.DEFINE_string("plot", "bench_results/riscv64_step.png", "PNG plot (empty: none).")
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 _MODE_ARG = {"stock": "off", "linear": "linear", "op_by_op": "op_by_op", "full": "full"}
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 # Library of a mapped file, by name prefix (the image maps versioned sonames).
@@ -80,8 +80,8 @@ def library_of(path: str) -> str:
 def _bazel_outputs() -> tuple[str, str]:
     targets = ["//python:rvv_kernels_extension_riscv64_image", "//python:qemu_count_plugin.so"]
     logging.info("building %s", " ".join(targets))
-    subprocess.run(["bazel", "build", *targets], cwd=_REPO, check=True)
-    bin_dir = subprocess.run(["bazel", "info", "bazel-bin"], cwd=_REPO, check=True, capture_output=True,
+    subprocess.run(["bazel", "build", *targets], cwd=checkout.root(), check=True)
+    bin_dir = subprocess.run(["bazel", "info", "bazel-bin"], cwd=checkout.root(), check=True, capture_output=True,
                              text=True).stdout.strip()
     return (os.path.join(bin_dir, "python", "rvv_kernels_extension_riscv64_image", "_rvv_kernels.so"),
             os.path.join(bin_dir, "python", "qemu_count_plugin.so"))
@@ -211,7 +211,7 @@ def main(argv: list[str]) -> int:
     from rvascend.engine import random_checkpoint
     from rvascend.repro import manifest
 
-    image = FLAGS.image or os.path.join(_REPO, ".deps", "riscv64_image")
+    image = FLAGS.image or os.path.join(checkout.root(), ".deps", "riscv64_image")
     extension, plugin = FLAGS.extension, FLAGS.plugin
     if extension is None or plugin is None:
         built_ext, built_plugin = _bazel_outputs()
@@ -223,7 +223,7 @@ def main(argv: list[str]) -> int:
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         stage = os.path.join(tmp, "stage")
-        shutil.copytree(os.path.join(FLAGS.package or os.path.join(_REPO, "python"), "rvascend"),
+        shutil.copytree(os.path.join(FLAGS.package or os.path.join(checkout.root(), "python"), "rvascend"),
                         os.path.join(stage, "rvascend"), ignore=shutil.ignore_patterns("*.so", "_native", "__pycache__"))
         shutil.copy(extension, os.path.join(stage, "rvascend", "ops", "_rvv_kernels.so"))
         checkpoints = {n: random_checkpoint.write("qwen3-0.6b", os.path.join(tmp, f"qwen3-{n}l"), layers=n)

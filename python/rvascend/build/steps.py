@@ -13,10 +13,12 @@ from typing import Sequence
 
 from absl import logging
 
+from rvascend import checkout
+
 from rvascend.build import debian, debian_lock
 from rvascend.build.debian import SetupError
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO_ROOT = checkout.root()
 DEPS_DIR = os.path.join(REPO_ROOT, ".deps")
 VENV_DIR = os.path.join(REPO_ROOT, ".venv")
 

@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from absl import logging
 
+from rvascend import checkout
 from rvascend.build.debian_lock import sha256_file
 from rvascend.engine import model_cache
 
@@ -46,8 +47,7 @@ def served_name() -> str:
 
 def _source_tree_models_dir() -> Optional[str]:
     """`.deps/models` of the source checkout this package runs from, if it is one."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))))
-    return os.path.join(root, ".deps", "models") if os.path.exists(os.path.join(root, "WORKSPACE")) else None
+    return os.path.join(checkout.ROOT, ".deps", "models") if checkout.ROOT else None
 
 
 def fetch_wheel(dest_dir: str) -> str:

@@ -22,15 +22,15 @@ import torch
 
 from rvascend.models import gguf_tokenizer
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 # GGUF tensor name -> Hugging Face name ({} is the layer index).
-_GLOBAL_NAMES = {
+GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_LAYER_NAMES = {
+LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
@@ -92,9 +92,9 @@ class GgufCheckpoint:
             except Exception as e:
                 raise GgufError(f"{path}: metadata {key!r} is unreadable: {e}") from None
         arch = self.meta.get("general.architecture")
-        if arch not in _ARCHITECTURES:
+        if arch not in ARCHITECTURES:
             raise GgufError(f"{path}: architecture {arch!r} is not supported; supported: "
-                            f"{', '.join(sorted(_ARCHITECTURES))}")
+                            f"{', '.join(sorted(ARCHITECTURES))}")
         self.arch: str = arch
         self._tensors = {t.name: t for t in self._reader.tensors}
         self.config = self._config()
@@ -121,7 +121,7 @@ class GgufCheckpoint:
             raise GgufError(f"{self.path}: rope scaling {scaling!r} is not supported")
         vocab_rows = int(self._tensors["token_embd.weight"].shape[-1])
         config: dict[str, Any] = {
-            "architectures": [_ARCHITECTURES[self.arch]],
+            "architectures": [ARCHITECTURES[self.arch]],
             "model_type": self.arch,
             "hidden_size": hidden,
             "intermediate_size": int(self._key("feed_forward_length", required=True)),
@@ -163,11 +163,11 @@ class GgufCheckpoint:
         """The Hugging Face name of a GGUF tensor (None for rope_freqs, folded into the config)."""
         if name == _ROPE_FREQS:
             return None
-        if name in _GLOBAL_NAMES:
-            return _GLOBAL_NAMES[name]
+        if name in GLOBAL_NAMES:
+            return GLOBAL_NAMES[name]
         m = _LAYER_TENSOR.match(name)
-        if m and m.group(2) in _LAYER_NAMES:
-            return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+        if m and m.group(2) in LAYER_NAMES:
+            return f"model.layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
         raise GgufError(f"{self.path}: tensor {name!r} has no place in a {self.arch} model")
 
     def tensors(self, dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, torch.Tensor]]:

@@ -25,10 +25,10 @@ from rvascend.models.config import ModelConfig
 from rvascend.models.layers import RotaryEmbedding
 from rvascend.models.loader import weight_files
 
-_FAMILIES = {v: k for k, v in gguf_checkpoint._ARCHITECTURES.items()}
+_FAMILIES = {v: k for k, v in gguf_checkpoint.ARCHITECTURES.items()}
 # Hugging Face name (layer index as {}) -> GGUF name.
-_TO_GGUF = {hf: g for g, hf in gguf_checkpoint._GLOBAL_NAMES.items()}
-_TO_GGUF.update({f"model.layers.{{}}.{hf}": f"blk.{{}}.{g}" for g, hf in gguf_checkpoint._LAYER_NAMES.items()})
+_TO_GGUF = {hf: g for g, hf in gguf_checkpoint.GLOBAL_NAMES.items()}
+_TO_GGUF.update({f"model.layers.{{}}.{hf}": f"blk.{{}}.{g}" for g, hf in gguf_checkpoint.LAYER_NAMES.items()})
 _UNUSED = 5  # llama.cpp's token type of padding entries
 
 

@@ -349,15 +349,7 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   using namespace rvascend;
   m.doc() = "RVV BF16 packed-linear kernels (packed layouts: rvv_kernels/linear/packed_layout.h)";
   m.attr("BLOCK_N") = kPackedBlockN;
-  // Layout version 2's block on this machine (VLEN/2), 0 where no kernel set reads it.
-  const Bf16PackedKernelSet* wide = nullptr;
-  for (const auto* set : AvailableKernelSets()) {
-    if (KernelSetBlockN(*set) != kPackedBlockN) {
-      wide = set;
-      break;
-    }
-  }
-  m.attr("WIDE_BLOCK_N") = wide ? KernelSetBlockN(*wide) : 0;
+  m.attr("WIDE_BLOCK_N") = WideKernelSetBlockN();
   m.attr("DEFAULT_LAYOUT_VERSION") = KernelSetBlockN(DefaultKernelSet()) == kPackedBlockN ? 1 : 2;
   m.def("pack_bf16_weight", &Pack, py::arg("weight"), py::arg("n"), py::arg("k"),
         py::arg("row_stride"), py::arg("weight_elements"), py::arg("packed"), py::arg("block_n"),

@@ -14,7 +14,9 @@ import subprocess
 import sys
 from typing import Any, Optional
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from rvascend import checkout
+
+REPO_ROOT = checkout.ROOT or os.getcwd()  # without a checkout: no git, no .deps (the fields say so)
 SCHEMA = 1
 
 # Host tools whose identity pins a build or an emulated run.
