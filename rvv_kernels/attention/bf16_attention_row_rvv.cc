@@ -28,28 +28,25 @@ using V = rvv::Lmul<4>;  // softmax
 // Two query heads per pass over the values, sharing each widened V row.
 constexpr size_t kHeadsPerPass = 2;
 
-// Odd head dimensions (K rows not word-aligned): one BF16 element per lane.
+// One head's scores for odd head dimensions (K rows not word-aligned): one
+// BF16 element per lane.
 template <int kLmul>
-void ScoresByElement(const float* q, size_t heads, size_t d, const uint16_t* k_pool, size_t slot_stride,
-                     const int64_t* slots, size_t n_keys, float* scores) {
+void ScoresByElement(const float* q, size_t d, const uint16_t* const* rows, size_t n_keys, float* scores) {
   using V = rvv::Lmul<kLmul>;
   using F = typename V::F;
   const size_t vlmax = V::VlMax();
   const vfloat32m1_t zero = __riscv_vfmv_v_f_f32m1(0.0f, 1);
   for (size_t j = 0; j < n_keys; ++j) {
-    const uint16_t* k = k_pool + static_cast<size_t>(slots[j]) * slot_stride;
+    const uint16_t* k = rows[j];
     // Tail-undisturbed accumulation: the zeros past a short last chunk stay
     // zeros, so the reduction over VLMAX adds nothing from the tail.
-    F acc0 = V::Zero(vlmax), acc1 = acc0;
+    F acc = V::Zero(vlmax);
     for (size_t i = 0; i < d;) {
       const size_t vl = V::SetVl(d - i);
-      const F kv = V::LoadBf16(k + i, vl);
-      acc0 = V::FmaccVvTu(acc0, V::Load(q + i, vl), kv, vl);
-      if (heads > 1) acc1 = V::FmaccVvTu(acc1, V::Load(q + d + i, vl), kv, vl);
+      acc = V::FmaccVvTu(acc, V::Load(q + i, vl), V::LoadBf16(k + i, vl), vl);
       i += vl;
     }
-    scores[j] = __riscv_vfmv_f_s_f32m1_f32(V::SumTo(acc0, zero, vlmax));
-    if (heads > 1) scores[n_keys + j] = __riscv_vfmv_f_s_f32m1_f32(V::SumTo(acc1, zero, vlmax));
+    scores[j] = __riscv_vfmv_f_s_f32m1_f32(V::SumTo(acc, zero, vlmax));
   }
 }
 
@@ -117,17 +114,15 @@ void Scores(const float* qe, const float* qo, size_t half, const uint16_t* const
   }
 }
 
-// q (heads rows of d) -> its even and odd dimensions, `half` apart per head.
-void SplitEvenOdd(const float* q, size_t heads, size_t d, float* qe, float* qo) {
+// One head's q (d values) -> its even and its odd dimensions.
+void SplitEvenOdd(const float* q, size_t d, float* qe, float* qo) {
   using V = rvv::Lmul<4>;
   const size_t half = d / 2;
-  for (size_t h = 0; h < heads; ++h) {
-    for (size_t i = 0; i < half;) {
-      const size_t vl = V::SetVl(half - i);
-      V::Store(qe + h * half + i, V::LoadStrided(q + h * d + 2 * i, 8, vl), vl);
-      V::Store(qo + h * half + i, V::LoadStrided(q + h * d + 2 * i + 1, 8, vl), vl);
-      i += vl;
-    }
+  for (size_t i = 0; i < half;) {
+    const size_t vl = V::SetVl(half - i);
+    V::Store(qe + i, V::LoadStrided(q + 2 * i, 8, vl), vl);
+    V::Store(qo + i, V::LoadStrided(q + 2 * i + 1, 8, vl), vl);
+    i += vl;
   }
 }
 
@@ -211,10 +206,10 @@ void bf16_attention_row__rvv(const float* q, size_t g, size_t d, const uint16_t*
     for (size_t h = 0; h < heads; ++h) {
       if (by_word) {
         float* qe = rs.q_split.data();
-        SplitEvenOdd(q + (h0 + h) * d, 1, d, qe, qe + d / 2);
+        SplitEvenOdd(q + (h0 + h) * d, d, qe, qe + d / 2);
         Scores(qe, qe + d / 2, d / 2, k_rows, n_keys, s + h * n_keys);
       } else {
-        ScoresByElement<4>(q + (h0 + h) * d, 1, d, k_pool, slot_stride, slots, n_keys, s + h * n_keys);
+        ScoresByElement<4>(q + (h0 + h) * d, d, k_rows, n_keys, s + h * n_keys);
       }
       Softmax(s + h * n_keys, n_keys);
     }

@@ -62,8 +62,7 @@ KvPoolAttentionArgs AttentionArgs(const DecoderShape& shape, const DecoderBatch&
   return a;
 }
 
-}  // namespace
-
+// Everything the step will index, checked once before the first write.
 void ValidateDecoderBatch(const DecoderShape& shape, const DecoderBatch& batch) {
   const KvPoolAttentionArgs a = AttentionArgs(shape, batch);
   if (batch.q_starts[batch.batch] != static_cast<int64_t>(batch.tokens)) {
@@ -74,9 +73,11 @@ void ValidateDecoderBatch(const DecoderShape& shape, const DecoderBatch& batch) 
   ValidateWriteSlots(shape.num_slots, batch.write_slots, batch.tokens);
 }
 
+}  // namespace
+
 void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* layers, size_t n_layers,
-                   const DecoderShape& s, const DecoderBatch& batch, const uint16_t* h, const uint16_t* residual,
-                   uint16_t* h_out, uint16_t* residual_out, size_t num_threads) {
+                   const DecoderShape& s, const DecoderBatch& batch, const uint16_t* h, uint16_t* h_out,
+                   uint16_t* residual_out, size_t num_threads) {
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   ValidateDecoderBatch(s, batch);
   const size_t t = batch.tokens;
@@ -99,9 +100,6 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
   // scratch; the last layer's land in residual_out and h_out.
   uint16_t* res = residual_out;
   const size_t bytes = t * s.hidden * sizeof(uint16_t);
-  if (residual != nullptr) {
-    std::memcpy(res, residual, bytes);
-  }
   const uint16_t* layer_in = h;
   KvPoolAttentionArgs attention = AttentionArgs(s, batch);
   attention.q = q;
@@ -114,7 +112,7 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
   for (size_t l = 0; l < n_layers; ++l) {
     const DecoderLayerWeights& w = layers[l];
     mark(0);
-    if (l == 0 && residual == nullptr) {
+    if (l == 0) {  // the stream starts as the first layer's input
       RmsNormRows(ew, t, s.hidden, layer_in, s.hidden, nullptr, 0, w.input_norm, s.norm_eps, x, nullptr,
                   num_threads);
       std::memcpy(res, layer_in, bytes);

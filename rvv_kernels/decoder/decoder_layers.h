@@ -66,17 +66,14 @@ struct DecoderKernels {
 constexpr int kDecoderStages = 9;
 extern const char* const kDecoderStageNames[kDecoderStages];
 
-// Checks the batch (starts, slots inside the pool) before anything is written;
-// throws std::invalid_argument naming the first bad value.
-void ValidateDecoderBatch(const DecoderShape& shape, const DecoderBatch& batch);
-
-// h: [tokens, hidden], the first layer's input. residual: the residual stream
-// entering the first layer, or null (the first layer's input is the stream).
-// On return h_out holds the last layer's MLP output and residual_out the
-// stream (both [tokens, hidden]; they may not alias the inputs).
+// h: [tokens, hidden], the first layer's input, which is also where the
+// residual stream starts (the embedding output). On return h_out holds the
+// last layer's MLP output and residual_out the stream (both [tokens, hidden];
+// they may not alias h). Throws std::invalid_argument naming the first bad
+// value of the batch (starts, a slot outside the pool) before anything is written.
 void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* layers, size_t n_layers,
-                   const DecoderShape& shape, const DecoderBatch& batch, const uint16_t* h, const uint16_t* residual,
-                   uint16_t* h_out, uint16_t* residual_out, size_t num_threads);
+                   const DecoderShape& shape, const DecoderBatch& batch, const uint16_t* h, uint16_t* h_out,
+                   uint16_t* residual_out, size_t num_threads);
 
 }  // namespace rvascend
 

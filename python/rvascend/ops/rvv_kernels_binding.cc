@@ -257,13 +257,14 @@ void StageMarker(int id);
 
 // The step's decoder layers (decoder_layers.h). The descriptor's pointers come
 // from the policy's plan (fused_decoder.py), which holds every tensor they point
-// into and checked their shapes against `shape`; the batch is checked here.
+// into and checked their shapes against `shape`; DecoderLayers checks the batch
+// before anything is written.
 void DecoderLayersStep(const std::string& kernel_set, uintptr_t descriptor, size_t n_layers, size_t block_n,
                        size_t hidden, size_t intermediate, size_t heads, size_t kv_heads, size_t head_dim,
                        size_t num_slots, float norm_eps, float qk_norm_eps, float scale, size_t tokens, size_t batch,
                        uintptr_t q_starts, uintptr_t kv_starts, size_t n_kv_slots, uintptr_t kv_slots,
-                       uintptr_t write_slots, uintptr_t cos, uintptr_t sin, uintptr_t h, uintptr_t residual,
-                       uintptr_t h_out, uintptr_t residual_out, size_t num_threads, bool stage_markers) {
+                       uintptr_t write_slots, uintptr_t cos, uintptr_t sin, uintptr_t h, uintptr_t h_out,
+                       uintptr_t residual_out, size_t num_threads, bool stage_markers) {
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   if (tokens == 0) return;
   const int64_t* rows = Pointer<const int64_t>(descriptor, "descriptor");
@@ -309,13 +310,11 @@ void DecoderLayersStep(const std::string& kernel_set, uintptr_t descriptor, size
   kernels.linear = &KernelSet(kernel_set, block_n);
   kernels.elementwise = &ChooseElementwiseKernels("");
   kernels.stage_marker = stage_markers ? &StageMarker : nullptr;
-  ValidateDecoderBatch(shape, b);
   const uint16_t* hp = Pointer<const uint16_t>(h, "h");
-  const uint16_t* rp = residual ? Pointer<const uint16_t>(residual, "residual") : nullptr;
   uint16_t* hop = Pointer<uint16_t>(h_out, "h_out");
   uint16_t* rop = Pointer<uint16_t>(residual_out, "residual_out");
   py::gil_scoped_release release;
-  DecoderLayers(kernels, layers.data(), n_layers, shape, b, hp, rp, hop, rop, num_threads ? num_threads : 1);
+  DecoderLayers(kernels, layers.data(), n_layers, shape, b, hp, hop, rop, num_threads ? num_threads : 1);
 }
 
 std::vector<std::string> Names(const std::vector<const Bf16PackedKernelSet*>& sets) {
@@ -396,7 +395,7 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("head_dim"), py::arg("num_slots"), py::arg("norm_eps"), py::arg("qk_norm_eps"), py::arg("scale"),
         py::arg("tokens"), py::arg("batch"), py::arg("q_starts"), py::arg("kv_starts"), py::arg("n_kv_slots"),
         py::arg("kv_slots"), py::arg("write_slots"), py::arg("cos"), py::arg("sin"), py::arg("h"),
-        py::arg("residual"), py::arg("h_out"), py::arg("residual_out"), py::arg("num_threads"),
+        py::arg("h_out"), py::arg("residual_out"), py::arg("num_threads"),
         py::arg("stage_markers") = false,
         "One decode step's decoder layers in one call (rvv_kernels/decoder/decoder_layers.h).");
   m.def("decoder_stage_names", [] {

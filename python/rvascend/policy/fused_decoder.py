@@ -83,7 +83,7 @@ class FusedDecoder:
             ops.packed_linear._kernel_set, plan.table.data_ptr(), n, plan.block_n, s["hidden"], s["intermediate"],
             s["heads"], s["kv_heads"], s["head_dim"], pool.num_slots, self.norm_eps, plan.qk_eps, self.scale, t,
             q_starts.shape[0] - 1, q_starts.data_ptr(), kv_starts.data_ptr(), kv_slots.shape[0], kv_slots.data_ptr(),
-            batch.write_slots.data_ptr(), cos.data_ptr(), sin.data_ptr(), h.data_ptr(), 0, h_out.data_ptr(),
+            batch.write_slots.data_ptr(), cos.data_ptr(), sin.data_ptr(), h.data_ptr(), h_out.data_ptr(),
             residual_out.data_ptr(), torch.get_num_threads(), self.stage_markers)
         self._count(policy, t, n)
         return h_out, residual_out
