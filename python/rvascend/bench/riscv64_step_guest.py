@@ -102,6 +102,7 @@ def instrument(model: torch.nn.Module, regions: Regions) -> None:
     # The residual add and the norm after it, fused or not.
     layers.RMSNorm.add_forward = regions.wrap(layers.RMSNorm.add_forward, "rms_norm")
     sampler.sample = regions.wrap(sampler.sample, "sampling")
+    Engine._greedy_tokens = regions.wrap(Engine._greedy_tokens, "sampling")
     instrument_fused_decoder(regions)
 
 
@@ -128,7 +129,6 @@ def instrument_fused_decoder(regions: Regions) -> None:
         regions.exit()
         return out
     FusedDecoder.__call__ = wrapped
-    Engine._greedy_tokens = regions.wrap(Engine._greedy_tokens, "sampling")
 
 
 def decode_ready(engine: Engine, context: int, rows: int, vocab: int) -> list[Sequence]:

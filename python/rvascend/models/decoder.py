@@ -35,6 +35,11 @@ class ForwardBatch:
     write_slots: torch.Tensor          # [T] slots the new tokens' K/V go to
     _flat: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
+    @property
+    def prefill(self) -> bool:
+        """Whether some sequence has more than one new token (a prompt or a chunk of one)."""
+        return self.input_ids.shape[0] > len(self.new_lens)
+
     def flat_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(all sequences' slots concatenated, kv_starts [B+1], q_starts [B+1]) for
         kv_pool_attention; built once per batch, shared by every layer."""
@@ -97,7 +102,7 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k_cache, v_cache = pool.k[self.layer], pool.v[self.layer]
         if routes is not None and routes.use("kv_pool_attention", q, k, v, k_cache, rows=t,
-                                             prefill=t > len(batch.new_lens)):
+                                             prefill=batch.prefill):
             kv_slots, kv_starts, q_starts = batch.flat_index()
             out = ops.kv_pool_attention(q, k_cache, v_cache, k, v.reshape(t, self.kv_heads, self.head_dim),
                                         batch.write_slots, kv_slots, kv_starts, q_starts, self.scale)

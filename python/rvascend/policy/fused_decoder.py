@@ -97,7 +97,7 @@ class FusedDecoder:
         why = kernel_routes.bf16_cpu_inference(h)
         if why is not None:
             return why
-        if t != len(batch.new_lens):
+        if batch.prefill:
             return "prefill"
         if batch.write_slots.dtype != torch.int64 or batch.write_slots.numel() != t:
             return "write_slots"
