@@ -35,9 +35,9 @@ class ThreadPool {
   std::condition_variable done_;
   std::vector<std::thread> workers_;
   bool stop_ = false;
-  size_t generation_ = 0;
-  size_t participants_ = 0;  // workers taking part in the current job
-  size_t active_ = 0;        // workers still running the current job
+  std::atomic<size_t> generation_{0};  // written under mutex_, polled without it
+  size_t participants_ = 0;            // workers taking part in the current job
+  std::atomic<size_t> active_{0};      // workers still running the current job
   const std::function<void(size_t)>* fn_ = nullptr;
   size_t num_tasks_ = 0;
   std::atomic<size_t> next_task_{0};

@@ -44,6 +44,9 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         # Not in the default set: time per output token at token 512 vs 16, batch 1.
         "long_output": ["rvascend.bench.long_output", f"--output={out}/long_output.jsonl"] + model
         + (["--at=16,128"] if quick else []),
+        # Not in the default set: start-up with the compile cache cold and warm, graphs, staleness check cost.
+        "policy_overheads": ["rvascend.bench.policy_overheads", f"--output={out}/policy_overheads.jsonl"]
+        + (["--shape=test", "--max-concurrency=2"] if quick else []),
         # Not in the default set: builds llama.cpp from source once (about 5 minutes), then about 10.
         "llama_cpp": ["rvascend.bench.llama_cpp_peer", f"--output={out}/llama_cpp.jsonl", f"--plot={out}/llama_cpp.png"]
         + (["--models=smollm2-135m", "--batch-sizes=1", "--output-len=16"] if quick else []),

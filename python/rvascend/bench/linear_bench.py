@@ -17,7 +17,7 @@ from absl import app, flags, logging
 
 from rvascend import ops
 from rvascend.bench.results import print_table, write_jsonl
-from rvascend.bench.timing import time_calls
+from rvascend.bench.timing import copy_bandwidth, time_calls
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("rows", ["1", "2", "4", "8", "16", "64"], "M values (rows of the input).")
@@ -36,14 +36,6 @@ LLAMA_3_2_1B = {
     "down_proj": (2048, 8192),
     "lm_head": (128256, 2048),
 }
-
-
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Bytes per second moved by a large tensor copy (read + write)."""
-    src = torch.ones(nbytes // 2, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    (seconds,) = time_calls([lambda: dst.copy_(src)], min_seconds=1.0)
-    return 2 * nbytes / seconds
 
 
 def run(rows: list[int], projections: list[str], min_seconds: float) -> list[dict]:

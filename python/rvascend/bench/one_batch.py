@@ -4,6 +4,11 @@ Batch 1, input 64, output 8 by default: prefill latency/throughput, median
 decode latency/throughput, total latency/throughput, peak RSS. Runs this
 engine with the RVV policy off and on (`--policy`), and optionally Hugging
 Face transformers' `generate` on the same checkpoint and thread count.
+
+Every decode step is timed by itself (engine steps; a logits processor's time
+stamps inside `generate`). The weight read rate of a decode step (bytes of
+every weight the step reads / median step time) is reported as a fraction of
+the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.bench.rss import peak_rss_mib
 from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.bench.timing import copy_bandwidth
+from rvascend.engine import random_checkpoint
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model-path", None, "Checkpoint directory (default: the random-weight test model).")
+flags.DEFINE_string("model-path", None, "Checkpoint directory (default: --shape).")
+flags.DEFINE_enum("shape", "test", ["test", *sorted(random_checkpoint.SHAPES)],
+                  "Without --model-path: the random-weight test model, or a random checkpoint of a real model's shape.")
 flags.DEFINE_integer("batch-size", 1, "Sequences in the batch.")
 flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
 flags.DEFINE_integer("output-len", 8, "Generated tokens per sequence.")
@@ -61,7 +70,8 @@ def run_engine(model, batch: int, input_len: int, output_len: int, warmup: int) 
             "total_latency": total, "overall_throughput": batch * (input_len + output_len) / total}
 
 
-def run_hf(path: str, batch: int, input_len: int, output_len: int, warmup: int) -> dict[str, Any]:
+def run_hf(path: str, batch: int, input_len: int, output_len: int, warmup: int,
+           bandwidth: float) -> dict[str, Any]:
     """transformers' generate, every step timed by itself: a logits processor stamps the
     time after each forward pass, so the first interval is the prefill and each later one
     a decode step (no decode time derived by subtracting a separately timed prefill)."""
@@ -89,20 +99,34 @@ def run_hf(path: str, batch: int, input_len: int, output_len: int, warmup: int) 
     steps = [b - a for a, b in zip([t0] + clock.stamps, clock.stamps)]
     prefill, decode = steps[0], steps[1:]
     median_decode = statistics.median(decode) if decode else float("nan")
-    return {"prefill_latency": prefill, "prefill_throughput": batch * input_len / prefill,
-            "median_decode_latency": median_decode, "median_decode_throughput": batch / median_decode,
-            "total_latency": total, "overall_throughput": batch * (input_len + output_len) / total,
+    result = {"prefill_latency": prefill, "prefill_throughput": batch * input_len / prefill,
+              "median_decode_latency": median_decode, "median_decode_throughput": batch / median_decode,
+              "total_latency": total, "overall_throughput": batch * (input_len + output_len) / total}
+    return {**result, **_weight_rate(weight_bytes_per_step(model), result, bandwidth),
             "note": "each decode step timed between two forward passes (a logits processor's time stamps)"}
+
+
+def weight_bytes_per_step(model: torch.nn.Module) -> int:
+    """Bytes of the weights one decode step reads: every matrix of the decoder
+    layers and lm_head's (the embedding lookup reads a row per token)."""
+    layers = sum(p.numel() * p.element_size() for p in model.model.layers.parameters() if p.dim() == 2)
+    head = model.lm_head.weight
+    return layers + head.numel() * head.element_size()
 
 
 def main(argv: list[str]) -> int:
     del argv
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
-    path = FLAGS["model-path"].value or ensure_random_model()
+    path = FLAGS["model-path"].value or (
+        ensure_random_model() if FLAGS.shape == "test" else random_checkpoint.ensure(FLAGS.shape))
+    from rvascend import ops
+
+    bandwidth = copy_bandwidth()
+    logging.info("host: %s; copy bandwidth %.1f GB/s", ops.cpu_features(), bandwidth / 1e9)
     batch, input_len, output_len = FLAGS["batch-size"].value, FLAGS["input-len"].value, FLAGS["output-len"].value
     base = {"batch_size": batch, "input_len": input_len, "output_len": output_len, "model_path": path,
-            "threads": torch.get_num_threads(), "dtype": "bfloat16"}
+            "threads": torch.get_num_threads(), "dtype": "bfloat16", "copy_gbps": bandwidth / 1e9}
     records = []
     for mode in FLAGS.policy:
         model = load_model(path)
@@ -111,17 +135,24 @@ def main(argv: list[str]) -> int:
         logging.info("policy %s: running", mode)
         result = run_engine(model, batch, input_len, output_len, FLAGS.warmup)
         records.append({**base, "run_name": f"rvascend-policy-{mode}", "backend": "rvascend", "policy": mode,
-                        **result, "peak_rss_mib": peak_rss_mib()})
+                        **result, **_weight_rate(weight_bytes_per_step(model), result, bandwidth), "peak_rss_mib": peak_rss_mib()})
         del model
     if FLAGS.hf:
         records.append({**base, "run_name": "hf-generate", "backend": "transformers", "policy": "n/a",
-                        **run_hf(path, batch, input_len, output_len, FLAGS.warmup), "peak_rss_mib": peak_rss_mib()})
+                        **run_hf(path, batch, input_len, output_len, FLAGS.warmup, bandwidth),
+                        "peak_rss_mib": peak_rss_mib()})
     print_table(records, [("run_name", "run", "s"), ("prefill_latency", "prefill s", ".4f"),
                           ("prefill_throughput", "prefill tok/s", ".1f"),
                           ("median_decode_latency", "decode s", ".4f"),
                           ("median_decode_throughput", "decode tok/s", ".2f"),
                           ("total_latency", "total s", ".3f"), ("overall_throughput", "total tok/s", ".1f"),
+                          ("weight_gbps", "weights GB/s", ".1f"), ("bandwidth_fraction", "of copy BW", ".2f"),
                           ("peak_rss_mib", "peak RSS MiB", ".0f")])
+    rate = {r["run_name"]: r["median_decode_throughput"] for r in records}
+    on = rate.get("rvascend-policy-on")
+    for other in ("rvascend-policy-off", "hf-generate"):
+        if on and other in rate:
+            logging.info("decode tok/s, policy on / %s: %.2f", other, on / rate[other])
     write_jsonl(FLAGS.output, records, _manifest(path))
     if FLAGS.plot:
         bar_plot(FLAGS.plot, f"one batch: bs {batch}, in {input_len}, out {output_len}",
@@ -129,6 +160,11 @@ def main(argv: list[str]) -> int:
                  {"decode tok/s": [r["median_decode_throughput"] for r in records]}, "tokens / s")
     logging.info("wrote %s", FLAGS.output)
     return 0
+
+
+def _weight_rate(step_bytes: int, result: dict[str, Any], bandwidth: float) -> dict[str, float]:
+    rate = step_bytes / result["median_decode_latency"]
+    return {"weight_bytes_per_step": step_bytes, "weight_gbps": rate / 1e9, "bandwidth_fraction": rate / bandwidth}
 
 
 def _manifest(model_path: str) -> Optional[dict[str, Any]]:

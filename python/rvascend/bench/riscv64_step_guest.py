@@ -82,7 +82,6 @@ def instrument(model: torch.nn.Module, regions: Regions) -> None:
         regions.hook(layer.input_layernorm, "rms_norm")
         regions.hook(layer.post_attention_layernorm, "rms_norm")
         attn = layer.self_attn
-        regions.hook(attn, "attention")
         regions.hook(attn.qkv_proj, "qkv_proj")
         regions.hook(attn.o_proj, "o_proj")
         for norm in (attn.q_norm, attn.k_norm):
@@ -97,6 +96,9 @@ def instrument(model: torch.nn.Module, regions: Regions) -> None:
     regions.hook(model.rotary, "rotary")
     regions.hook(model, "model_glue")
     decoder.apply_rotary = regions.wrap(decoder.apply_rotary, "rotary")
+    # The attention module's own work on either side of its projections.
+    decoder.Attention.project = regions.wrap(decoder.Attention.project, "attention")
+    decoder.Attention.attend = regions.wrap(decoder.Attention.attend, "attention")
     decoder.projection_linear = regions.wrap(decoder.projection_linear, "lm_head")
     ops.elementwise.rope = regions.wrap(ops.elementwise.rope, "qk_norm_rope")
     # The residual add and the norm after it, fused or not.

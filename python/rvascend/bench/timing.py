@@ -6,6 +6,8 @@ import statistics
 import time
 from typing import Callable, Sequence
 
+import torch
+
 
 def time_calls(fns: Sequence[Callable[[], object]], min_seconds: float = 0.3,
                min_rounds: int = 5) -> list[float]:
@@ -26,3 +28,12 @@ def time_calls(fns: Sequence[Callable[[], object]], min_seconds: float = 0.3,
             samples[i].append(time.perf_counter() - t0)
         rounds += 1
     return [statistics.median(s) for s in samples]
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Bytes per second moved by a large tensor copy (STREAM convention: a copy
+    of S bytes moves 2*S, read + write)."""
+    src = torch.ones(nbytes // 2, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    (seconds,) = time_calls([lambda: dst.copy_(src)], min_seconds=1.0)
+    return 2 * nbytes / seconds

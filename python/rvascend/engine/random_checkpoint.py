@@ -16,6 +16,7 @@ import sys
 from absl import app, flags, logging
 from safetensors.torch import save_file
 
+from rvascend.engine import model_cache
 from rvascend.engine.random_model import ensure_random_model, random_weights
 
 SHAPES = {
@@ -62,6 +63,14 @@ def write(shape: str, output: str, seed: int = 0, layers: int | None = None) -> 
         shutil.copy(os.path.join(default, name), os.path.join(output, name))
     save_file(random_weights(config, seed), os.path.join(output, "model.safetensors"))
     return output
+
+
+def ensure(shape: str) -> str:
+    """The cached random-weight checkpoint of `shape` (written on first use)."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; known: {sorted(SHAPES)}")
+    return model_cache.ensure_checkpoint(f"rvascend-random-{shape}-v1", lambda d: write(shape, d),
+                                         f"the random-weight {shape}-shaped checkpoint")
 
 
 def main(argv: list[str]) -> int:

@@ -67,6 +67,9 @@ class KVPool:
 
 
 class Attention(nn.Module):
+    """The layer's attention in two calls: `project` (pure tensor work, compiled
+    with the layer under regional compile) and `attend` (the KV pool)."""
+
     rvv_kernels = ("kv_pool_attention", "rope")
 
     def __init__(self, config: ModelConfig, layer: int) -> None:
@@ -81,11 +84,13 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
-                pool: KVPool) -> torch.Tensor:
+    def project(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q [T, heads, D], k and v [T, kv_heads, D]): qkv projection, q/k norm, RoPE."""
         t = h.shape[0]
         q, k, v = self.qkv_proj(h).split(
             [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        v = v.reshape(t, self.kv_heads, self.head_dim)
         routes = routes_of(self)
         if routes is not None and routes.use("rope", q, cos, rows=t):
             # q/k RMSNorm (Qwen3) and RoPE in one pass, read from the qkv row in place.
@@ -96,19 +101,25 @@ class Attention(nn.Module):
                                      self.q_norm.eps if self.q_norm else 0.0, cos, sin)
             k = ops.elementwise.rope(k, self.kv_heads, self.k_norm.weight if self.k_norm else None,
                                      self.k_norm.eps if self.k_norm else 0.0, cos, sin)
-        else:
-            q = maybe_norm(self.q_norm, q.reshape(t, self.heads, self.head_dim))
-            k = maybe_norm(self.k_norm, k.reshape(t, self.kv_heads, self.head_dim))
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            return q, k, v
+        q = maybe_norm(self.q_norm, q.reshape(t, self.heads, self.head_dim))
+        k = maybe_norm(self.k_norm, k.reshape(t, self.kv_heads, self.head_dim))
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
+               pool: KVPool) -> torch.Tensor:
+        """Writes k/v to the pool, attends over each sequence's slots; [T, heads * D]."""
+        t = q.shape[0]
         k_cache, v_cache = pool.k[self.layer], pool.v[self.layer]
+        routes = routes_of(self)
         if routes is not None and routes.use("kv_pool_attention", q, k, v, k_cache, rows=t,
                                              prefill=batch.prefill):
             kv_slots, kv_starts, q_starts = batch.flat_index()
-            out = ops.kv_pool_attention(q, k_cache, v_cache, k, v.reshape(t, self.kv_heads, self.head_dim),
-                                        batch.write_slots, kv_slots, kv_starts, q_starts, self.scale)
-            return self.o_proj(out.reshape(t, self.heads * self.head_dim))
+            out = ops.kv_pool_attention(q, k_cache, v_cache, k, v, batch.write_slots, kv_slots, kv_starts,
+                                        q_starts, self.scale)
+            return out.reshape(t, self.heads * self.head_dim)
         k_cache[batch.write_slots] = k
-        v_cache[batch.write_slots] = v.reshape(t, self.kv_heads, self.head_dim)
+        v_cache[batch.write_slots] = v
         out = torch.empty_like(q)
         start = 0
         group = self.heads // self.kv_heads
@@ -128,7 +139,7 @@ class Attention(nn.Module):
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=self.scale)
             out[start:start + n] = o.transpose(0, 1)
             start += n
-        return self.o_proj(out.reshape(t, self.heads * self.head_dim))
+        return out.reshape(t, self.heads * self.head_dim)
 
 
 class MLP(nn.Module):
@@ -144,6 +155,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    # The layer's pure tensor work on either side of attention: with
+    # --cpu-compile-mode regional the policy compiles each once, shared by every
+    # layer (policy/regional_compile.py); attention, which reads the batch's
+    # layout and the layer's KV pool, runs between them.
+    rvv_regional_methods = ("before_attention", "after_attention")
+
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -153,9 +170,17 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, residual, cos, sin, batch, pool):
         """(output, residual stream): the residual add is fused into the next norm."""
+        q, k, v, residual = self.before_attention(h, residual, cos, sin)
+        return self.after_attention(self.self_attn.attend(q, k, v, batch, pool), residual)
+
+    def before_attention(self, h: torch.Tensor, residual: Optional[torch.Tensor], cos: torch.Tensor,
+                         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         x, residual = self.input_layernorm.add_forward(h, residual)
-        h = self.self_attn(x, cos, sin, batch, pool)
-        x, residual = self.post_attention_layernorm.add_forward(h, residual)
+        q, k, v = self.self_attn.project(x, cos, sin)
+        return q, k, v, residual
+
+    def after_attention(self, attended: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.post_attention_layernorm.add_forward(self.self_attn.o_proj(attended), residual)
         return self.mlp(x), residual
 
 

@@ -2,7 +2,7 @@
 
 Owns packed-weight ownership (a non-persistent buffer per module), staleness
 detection and reload invalidation, the tied lm_head check, the memory budget,
-the shape gate with its row buckets, the regional-compile cache and the route
+the shape gate with its row buckets, the regional compile of the decoder layer and the route
 counters. Engine-agnostic: a model family is described by an adapter.
 """
 

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import types
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from absl import logging
 from torch import nn
 
-from rvascend import ops
-from rvascend.policy import adapters, budget, fused_decoder, kernel_routes, shape_gate
+from rvascend.policy import adapters, budget, fused_decoder, kernel_routes, regional_compile, shape_gate
 from rvascend.policy.config import RvvPolicyConfig
 from rvascend.policy.counters import RouteCounters
 from rvascend.policy.route import PACKED_BUFFER, ProjectionRoute
 
 _POLICY_ATTR = "_rvv_policy"
-
-CacheKey = tuple[torch.dtype, str, str, int, int, int, str]
 
 
 @dataclasses.dataclass
@@ -30,6 +25,7 @@ class PolicyReport:
     budget_bytes: int
     packed: list[tuple[str, str, int]]        # (module, projection, bytes)
     not_packed: list[tuple[str, str, str]]    # (module, projection, reason)
+    compile_mode: str = "eager"               # what runs: "regional" (the decoder layer compiled) or "eager"
 
     @property
     def packed_bytes(self) -> int:
@@ -38,58 +34,23 @@ class PolicyReport:
     def summary(self) -> str:
         return (f"RVV policy ({self.adapter} adapter): packed {len(self.packed)} projections, "
                 f"{self.packed_bytes / 2**20:.1f} MiB of a {self.budget_bytes / 2**20:.1f} MiB budget; "
-                f"{len(self.not_packed)} row-major")
-
-
-def _packed_linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    return ops.packed_bf16_linear(x, packed, n)
-
-
-def _row_major_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, weight)
-
-
-def _fresh_function(fn: Callable, tag: str) -> Callable:
-    """A copy of fn with its own code object. Dynamo keeps compiled graphs per
-    code object with a small recompile limit; one code object per cache key
-    keeps every bucket compiled instead of silently falling back to eager."""
-    code = fn.__code__.replace(co_name=f"{fn.__name__}__{tag}")
-    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+                f"{len(self.not_packed)} row-major; {self.compile_mode}")
 
 
 class RvvPolicy:
-    """The installed policy of one model: routes, compiled callables, counters."""
+    """The installed policy of one model: routes, the regional compile, counters."""
 
     def __init__(self, config: RvvPolicyConfig, adapter: adapters.ModelAdapter) -> None:
         self.config = config
         self.adapter = adapter
         self.counters = RouteCounters()
         self.routes: dict[str, ProjectionRoute] = {}
-        self._callables: dict[CacheKey, Callable] = {}
+        self.regional: Optional[regional_compile.RegionalCompile] = None
+        self.compile_mode: str = "eager"  # what runs: config.compile_mode, or eager where it cannot
         self.report: Optional[PolicyReport] = None
         self.hook = None  # the load_state_dict post-hook's handle
         self.kernels = kernel_routes.KernelRoutes(config.kernels)
         self.kernel_modules: list[nn.Module] = []
-
-    def callable_for(self, x: torch.Tensor, projection: str, rows: int, n: int, k: int,
-                     mode: str) -> Callable:
-        key: CacheKey = (x.dtype, x.device.type, projection, rows, n, k, mode)
-        fn = self._callables.get(key)
-        if fn is None:
-            # The cache is bounded by the bucket set: one entry per bucket, shape and mode.
-            assert rows in shape_gate.bucket_set(self.config.small_batch), key
-            base = _packed_linear if mode == "explicit_packed" else _row_major_linear
-            if self.config.compile_mode == "regional":
-                tag = f"{projection}_{rows}x{n}x{k}_{mode}"
-                fn = torch.compile(_fresh_function(base, tag), dynamic=False, fullgraph=True)
-            else:
-                fn = base
-            self._callables[key] = fn
-        return fn
-
-    @property
-    def cache_keys(self) -> list[CacheKey]:
-        return list(self._callables)
 
     def pack_all(self) -> PolicyReport:
         budget_bytes = budget.derive_budget_bytes(self.config.memory_budget_mib)
@@ -112,7 +73,7 @@ class RvvPolicy:
                 else:
                     r.drop("not_packed_budget")
                     not_packed.append((r.name, r.projection, "not_packed_budget"))
-        self.report = PolicyReport(self.adapter.name, budget_bytes, packed, not_packed)
+        self.report = PolicyReport(self.adapter.name, budget_bytes, packed, not_packed, self.compile_mode)
         return self.report
 
 
@@ -171,14 +132,10 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
         for name, module, projection in projections:
             route = ProjectionRoute(policy, module, name, projection)
             policy.routes[name] = route
-            module.__dict__["_rvv_route"] = route
-            # nn.Linear-like modules are routed when called; an embedding module
-            # doubling as tied lm_head keeps its lookup forward and is reached via
-            # projection_linear() by the engine.
-            if module is not embed:
-                module.forward = route
+            route.attach(forward=module is not embed)
         policy.kernel_modules = kernel_routes.attach(model, policy.kernels)
         fused_decoder.attach(model, policy)
+        _attach_regional_compile(model, policy)
         model.__dict__[_POLICY_ATTR] = policy
         policy.hook = model.register_load_state_dict_post_hook(_invalidate_after_load)
         report = policy.pack_all()
@@ -192,19 +149,33 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
 def _uninstall(model: nn.Module, policy: RvvPolicy) -> None:
     """Undoes install_rvv_policy: forwards, routes, buffers, hook, policy attribute."""
     for route in policy.routes.values():
-        route.drop("uninstalled")
-        module = route._module()
-        if module is None:
-            continue
-        if module.__dict__.get("forward") is route:
-            del module.__dict__["forward"]
-        module.__dict__.pop("_rvv_route", None)
+        route.detach()
     kernel_routes.detach(policy.kernel_modules)
+    if policy.regional is not None:
+        policy.regional.detach()
     fused_decoder.detach(model)
     if policy.hook is not None:
         policy.hook.remove()
     if model.__dict__.get(_POLICY_ATTR) is policy:
         del model.__dict__[_POLICY_ATTR]
+
+
+def _attach_regional_compile(model: nn.Module, policy: RvvPolicy) -> None:
+    """Compiles the model's repeated block (lazily, at its first call) when asked and possible."""
+    if policy.config.compile_mode != "regional":
+        return
+    blocks = regional_compile.repeated_blocks(model)
+    why = None if blocks else "no_repeated_block"
+    if why is None and regional_compile.cxx_compiler() is None:
+        why = "no_cxx_compiler"
+    if why is not None:
+        # Counted and logged: the routes run eagerly, as with --cpu-compile-mode eager.
+        policy.counters.record("regional_compile", "fallback", 0, why)
+        logging.warning("regional compile unavailable (%s): the policy's routes run eagerly", why)
+        return
+    policy.regional = regional_compile.RegionalCompile()
+    policy.regional.attach(blocks)
+    policy.compile_mode = "regional"
 
 
 def _invalidate_after_load(model: nn.Module, incompatible_keys) -> None:

@@ -96,4 +96,8 @@ def detach(modules: list[torch.nn.Module]) -> None:
 
 
 def routes_of(module: torch.nn.Module) -> Optional[KernelRoutes]:
+    """The module's kernel routes; none while torch.compile traces, where
+    Inductor fuses the same element-wise work into the graph itself."""
+    if torch.compiler.is_compiling():
+        return None
     return module.__dict__.get(ROUTES_ATTR)

@@ -100,29 +100,26 @@ def test_same_logits_and_greedy_tokens(pair, rows):
     assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
 
 
-def test_rows_take_packed_path_through_buckets(pair):
+def test_rows_take_packed_path_through_buckets(pair, monkeypatch):
+    from rvascend.policy import route as route_module
+
     _, routed, _ = pair
     policy = get_policy(routed)
     policy.counters.reset()
+    kernel_rows = []
+    kernel = route_module.ops.packed_bf16_linear
+
+    def recording(x, packed, n):
+        kernel_rows.append(x.shape[0])
+        return kernel(x, packed, n)
+    monkeypatch.setattr(route_module.ops, "packed_bf16_linear", recording)
     with torch.no_grad():
-        routed(torch.arange(3))   # M = 3 runs the 4-row callable
+        routed(torch.arange(3))   # M = 3 runs the 4-row bucket
         routed(torch.arange(9))   # M = 9 shares the 16-row one
-    assert policy.counters.rows_seen("qkv_proj", "packed") == {3: 2, 9: 2}
+        routed(torch.arange(40))  # prefill rows: the 64-row bucket (lm_head falls back)
+    assert policy.counters.rows_seen("qkv_proj", "packed") == {3: 2, 9: 2, 40: 2}
     assert policy.counters.calls("lm_head", "packed") == 2
-    rows = {key[3] for key in policy.cache_keys}
-    assert rows <= set(shape_gate.bucket_set(True)) and {4, 16} <= rows
-
-
-def test_compile_cache_is_bounded_by_buckets(pair):
-    _, routed, _ = pair
-    policy = get_policy(routed)
-    with torch.no_grad():
-        for m in range(1, 129, 7):
-            routed(torch.arange(m) % 2048)
-    buckets = shape_gate.bucket_set(True)
-    assert {key[3] for key in policy.cache_keys} <= set(buckets)
-    shapes = {(k[2], k[4], k[5]) for k in policy.cache_keys}
-    assert len(policy.cache_keys) <= len(shapes) * len(buckets) * 2
+    assert set(kernel_rows) == {4, 16, 64}
 
 
 def test_state_dict_has_no_packed_buffer(pair):
@@ -414,15 +411,15 @@ def test_installing_twice_is_an_error():
         install_rvv_policy(model, EAGER)
 
 
-def test_regional_compile_matches_eager():
+def test_regional_compile_without_a_repeated_block_runs_eagerly_and_says_so():
     base = make(layers=1)
     routed = copy.deepcopy(base)
-    install_rvv_policy(routed, RvvPolicyConfig.from_flag(memory_budget_mib=None))
+    report = install_rvv_policy(routed, RvvPolicyConfig.from_flag(memory_budget_mib=None))
+    assert report.compile_mode == "eager"
+    assert get_policy(routed).counters.calls("regional_compile", "fallback", "no_repeated_block") == 1
     with torch.no_grad():
         for m in (1, 3):
             assert close(routed(torch.arange(m)), base(torch.arange(m)))
-    keys = get_policy(routed).cache_keys
-    assert {k[3] for k in keys} == {1, 4} and {k[6] for k in keys} == {"explicit_packed"}
 
 
 def test_transformers_llama_with_and_without_policy():

@@ -1,7 +1,19 @@
-"""One projection module's call path: gate, staleness check, bucket, packed or row-major."""
+"""One projection module's call path: gate, staleness check, bucket, packed or row-major.
+
+Eagerly, a routed module's forward calls its `ProjectionRoute` directly. While
+torch.compile traces (the policy's regional compile, or a user's own compile of
+the model) the forward emits one opaque op, `rvascend::routed_linear`, whose
+arguments are the input, the weight and bias as the module holds them, and the
+route's id as a one-element buffer of the module. Buffers and parameters are
+graph inputs, not constants, so one graph serves every layer; the op looks the
+route up by id when the graph runs and makes the whole decision there, on the
+real weight: a stale packed copy can never be baked into a graph.
+"""
 
 from __future__ import annotations
 
+import itertools
+import types
 import weakref
 from typing import TYPE_CHECKING, Optional
 
@@ -17,9 +29,14 @@ if TYPE_CHECKING:
     from rvascend.policy.install import RvvPolicy
 
 PACKED_BUFFER = "_rvv_packed_weight"
+ROUTE_ID_BUFFER = "_rvv_route_id"
+ROUTE_ATTR = "_rvv_route"
 
 # Reasons a routed call runs the row-major callable by design (nothing stale).
 _ROW_MAJOR_REASONS = ("not_packed", "packing_off", "not_packed_budget", "not_packable")
+
+_ids = itertools.count()
+_routes: "weakref.WeakValueDictionary[int, ProjectionRoute]" = weakref.WeakValueDictionary()
 
 
 class ProjectionRoute:
@@ -33,6 +50,29 @@ class ProjectionRoute:
         self.projection = projection
         self.source: Optional[PackedWeightSource] = None
         self.unpacked_reason: Optional[str] = "not_packed"
+        self.id = next(_ids)
+        _routes[self.id] = self
+
+    # -- installation -----------------------------------------------------------
+    def attach(self, forward: bool) -> None:
+        """Makes the module reach this route: by id (for traced calls) and, when
+        `forward`, as its forward (an embedding doubling as a tied lm_head keeps
+        its lookup and is reached through projection_linear)."""
+        module = self._module()
+        module.register_buffer(ROUTE_ID_BUFFER, torch.tensor(self.id, dtype=torch.int64), persistent=False)
+        module.__dict__[ROUTE_ATTR] = self
+        if forward:
+            module.forward = types.MethodType(_routed_forward, module)
+
+    def detach(self) -> None:
+        self.drop("uninstalled")
+        module = self._module()
+        if module is None:
+            return
+        if getattr(module.__dict__.get("forward"), "__func__", None) is _routed_forward:
+            del module.__dict__["forward"]
+        module.__dict__.pop(ROUTE_ATTR, None)
+        module._buffers.pop(ROUTE_ID_BUFFER, None)
 
     # -- packed state -----------------------------------------------------------
     def pack(self) -> int:
@@ -66,11 +106,9 @@ class ProjectionRoute:
         return self._module()._buffers[PACKED_BUFFER], None
 
     # -- calls ----------------------------------------------------------------
-    # Dynamo must not trace the route: the staleness check reads the weight's
-    # storage pointer, version and content, which are only real in eager
-    # execution (traced, they are evaluated once on fake tensors and a stale
-    # packed copy would be baked into the graph). Inside an outer
-    # torch.compile the route runs eagerly at every call, packed path included.
+    # Never traced: the staleness check reads the weight's storage pointer,
+    # version and content, which are only real when the call runs (traced calls
+    # go through rvascend::routed_linear, which lands here at run time).
     @torch.compiler.disable
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         module = self._module()
@@ -89,22 +127,45 @@ class ProjectionRoute:
             # The packed copy is stale (or was invalidated): never use it.
             policy.counters.record(self.projection, "fallback", rows, unpacked)
             return F.linear(x, weight)
+        if packed is None:
+            policy.counters.record(self.projection, "row_major", rows, unpacked)
+            return F.linear(x, weight)
         n = weight.shape[0]
         bucket = shape_gate.bucket_rows(rows, config.small_batch)
         x2 = x.reshape(rows, k)
         if bucket != rows:
             x2 = F.pad(x2, (0, 0, 0, bucket - rows))
-        if packed is not None:
-            fn = policy.callable_for(x2, self.projection, bucket, n, k, "explicit_packed")
-            out = fn(x2, packed, n)
-            policy.counters.record(self.projection, "packed", rows)
-        else:
-            fn = policy.callable_for(x2, self.projection, bucket, n, k, "row_major")
-            out = fn(x2, weight)
-            policy.counters.record(self.projection, "row_major", rows, unpacked)
+        out = ops.packed_bf16_linear(x2, packed, n)
+        policy.counters.record(self.projection, "packed", rows)
         if bucket != rows:
             out = out[:rows]
         return out.reshape(*x.shape[:-1], n)
+
+
+@torch.library.custom_op("rvascend::routed_linear", mutates_args=())
+def _routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   route_id: torch.Tensor) -> torch.Tensor:
+    route = _routes.get(int(route_id))
+    module = route._module() if route is not None else None
+    if module is None or module.weight is not weight or getattr(module, "bias", None) is not bias:
+        # The graph was handed another weight than the route's module holds
+        # (the policy was uninstalled, or the module's weight swapped while a
+        # compiled graph still runs): the plain product of what it was given.
+        return F.linear(x, weight, bias)
+    return route(x)
+
+
+@_routed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], route_id: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def _routed_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The forward of a routed module."""
+    if torch.compiler.is_compiling():
+        return torch.ops.rvascend.routed_linear(x, module.weight, getattr(module, "bias", None),
+                                                module._buffers[ROUTE_ID_BUFFER])
+    return module.__dict__[ROUTE_ATTR](x)
 
 
 def projection_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +174,7 @@ def projection_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     Engines call this for projections that are not plain nn.Linear modules,
     e.g. a tied lm_head that is the embedding module itself.
     """
-    route = module.__dict__.get("_rvv_route")
+    route = module.__dict__.get(ROUTE_ATTR)
     if route is None:
         return F.linear(x, module.weight, getattr(module, "bias", None))
-    return route(x)
+    return _routed_forward(module, x)
