@@ -1,16 +1,23 @@
 // Native CPU implementation of recurrent_gated_delta_rule (the torch op's CPU
-// path): FP32 math, (sequence, value head) units threaded, inner loops
-// vectorised by the compiler. Inputs must already be validated.
+// path): FP32 math, one pass over the state each way (rgdr_units.h), (sequence,
+// value head) units threaded, rows vectorised for AVX-512, AVX2 or RVV as the
+// CPU reports. Inputs must already be validated.
 #ifndef RGDR_CPU_RGDR_CPU_H_
 #define RGDR_CPU_RGDR_CPU_H_
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "cpu/rgdr_args.h"
 
 namespace rgdr {
 
-void RecurrentGatedDeltaRuleCpu(const RgdrArgs& args, size_t num_threads);
+// `rows` names the row kernels (tests and benchmarks); empty: the best this CPU runs.
+void RecurrentGatedDeltaRuleCpu(const RgdrArgs& args, size_t num_threads, const std::string& rows = "");
+
+// The row kernels this CPU runs for `elem`, best first.
+std::vector<std::string> AvailableRowKernels(Elem elem);
 
 }  // namespace rgdr
 

@@ -1,7 +1,11 @@
 """recurrent_gated_delta_rule per decode step: this CPU op vs transformers'
 `torch_recurrent_gated_delta_rule`, at Qwen3-Next shapes (NK 16, NV 32,
-Dk = Dv = 128), batch 1 / 8 / 32, MTP 1 and 4 (target ratio >= 20x); and the
-AscendC kernel's DMA bytes on the CPU twin against the minimum traffic.
+Dk = Dv = 128), batch 1 / 8 / 32, MTP 1 and 4 (target ratio >= 20x); the op's
+effective bandwidth against a plain copy of the same bytes timed in the same
+run (state bytes read + written per call; a copy of S bytes moves 2 S, so the
+op is compared with a copy of half its bytes; target >= 0.5 for B >= 8), with
+the row kernels named (AVX-512 BF16 / AVX-512 / AVX2 / RVV / portable); and
+the AscendC kernel's DMA bytes on the CPU twin against the minimum traffic.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ def inputs(batch: int, mtp: int, dtype=torch.bfloat16):
 def main(argv: list[str]) -> int:
     del argv
     from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule as hf
+    rows = R.available_row_kernels("bfloat16")[0]
     records = []
     for batch in (int(b) for b in FLAGS.batches):
         for mtp in (int(m) for m in FLAGS.mtp):
@@ -48,22 +53,33 @@ def main(argv: list[str]) -> int:
             hb = a["beta"].reshape(batch, mtp, NV)
             hg = a["g"].reshape(batch, mtp, NV)
             init = a["state"][::mtp].float().transpose(-1, -2).contiguous()
-            t_hf, t_op = time_calls([
-                lambda: hf(hq, hk, hv, g=hg, beta=hb, initial_state=init, output_final_state=True),
-                lambda: R.recurrent_gated_delta_rule(**a)], min_seconds=0.5)
-            _, counters, _ = R.run_on_twin(**{**a, "state": a["state"].clone()})
             T, e = batch * mtp, 2
             state = NV * DV * DK * e
+            moved = (batch + T) * state  # the states read (one per sequence) and written (one per token)
+            src = torch.ones(moved // 4, dtype=torch.bfloat16)
+            dst = torch.empty_like(src)
+            # Each timed in its own loop: alternating call by call would make the op's thread
+            # pool and torch's OpenMP workers (both poll a while before they sleep) fight
+            # over the cores, which measures the alternation rather than either of them.
+            (t_hf,) = time_calls([lambda: hf(hq, hk, hv, g=hg, beta=hb, initial_state=init,
+                                             output_final_state=True)], min_seconds=0.5)
+            (t_copy,) = time_calls([lambda: dst.copy_(src)], min_seconds=0.5)
+            (t_op,) = time_calls([lambda: R.recurrent_gated_delta_rule(**a)], min_seconds=0.5)
+            _, counters, _ = R.run_on_twin(**{**a, "state": a["state"].clone()})
             io = T * (2 * NK * DK + 2 * NV * DV + NV) * e + T * NV * 4  # q, k, v, out, beta, g
             per_seq = batch * 2 * state + io       # one state read + one write per sequence
             contract = batch * state + T * state + io  # one read + one write per token (the op's contract)
             dma = counters["dma_in_bytes"] + counters["dma_out_bytes"]
             records.append({"bench": "gated_delta_rule_decode", "batch": batch, "mtp": mtp, "hf_s": t_hf,
-                            "op_s": t_op, "speedup": t_hf / t_op, "twin_dma_bytes": dma,
+                            "op_s": t_op, "speedup": t_hf / t_op, "state_bytes_moved": moved,
+                            "op_gbps": moved / t_op / 1e9, "copy_gbps": moved / t_copy / 1e9,
+                            "bandwidth_fraction": t_copy / t_op, "twin_dma_bytes": dma,
                             "dma_per_token_vs_per_sequence_minimum": dma / per_seq,
-                            "dma_vs_contract_minimum": dma / contract, "threads": torch.get_num_threads()})
+                            "dma_vs_contract_minimum": dma / contract, "threads": torch.get_num_threads(), "row_kernels": rows})
     print_table(records, [("batch", "batch", "d"), ("mtp", "MTP", "d"), ("hf_s", "HF s", ".6f"),
                           ("op_s", "op s", ".6f"), ("speedup", "HF/op", ".1f"),
+                          ("op_gbps", "op GB/s", ".1f"), ("copy_gbps", "copy GB/s", ".1f"),
+                          ("bandwidth_fraction", "op/copy", ".2f"),
                           ("dma_per_token_vs_per_sequence_minimum", "DMA/min(seq)", ".3f"),
                           ("dma_vs_contract_minimum", "DMA/min(tok)", ".3f")])
     from rvascend.repro import manifest

@@ -27,6 +27,11 @@ MAX_MTP: int = int(_rgdr.MAX_MTP)
 MAX_HEADS: int = int(_rgdr.MAX_HEADS)
 MAX_HEAD_DIM: int = int(_rgdr.MAX_HEAD_DIM)
 TwinError = _rgdr.TwinError
+
+
+def available_row_kernels(dtype: str = "bfloat16") -> list[str]:
+    """The CPU op's row kernels on this CPU for `dtype` ("bfloat16", "float16", "float32"), best first."""
+    return list(_rgdr.available_row_kernels(dtype))
 PLATFORMS = {"910B": (int(_rgdr.UB_910B), int(_rgdr.CORES_910B)), "310P": (int(_rgdr.UB_310P), int(_rgdr.CORES_310P))}
 
 _ELEM = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -108,6 +113,17 @@ def validate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state:
             if v > _INT32_MAX or v < -_INT32_MAX - 1:
                 raise ValueError(f"ssm_state_indices[{i}] = {v} does not fit in int32")
             raise ValueError(f"ssm_state_indices[{i}] = {v} is outside the state pool of {S} slots")
+        # A sequence reads and writes only its own slots; two sequences sharing
+        # one would make the result depend on the order the cores run them.
+        owner: dict[int, int] = {}
+        slots = indices.tolist()
+        seq0 = 0
+        for b, n in enumerate(lengths):
+            for slot in slots[seq0:seq0 + max(n, 0)]:
+                if owner.setdefault(slot, b) != b:
+                    raise ValueError(f"ssm_state_indices: slot {slot} belongs to sequence {owner[slot]} and to "
+                                     f"sequence {b}; sequences of one call must use distinct state slots")
+            seq0 += max(n, 0)
     return {"t": T, "b": B, "nk": NK, "nv": NV, "dk": Dk, "dv": Dv, "num_slots": S}
 
 

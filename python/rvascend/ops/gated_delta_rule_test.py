@@ -153,6 +153,8 @@ def _bad(name, **change):
     (_bad("sum", actual_seq_lengths=torch.tensor([1, 1], dtype=torch.int32)).values[0], ValueError, "add up to"),
     (_bad("slot", ssm_state_indices=lambda a: torch.tensor([0, 1, 99], dtype=torch.int32)).values[0], ValueError,
      r"ssm_state_indices\[2\] = 99 is outside the state pool"),
+    (_bad("shared", ssm_state_indices=lambda a: torch.tensor([4, 5, 4], dtype=torch.int32)).values[0], ValueError,
+     "slot 4 belongs to sequence 0 and to sequence 1"),
     (_bad("int64", ssm_state_indices=lambda a: torch.tensor([0, 1, 2**40], dtype=torch.int64)).values[0], ValueError,
      "does not fit in int32"),
     (_bad("gqa", key=lambda a: a["key"][:, :1].repeat(1, 3, 1), query=lambda a: a["query"][:, :1].repeat(1, 3, 1)

@@ -123,10 +123,14 @@ PYBIND11_MODULE(_rgdr, m) {
   m.attr("UB_310P") = rgdr::k310P.ubBytes;
   m.attr("CORES_310P") = rgdr::k310P.vectorCores;
   py::register_exception<twin::TwinError>(m, "TwinError");
-  m.def("run_cpu", [](const py::dict& spec, size_t threads) {
+  m.def("run_cpu", [](const py::dict& spec, size_t threads, const std::string& rows) {
     const rgdr::RgdrArgs a = ArgsFrom(spec);
     py::gil_scoped_release release;
-    rgdr::RecurrentGatedDeltaRuleCpu(a, threads == 0 ? 1 : threads);
+    rgdr::RecurrentGatedDeltaRuleCpu(a, threads == 0 ? 1 : threads, rows);
+  }, py::arg("spec"), py::arg("threads"), py::arg("rows") = "");
+  m.def("available_row_kernels", [](const std::string& elem) {
+    return rgdr::AvailableRowKernels(elem == "float16" ? rgdr::Elem::kFloat16
+                                     : elem == "bfloat16" ? rgdr::Elem::kBFloat16 : rgdr::Elem::kFloat32);
   });
   m.def("compute_tiling", &ComputeTiling, py::arg("spec"), py::arg("ub_bytes"), py::arg("vector_cores"));
   m.def("run_twin", [](const py::dict& spec, const py::dict& tiling) {

@@ -1,0 +1,212 @@
+// The row loop of the CPU op (rgdr_units.h) in GCC/Clang generic vectors of 16
+// FP32 lanes. Compiled once per ISA level the dispatcher may pick (BUILD:
+// baseline, AVX2 + FMA, AVX-512, AVX-512 with BF16), each object defining
+// the RowKernels named by RGDR_ROWS_SYMBOL; with AVX-512 BF16 the rows are
+// rounded to BF16 by vcvtneps2bf16 (the same round-to-nearest-even and quiet
+// NaNs; inputs below the normal range flush to zero).
+#include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "cpu/rgdr_units.h"
+#include "rvv_kernels/base/bf16.h"
+
+namespace rgdr {
+namespace {
+
+#define RGDR_INLINE inline __attribute__((always_inline))
+
+typedef float V16 __attribute__((vector_size(64)));
+typedef uint32_t U16x __attribute__((vector_size(64)));
+typedef int32_t I16x __attribute__((vector_size(64)));
+typedef uint16_t H16x __attribute__((vector_size(32)));
+typedef _Float16 F16x __attribute__((vector_size(32)));
+constexpr size_t kLanes = 16;
+
+struct Bf16 {
+  uint16_t bits;
+};
+
+RGDR_INLINE V16 LoadF(const float* p) {
+  V16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+RGDR_INLINE void StoreF(float* p, V16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// Element <-> FP32, 16 at a time and one at a time (tails).
+RGDR_INLINE V16 Load16(const float* p) { return LoadF(p); }
+RGDR_INLINE V16 Load16(const Bf16* p) {
+#if defined(__AVX512F__)
+  // One zero-extending load and a shift (the generic form compiles to extracts and inserts).
+  const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+  V16 f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#else
+  H16x h;
+  std::memcpy(&h, p, sizeof(h));
+  const U16x u = __builtin_convertvector(h, U16x) << 16;
+  V16 f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+RGDR_INLINE V16 Load16(const _Float16* p) {
+  F16x h;
+  std::memcpy(&h, p, sizeof(h));
+  return __builtin_convertvector(h, V16);
+}
+RGDR_INLINE void Store16(float* p, V16 v) { StoreF(p, v); }
+#if defined(__AVX512BF16__)
+RGDR_INLINE void Store16(Bf16* p, V16 v) {
+  __m512 x;
+  std::memcpy(&x, &v, sizeof(x));
+  const __m256bh h = _mm512_cvtneps_pbh(x);
+  std::memcpy(p, &h, sizeof(h));
+}
+#else
+RGDR_INLINE void Store16(Bf16* p, V16 v) {
+  // Round to nearest even; NaN stays a (quiet) NaN.
+  U16x bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  const U16x rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const U16x nan = (U16x)((bits & 0x7fffffffu) > 0x7f800000u);
+  const H16x h = __builtin_convertvector((rounded & ~nan) | (((bits >> 16) | 0x40u) & nan), H16x);
+  std::memcpy(p, &h, sizeof(h));
+}
+#endif
+RGDR_INLINE void Store16(_Float16* p, V16 v) {
+  const F16x h = __builtin_convertvector(v, F16x);
+  std::memcpy(p, &h, sizeof(h));
+}
+RGDR_INLINE float Load1(const float* p) { return *p; }
+RGDR_INLINE float Load1(const Bf16* p) { return rvascend::Bf16ToFloat(p->bits); }
+RGDR_INLINE float Load1(const _Float16* p) { return static_cast<float>(*p); }
+RGDR_INLINE void Store1(float* p, float v) { *p = v; }
+RGDR_INLINE void Store1(Bf16* p, float v) { p->bits = rvascend::FloatToBf16(v); }
+RGDR_INLINE void Store1(_Float16* p, float v) { *p = static_cast<_Float16>(v); }
+
+typedef float V8 __attribute__((vector_size(32)));
+typedef float V4 __attribute__((vector_size(16)));
+
+RGDR_INLINE float Sum(V16 v) {
+  // Halving tree in registers: fixed order, so a result does not depend on the call.
+  const V8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const V4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// Rows are independent; kRows of them go through each pass together, so the
+// k and q chunks are loaded once for all and the reductions of one row
+// overlap the other's. The output needs no pass of its own:
+// (c r + d k) . q = c (r . q) + d (k . q), with k . q once per token.
+constexpr size_t kRows = kMaxRowsAtOnce;
+
+// One token over R rows. kFirst: the rows come from the read slot (converted);
+// kEgk: per-dimension decay; kKeep: a later token needs the FP32 rows. All
+// compile-time, so the decode case (first, no egk, not kept) has no branch.
+template <typename T, size_t R, bool kFirst, bool kEgk, bool kKeep>
+RGDR_INLINE void TokenStep(size_t dk, const T* in, size_t v, const TokenInputs& tok, float* __restrict row) {
+  const size_t body = dk / kLanes * kLanes;
+  // Locals, not fields: the row stores would otherwise force reloads of them.
+  const float* __restrict tk = tok.k;
+  const float* __restrict tq = tok.q;
+  const float* __restrict egk = tok.egk;
+  const float c = tok.c;
+  // Pass 1: decay per dimension; r . k and r . q.
+  V16 acc_k[R] = {}, acc_q[R] = {};
+  float kv[R] = {}, rq[R] = {};
+  for (size_t i = 0; i < body; i += kLanes) {
+    const V16 k = LoadF(tk + i), q = LoadF(tq + i);
+    for (size_t r = 0; r < R; ++r) {
+      V16 x = kFirst ? Load16(in + r * dk + i) : LoadF(row + r * dk + i);
+      if (kEgk) x *= LoadF(egk + i);
+      if (kEgk || (kFirst && kKeep)) StoreF(row + r * dk + i, x);
+      acc_k[r] += x * k;
+      acc_q[r] += x * q;
+    }
+  }
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t i = body; i < dk; ++i) {
+      float x = kFirst ? Load1(in + r * dk + i) : row[r * dk + i];
+      if (kEgk) x *= egk[i];
+      row[r * dk + i] = x;
+      kv[r] += x * tk[i];
+      rq[r] += x * tq[i];
+    }
+  }
+  float d[R];
+  for (size_t r = 0; r < R; ++r) {
+    d[r] = (Load1(static_cast<const T*>(tok.value) + v + r) - c * (Sum(acc_k[r]) + kv[r])) * tok.beta;
+    // out = (c r + d k) . q, from the old row's products: the second pass has no reduction.
+    Store1(static_cast<T*>(tok.out) + v + r, c * (Sum(acc_q[r]) + rq[r]) + d[r] * tok.kq);
+  }
+  // Pass 2: r = c * r + d * k, to this token's slot (and kept for the next token).
+  T* dst = static_cast<T*>(tok.state_row0) + v * dk;
+  for (size_t i = 0; i < body; i += kLanes) {
+    const V16 k = LoadF(tk + i);
+    for (size_t r = 0; r < R; ++r) {
+      // Rows pass 1 did not store are converted again (they are in L1).
+      const V16 old = kFirst && !kEgk && !kKeep ? Load16(in + r * dk + i) : LoadF(row + r * dk + i);
+      const V16 x = c * old + d[r] * k;
+      if (kKeep) StoreF(row + r * dk + i, x);
+      Store16(dst + r * dk + i, x);
+    }
+  }
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t i = body; i < dk; ++i) {
+      const float x = c * row[r * dk + i] + d[r] * tk[i];
+      row[r * dk + i] = x;
+      Store1(dst + r * dk + i, x);
+    }
+  }
+}
+
+template <typename T, size_t R, bool kEgk>
+RGDR_INLINE void RunRowBlock(size_t dk, const T* in, size_t v, const TokenInputs* tokens, uint32_t len, float* row) {
+  if (len == 1) {
+    TokenStep<T, R, true, kEgk, false>(dk, in, v, tokens[0], row);
+    return;
+  }
+  TokenStep<T, R, true, kEgk, true>(dk, in, v, tokens[0], row);
+  for (uint32_t t = 1; t + 1 < len; ++t) TokenStep<T, R, false, kEgk, true>(dk, in, v, tokens[t], row);
+  TokenStep<T, R, false, kEgk, false>(dk, in, v, tokens[len - 1], row);
+}
+
+template <typename T, bool kEgk>
+RGDR_INLINE void RunRowsT(size_t dk, size_t dv, const T* src, const TokenInputs* tokens, uint32_t len, float* row) {
+  size_t v = 0;
+  for (; v + kRows <= dv; v += kRows) RunRowBlock<T, kRows, kEgk>(dk, src + v * dk, v, tokens, len, row);
+  for (; v < dv; ++v) RunRowBlock<T, 1, kEgk>(dk, src + v * dk, v, tokens, len, row);
+}
+
+template <typename T>
+RGDR_INLINE void RunRowsT(size_t dk, size_t dv, const T* src, const TokenInputs* tokens, uint32_t len, float* row) {
+  if (tokens[0].egk != nullptr) {
+    RunRowsT<T, true>(dk, dv, src, tokens, len, row);
+  } else {
+    RunRowsT<T, false>(dk, dv, src, tokens, len, row);
+  }
+}
+
+void RunRows(Elem elem, size_t dk, size_t dv, const void* src, const TokenInputs* tokens, uint32_t len,
+             float* row) {
+  switch (elem) {
+    case Elem::kFloat32: RunRowsT(dk, dv, static_cast<const float*>(src), tokens, len, row); break;
+    case Elem::kFloat16: RunRowsT(dk, dv, static_cast<const _Float16*>(src), tokens, len, row); break;
+    default: RunRowsT(dk, dv, static_cast<const Bf16*>(src), tokens, len, row); break;
+  }
+}
+
+}  // namespace
+
+#define RGDR_STRINGIFY2(x) #x
+#define RGDR_STRINGIFY(x) RGDR_STRINGIFY2(x)
+extern const RowKernels RGDR_ROWS_SYMBOL;  // external linkage: the dispatcher names it
+const RowKernels RGDR_ROWS_SYMBOL{RGDR_STRINGIFY(RGDR_ROWS_NAME), RunRows};
+
+}  // namespace rgdr
