@@ -1,6 +1,7 @@
 #include "cpu_twin/twin_launch.h"
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 // The kernel source, compiled against the twin's kernel_operator.h, once per dtype.
@@ -17,10 +18,15 @@
 
 namespace rgdr {
 
-twin::Counters RunKernelOnTwin(const RecurrentGatedDeltaRuleTilingData& tiling, const RgdrArgs& a) {
+twin::Counters RunKernelOnTwin(const RecurrentGatedDeltaRuleTilingData& tiling, const RgdrArgs& a,
+                               const SocSpec& soc) {
   if (a.elem == Elem::kFloat32) throw twin::TwinError("the AscendC kernel takes float16 or bfloat16 inputs");
+  if (tiling.blockDim > soc.vectorCores) {
+    throw twin::TwinError("the tiling launches " + std::to_string(tiling.blockDim) + " blocks; " + soc.name + " has " +
+                          std::to_string(soc.vectorCores) + " vector cores");
+  }
   auto& rt = twin::Runtime::Get();
-  rt.Reset(tiling.ubTotalBytes);
+  rt.Reset(twin::CoreLimits{soc.ubBytes, soc.queueBuffersPerPosition, soc.buffersPerKernel});
   const uint64_t e = 2, t = a.t;
   rt.RegisterGm(a.query, t * a.nk * a.dk * e, "query");
   rt.RegisterGm(a.key, t * a.nk * a.dk * e, "key");

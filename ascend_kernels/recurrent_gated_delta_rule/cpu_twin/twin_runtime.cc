@@ -11,10 +11,11 @@ Runtime& Runtime::Get() {
   return runtime;
 }
 
-void Runtime::Reset(uint32_t ub_bytes) {
+void Runtime::Reset(const CoreLimits& limits) {
   gm_.clear();
   counters = Counters{};
-  ub_bytes_ = ub_bytes;
+  limits_ = limits;
+  ub_bytes_ = limits.ubBytes;
   events_.clear();
 }
 
@@ -52,7 +53,12 @@ void Runtime::Launch(uint32_t block_dim, const std::function<void()>& body) {
     block_idx_ = i;
     ub_.assign(ub_bytes_, 0xA5);  // stale garbage, never a helpful zero
     ub_init_.assign(ub_bytes_, 0);
+    dma_in_pending_.assign(ub_bytes_, 0);
+    dma_out_pending_.assign(ub_bytes_, 0);
+    vector_unsynced_.assign(ub_bytes_, 0);
     ub_used_ = 0;
+    queue_buffers_.clear();
+    buffers_ = 0;
     dirty_.clear();
     deferred_.clear();
     try {
@@ -82,6 +88,81 @@ uint32_t Runtime::AllocateUb(uint32_t bytes, const char* what) {
   ub_used_ += aligned;
   counters.peakUbBytes = std::max<uint64_t>(counters.peakUbBytes, ub_used_);
   return offset;
+}
+
+void Runtime::AddBuffers(int position, const char* position_name, uint32_t count) {
+  buffers_ += count;
+  if (buffers_ > limits_.buffersPerKernel) {
+    throw TwinError("InitBuffer: " + std::to_string(buffers_) + " buffers in one kernel; at most " +
+                    std::to_string(limits_.buffersPerKernel));
+  }
+  if (position < 0) return;
+  const uint32_t n = queue_buffers_[position] += count;
+  if (n > limits_.queueBuffersPerPosition) {
+    throw TwinError(std::string("InitBuffer: ") + std::to_string(n) + " queue buffers on TPosition " + position_name +
+                    "; this SoC allows " + std::to_string(limits_.queueBuffersPerPosition));
+  }
+}
+
+void Runtime::Mark(std::vector<uint8_t>& flags, uint32_t offset, uint32_t bytes, uint8_t value) {
+  if (static_cast<uint64_t>(offset) + bytes > flags.size()) throw TwinError("UB range past the end of UB");
+  std::memset(flags.data() + offset, value, bytes);
+}
+
+bool Runtime::Any(const std::vector<uint8_t>& flags, uint32_t offset, uint32_t bytes) {
+  if (static_cast<uint64_t>(offset) + bytes > flags.size()) return true;
+  for (uint32_t i = 0; i < bytes; ++i) {
+    if (flags[offset + i]) return true;
+  }
+  return false;
+}
+
+void Runtime::DmaInStarted(uint32_t offset, uint32_t bytes) {
+  if (Any(dma_out_pending_, offset, bytes)) {
+    throw TwinError("DMA in (MTE2) overwrites UB a DMA out (MTE3) is still reading: FreeTensor or "
+                    "WaitFlag<MTE3_MTE2> first");
+  }
+  Mark(dma_in_pending_, offset, bytes, 1);
+}
+void Runtime::DmaOutStarted(uint32_t offset, uint32_t bytes) { Mark(dma_out_pending_, offset, bytes, 1); }
+void Runtime::DmaInLanded(uint32_t offset, uint32_t bytes) { Mark(dma_in_pending_, offset, bytes, 0); }
+void Runtime::VectorResultsSynced(uint32_t offset, uint32_t bytes) { Mark(vector_unsynced_, offset, bytes, 0); }
+void Runtime::DmaOutDone(uint32_t offset, uint32_t bytes) { Mark(dma_out_pending_, offset, bytes, 0); }
+
+void Runtime::WaitEvent(int event) {
+  // HardEvent values: see kernel_operator.h (MTE2_V = 0, V_MTE3 = 2, MTE3_V = 3, MTE2_S = 6, MTE3_MTE2 = 10).
+  switch (event) {
+    case 0: case 6: std::fill(dma_in_pending_.begin(), dma_in_pending_.end(), 0); break;
+    case 2: std::fill(vector_unsynced_.begin(), vector_unsynced_.end(), 0); break;
+    case 3: case 10: std::fill(dma_out_pending_.begin(), dma_out_pending_.end(), 0); break;
+    default: break;
+  }
+}
+
+void Runtime::CheckVectorRead(uint32_t offset, uint32_t bytes, const char* what) const {
+  if (Any(dma_in_pending_, offset, bytes)) {
+    throw TwinError(std::string(what) + ": reads UB a DMA in (MTE2) has not landed in: DeQue the tensor or "
+                    "WaitFlag<MTE2_V> first");
+  }
+  CheckUbRead(offset, bytes, what);
+}
+
+void Runtime::CheckVectorWrite(uint32_t offset, uint32_t bytes, const char* what) const {
+  if (Any(dma_out_pending_, offset, bytes)) {
+    throw TwinError(std::string(what) + ": overwrites UB a DMA out (MTE3) is still reading: FreeTensor or "
+                    "WaitFlag<MTE3_V> first");
+  }
+  if (Any(dma_in_pending_, offset, bytes)) {
+    throw TwinError(std::string(what) + ": writes UB a DMA in (MTE2) is still filling");
+  }
+}
+
+void Runtime::CheckDmaOutRead(uint32_t offset, uint32_t bytes, const char* what) const {
+  if (Any(vector_unsynced_, offset, bytes)) {
+    throw TwinError(std::string(what) + ": DMA out (MTE3) reads a vector result without a V->MTE3 sync "
+                    "(EnQue/DeQue of the VECOUT tensor or WaitFlag<V_MTE3>)");
+  }
+  CheckVectorRead(offset, bytes, what);
 }
 
 void Runtime::CheckUbRead(uint32_t offset, uint32_t bytes, const char* what) const {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "op_host/recurrent_gated_delta_rule_platforms.h"
 #include "op_kernel/recurrent_gated_delta_rule_tiling_data.h"
 
 namespace rgdr {
@@ -17,9 +18,7 @@ struct Platform {
   uint32_t vectorCores;  // vector cores the op may use
 };
 
-// Atlas 800 A2 (910B) and Atlas 300I Duo (310P) figures.
-inline constexpr Platform k910B{196608, 48};
-inline constexpr Platform k310P{262144, 8};
+inline constexpr Platform PlatformOf(const SocSpec& soc) { return Platform{soc.ubBytes, soc.vectorCores}; }
 
 struct Shapes {
   uint32_t t = 0, nk = 0, nv = 0, dk = 0, dv = 0;  // query [t, nk, dk], value [t, nv, dv]

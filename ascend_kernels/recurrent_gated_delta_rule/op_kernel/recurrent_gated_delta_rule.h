@@ -10,6 +10,16 @@
 //   out[t,h,v] = S[v,:].(scale * q);  state[ssm_state_indices[t], h] = S
 // FP32 in UB throughout; every DMA moves exactly the tensor's bytes (rows are
 // padded in UB, never on GM). Inputs are validated on the host before launch.
+//
+// Vector work is whole-chunk: the row dot products are one repeat-strided Mul
+// (plus a MulAddDst per further 64 columns) over kDotRows rows and one
+// WholeReduceSum; the rank-one update is a Brcb of the deltas and one
+// MulAddDst per 64 columns. About 20 vector instructions per token and 128
+// rows at Dk = 128 (the per-row form issued about 900), and the scalars a
+// token needs (decay, beta) are read once per head after a single V->S sync.
+// Repeat-strided forms, Brcb and MulAddDst: CANN 8.0 Ascend C API reference
+// (BinaryRepeatParams, atlasascendc_api_07_0013; MulAddDst, 07_0048; Brcb,
+// 07_0089).
 #ifndef RECURRENT_GATED_DELTA_RULE_KERNEL_H_
 #define RECURRENT_GATED_DELTA_RULE_KERNEL_H_
 
@@ -133,14 +143,15 @@ class RGDR {
     betaF_ = TakeF32(off, kMaxMtp * 16);
     gF_ = TakeF32(off, kMaxMtp * 8);
     gkF_ = TakeF32(off, t_.gkPerDim == 1 ? kMaxMtp * aK : kMaxMtp * 8);
-    rowTmp_ = TakeF32(off, AlignUp(aK, kReduceLength));
-    partial_ = TakeF32(off, 8);
+    dotTmp_ = TakeF32(off, kDotRows * kReduceLength);
     stateF_ = TakeF32(off, t_.vStep * aK);
+    deltaB_ = TakeF32(off, t_.vStep * 8);
     kvF_ = TakeF32(off, t_.vStep);
     attnF_ = TakeF32(off, t_.vStep);
     deltaF_ = TakeF32(off, t_.vStep);
-    // Products past alignK are summed by the 64-wide reduction: keep them zero.
-    AscendC::Duplicate(rowTmp_, 0.0f, AlignUp(aK, kReduceLength));
+    // Brcb reads deltas in groups of 8: a chunk of fewer rows reads a few
+    // past its end, which must hold numbers (their products are never used).
+    AscendC::Duplicate(deltaF_, 0.0f, t_.vStep);
   }
 
   // Rows [len] of `heads`-wide GM rows of `dim` elements into UB rows of `align`.
@@ -192,6 +203,14 @@ class RGDR {
         gkInQue_.FreeTensor(gk);
       }
     }
+    // The per-token scalars, read once per head: one V->S sync, not one per token.
+    WaitVectorToScalar();
+    for (uint32_t t = 0; t < len; ++t) {
+      float decay = t_.hasG == 1 ? gF_.GetValue(t * 8) : 1.0f;
+      if (t_.hasGk == 1 && t_.gkPerDim != 1) decay *= gkF_.GetValue(t * 8);
+      decay_[t] = decay;
+      beta_[t] = betaF_.GetValue(t * 16);
+    }
   }
 
   __aicore__ inline void CopyInStateChunk(int64_t slot, uint32_t h, uint32_t v0, uint32_t rows) {
@@ -204,15 +223,58 @@ class RGDR {
     stateInQue_.EnQue(s);
   }
 
-  // out[v] = S[v, :] . vec for the chunk's rows (Mul then two-level WholeReduceSum).
+  // out[v] = S[v, :] . vec for the chunk's rows: per kDotRows rows, the
+  // products of each 64-column group land in one 64-wide row of dotTmp (Mul
+  // for the first group, MulAddDst for the others: vec is repeated with
+  // repeat stride 0), and one WholeReduceSum sums each row.
   __aicore__ inline void RowDots(const AscendC::LocalTensor<float>& out, const AscendC::LocalTensor<float>& vec,
                                  uint32_t rows) {
     const uint32_t aK = t_.alignK;
-    const int32_t repeats = static_cast<int32_t>(AlignUp(aK, kReduceLength) / kReduceLength);
-    for (uint32_t v = 0; v < rows; ++v) {
-      AscendC::Mul(rowTmp_, stateF_[v * aK], vec, aK);
-      AscendC::WholeReduceSum(partial_, rowTmp_, kReduceLength, repeats, 1, 1, kReduceLength / 8);
-      AscendC::WholeReduceSum(out[v], partial_, repeats, 1, 1, 1, 8);
+    const uint8_t rowBlocks = static_cast<uint8_t>(aK / 8);
+    for (uint32_t r0 = 0; r0 < rows; r0 += kDotRows) {
+      const uint32_t n = rows - r0 < kDotRows ? rows - r0 : kDotRows;
+      for (uint32_t c0 = 0; c0 < aK; c0 += kReduceLength) {
+        const uint64_t mask = aK - c0 < kReduceLength ? aK - c0 : kReduceLength;
+        const AscendC::BinaryRepeatParams p(1, 1, 1, 8, rowBlocks, 0);
+        if (c0 == 0) {
+          AscendC::Mul(dotTmp_, stateF_[r0 * aK], vec, mask, static_cast<uint8_t>(n), p);
+        } else {
+          AscendC::MulAddDst(dotTmp_, stateF_[r0 * aK + c0], vec[c0], mask, static_cast<uint8_t>(n), p);
+        }
+      }
+      const int32_t width = static_cast<int32_t>(aK < kReduceLength ? aK : kReduceLength);
+      AscendC::WholeReduceSum(out[r0], dotTmp_, width, static_cast<int32_t>(n), 1, 1, 8);
+    }
+  }
+
+  // S[v, c] *= col[c] for the chunk's rows (per-dimension decay): col repeated
+  // with stride 0, over the Dk columns rounded to a block (the rest stay zero).
+  __aicore__ inline void ScaleColumns(const AscendC::LocalTensor<float>& col, uint32_t rows) {
+    const uint32_t aK = t_.alignK, cols = AlignUp(t_.dk, 8);
+    const uint8_t rowBlocks = static_cast<uint8_t>(aK / 8);
+    for (uint32_t r0 = 0; r0 < rows; r0 += kDotRows) {
+      const uint32_t n = rows - r0 < kDotRows ? rows - r0 : kDotRows;
+      for (uint32_t c0 = 0; c0 < cols; c0 += kReduceLength) {
+        const uint64_t mask = cols - c0 < kReduceLength ? cols - c0 : kReduceLength;
+        AscendC::Mul(stateF_[r0 * aK + c0], stateF_[r0 * aK + c0], col[c0], mask, static_cast<uint8_t>(n),
+                     AscendC::BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, 0));
+      }
+    }
+  }
+
+  // S[v, :] += delta[v] * k for the chunk's rows: Brcb spreads each delta over
+  // a 32-byte block, which MulAddDst reads with block stride 0 (one delta per row).
+  __aicore__ inline void RankOneUpdate(const AscendC::LocalTensor<float>& k, uint32_t rows) {
+    const uint32_t aK = t_.alignK;
+    const uint8_t rowBlocks = static_cast<uint8_t>(aK / 8);
+    AscendC::Brcb(deltaB_, deltaF_, static_cast<uint8_t>((rows + 7) / 8), AscendC::BrcbRepeatParams(1, 8));
+    for (uint32_t r0 = 0; r0 < rows; r0 += kDotRows) {
+      const uint32_t n = rows - r0 < kDotRows ? rows - r0 : kDotRows;
+      for (uint32_t c0 = 0; c0 < aK; c0 += kReduceLength) {
+        const uint64_t mask = aK - c0 < kReduceLength ? aK - c0 : kReduceLength;
+        AscendC::MulAddDst(stateF_[r0 * aK + c0], k[c0], deltaB_[r0 * 8], mask, static_cast<uint8_t>(n),
+                           AscendC::BinaryRepeatParams(1, 1, 0, rowBlocks, 0, 1));
+      }
     }
   }
 
@@ -237,23 +299,15 @@ class RGDR {
 
   __aicore__ inline void ComputeToken(uint32_t t, uint32_t v0, uint32_t rows) {
     const uint32_t aK = t_.alignK;
-    WaitVectorToScalar();
-    if (t_.hasG == 1) AscendC::Muls(stateF_, stateF_, gF_.GetValue(t * 8), rows * aK);
-    if (t_.hasGk == 1) {
-      if (t_.gkPerDim == 1) {
-        const uint32_t rowDk = AlignUp(t_.dk * 4, kBlockBytes) / 4;
-        for (uint32_t v = 0; v < rows; ++v) AscendC::Mul(stateF_[v * aK], stateF_[v * aK], gkF_[t * aK], rowDk);
-      } else {
-        AscendC::Muls(stateF_, stateF_, gkF_.GetValue(t * 8), rows * aK);
-      }
+    if (t_.hasG == 1 || (t_.hasGk == 1 && t_.gkPerDim != 1)) {
+      AscendC::Muls(stateF_, stateF_, decay_[t], rows * aK);
     }
+    if (t_.hasGk == 1 && t_.gkPerDim == 1) ScaleColumns(gkF_[t * aK], rows);
     const AscendC::LocalTensor<float> k = kF_[t * aK];
     RowDots(kvF_, k, rows);
     AscendC::Sub(deltaF_, vF_[t * t_.alignV + v0], kvF_, rows);
-    WaitVectorToScalar();
-    AscendC::Muls(deltaF_, deltaF_, betaF_.GetValue(t * 16), rows);
-    WaitVectorToScalar();
-    for (uint32_t v = 0; v < rows; ++v) AscendC::Axpy(stateF_[v * aK], k, deltaF_.GetValue(v), aK);
+    AscendC::Muls(deltaF_, deltaF_, beta_[t], rows);
+    RankOneUpdate(k, rows);
     RowDots(attnF_, qF_[t * aK], rows);
   }
 
@@ -316,7 +370,9 @@ class RGDR {
       stateInQue_;
   AscendC::TQue<AscendC::QuePosition::VECOUT, kMaxOutBuffers> stateOutQue_, attnOutQue_;
   AscendC::TBuf<AscendC::TPosition::VECCALC> tmpBuf_;
-  AscendC::LocalTensor<float> qF_, kF_, vF_, betaF_, gF_, gkF_, rowTmp_, partial_, stateF_, kvF_, attnF_, deltaF_;
+  AscendC::LocalTensor<float> qF_, kF_, vF_, betaF_, gF_, gkF_, dotTmp_, stateF_, deltaB_, kvF_, attnF_, deltaF_;
+  float decay_[kMaxMtp] = {};  // per token: exp(g) * exp(gk) (scalar gk)
+  float beta_[kMaxMtp] = {};
 };
 
 }  // namespace rgdr

@@ -22,7 +22,8 @@ constexpr uint32_t kMaxHeads = 256;         // NK, NV
 constexpr uint32_t kMaxHeadDim = 512;       // Dk, Dv
 constexpr uint32_t kBlockBytes = 32;        // DMA / UB alignment unit
 constexpr uint32_t kAlignElems = 16;        // 16 x 16-bit = one 32-byte block (8 FP32 = one block)
-constexpr uint32_t kReduceLength = 64;      // FP32 elements WholeReduceSum takes per repeat
+constexpr uint32_t kReduceLength = 64;      // FP32 elements one vector repeat takes (256 bytes)
+constexpr uint32_t kDotRows = 64;           // state rows one batch of row dot products covers
 constexpr uint32_t kMaxOutBuffers = 2;      // deepest output queue
 
 RGDR_AICORE inline constexpr uint32_t AlignUp(uint32_t x, uint32_t a) { return (x + a - 1) / a * a; }
@@ -39,8 +40,8 @@ RGDR_AICORE inline constexpr uint32_t BlockDimFor(uint64_t batches, uint32_t val
 // Host tiling and kernel both use this one definition.
 struct UbLayout {
   uint32_t qIn, kIn, vIn, betaIn, gIn, gkIn, stateIn, stateOut, attnOut;  // one queue buffer each
-  uint32_t tmpFixed;   // qF kF vF betaF gF gkF rowTmp partial
-  uint32_t tmpPerRow;  // stateF row + kv, attn, delta scalars
+  uint32_t tmpFixed;   // qF kF vF betaF gF gkF, and the products of kDotRows rows (dotTmp)
+  uint32_t tmpPerRow;  // stateF row, its delta broadcast to a block (deltaB), kv, attn, delta scalars
 };
 
 RGDR_AICORE inline constexpr UbLayout LayoutFor(uint32_t align_k, uint32_t align_v, uint32_t v_step, uint32_t elem_bytes,
@@ -58,8 +59,8 @@ RGDR_AICORE inline constexpr UbLayout LayoutFor(uint32_t align_k, uint32_t align
   l.tmpFixed = 2 * kMaxMtp * align_k * 4 + kMaxMtp * align_v * 4       // qF, kF, vF
                + kMaxMtp * 16 * 4 + kMaxMtp * 8 * 4                    // betaF, gF
                + (gk_per_dim ? kMaxMtp * align_k * 4 : kMaxMtp * 8 * 4)  // gkF
-               + AlignUp(align_k, kReduceLength) * 4 + kBlockBytes;    // rowTmp, partial
-  l.tmpPerRow = align_k * 4 + 3 * 4;
+               + kDotRows * kReduceLength * 4;                         // dotTmp
+  l.tmpPerRow = align_k * 4 + kBlockBytes + 3 * 4;
   return l;
 }
 

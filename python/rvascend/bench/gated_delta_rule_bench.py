@@ -5,7 +5,8 @@ effective bandwidth against a plain copy of the same bytes timed in the same
 run (state bytes read + written per call; a copy of S bytes moves 2 S, so the
 op is compared with a copy of half its bytes; target >= 0.5 for B >= 8), with
 the row kernels named (AVX-512 BF16 / AVX-512 / AVX2 / RVV / portable); and
-the AscendC kernel's DMA bytes on the CPU twin against the minimum traffic.
+the AscendC kernel on the CPU twin: DMA bytes against the minimum traffic,
+vector instructions and V->S syncs per token and 128 state rows.
 """
 
 from __future__ import annotations
@@ -70,18 +71,25 @@ def main(argv: list[str]) -> int:
             per_seq = batch * 2 * state + io       # one state read + one write per sequence
             contract = batch * state + T * state + io  # one read + one write per token (the op's contract)
             dma = counters["dma_in_bytes"] + counters["dma_out_bytes"]
+            # The kernel's work per token and 128 state rows (one value head of Qwen3-Next).
+            per_token_chunk = T * NV * DV / 128
             records.append({"bench": "gated_delta_rule_decode", "batch": batch, "mtp": mtp, "hf_s": t_hf,
                             "op_s": t_op, "speedup": t_hf / t_op, "state_bytes_moved": moved,
                             "op_gbps": moved / t_op / 1e9, "copy_gbps": moved / t_copy / 1e9,
                             "bandwidth_fraction": t_copy / t_op, "twin_dma_bytes": dma,
                             "dma_per_token_vs_per_sequence_minimum": dma / per_seq,
-                            "dma_vs_contract_minimum": dma / contract, "threads": torch.get_num_threads(), "row_kernels": rows})
+                            "dma_vs_contract_minimum": dma / contract,
+                            "twin_vector_calls_per_token_chunk": counters["vector_calls"] / per_token_chunk,
+                            "twin_vector_repeats_per_token_chunk": counters["vector_repeats"] / per_token_chunk,
+                            "twin_scalar_syncs_per_token_chunk": counters["scalar_syncs"] / per_token_chunk, "threads": torch.get_num_threads(), "row_kernels": rows})
     print_table(records, [("batch", "batch", "d"), ("mtp", "MTP", "d"), ("hf_s", "HF s", ".6f"),
                           ("op_s", "op s", ".6f"), ("speedup", "HF/op", ".1f"),
                           ("op_gbps", "op GB/s", ".1f"), ("copy_gbps", "copy GB/s", ".1f"),
                           ("bandwidth_fraction", "op/copy", ".2f"),
                           ("dma_per_token_vs_per_sequence_minimum", "DMA/min(seq)", ".3f"),
-                          ("dma_vs_contract_minimum", "DMA/min(tok)", ".3f")])
+                          ("dma_vs_contract_minimum", "DMA/min(tok)", ".3f"),
+                          ("twin_vector_calls_per_token_chunk", "vec instr/tok/128 rows", ".1f"),
+                          ("twin_scalar_syncs_per_token_chunk", "V->S syncs/tok/128 rows", ".2f")])
     from rvascend.repro import manifest
     write_jsonl(FLAGS.output, records, manifest.capture())
     return 0

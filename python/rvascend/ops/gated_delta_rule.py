@@ -32,7 +32,9 @@ TwinError = _rgdr.TwinError
 def available_row_kernels(dtype: str = "bfloat16") -> list[str]:
     """The CPU op's row kernels on this CPU for `dtype` ("bfloat16", "float16", "float32"), best first."""
     return list(_rgdr.available_row_kernels(dtype))
-PLATFORMS = {"910B": (int(_rgdr.UB_910B), int(_rgdr.CORES_910B)), "310P": (int(_rgdr.UB_310P), int(_rgdr.CORES_310P))}
+# SoC name -> (UB bytes per vector core, vector cores): op_host/recurrent_gated_delta_rule_platforms.h.
+PLATFORMS = {name: (int(spec["ub_bytes"]), int(spec["vector_cores"])) for name, spec in _rgdr.SOCS.items()}
+DEFAULT_SOC = "Ascend910B3"
 
 _ELEM = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _INT32_MAX = 2**31 - 1
@@ -204,8 +206,10 @@ def recurrent_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: to
 
 def tiling(query: torch.Tensor, value: torch.Tensor, state: torch.Tensor, batches: int, *, has_g: bool,
            gk: Optional[torch.Tensor], has_accepted: bool, seq_lens_int64: bool, indices_int64: bool, scale: float,
-           platform: str = "910B") -> dict[str, Any]:
-    """The host tiling the NPU launch would use (UB plan, vStep, blockDim)."""
+           platform: str = DEFAULT_SOC) -> dict[str, Any]:
+    """The host tiling the NPU launch would use (UB plan, vStep, blockDim) on SoC `platform`."""
+    if platform not in PLATFORMS:
+        raise ValueError(f"unknown SoC {platform!r}; known: {sorted(PLATFORMS)}")
     ub, cores = PLATFORMS[platform]
     spec = {"elem": _ELEM[query.dtype], "t": query.shape[0], "b": batches, "nk": query.shape[1],
             "nv": value.shape[1], "dk": query.shape[2], "dv": value.shape[2], "num_slots": state.shape[0],
@@ -218,9 +222,11 @@ def tiling(query: torch.Tensor, value: torch.Tensor, state: torch.Tensor, batche
 def run_on_twin(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: torch.Tensor, beta: torch.Tensor,
                 scale: float, actual_seq_lengths: torch.Tensor, ssm_state_indices: torch.Tensor,
                 num_accepted_tokens: Optional[torch.Tensor] = None, g: Optional[torch.Tensor] = None,
-                gk: Optional[torch.Tensor] = None, platform: str = "910B",
+                gk: Optional[torch.Tensor] = None, platform: str = DEFAULT_SOC,
                 tiling_override: Optional[dict[str, Any]] = None) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
-    """Runs the AscendC kernel source on the CPU twin: (out, DMA/UB counters, tiling)."""
+    """Runs the AscendC kernel source on the CPU twin of SoC `platform`: (out, counters, tiling).
+
+    The twin's UB and queue limits are the SoC's, whatever the tiling assumed."""
     shapes = validate(query, key, value, state, beta, actual_seq_lengths, ssm_state_indices, num_accepted_tokens,
                       g, gk, kernel_dtypes_only=True)
     plan = tiling_override or tiling(query, value, state, shapes["b"], has_g=g is not None, gk=gk,
@@ -231,5 +237,5 @@ def run_on_twin(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sta
     out = torch.empty((shapes["t"], shapes["nv"], shapes["dv"]), dtype=query.dtype)
     spec, _keep = _spec(shapes, query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
                         num_accepted_tokens, g, gk, out)
-    counters = _rgdr.run_twin(spec, plan)
+    counters = _rgdr.run_twin(spec, plan, platform)
     return out, counters, plan

@@ -95,7 +95,7 @@ def test_kernel_on_twin_matches_fp64_reference_and_cpu_op(case):
     assert counters["peak_ub_bytes"] <= plan["planned_ub_bytes"] <= plan["ubTotalBytes"]
 
 
-@pytest.mark.parametrize("platform", ["910B", "310P"])
+@pytest.mark.parametrize("platform", sorted(R.PLATFORMS))
 def test_untouched_slots_are_bit_identical_and_each_token_writes_its_slot(platform):
     args = make(lens=(3, 2), slots=12)
     for runner in (run_op, lambda a: run_twin(a, platform=platform)[:2]):
@@ -214,17 +214,28 @@ def test_kernel_given_a_length_past_max_mtp_skips_it_without_writing_out_of_boun
     lengths = torch.tensor([9, 0], dtype=torch.int32)
     spec, _keep = R._spec(shapes, args["query"], args["key"], args["value"], state, args["beta"], args["scale"],
                           lengths, args["ssm_state_indices"], None, args["g"], None, out)
-    R._rgdr.run_twin(spec, plan)
+    R._rgdr.run_twin(spec, plan, R.DEFAULT_SOC)
     assert torch.equal(state, args["state"]) and not out.any()
 
 
-def test_twin_rejects_a_tiling_that_overflows_ub():
-    args = make(lens=(1,), dk=128, dv=128)
+def test_twin_takes_ub_from_the_soc_not_from_the_tiling(monkeypatch):
+    """A tiling planned for a 1 MiB UB runs into the 910B's 192 KiB on the twin."""
+    args = make(lens=(1,), nk=1, nv=1, dk=512, dv=512, slots=2)
+    monkeypatch.setitem(R.PLATFORMS, "HypotheticalBigUb", (1 << 20, 40))
     plan = R.tiling(args["query"], args["value"], args["state"], 1, has_g=True, gk=None, has_accepted=False,
-                    seq_lens_int64=False, indices_int64=False, scale=0.1)
-    bad = dict(plan, ubTotalBytes=plan["planned_ub_bytes"] - 1024)
+                    seq_lens_int64=False, indices_int64=False, scale=0.1, platform="HypotheticalBigUb")
+    assert plan["planned_ub_bytes"] > R.PLATFORMS[R.DEFAULT_SOC][0]
     with pytest.raises(R.TwinError, match="UB overflow"):
-        run_twin(args, tiling_override=bad)
+        run_twin(args, tiling_override=plan)
+    run_twin(args)  # the tiling for the SoC itself fits
+
+
+def test_tiling_for_each_soc_runs_on_that_socs_twin():
+    for soc, (ub, cores) in R.PLATFORMS.items():
+        args = make(lens=(1, 2), dk=128, dv=128, nk=2, nv=4)
+        _, _, counters, plan = run_twin(args, platform=soc)
+        assert plan["ubTotalBytes"] == ub and counters["peak_ub_bytes"] <= ub
+        assert plan["blockDim"] <= cores
 
 
 def test_twin_dma_is_the_minimum_for_single_token_decode():
@@ -241,7 +252,7 @@ def test_twin_dma_is_the_minimum_for_single_token_decode():
 
 @settings(max_examples=200, deadline=None)
 @given(dk=st.integers(1, 512), dv=st.integers(1, 512), nv=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256]),
-       g=st.booleans(), gk=st.sampled_from([None, "head", "dim"]), platform=st.sampled_from(["910B", "310P"]))
+       g=st.booleans(), gk=st.sampled_from([None, "head", "dim"]), platform=st.sampled_from(sorted(R.PLATFORMS)))
 def test_tiling_fits_ub_for_every_supported_shape(dk, dv, nv, g, gk, platform):
     q = torch.empty(1, 1, dk, dtype=torch.bfloat16)
     v = torch.empty(1, nv, dv, dtype=torch.bfloat16)

@@ -118,10 +118,16 @@ PYBIND11_MODULE(_rgdr, m) {
   m.attr("MAX_MTP") = rgdr::kMaxMtp;
   m.attr("MAX_HEADS") = rgdr::kMaxHeads;
   m.attr("MAX_HEAD_DIM") = rgdr::kMaxHeadDim;
-  m.attr("UB_910B") = rgdr::k910B.ubBytes;
-  m.attr("CORES_910B") = rgdr::k910B.vectorCores;
-  m.attr("UB_310P") = rgdr::k310P.ubBytes;
-  m.attr("CORES_310P") = rgdr::k310P.vectorCores;
+  py::dict socs;
+  for (const rgdr::SocSpec& soc : rgdr::kSocs) {
+    py::dict d;
+    d["ub_bytes"] = soc.ubBytes;
+    d["vector_cores"] = soc.vectorCores;
+    d["queue_buffers_per_position"] = soc.queueBuffersPerPosition;
+    d["source"] = soc.source;
+    socs[soc.name] = d;
+  }
+  m.attr("SOCS") = socs;
   py::register_exception<twin::TwinError>(m, "TwinError");
   m.def("run_cpu", [](const py::dict& spec, size_t threads, const std::string& rows) {
     const rgdr::RgdrArgs a = ArgsFrom(spec);
@@ -133,12 +139,17 @@ PYBIND11_MODULE(_rgdr, m) {
                                      : elem == "bfloat16" ? rgdr::Elem::kBFloat16 : rgdr::Elem::kFloat32);
   });
   m.def("compute_tiling", &ComputeTiling, py::arg("spec"), py::arg("ub_bytes"), py::arg("vector_cores"));
-  m.def("run_twin", [](const py::dict& spec, const py::dict& tiling) {
-    const twin::Counters c = rgdr::RunKernelOnTwin(TilingFromDict(tiling), ArgsFrom(spec));
+  m.def("run_twin", [](const py::dict& spec, const py::dict& tiling, const std::string& soc_name) {
+    const rgdr::SocSpec* soc = rgdr::FindSoc(soc_name.c_str());
+    if (soc == nullptr) throw std::invalid_argument("unknown SoC '" + soc_name + "'");
+    const twin::Counters c = rgdr::RunKernelOnTwin(TilingFromDict(tiling), ArgsFrom(spec), *soc);
     py::dict out;
     out["dma_in_bytes"] = c.dmaInBytes;
     out["dma_out_bytes"] = c.dmaOutBytes;
     out["peak_ub_bytes"] = c.peakUbBytes;
+    out["vector_calls"] = c.vectorCalls;
+    out["vector_repeats"] = c.vectorRepeats;
+    out["scalar_syncs"] = c.scalarSyncs;
     return out;
-  });
+  }, py::arg("spec"), py::arg("tiling"), py::arg("soc"));
 }
