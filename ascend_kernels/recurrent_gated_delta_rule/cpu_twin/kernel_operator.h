@@ -710,8 +710,15 @@ inline void WholeReduceSum(const LocalTensor<float>& dst, const LocalTensor<floa
 
 }  // namespace AscendC
 
-#define GET_TILING_DATA(name, tiling)                          \
-  ::rgdr::RecurrentGatedDeltaRuleTilingData name;              \
+// A plain C++ tiling struct must be registered before GET_TILING_DATA reads
+// it (CANN: REGISTER_TILING_DEFAULT); here the registration names the type
+// GET_TILING_DATA copies into, so a kernel that skips it does not compile.
+#define REGISTER_TILING_DEFAULT(type)                                                                    \
+  static_assert(std::is_trivially_copyable<type>::value && std::is_standard_layout<type>::value, #type); \
+  using RgdrTwinRegisteredTiling = type
+
+#define GET_TILING_DATA(name, tiling) \
+  RgdrTwinRegisteredTiling name;      \
   std::memcpy(&name, tiling, sizeof(name))
 
 #endif  // RGDR_CPU_TWIN_KERNEL_OPERATOR_H_

@@ -45,7 +45,7 @@ twin::Counters RunKernelOnTwin(const RecurrentGatedDeltaRuleTilingData& tiling, 
   auto entry = a.elem == Elem::kBFloat16 ? rgdr_twin_entry_bf16 : rgdr_twin_entry_fp16;
   rt.Launch(tiling.blockDim, [&] {
     entry(gm(a.query), gm(a.key), gm(a.value), gm(a.beta), gm(a.state), gm(a.seq_lens), gm(a.indices), gm(a.g),
-          gm(a.gk), gm(a.accepted), gm(a.out), nullptr, tiling_bytes.data());
+          gm(a.gk), gm(a.accepted), gm(a.out), gm(a.state), nullptr, tiling_bytes.data());
   });
   return rt.counters;
 }

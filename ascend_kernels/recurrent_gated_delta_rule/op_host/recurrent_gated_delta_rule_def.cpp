@@ -1,6 +1,13 @@
 // CANN op definition of recurrent_gated_delta_rule (built only with CANN; see
 // the README). Inputs and attributes follow the public op: bf16 (or fp16)
 // query/key/value/beta/state, FP32 g/gk, int32/int64 lengths and indices.
+//
+// The state pool is updated in place: CANN expresses that by an output with
+// the same name as the input it modifies (Ascend Extension for PyTorch,
+// TorchAir guide, "In-place operators": every modified input gets a
+// same-named output); the generated aclnn API then takes it as a reference
+// tensor. Target: Atlas A2 (ascend910b). No 310P: the Atlas inference AI Core
+// has no BF16 and no DataCopyPad, which every DMA here uses.
 #include "register/op_def_registry.h"
 
 namespace ops {
@@ -22,9 +29,9 @@ class RecurrentGatedDeltaRule : public OpDef {
     Input("gk").ParamType(OPTIONAL).DataType(f32).Format(nd);
     Input("num_accepted_tokens").ParamType(OPTIONAL).DataType(i32).Format(nd);
     Output("out").ParamType(REQUIRED).DataType(act).Format(nd);
+    Output("state").ParamType(REQUIRED).DataType(act).Format(nd);
     Attr("scale").AttrType(REQUIRED).Float();
     AICore().AddConfig("ascend910b");
-    AICore().AddConfig("ascend310p");
   }
 };
 

@@ -1,4 +1,4 @@
-#include "op_host/recurrent_gated_delta_rule_tiling.h"
+#include "recurrent_gated_delta_rule_tiling.h"
 
 #include <sstream>
 

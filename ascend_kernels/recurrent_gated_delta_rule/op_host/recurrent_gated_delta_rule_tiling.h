@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <string>
 
-#include "op_host/recurrent_gated_delta_rule_platforms.h"
-#include "op_kernel/recurrent_gated_delta_rule_tiling_data.h"
+// Relative paths: the same includes resolve in this repository (Bazel) and in
+// the msOpGen project build_npu_package.sh stages (op_host/ beside op_kernel/).
+#include "../op_kernel/recurrent_gated_delta_rule_tiling_data.h"
+#include "recurrent_gated_delta_rule_platforms.h"
 
 namespace rgdr {
 

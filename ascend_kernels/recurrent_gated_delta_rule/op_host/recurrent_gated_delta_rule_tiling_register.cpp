@@ -1,7 +1,5 @@
 // Binds the pure tiling function to CANN's tiling context (built only with CANN).
-#include <cstring>
-
-#include "op_host/recurrent_gated_delta_rule_tiling.h"
+#include "recurrent_gated_delta_rule_tiling.h"
 #include "register/op_impl_registry.h"
 #include "tiling/platform/platform_ascendc.h"
 
@@ -52,8 +50,10 @@ ge::graphStatus TilingFunc(gert::TilingContext* context) {
     return ge::GRAPH_FAILED;  // the torch op and aclnn wrapper report r.error before launching
   }
   context->SetBlockDim(r.data.blockDim);
-  std::memcpy(context->GetRawTilingData()->GetData(), &r.data, sizeof(r.data));
-  context->GetRawTilingData()->SetDataSize(sizeof(r.data));
+  // A plain C++ tiling struct (CANN: "using standard C++ syntax to define the
+  // tiling structure"): the host fills the framework's copy; the kernel
+  // registers the type with REGISTER_TILING_DEFAULT.
+  *context->GetTilingData<rgdr::RecurrentGatedDeltaRuleTilingData>() = r.data;
   size_t* workspace = context->GetWorkspaceSizes(1);
   workspace[0] = platform.GetLibApiWorkSpaceSize();
   return ge::GRAPH_SUCCESS;

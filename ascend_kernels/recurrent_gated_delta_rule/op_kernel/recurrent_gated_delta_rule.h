@@ -24,7 +24,7 @@
 #define RECURRENT_GATED_DELTA_RULE_KERNEL_H_
 
 #include "kernel_operator.h"  // NOLINT(build/include_subdir)
-#include "op_kernel/recurrent_gated_delta_rule_tiling_data.h"
+#include "recurrent_gated_delta_rule_tiling_data.h"
 
 namespace rgdr {
 
@@ -40,6 +40,7 @@ struct RGDRInitParams {
   GM_ADDR ssmStateIndices;
   GM_ADDR numAcceptedTokens;
   GM_ADDR out;
+  GM_ADDR stateOut;  // the in-place state output: the state input's memory
 };
 
 template <typename inType, typename outType>
@@ -67,7 +68,7 @@ class RGDR {
     }
     const uint64_t stateElems = static_cast<uint64_t>(t_.numSlots) * t_.nv * t_.dv * t_.dk;
     stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ inType*>(p.state), stateElems);
-    outStateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ outType*>(p.state), stateElems);
+    outStateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ outType*>(p.stateOut), stateElems);
     outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ outType*>(p.out), headRows * t_.nv * t_.dv);
     seqLens32Gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(p.actualSeqLengths), t_.b);
     seqLens64Gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(p.actualSeqLengths), t_.b);
