@@ -189,6 +189,8 @@ int main() {
       {"decode odd dims, scalar gk", 1, 3, 37, 5, {1, 1}, {}, true, true, false, 5},
       {"MTP 3 + 1, per-dim gk", 2, 2, 64, 48, {3, 1}, {}, true, true, true, 9},
       {"MTP 4, accepted 2, no decay", 1, 2, 100, 20, {4, 2}, {2, 1}, false, false, false, 10},
+      {"MTP 2 + 3, Dk 128, scalar gk, odd Dv", 2, 4, 128, 33, {2, 3}, {}, true, true, false, 10},
+      {"MTP 4, Dk 128, per-dim gk, accepted 3", 1, 2, 128, 16, {4}, {3}, true, true, true, 6},
       {"empty sequence in the batch", 1, 1, 16, 16, {2, 0, 1}, {}, true, false, false, 6},
   };
   std::mt19937 rng(7);
