@@ -75,8 +75,13 @@ def test_a_failing_step_fails_exactly_its_requests(server):
     forward = model.forward
 
     def poisoned(batch, pool):
-        if 1999 in batch.input_ids.tolist():
-            raise RuntimeError("poisoned batch")
+        # Only the prefill of a prompt that starts with 1999: the sampled stream may itself
+        # produce token 1999, and must not be poisoned by it.
+        ids, start = batch.input_ids.tolist(), 0
+        for n, prefix in zip(batch.new_lens, batch.prefix_lens):
+            if prefix == 0 and n and ids[start] == 1999:
+                raise RuntimeError("poisoned batch")
+            start += n
         return forward(batch, pool)
     model.forward = poisoned
     try:
