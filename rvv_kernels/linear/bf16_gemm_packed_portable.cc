@@ -4,6 +4,7 @@
 // baseline build is the scalar-ISA fallback that GCC 12 can compile.
 #include <cstring>
 
+#include "rvv_kernels/base/bf16_vectors.h"
 #include "rvv_kernels/linear/bf16_packed_ukernels.h"
 #include "rvv_kernels/linear/packed_layout.h"
 #include "rvv_kernels/base/unroll.h"
@@ -31,24 +32,11 @@ typedef float Vf __attribute__((vector_size(kLanes * 4)));
 typedef uint32_t Vu __attribute__((vector_size(kLanes * 4)));
 typedef uint16_t Vh __attribute__((vector_size(kLanes * 2)));
 
-// kLanes BF16 values -> FP32 lanes (zero-extend, shift into the high half).
-inline Vf Widen(const uint16_t* p) {
-  Vh h;
-  std::memcpy(&h, p, sizeof(h));
-  const Vu u = __builtin_convertvector(h, Vu) << 16;
-  Vf f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
+inline Vf Widen(const uint16_t* p) { return WidenBf16<Vf, Vu, Vh>(p); }
 
-// Round to nearest even; NaN lanes become quiet NaNs. Stores n <= kLanes lanes.
+// Stores n <= kLanes lanes, rounded to BF16.
 inline void Store(uint16_t* dst, Vf acc, size_t n) {
-  Vu bits;
-  std::memcpy(&bits, &acc, sizeof(bits));
-  const Vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const Vu nan = (bits & 0x7fffffffu) > 0x7f800000u;  // all-ones where NaN
-  const Vu out = (rounded & ~nan) | (((bits >> 16) | 0x40u) & nan);
-  const Vh narrow = __builtin_convertvector(out, Vh);
+  const Vh narrow = NarrowBf16<Vf, Vu, Vh>(acc);
   if (n == static_cast<size_t>(kLanes)) {
     std::memcpy(dst, &narrow, sizeof(narrow));
   } else {

@@ -1,7 +1,6 @@
 #include "cpu/rgdr_cpu.h"
 
 #include <cmath>
-#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -15,14 +14,6 @@ namespace {
 
 int64_t Index(const void* p, size_t i, bool is64) {
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
-}
-
-float ElemToF32(Elem elem, const void* base, size_t i) {
-  switch (elem) {
-    case Elem::kFloat32: return static_cast<const float*>(base)[i];
-    case Elem::kFloat16: return static_cast<float>(static_cast<const _Float16*>(base)[i]);
-    default: return rvascend::Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
-  }
 }
 
 size_t ElemBytes(Elem elem) { return elem == Elem::kFloat32 ? 4 : 2; }
@@ -52,24 +43,28 @@ const RowKernels& ChooseRows(Elem elem, const std::string& name) {
   throw std::invalid_argument("recurrent_gated_delta_rule: row kernels '" + name + "' are not available here");
 }
 
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(_Float16 x) { return static_cast<float>(x); }
+inline float ToFloat(uint16_t bf16) { return rvascend::Bf16ToFloat(bf16); }
+
 template <typename T>
 void ToF32(const T* src, size_t n, float scale, float* dst) {
-  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]) * scale;
+  for (size_t i = 0; i < n; ++i) dst[i] = ToFloat(src[i]) * scale;
 }
+
+// dst[i] = base[offset + i] * scale, base holding `elem` values.
 void ToF32(Elem elem, const void* base, size_t offset, size_t n, float scale, float* dst) {
   switch (elem) {
     case Elem::kFloat32: ToF32(static_cast<const float*>(base) + offset, n, scale, dst); break;
     case Elem::kFloat16: ToF32(static_cast<const _Float16*>(base) + offset, n, scale, dst); break;
-    default: {
-      const uint16_t* h = static_cast<const uint16_t*>(base) + offset;
-      for (size_t i = 0; i < n; ++i) {
-        const uint32_t u = static_cast<uint32_t>(h[i]) << 16;
-        float f;
-        std::memcpy(&f, &u, 4);
-        dst[i] = f * scale;
-      }
-    }
+    default: ToF32(static_cast<const uint16_t*>(base) + offset, n, scale, dst); break;
   }
+}
+
+float ElemToF32(Elem elem, const void* base, size_t i) {
+  float x;
+  ToF32(elem, base, i, 1, 1.0f, &x);
+  return x;
 }
 
 // Scratch of one thread: per token q, k (FP32, shared by the value heads of

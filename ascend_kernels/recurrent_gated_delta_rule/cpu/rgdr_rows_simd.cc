@@ -12,6 +12,7 @@
 
 #include "cpu/rgdr_units.h"
 #include "rvv_kernels/base/bf16.h"
+#include "rvv_kernels/base/bf16_vectors.h"
 
 namespace rgdr {
 namespace {
@@ -20,7 +21,6 @@ namespace {
 
 typedef float V16 __attribute__((vector_size(64)));
 typedef uint32_t U16x __attribute__((vector_size(64)));
-typedef int32_t I16x __attribute__((vector_size(64)));
 typedef uint16_t H16x __attribute__((vector_size(32)));
 typedef _Float16 F16x __attribute__((vector_size(32)));
 constexpr size_t kLanes = 16;
@@ -46,12 +46,7 @@ RGDR_INLINE V16 Load16(const Bf16* p) {
   std::memcpy(&f, &u, sizeof(f));
   return f;
 #else
-  H16x h;
-  std::memcpy(&h, p, sizeof(h));
-  const U16x u = __builtin_convertvector(h, U16x) << 16;
-  V16 f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
+  return rvascend::WidenBf16<V16, U16x, H16x>(&p->bits);
 #endif
 }
 RGDR_INLINE V16 Load16(const _Float16* p) {
@@ -69,12 +64,7 @@ RGDR_INLINE void Store16(Bf16* p, V16 v) {
 }
 #else
 RGDR_INLINE void Store16(Bf16* p, V16 v) {
-  // Round to nearest even; NaN stays a (quiet) NaN.
-  U16x bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  const U16x rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const U16x nan = (U16x)((bits & 0x7fffffffu) > 0x7f800000u);
-  const H16x h = __builtin_convertvector((rounded & ~nan) | (((bits >> 16) | 0x40u) & nan), H16x);
+  const H16x h = rvascend::NarrowBf16<V16, U16x, H16x>(v);
   std::memcpy(p, &h, sizeof(h));
 }
 #endif

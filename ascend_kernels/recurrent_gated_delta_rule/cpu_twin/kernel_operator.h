@@ -76,17 +76,27 @@ inline void SetFlag(int32_t id) {
   ++twin::Runtime::Get().events()[{static_cast<int>(event), id}];
 }
 
+// What a completed wait makes visible, over the whole UB.
+inline void Waited(HardEvent event) {
+  auto& rt = twin::Runtime::Get();
+  const uint32_t all = rt.ub_bytes();
+  switch (event) {
+    case HardEvent::V_S: rt.ScalarSynced(); break;
+    case HardEvent::MTE2_V: case HardEvent::MTE2_S: rt.DmaInLanded(0, all); break;
+    case HardEvent::V_MTE3: rt.VectorResultsSynced(0, all); break;
+    case HardEvent::MTE3_V: case HardEvent::MTE3_MTE2: rt.DmaOutDone(0, all); break;
+    default: break;
+  }
+}
+
 template <HardEvent event>
 inline void WaitFlag(int32_t id) {
   auto& rt = twin::Runtime::Get();
   auto& count = rt.events()[{static_cast<int>(event), id}];
   if (count <= 0) throw TwinError("WaitFlag on an event that was never set: the core would hang");
   --count;
-  if (event == HardEvent::V_S) {
-    rt.ScalarSynced();
-    ++rt.counters.scalarSyncs;
-  }
-  rt.WaitEvent(static_cast<int>(event));
+  if (event == HardEvent::V_S) ++rt.counters.scalarSyncs;
+  Waited(event);
 }
 
 template <pipe_t pipe>
@@ -95,9 +105,7 @@ inline void PipeBarrier() {
   // not make their results visible to the scalar unit (that takes a V_S
   // event) or to the DMA units. Only a full barrier does all of it.
   if (pipe == PIPE_ALL) {
-    auto& rt = twin::Runtime::Get();
-    rt.ScalarSynced();
-    for (HardEvent e : {HardEvent::MTE2_V, HardEvent::V_MTE3, HardEvent::MTE3_V}) rt.WaitEvent(static_cast<int>(e));
+    for (HardEvent e : {HardEvent::V_S, HardEvent::MTE2_V, HardEvent::V_MTE3, HardEvent::MTE3_V}) Waited(e);
   }
 }
 
@@ -224,7 +232,7 @@ class TQueBase {
     throw TwinError(name_ + ": AllocTensor with all " + std::to_string(depth_) + " buffers in use");
   }
   void Enque(int slot, uint32_t generation) {
-    Check(slot, generation, "EnQue");
+    CheckLive(slot, generation, "EnQue");
     Expect(slot, State::kAllocated, "EnQue");
     state_[slot] = State::kQueued;
     order_[tail_++ % 8] = slot;
@@ -241,21 +249,23 @@ class TQueBase {
     return slot;
   }
   void Free(int slot, uint32_t generation) {
-    Check(slot, generation, "FreeTensor");
-    if (state_[slot] == State::kFree || state_[slot] == State::kQueued) {
-      throw TwinError(name_ + ": FreeTensor of a buffer that is not allocated or dequeued");
-    }
+    Check(slot, generation, "FreeTensor");  // a freed buffer fails the generation, a queued one the state
     state_[slot] = State::kFree;
     ++generation_[slot];
     // Freeing a VECOUT buffer waits for its DMA out (MTE3) before the buffer is reused.
     if (position_ == TPosition::VECOUT) twin::Runtime::Get().DmaOutDone(offsets_[slot], bytes_);
   }
-  void Check(int slot, uint32_t generation, const char* what) const {
+  // The tensor's buffer is still the one it was given (not freed since).
+  void CheckLive(int slot, uint32_t generation, const char* what) const {
     if (slot < 0 || static_cast<uint32_t>(slot) >= depth_) throw TwinError(name_ + ": " + what + " of a foreign tensor");
     if (generation != generation_[slot]) {
       throw TwinError(name_ + ": " + what + " uses a tensor after its FreeTensor");
     }
-    if (state_[slot] == State::kQueued && std::string(what) != "EnQue") {
+  }
+  // ... and not handed over to the queue's consumer.
+  void Check(int slot, uint32_t generation, const char* what) const {
+    CheckLive(slot, generation, what);
+    if (state_[slot] == State::kQueued) {
       throw TwinError(name_ + ": " + what + " uses a tensor between its EnQue and DeQue");
     }
   }
@@ -548,10 +558,10 @@ inline void RepeatBinary(const LocalTensor<float>& dst, const LocalTensor<float>
       rt.CheckVectorRead(s1, 4, what);
       if (reads_dst) rt.CheckVectorRead(d, 4, what);
       rt.CheckVectorWrite(d, 4, what);
-      float x, y, z;
+      float x, y, z = 0.0f;
       std::memcpy(&x, rt.ub() + s0, 4);
       std::memcpy(&y, rt.ub() + s1, 4);
-      std::memcpy(&z, rt.ub() + d, 4);
+      if (reads_dst) std::memcpy(&z, rt.ub() + d, 4);
       z = f(z, x, y);
       std::memcpy(rt.ub() + d, &z, 4);
       rt.MarkUbWritten(d, 4);

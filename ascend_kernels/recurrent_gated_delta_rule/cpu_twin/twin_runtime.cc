@@ -129,16 +129,6 @@ void Runtime::DmaInLanded(uint32_t offset, uint32_t bytes) { Mark(dma_in_pending
 void Runtime::VectorResultsSynced(uint32_t offset, uint32_t bytes) { Mark(vector_unsynced_, offset, bytes, 0); }
 void Runtime::DmaOutDone(uint32_t offset, uint32_t bytes) { Mark(dma_out_pending_, offset, bytes, 0); }
 
-void Runtime::WaitEvent(int event) {
-  // HardEvent values: see kernel_operator.h (MTE2_V = 0, V_MTE3 = 2, MTE3_V = 3, MTE2_S = 6, MTE3_MTE2 = 10).
-  switch (event) {
-    case 0: case 6: std::fill(dma_in_pending_.begin(), dma_in_pending_.end(), 0); break;
-    case 2: std::fill(vector_unsynced_.begin(), vector_unsynced_.end(), 0); break;
-    case 3: case 10: std::fill(dma_out_pending_.begin(), dma_out_pending_.end(), 0); break;
-    default: break;
-  }
-}
-
 void Runtime::CheckVectorRead(uint32_t offset, uint32_t bytes, const char* what) const {
   if (Any(dma_in_pending_, offset, bytes)) {
     throw TwinError(std::string(what) + ": reads UB a DMA in (MTE2) has not landed in: DeQue the tensor or "

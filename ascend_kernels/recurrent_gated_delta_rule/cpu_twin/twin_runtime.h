@@ -69,13 +69,12 @@ class Runtime {
   // its tensor or WaitFlag<MTE2_V>. A vector result reaches a UB->GM DMA
   // (MTE3) only through EnQue/DeQue of a VECOUT tensor or WaitFlag<V_MTE3>. A
   // UB->GM DMA reads its source until FreeTensor or WaitFlag<MTE3_V>. Any
-  // access before that throws.
+  // access before that throws. A WaitFlag clears its kind over the whole UB.
   void DmaInStarted(uint32_t offset, uint32_t bytes);
   void DmaOutStarted(uint32_t offset, uint32_t bytes);
   void DmaInLanded(uint32_t offset, uint32_t bytes);         // DeQue of a VECIN tensor
   void VectorResultsSynced(uint32_t offset, uint32_t bytes);  // DeQue of a VECOUT tensor
   void DmaOutDone(uint32_t offset, uint32_t bytes);           // FreeTensor of a VECOUT tensor
-  void WaitEvent(int event);                                  // WaitFlag's effect, by HardEvent
   void CheckVectorRead(uint32_t offset, uint32_t bytes, const char* what) const;
   void CheckVectorWrite(uint32_t offset, uint32_t bytes, const char* what) const;
   void CheckDmaOutRead(uint32_t offset, uint32_t bytes, const char* what) const;

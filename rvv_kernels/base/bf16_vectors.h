@@ -1,0 +1,35 @@
+// BF16 <-> FP32 on GCC/Clang generic vectors (vector_size), for any lane count:
+// the caller names its FP32, 32-bit and 16-bit vector types of equal lanes.
+// The same rounding as bf16.h's scalar FloatToBf16.
+#ifndef RVV_KERNELS_BASE_BF16_VECTORS_H_
+#define RVV_KERNELS_BASE_BF16_VECTORS_H_
+
+#include <cstdint>
+#include <cstring>
+
+namespace rvascend {
+
+// Lanes BF16 values from p -> FP32 (zero-extend, shift into the high half).
+template <typename Vf, typename Vu, typename Vh>
+inline __attribute__((always_inline)) Vf WidenBf16(const uint16_t* p) {
+  Vh h;
+  std::memcpy(&h, p, sizeof(h));
+  const Vu u = __builtin_convertvector(h, Vu) << 16;
+  Vf f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// FP32 lanes -> BF16, round to nearest even; NaN lanes become quiet NaNs.
+template <typename Vf, typename Vu, typename Vh>
+inline __attribute__((always_inline)) Vh NarrowBf16(Vf x) {
+  Vu bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const Vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const Vu nan = (Vu)((bits & 0x7fffffffu) > 0x7f800000u);  // all-ones where NaN
+  return __builtin_convertvector((rounded & ~nan) | (((bits >> 16) | 0x40u) & nan), Vh);
+}
+
+}  // namespace rvascend
+
+#endif  // RVV_KERNELS_BASE_BF16_VECTORS_H_
