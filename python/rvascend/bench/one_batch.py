@@ -27,13 +27,12 @@ from rvascend.bench.rss import peak_rss_mib
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.bench.timing import copy_bandwidth
 from rvascend.engine import random_checkpoint
-from rvascend.engine.random_model import ensure_random_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model-path", None, "Checkpoint directory (default: --shape).")
-flags.DEFINE_enum("shape", "test", ["test", *sorted(random_checkpoint.SHAPES)],
+flags.DEFINE_enum("shape", "test", random_checkpoint.CHOICES,
                   "Without --model-path: the random-weight test model, or a random checkpoint of a real model's shape.")
 flags.DEFINE_integer("batch-size", 1, "Sequences in the batch.")
 flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
@@ -118,8 +117,7 @@ def main(argv: list[str]) -> int:
     del argv
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
-    path = FLAGS["model-path"].value or (
-        ensure_random_model() if FLAGS.shape == "test" else random_checkpoint.ensure(FLAGS.shape))
+    path = FLAGS["model-path"].value or random_checkpoint.ensure(FLAGS.shape)
     from rvascend import ops
 
     bandwidth = copy_bandwidth()
@@ -135,7 +133,8 @@ def main(argv: list[str]) -> int:
         logging.info("policy %s: running", mode)
         result = run_engine(model, batch, input_len, output_len, FLAGS.warmup)
         records.append({**base, "run_name": f"rvascend-policy-{mode}", "backend": "rvascend", "policy": mode,
-                        **result, **_weight_rate(weight_bytes_per_step(model), result, bandwidth), "peak_rss_mib": peak_rss_mib()})
+                        **result, **_weight_rate(weight_bytes_per_step(model), result, bandwidth),
+                        "peak_rss_mib": peak_rss_mib()})
         del model
     if FLAGS.hf:
         records.append({**base, "run_name": "hf-generate", "backend": "transformers", "policy": "n/a",

@@ -31,19 +31,14 @@ from absl import app, flags, logging
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.bench.timing import time_calls
 from rvascend.engine import random_checkpoint
-from rvascend.engine.random_model import ensure_random_model
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("shape", "qwen3-0.6b", ["test", *sorted(random_checkpoint.SHAPES)],
+flags.DEFINE_enum("shape", "qwen3-0.6b", random_checkpoint.CHOICES,
                   "Random-weight checkpoint: the test model or a real model's shape.")
 flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
 flags.DEFINE_integer("max-concurrency", 8, "Serve batches of 1..N concurrent requests after the first one.")
 flags.DEFINE_string("output", "bench_results/policy_overheads.jsonl", "jsonl file to append to.")
 flags.DEFINE_string("child", None, "(internal) run one start-up measurement in this mode and print it.")
-
-
-def _checkpoint() -> str:
-    return ensure_random_model() if FLAGS.shape == "test" else random_checkpoint.ensure(FLAGS.shape)
 
 
 def child(mode: str) -> dict[str, Any]:
@@ -53,7 +48,7 @@ def child(mode: str) -> dict[str, Any]:
     from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
 
     t0 = time.perf_counter()
-    model = load_model(_checkpoint())
+    model = load_model(random_checkpoint.ensure(FLAGS.shape))
     report = install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode=mode))
     engine = Engine(model, None, EngineConfig(max_total_tokens=4096, max_running_requests=FLAGS["max-concurrency"].value))
     loaded = time.perf_counter()
@@ -99,7 +94,7 @@ def main(argv: list[str]) -> int:
     if FLAGS.child:
         print(json.dumps(child(FLAGS.child)))
         return 0
-    path = _checkpoint()
+    path = random_checkpoint.ensure(FLAGS.shape)
     records = []
     with tempfile.TemporaryDirectory(prefix="rvascend-inductor-") as cache:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)

@@ -65,10 +65,16 @@ def write(shape: str, output: str, seed: int = 0, layers: int | None = None) -> 
     return output
 
 
+# What a benchmark's --shape may name: the random-weight test model, or a real model's shapes.
+CHOICES = ["test", *sorted(SHAPES)]
+
+
 def ensure(shape: str) -> str:
-    """The cached random-weight checkpoint of `shape` (written on first use)."""
+    """The cached random-weight checkpoint of `shape` in CHOICES (written on first use)."""
+    if shape == "test":
+        return ensure_random_model()
     if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; known: {sorted(SHAPES)}")
+        raise ValueError(f"unknown shape {shape!r}; known: {CHOICES}")
     return model_cache.ensure_checkpoint(f"rvascend-random-{shape}-v1", lambda d: write(shape, d),
                                          f"the random-weight {shape}-shaped checkpoint")
 

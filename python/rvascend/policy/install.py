@@ -46,11 +46,16 @@ class RvvPolicy:
         self.counters = RouteCounters()
         self.routes: dict[str, ProjectionRoute] = {}
         self.regional: Optional[regional_compile.RegionalCompile] = None
-        self.compile_mode: str = "eager"  # what runs: config.compile_mode, or eager where it cannot
         self.report: Optional[PolicyReport] = None
         self.hook = None  # the load_state_dict post-hook's handle
         self.kernels = kernel_routes.KernelRoutes(config.kernels)
         self.kernel_modules: list[nn.Module] = []
+
+    @property
+    def compile_mode(self) -> str:
+        """What runs: "regional" when the repeated block is compiled, else "eager"
+        (asked for, or where regional compile cannot run)."""
+        return "eager" if self.regional is None else "regional"
 
     def pack_all(self) -> PolicyReport:
         budget_bytes = budget.derive_budget_bytes(self.config.memory_budget_mib)
@@ -175,7 +180,6 @@ def _attach_regional_compile(model: nn.Module, policy: RvvPolicy) -> None:
         return
     policy.regional = regional_compile.RegionalCompile()
     policy.regional.attach(blocks)
-    policy.compile_mode = "regional"
 
 
 def _invalidate_after_load(model: nn.Module, incompatible_keys) -> None:
