@@ -230,6 +230,12 @@ def test_twin_takes_ub_from_the_soc_not_from_the_tiling(monkeypatch):
     run_twin(args)  # the tiling for the SoC itself fits
 
 
+def test_unknown_soc_is_refused_by_name():
+    args = make(lens=(1,))
+    with pytest.raises(ValueError, match="unknown SoC 'Ascend310P3'"):
+        run_twin(args, platform="Ascend310P3")
+
+
 def test_tiling_for_each_soc_runs_on_that_socs_twin():
     for soc, (ub, cores) in R.PLATFORMS.items():
         args = make(lens=(1, 2), dk=128, dv=128, nk=2, nv=4)
