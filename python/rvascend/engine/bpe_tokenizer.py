@@ -10,9 +10,11 @@ else by name:
 - pre-tokenizer: ByteLevel (with or without its regex), Split on a regex
   (behavior Isolated), or a Sequence of those;
 - model: BPE with merges (`ignore_merges` honoured), no dropout, no byte fallback;
-- added tokens matched literally before pre-tokenization;
+- added tokens matched before pre-tokenization, leftmost-longest, with their
+  `single_word`, `lstrip`, `rstrip` and `normalized` flags as `tokenizers` applies them;
 - post-processor: TemplateProcessing (single sequence), ByteLevel, or none;
-- decoder: ByteLevel.
+- decoder: ByteLevel (every token, added ones included; a token with a character
+  outside the byte alphabet decodes as its own UTF-8, as `tokenizers` does).
 
 `tokenizers` stays the implementation wherever it is installed; tests check
 that both give the same ids on a mixed corpus.
@@ -57,6 +59,45 @@ class Encoding:
     ids: list[int]
 
 
+class _AddedTokenMatcher:
+    """Finds added tokens in text: leftmost-longest, a `single_word` token only
+    between non-word characters, `lstrip` / `rstrip` taking the whitespace beside it."""
+
+    _WORD_END = regex.compile(r"\w\Z")
+    _WORD_START = regex.compile(r"^\w")
+
+    def __init__(self, tokens: list[dict[str, Any]]) -> None:
+        self.tokens = {t["content"]: t for t in tokens if t["content"]}
+        contents = sorted(self.tokens, key=len, reverse=True)
+        self.pattern = regex.compile("|".join(regex.escape(c) for c in contents)) if contents else None
+
+    def split(self, text: str) -> list[tuple[str, Optional[int]]]:
+        """(piece, added token id or None) covering `text` in order."""
+        if self.pattern is None:
+            return [(text, None)] if text else []
+        out: list[tuple[str, Optional[int]]] = []
+        done = 0
+        for m in self.pattern.finditer(text):
+            token = self.tokens[m.group()]
+            start, stop = m.start(), m.end()
+            if token.get("single_word") and ((start > 0 and self._WORD_END.search(text[:start]))
+                                             or (stop < len(text) and self._WORD_START.search(text[stop:]))):
+                continue
+            if start < done:  # an earlier token's rstrip took this match's start
+                continue
+            if token.get("lstrip"):
+                start = max(done, len(text[:start].rstrip()))
+            if token.get("rstrip"):
+                stop = len(text) - len(text[stop:].lstrip())
+            if done < start:
+                out.append((text[done:start], None))
+            out.append((text[start:stop], token["id"]))
+            done = stop
+        if done < len(text):
+            out.append((text[done:], None))
+        return out
+
+
 class BpeTokenizer:
     """The methods of `tokenizers.Tokenizer` the engine uses."""
 
@@ -71,14 +112,17 @@ class BpeTokenizer:
         self.ignore_merges = bool(model.get("ignore_merges"))
         merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
         self.ranks = {pair: i for i, pair in enumerate(merges)}
-        self.added = {t["content"]: t["id"] for t in spec.get("added_tokens") or []}
-        self.special_ids = {t["id"] for t in spec.get("added_tokens") or [] if t.get("special")}
+        added_tokens = spec.get("added_tokens") or []
+        self.added = {t["content"]: t["id"] for t in added_tokens}
+        self.special_ids = {t["id"] for t in added_tokens if t.get("special")}
         for content, i in self.added.items():
             self.vocab.setdefault(content, i)
         self.id_to_token = {i: t for t, i in self.vocab.items()}
-        self._added_split = regex.compile("(" + "|".join(regex.escape(t) for t in
-                                                         sorted(self.added, key=len, reverse=True)) + ")") \
-            if self.added else None
+        for t in added_tokens:
+            self.id_to_token[t["id"]] = t["content"]
+        # Matched in the raw text first, then (normalized: true) in the normalized rest.
+        self._raw_added = _AddedTokenMatcher([t for t in added_tokens if not t.get("normalized")])
+        self._normalized_added = _AddedTokenMatcher([t for t in added_tokens if t.get("normalized")])
         self.normalizer = self._normalizer(spec.get("normalizer"))
         self.splits = self._pre_tokenizers(spec.get("pre_tokenizer"))
         self.prefix, self.suffix = self._template(spec.get("post_processor"))
@@ -192,37 +236,32 @@ class BpeTokenizer:
         return ids
 
     def encode(self, text: str, add_special_tokens: bool = True) -> Encoding:
-        if self.normalizer is not None:
-            text = self.normalizer(text)
         ids: list[int] = []
-        chunks = self._added_split.split(text) if self._added_split else [text]
-        for chunk in chunks:
-            if not chunk:
+        for raw, token_id in self._raw_added.split(text):
+            if token_id is not None:
+                ids.append(token_id)
                 continue
-            if chunk in self.added:
-                ids.append(self.added[chunk])
-                continue
-            for piece in self._pieces(chunk):
-                ids.extend(self._bpe(piece))
+            normalized = self.normalizer(raw) if self.normalizer is not None else raw
+            for chunk, inner_id in self._normalized_added.split(normalized):
+                if inner_id is not None:
+                    ids.append(inner_id)
+                    continue
+                for piece in self._pieces(chunk):
+                    ids.extend(self._bpe(piece))
         if add_special_tokens:
             ids = self.prefix + ids + self.suffix
         return Encoding(ids)
 
     # -- decoding -----------------------------------------------------------------------
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        out, buf = [], bytearray()
+        buf = bytearray()
         for i in ids:
             token = self.id_to_token.get(i)
             if token is None or (skip_special_tokens and i in self.special_ids):
                 continue
-            if token in self.added and i not in self.special_ids or i in self.special_ids:
-                out.append(buf.decode("utf-8", errors="replace"))
-                buf = bytearray()
-                out.append(token)
-                continue
-            buf.extend(self.u2b[c] for c in token)
-        out.append(buf.decode("utf-8", errors="replace"))
-        return "".join(out)
+            mapped = [self.u2b.get(c) for c in token]
+            buf.extend(token.encode("utf-8") if None in mapped else bytes(mapped))
+        return buf.decode("utf-8", errors="replace")
 
     def token_to_id(self, token: str) -> Optional[int]:
         return self.vocab.get(token)

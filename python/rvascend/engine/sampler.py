@@ -3,7 +3,9 @@ top-p, min-p, and the log-probabilities a request asks for.
 
 Never NaN and never an empty candidate set: probabilities come from logits
 shifted so that the best is 0, and the most probable token always survives
-top-k, top-p and min-p, however small their values.
+top-k, top-p and min-p, however small their values. Logits of +inf are the
+whole support: the token is drawn among them (the first of them when greedy),
+as the limit of a softmax would. NaN logits fail the request (SamplingError).
 """
 
 from __future__ import annotations
@@ -57,18 +59,30 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[tor
         banned = [t for t in (*eos_ids, *params.stop_token_ids) if 0 <= t < logits.shape[0]]
         if banned:
             logits[banned] = float("-inf")
+    infinite = torch.isposinf(logits).nonzero().flatten()
     if params.greedy:
         token = int(torch.argmax(logits).item())
+    elif len(infinite):
+        token = int(infinite[torch.randint(len(infinite), (1,), generator=generator)].item())
     else:
         token = _draw(logits, params, generator)
     result = Sampled(token)
     if params.logprobs is not None:
-        logprobs = torch.log_softmax(raw, dim=-1)
+        logprobs = log_softmax(raw)
         result.logprob = float(logprobs[token])
         if params.logprobs > 0:
             values, ids = logprobs.topk(min(params.logprobs, logprobs.shape[0]))
             result.top_logprobs = [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist())]
     return result
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last dimension, where +inf logits share all the mass."""
+    infinite = torch.isposinf(logits)
+    if not infinite.any():
+        return torch.log_softmax(logits, dim=-1)
+    count = infinite.sum(-1, keepdim=True).float()
+    return torch.where(infinite, -torch.log(count), torch.full_like(logits, float("-inf")))
 
 
 def plain_greedy(params: SamplingParams, outputs_so_far: int) -> bool:

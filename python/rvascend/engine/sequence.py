@@ -32,6 +32,10 @@ class SamplingParams:
     logprobs: Optional[int] = None    # None: off; k: the sampled token's and the k most likely
     seed: Optional[int] = None
     ignore_eos: bool = False
+    skip_special_tokens: bool = True  # special tokens' text left out of the output text
+    # Prompt log-probabilities from this prompt position on (SGLang's
+    # logprob_start_len; needs logprobs set); -1: output tokens only.
+    logprob_start_len: int = -1
 
     @property
     def greedy(self) -> bool:
@@ -81,6 +85,9 @@ class Sequence:
         self.finish_reason: Optional[str] = None
         self.error: Optional[str] = None
         self.aborted = False
+        # Prompt tokens' (token, logprob, top logprobs) from params.logprob_start_len on.
+        self.input_logprobs: list[tuple[int, float, Optional[list[tuple[int, float]]]]] = []
+        self.weights_generation = 0  # the model weights its K/V were computed with (engine/engine.py)
         self.arrival = time.perf_counter()
         self.first_token_time: Optional[float] = None
         self.token_times: list[float] = []

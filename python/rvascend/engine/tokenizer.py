@@ -1,7 +1,7 @@
 """Tokenizer of a checkpoint directory: tokenizer.json through the `tokenizers`
 library (or, where it cannot be installed, the pure-Python byte-level BPE of
-bpe_tokenizer.py), the chat template from tokenizer_config.json through Jinja2.
-A GGUF file's tokenizer is rebuilt as the same two files (models/gguf_tokenizer.py)."""
+bpe_tokenizer.py), the chat template from tokenizer_config.json, rendered sandboxed
+(chat_template.py). A GGUF file's tokenizer is rebuilt as the same two files (models/gguf_tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import json
 import os
 from typing import Any, Optional
 
-import jinja2
 from absl import logging
+
+from rvascend.engine.chat_template import ChatTemplate
+
+# The special tokens transformers hands a chat template (its SPECIAL_TOKENS_ATTRIBUTES).
+_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 class Tokenizer:
@@ -31,9 +35,13 @@ class Tokenizer:
             if os.path.exists(config_path):
                 with open(config_path, encoding="utf-8") as f:
                     config = json.load(f)
-        self.chat_template: Optional[str] = config.get("chat_template")
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
+        source = config.get("chat_template")
+        if isinstance(source, list):  # several named templates: the default one serves chat
+            source = next((t.get("template") for t in source if t.get("name") == "default"), None)
+        specials = {name: _token_text(config.get(name)) for name in _SPECIAL_TOKENS}
+        self.chat_template: Optional[ChatTemplate] = ChatTemplate(source, specials) if source else None
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.vocab_size = self._tok.get_vocab_size()
         # Every token covers at most this many UTF-8 bytes of text, so a prompt
@@ -44,8 +52,8 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token: int) -> str:
         """One token's text on its own (logprobs), special tokens included."""
@@ -54,16 +62,20 @@ class Tokenizer:
             text = self._token_text[token] = self._tok.decode([token], skip_special_tokens=False)
         return text
 
-    def apply_chat_template(self, messages: list[dict[str, Any]],
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False,
                             template_kwargs: Optional[dict[str, Any]] = None) -> str:
-        """The prompt text for a chat, ending with the assistant's turn opened."""
-        if self.chat_template:
-            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-            variables = {"add_generation_prompt": True, **(template_kwargs or {})}
-            variables.update(messages=messages, bos_token=self.bos_token or "", eos_token=self.eos_token or "")
-            return env.from_string(self.chat_template).render(**variables)
+        """The prompt text for a chat: ending with the assistant's turn opened
+        (add_generation_prompt), or inside the last message (continue_final_message).
+        ChatTemplateError when the template refuses or fails."""
+        if self.chat_template is not None:
+            return self.chat_template.render(messages, add_generation_prompt, continue_final_message,
+                                             template_kwargs)
         # Checkpoints without a template: a plain transcript.
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        if continue_final_message:
+            return text[:-1]
+        return text + ("assistant:" if add_generation_prompt else "")
 
 
 def _load_tokenizer_json(text: str, source: str):
@@ -73,8 +85,13 @@ def _load_tokenizer_json(text: str, source: str):
         # No riscv64 wheel of `tokenizers` exists; the pure-Python reader serves there.
         from rvascend.engine.bpe_tokenizer import BpeTokenizer
         logging.info("tokenizers is not installed: using the pure-Python byte-level BPE for %s", source)
-        return BpeTokenizer(json.loads(text))
-    return HfTokenizer.from_str(text)
+        make = lambda: BpeTokenizer(json.loads(text))  # noqa: E731
+    else:
+        make = lambda: HfTokenizer.from_str(text)  # noqa: E731
+    try:
+        return make()
+    except Exception as e:  # noqa: BLE001 - `tokenizers` raises a bare Exception on a bad vocabulary
+        raise ValueError(f"{source}: the tokenizer is invalid: {e}") from None
 
 
 def _token_text(token: Any) -> Optional[str]:

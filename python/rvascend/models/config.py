@@ -73,6 +73,8 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_path: str) -> "ModelConfig":
+        if not os.path.exists(model_path):
+            raise FileNotFoundError(f"the model path {model_path} does not exist")
         if os.path.isfile(model_path):
             raise ValueError(f"{model_path} is a file but not a GGUF file (no 'GGUF' magic): a model path is a "
                              "Hugging Face checkpoint directory or a .gguf file")

@@ -33,6 +33,7 @@ class ForwardBatch:
     prefix_lens: list[int]             # tokens already cached per sequence
     kv_slots: list[torch.Tensor]       # per sequence: slots of all its tokens (prefix + new)
     write_slots: torch.Tensor          # [T] slots the new tokens' K/V go to
+    logit_rows: Optional[torch.Tensor] = None  # rows whose logits forward returns (default: each sequence's last)
     _flat: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
     @property
@@ -194,7 +195,8 @@ class DecoderModel(nn.Module):
 
 class CausalLM(nn.Module):
     """Llama / Qwen2 / Qwen3 for causal LM; `forward` returns the logits of the
-    last new token of every sequence in the batch ([batch, vocab])."""
+    last new token of every sequence in the batch ([batch, vocab]), or of the
+    batch's `logit_rows`."""
 
     rvv_kernels = ("argmax",)  # used by the engine's greedy sampling
     rvv_fused_decoder = True  # the policy may run a decode step's layers in one call (policy/fused_decoder.py)
@@ -225,7 +227,11 @@ class CausalLM(nn.Module):
             for layer in self.model.layers:
                 h, residual = layer(h, residual, cos, sin, batch, pool)
         h, _ = self.model.norm.add_forward(h, residual)
-        if not all_logits:
+        if batch.logit_rows is not None and not all_logits:
+            if batch.logit_rows.numel() == 0:  # a chunk of prompts that samples nothing yet
+                return h.new_zeros(0, self.config.vocab_size)
+            h = h[batch.logit_rows]
+        elif not all_logits:
             last = torch.tensor(batch.new_lens).cumsum(0) - 1
             h = h[last]
         return projection_linear(self.lm_head, h)

@@ -13,6 +13,7 @@ interleaved rotary; that order is undone here (Qwen files are not reordered).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from typing import Any, Iterator, Optional
@@ -20,7 +21,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from rvascend.models import gguf_tokenizer
+from rvascend.models import gguf_file, gguf_tokenizer
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -61,43 +62,33 @@ def _gguf_module():
     try:
         import gguf
     except ImportError:
-        raise GgufError("reading a GGUF file needs the `gguf` package (llama.cpp's Python library): "
+        raise GgufError("dequantizing this GGUF tensor type needs the `gguf` package (llama.cpp's Python library): "
                         "pip install gguf, or convert the file once on a machine that has it "
                         "(python -m rvascend.models.gguf_checkpoint --gguf=F --output=DIR)") from None
     return gguf
 
 
 class GgufCheckpoint:
-    """One GGUF file, opened (memory-mapped) and validated."""
+    """One GGUF file, its header read and checked by gguf_file.py, its config validated
+    against its tensors before any weight is read."""
 
     def __init__(self, path: str) -> None:
         if not is_gguf(path):
             raise GgufError(f"{path} is not a GGUF file (no 'GGUF' magic at its start)")
-        gguf = _gguf_module()
         self.path = path
         try:
-            self._reader = gguf.GGUFReader(path, "r")
-        except Exception as e:  # the reader raises whatever numpy raised on a short or corrupt file
-            raise GgufError(f"{path}: cannot read the GGUF structure (truncated or corrupt file?): "
-                            f"{type(e).__name__}: {e}") from None
-        size = os.path.getsize(path)
-        for t in self._reader.tensors:
-            if t.data_offset + t.n_bytes > size:
-                raise GgufError(f"{path} is truncated: tensor {t.name} ends at byte {t.data_offset + t.n_bytes}, "
-                                f"the file has {size}")
-        self.meta: dict[str, Any] = {}
-        for key, field in self._reader.fields.items():
-            try:
-                self.meta[key] = field.contents()
-            except Exception as e:
-                raise GgufError(f"{path}: metadata {key!r} is unreadable: {e}") from None
+            self._file = gguf_file.GgufFile(path)
+        except gguf_file.GgufFormatError as e:
+            raise GgufError(str(e)) from None
+        self.meta: dict[str, Any] = self._file.metadata
         arch = self.meta.get("general.architecture")
         if arch not in ARCHITECTURES:
             raise GgufError(f"{path}: architecture {arch!r} is not supported; supported: "
                             f"{', '.join(sorted(ARCHITECTURES))}")
         self.arch: str = arch
-        self._tensors = {t.name: t for t in self._reader.tensors}
+        self._tensors = self._file.tensors
         self.config = self._config()
+        self._check_tensors()
 
     # -- metadata ---------------------------------------------------------------------
     def _key(self, name: str, default: Any = None, required: bool = False) -> Any:
@@ -106,33 +97,64 @@ class GgufCheckpoint:
             raise GgufError(f"{self.path}: metadata {self.arch}.{name} is missing")
         return value
 
+    def _int(self, name: str, default: Optional[int] = None, low: int = 1, high: int = 1 << 24) -> int:
+        value = self._key(name, default, required=default is None)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise GgufError(f"{self.path}: metadata {self.arch}.{name} = {value!r} is not an integer in "
+                            f"[{low}, {high}]")
+        return value
+
+    def _float(self, name: str, default: float) -> float:
+        value = self._key(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise GgufError(f"{self.path}: metadata {self.arch}.{name} = {value!r} is not a positive number")
+        return float(value)
+
     def _config(self) -> dict[str, Any]:
         """A Hugging Face config.json for the file."""
         if "token_embd.weight" not in self._tensors:
             raise GgufError(f"{self.path} has no token_embd.weight")
-        hidden = int(self._key("embedding_length", required=True))
-        heads = int(self._key("attention.head_count", required=True))
-        head_dim = int(self._key("attention.key_length") or hidden // heads)
-        rope_dim = int(self._key("rope.dimension_count") or head_dim)
+        embed = self._tensors["token_embd.weight"]
+        if len(embed.dims) != 2:
+            raise GgufError(f"{self.path}: token_embd.weight has {len(embed.dims)} dimensions, not 2")
+        hidden = self._int("embedding_length")
+        if embed.dims[0] != hidden:
+            raise GgufError(f"{self.path}: {self.arch}.embedding_length = {hidden} but token_embd.weight has rows "
+                            f"of {embed.dims[0]}")
+        heads = self._int("attention.head_count", high=4096)
+        kv_heads = self._int("attention.head_count_kv", heads, high=heads)
+        if heads % kv_heads:
+            raise GgufError(f"{self.path}: {heads} attention heads do not split into {kv_heads} KV head groups")
+        head_dim = self._int("attention.key_length", hidden // heads or 1, high=4096)
+        if head_dim % 2:
+            raise GgufError(f"{self.path}: head dimension {head_dim} is odd (rotary needs pairs)")
+        if self._int("attention.value_length", head_dim, high=4096) != head_dim:
+            raise GgufError(f"{self.path}: attention.value_length differs from attention.key_length (not supported)")
+        rope_dim = self._int("rope.dimension_count", head_dim, high=4096)
         if rope_dim != head_dim:
             raise GgufError(f"{self.path}: partial rotary ({rope_dim} of {head_dim} dims) is not supported")
         scaling = self._key("rope.scaling.type")
         if scaling not in (None, "none"):
             raise GgufError(f"{self.path}: rope scaling {scaling!r} is not supported")
-        vocab_rows = int(self._tensors["token_embd.weight"].shape[-1])
+        layers = self._int("block_count", high=4096)
+        present = {int(m.group(1)) for m in map(_LAYER_TENSOR.match, self._tensors) if m}
+        beyond = sorted(i for i in present if i >= layers)
+        if beyond:
+            raise GgufError(f"{self.path}: {self.arch}.block_count = {layers} but the file has tensors of "
+                            f"layer {beyond[0]} (blk.{beyond[0]}.*)")
         config: dict[str, Any] = {
             "architectures": [ARCHITECTURES[self.arch]],
             "model_type": self.arch,
             "hidden_size": hidden,
-            "intermediate_size": int(self._key("feed_forward_length", required=True)),
-            "num_hidden_layers": int(self._key("block_count", required=True)),
+            "intermediate_size": self._int("feed_forward_length"),
+            "num_hidden_layers": layers,
             "num_attention_heads": heads,
-            "num_key_value_heads": int(self._key("attention.head_count_kv") or heads),
+            "num_key_value_heads": kv_heads,
             "head_dim": head_dim,
-            "vocab_size": vocab_rows,
-            "rms_norm_eps": float(self._key("attention.layer_norm_rms_epsilon", 1e-6)),
-            "rope_theta": float(self._key("rope.freq_base", 10000.0)),
-            "max_position_embeddings": int(self._key("context_length", 4096)),
+            "vocab_size": int(embed.dims[1]),
+            "rms_norm_eps": self._float("attention.layer_norm_rms_epsilon", 1e-6),
+            "rope_theta": self._float("rope.freq_base", 10000.0),
+            "max_position_embeddings": self._int("context_length", 4096, high=1 << 22),
             "tie_word_embeddings": "output.weight" not in self._tensors,
             "eos_token_id": gguf_tokenizer.end_of_generation_ids(self.meta),
             "bos_token_id": self.meta.get("tokenizer.ggml.bos_token_id"),
@@ -141,8 +163,38 @@ class GgufCheckpoint:
         }
         if _ROPE_FREQS in self._tensors:
             # Llama 3.1+ files carry the per-frequency rope scaling factors as a tensor.
-            config["rope_freq_factors"] = [float(v) for v in self._dequantize(_ROPE_FREQS).reshape(-1)]
+            factors = self._dequantize(_ROPE_FREQS).reshape(-1)
+            if factors.shape[0] != head_dim // 2 or not np.all(np.isfinite(factors)) or np.any(factors <= 0):
+                raise GgufError(f"{self.path}: rope_freqs.weight must hold {head_dim // 2} positive factors")
+            config["rope_freq_factors"] = [float(v) for v in factors]
         return config
+
+    def _expected_shape(self, name: str) -> Optional[tuple[int, ...]]:
+        """The shape (rows first) the config implies for a tensor, or None for any."""
+        c = self.config
+        hidden, ff, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+        q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+        shapes = {
+            "output.weight": (c["vocab_size"], hidden), "output_norm.weight": (hidden,),
+            "attn_norm.weight": (hidden,), "ffn_norm.weight": (hidden,),
+            "attn_q.weight": (q, hidden), "attn_q.bias": (q,), "attn_k.weight": (kv, hidden), "attn_k.bias": (kv,),
+            "attn_v.weight": (kv, hidden), "attn_v.bias": (kv,), "attn_output.weight": (hidden, q),
+            "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,),
+            "ffn_gate.weight": (ff, hidden), "ffn_up.weight": (ff, hidden), "ffn_down.weight": (hidden, ff),
+        }
+        m = _LAYER_TENSOR.match(name)
+        return shapes.get(m.group(2) if m else name)
+
+    def _check_tensors(self) -> None:
+        for name, t in self._tensors.items():
+            self.hf_name(name)
+            want = self._expected_shape(name)
+            if want is not None and t.shape != want:
+                raise GgufError(f"{self.path}: tensor {name} has shape {list(t.shape)}, the config "
+                                f"({self.arch}: hidden {self.config['hidden_size']}, heads "
+                                f"{self.config['num_attention_heads']}/{self.config['num_key_value_heads']} x "
+                                f"{self.config['head_dim']}, ffn {self.config['intermediate_size']}) implies "
+                                f"{list(want)}")
 
     def tokenizer_files(self) -> tuple[dict[str, Any], dict[str, Any]]:
         tokenizer_json, tokenizer_config = gguf_tokenizer.tokenizer_files(self.meta)
@@ -151,12 +203,21 @@ class GgufCheckpoint:
 
     # -- tensors ----------------------------------------------------------------------
     def _dequantize(self, name: str) -> np.ndarray:
-        gguf = _gguf_module()
+        """FP32 values of a tensor, rows first."""
         t = self._tensors[name]
+        if t.type_name in ("I8", "I16", "I32", "I64"):
+            raise GgufError(f"{self.path}: tensor {name} has type {t.type_name}, an integer type, not a weight's")
+        plain = self._file.array(name)
+        if plain is not None:
+            return plain.astype(np.float32)
+        raw = self._file.raw(name)
+        if t.type_name == "BF16":
+            return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+        gguf = _gguf_module()
         try:
-            return gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError:
-            raise GgufError(f"{self.path}: tensor {name} has type {t.tensor_type.name}, which the gguf package "
+            return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(t.type_id)).reshape(t.shape)
+        except (NotImplementedError, ValueError):
+            raise GgufError(f"{self.path}: tensor {name} has type {t.type_name}, which the gguf package "
                             "cannot dequantize") from None
 
     def hf_name(self, name: str) -> Optional[str]:

@@ -37,6 +37,11 @@ PRE_TOKENIZER_SPLITS: dict[str, tuple[Optional[str], ...]] = {
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 _CONTROL, _USER_DEFINED = 3, 4
 
+# Pre-tokenizer types for which llama.cpp matches whole words against the
+# vocabulary before applying merges (ignore_merges) and adds BOS unless the file's
+# tokenizer.ggml.add_bos_token says otherwise (its llama-vocab.cpp).
+_LLAMA3_DEFAULTS = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral"})
+
 
 class UnsupportedGgufTokenizer(ValueError):
     """The file's tokenizer is one this engine cannot rebuild."""
@@ -49,13 +54,17 @@ def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
         raise UnsupportedGgufTokenizer(
             f"tokenizer model {kind!r} is not supported (only 'gpt2', byte-level BPE: GPT-2, Llama 3, "
             "Qwen 2/3, SmolLM); SentencePiece vocabularies ('llama') are not")
-    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise UnsupportedGgufTokenizer("tokenizer.ggml.tokens is missing or not a list of strings")
     merges = meta.get("tokenizer.ggml.merges")
-    if not merges:
-        raise UnsupportedGgufTokenizer("a byte-level BPE vocabulary without tokenizer.ggml.merges")
-    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-    if len(types) != len(tokens):
-        raise UnsupportedGgufTokenizer(f"{len(types)} token types for {len(tokens)} tokens")
+    if not merges or not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
+        raise UnsupportedGgufTokenizer("a byte-level BPE vocabulary without valid tokenizer.ggml.merges "
+                                       "(a list of 'left right' strings)")
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise UnsupportedGgufTokenizer(f"tokenizer.ggml.token_type does not give one type for each of the "
+                                       f"{len(tokens)} tokens")
 
     vocab: dict[str, int] = {}
     added = []
@@ -78,28 +87,43 @@ def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
     def token_of(key: str) -> Optional[str]:
         i = meta.get(f"tokenizer.ggml.{key}")
-        return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+        if i is None:
+            return None
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(tokens):
+            raise UnsupportedGgufTokenizer(f"tokenizer.ggml.{key} = {i!r} is not a token of the "
+                                           f"{len(tokens)}-token vocabulary")
+        return tokens[i]
 
-    bos = token_of("bos_token_id")
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    bos, eos = token_of("bos_token_id"), token_of("eos_token_id")
+    llama3 = pre in _LLAMA3_DEFAULTS
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", llama3)) and bos is not None
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
     post = None
-    if add_bos:
+    if add_bos or add_eos:
+        def special(token: str, key: str) -> dict[str, Any]:
+            return {"id": token, "ids": [meta[f"tokenizer.ggml.{key}"]], "tokens": [token]}
+        head = [{"SpecialToken": {"id": bos, "type_id": 0}}] if add_bos else []
+        tail = [{"SpecialToken": {"id": eos, "type_id": 0}}] if add_eos else []
+        specials = {}
+        if add_bos:
+            specials[bos] = special(bos, "bos_token_id")
+        if add_eos:
+            specials[eos] = special(eos, "eos_token_id")
         post = {"type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                         {"Sequence": {"id": "B", "type_id": 1}}],
-                "special_tokens": {bos: {"id": bos, "ids": [meta["tokenizer.ggml.bos_token_id"]], "tokens": [bos]}}}
+                "single": head + [{"Sequence": {"id": "A", "type_id": 0}}] + tail,
+                "pair": head + [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}]
+                + tail, "special_tokens": specials}
     tokenizer_json = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": steps},
         "post_processor": post,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": llama3,
                   "vocab": vocab, "merges": list(merges)},
     }
-    config = {"bos_token": bos, "eos_token": token_of("eos_token_id"), "pad_token": token_of("padding_token_id"),
-              "add_bos_token": add_bos}
+    config = {"bos_token": bos, "eos_token": eos, "pad_token": token_of("padding_token_id"),
+              "add_bos_token": add_bos, "add_eos_token": add_eos}
     template = meta.get("tokenizer.chat_template")
     if template:
         config["chat_template"] = template

@@ -70,11 +70,13 @@ def _attention_cpu(q, k_pool, v_pool, k_new, v_new, write_slots, kv_slots, kv_st
     t, heads, _ = q.shape
     q = _contiguous(q)
     out = torch.empty_like(q)
-    _native.kv_pool_attention("", q_starts.shape[0] - 1, q_starts.data_ptr(), t, kv_starts.data_ptr(),
-                              kv_slots.data_ptr(), kv_slots.shape[0], heads, kv_heads, d, q.data_ptr(), heads * d,
-                              k_pool.data_ptr(), v_pool.data_ptr(), slots, k_new.data_ptr(), v_new.data_ptr(),
-                              write_slots.data_ptr(), write_slots.shape[0], float(scale), out.data_ptr(),
-                              heads * d, torch.get_num_threads())
+    _native.kv_pool_attention("", q_starts.shape[0] - 1, q_starts.data_ptr(), q_starts.numel(), t,
+                              kv_starts.data_ptr(), kv_starts.numel(), kv_slots.data_ptr(), kv_slots.shape[0],
+                              heads, kv_heads, d, q.data_ptr(), heads * d, q.numel(), k_pool.data_ptr(),
+                              v_pool.data_ptr(), slots, min(k_pool.numel(), v_pool.numel()), k_new.data_ptr(),
+                              v_new.data_ptr(), min(k_new.numel(), v_new.numel()), write_slots.data_ptr(),
+                              write_slots.shape[0], float(scale), out.data_ptr(), heads * d, out.numel(),
+                              torch.get_num_threads())
     return out
 
 

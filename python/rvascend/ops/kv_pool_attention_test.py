@@ -107,5 +107,34 @@ def test_bad_input_is_a_clear_error_and_leaves_the_pool_alone(change, error, mat
     assert torch.equal(a["k_pool"], before)
 
 
+
+def test_native_entry_point_checks_every_extent():
+    """Buffers cross into C++ with their element counts; a count short of what the
+    call reads or writes is an error before anything is written."""
+    from rvascend.ops.packed_linear import _native
+
+    heads, kv_heads, d, slots = 4, 2, 64, 32
+    q = torch.randn(3, heads * d).bfloat16()
+    k_pool, v_pool = torch.randn(slots, kv_heads, d).bfloat16(), torch.randn(slots, kv_heads, d).bfloat16()
+    k_new, v_new = torch.randn(3, kv_heads, d).bfloat16(), torch.randn(3, kv_heads, d).bfloat16()
+    write, kv_slots = torch.tensor([5, 6, 7]), torch.tensor([0, 1, 2, 5, 6, 7])
+    kv_starts, q_starts, out = torch.tensor([0, 6]), torch.tensor([0, 3]), torch.empty_like(q)
+    args = dict(kernel="", batch=1, q_starts=q_starts.data_ptr(), q_starts_n=2, q_rows=3,
+                kv_starts=kv_starts.data_ptr(), kv_starts_n=2, kv_slots=kv_slots.data_ptr(), n_kv_slots=6,
+                heads=heads, kv_heads=kv_heads, head_dim=d, q=q.data_ptr(), q_stride=heads * d, q_elements=q.numel(),
+                k_pool=k_pool.data_ptr(), v_pool=v_pool.data_ptr(), num_slots=slots, pool_elements=k_pool.numel(),
+                k_new=k_new.data_ptr(), v_new=v_new.data_ptr(), new_elements=k_new.numel(),
+                write_slots=write.data_ptr(), n_write=3, scale=0.125, out=out.data_ptr(), out_stride=heads * d,
+                out_elements=out.numel(), num_threads=1)
+    _native.kv_pool_attention(**args)
+    for change, message in ((dict(q_elements=q.numel() - 1), "q has"), (dict(pool_elements=64), "k_pool has"),
+                            (dict(num_slots=slots + 1), "k_pool has"), (dict(new_elements=10), "k_new has"),
+                            (dict(out_elements=5), "out has"), (dict(kv_starts_n=1), "kv_starts has")):
+        before = k_pool.clone()
+        with pytest.raises(ValueError, match=message):
+            _native.kv_pool_attention(**{**args, **change})
+        assert torch.equal(before, k_pool), change
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

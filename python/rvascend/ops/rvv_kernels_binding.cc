@@ -58,7 +58,24 @@ const Bf16PackedKernelSet& KernelSet(const std::string& name, size_t block_n) {
     throw std::invalid_argument("kernel set '" + name + "' is not available on this CPU/build (available: " +
                                 available + ")");
   }
+  // A named set reads its own layout; a weight packed for another block_n would be
+  // read as the wrong columns without any error.
+  if (block_n != 0 && KernelSetBlockN(*set) != block_n) {
+    throw std::invalid_argument("kernel set '" + name + "' reads block_n " + std::to_string(KernelSetBlockN(*set)) +
+                                " (its packed layout), but this weight is packed with block_n " +
+                                std::to_string(block_n) + ": re-pack it for that set or use the best set ('')");
+  }
   return *set;
+}
+
+// A pointer to `need` elements of T, from a buffer that holds `have`.
+template <typename T>
+T* Extent(uintptr_t address, size_t have, size_t need, const std::string& what) {
+  if (have < need) {
+    throw std::invalid_argument(what + " has " + std::to_string(have) + " elements; the call reads or writes " +
+                                std::to_string(need));
+  }
+  return need == 0 ? reinterpret_cast<T*>(address) : Pointer<T>(address, what.c_str());
 }
 
 // `weight_elements` is how many BF16 elements lie readable from `weight` (the
@@ -156,18 +173,24 @@ int64_t FingerprintsMatch(uintptr_t descriptor, size_t count, size_t samples) {
   return -1;
 }
 
-// Index arrays and BF16 buffers cross as pointers; the Python op checks dtypes,
-// shapes and contiguity. Every index (the write slots and the read slots) is
-// checked before the pool is written, so a bad call changes nothing.
-void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, size_t q_rows, uintptr_t kv_starts,
-               uintptr_t kv_slots, size_t n_kv_slots, size_t heads, size_t kv_heads, size_t head_dim, uintptr_t q, size_t q_stride,
-               uintptr_t k_pool, uintptr_t v_pool, size_t num_slots, uintptr_t k_new, uintptr_t v_new,
-               uintptr_t write_slots, size_t n_write, float scale, uintptr_t out, size_t out_stride,
-               size_t num_threads) {
+// Index arrays and BF16 buffers cross as (pointer, elements); the Python op checks
+// dtypes, shapes and contiguity, and every extent is checked here again, so a
+// bypassed check is an exception, not a wild access. Every index (the write slots
+// and the read slots) is checked before the pool is written, so a bad call changes nothing.
+void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, size_t q_starts_n, size_t q_rows,
+               uintptr_t kv_starts, size_t kv_starts_n, uintptr_t kv_slots, size_t n_kv_slots, size_t heads,
+               size_t kv_heads, size_t head_dim, uintptr_t q, size_t q_stride, size_t q_elements, uintptr_t k_pool,
+               uintptr_t v_pool, size_t num_slots, size_t pool_elements, uintptr_t k_new, uintptr_t v_new,
+               size_t new_elements, uintptr_t write_slots, size_t n_write, float scale, uintptr_t out,
+               size_t out_stride, size_t out_elements, size_t num_threads) {
+  const size_t row = kv_heads * head_dim;
+  if (q_rows > 1 && (q_stride < heads * head_dim || out_stride < heads * head_dim)) {
+    throw std::invalid_argument("q or out row stride is smaller than heads * head_dim");
+  }
   KvPoolAttentionArgs a;
   a.batch = batch;
-  a.q_starts = Pointer<const int64_t>(q_starts, "q_starts");
-  a.kv_starts = Pointer<const int64_t>(kv_starts, "kv_starts");
+  a.q_starts = Extent<const int64_t>(q_starts, q_starts_n, batch + 1, "q_starts");
+  a.kv_starts = Extent<const int64_t>(kv_starts, kv_starts_n, batch + 1, "kv_starts");
   if (a.q_starts[batch] != static_cast<int64_t>(q_rows)) {
     throw std::invalid_argument("q_starts ends at " + std::to_string(a.q_starts[batch]) + " but q has " +
                                 std::to_string(q_rows) + " rows");
@@ -181,23 +204,23 @@ void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, size
   a.kv_heads = kv_heads;
   a.head_dim = head_dim;
   const size_t rows = q_rows;
-  a.q = Array<const uint16_t>(q, rows, "q");
+  const size_t q_need = rows ? (rows - 1) * q_stride + heads * head_dim : 0;
+  a.q = Extent<const uint16_t>(q, q_elements, q_need, "q");
   a.q_stride = q_stride;
-  a.k_pool = Pointer<const uint16_t>(k_pool, "k_pool");
-  a.v_pool = Pointer<const uint16_t>(v_pool, "v_pool");
+  a.k_pool = Extent<const uint16_t>(k_pool, pool_elements, num_slots * row, "k_pool");
+  a.v_pool = Extent<const uint16_t>(v_pool, pool_elements, num_slots * row, "v_pool");
   a.num_slots = num_slots;
   a.scale = scale;
-  a.out = Array<uint16_t>(out, rows, "out");
+  a.out = Extent<uint16_t>(out, out_elements, rows ? (rows - 1) * out_stride + heads * head_dim : 0, "out");
   a.out_stride = out_stride;
   ValidateKvPoolAttention(a);
-  const size_t row = kv_heads * head_dim;
   if (n_write) {
     const int64_t* slots = Pointer<const int64_t>(write_slots, "write_slots");
     ValidateWriteSlots(num_slots, slots, n_write);
-    WriteKvPool(Pointer<uint16_t>(k_pool, "k_pool"), num_slots, row, Pointer<const uint16_t>(k_new, "k_new"),
-                slots, n_write);
-    WriteKvPool(Pointer<uint16_t>(v_pool, "v_pool"), num_slots, row, Pointer<const uint16_t>(v_new, "v_new"),
-                slots, n_write);
+    WriteKvPool(Pointer<uint16_t>(k_pool, "k_pool"), num_slots, row,
+                Extent<const uint16_t>(k_new, new_elements, n_write * row, "k_new"), slots, n_write);
+    WriteKvPool(Pointer<uint16_t>(v_pool, "v_pool"), num_slots, row,
+                Extent<const uint16_t>(v_new, new_elements, n_write * row, "v_new"), slots, n_write);
   }
   py::gil_scoped_release release;
   KvPoolAttention(a, num_threads == 0 ? 1 : num_threads, kernel);
@@ -249,39 +272,63 @@ void Argmax(size_t rows, size_t n, uintptr_t x, size_t x_stride, uintptr_t out, 
   ArgmaxRows(k, rows, n, xp, x_stride, op, num_threads ? num_threads : 1);
 }
 
-// Fields of one row of the decoder_layers descriptor (int64 [layers, kLayerFields]):
-// data pointers, as DecoderLayerWeights lists them.
-constexpr size_t kLayerFields = 10;
+// One row of the decoder_layers descriptor (int64 [layers, kLayerFields]): the
+// (data pointer, elements) pairs of DecoderLayerWeights' buffers in its order.
+constexpr size_t kLayerBuffers = 10;
+constexpr size_t kLayerFields = 2 * kLayerBuffers;
 
 void StageMarker(int id);
 
-// The step's decoder layers (decoder_layers.h). The descriptor's pointers come
-// from the policy's plan (fused_decoder.py), which holds every tensor they point
-// into and checked their shapes against `shape`; DecoderLayers checks the batch
-// before anything is written.
-void DecoderLayersStep(const std::string& kernel_set, uintptr_t descriptor, size_t n_layers, size_t block_n,
-                       size_t hidden, size_t intermediate, size_t heads, size_t kv_heads, size_t head_dim,
-                       size_t num_slots, float norm_eps, float qk_norm_eps, float scale, size_t tokens, size_t batch,
-                       uintptr_t q_starts, uintptr_t kv_starts, size_t n_kv_slots, uintptr_t kv_slots,
-                       uintptr_t write_slots, uintptr_t cos, uintptr_t sin, uintptr_t h, uintptr_t h_out,
-                       uintptr_t residual_out, size_t num_threads, bool stage_markers) {
+// The step's decoder layers (decoder_layers.h). Every buffer comes with its
+// element count and is checked against what the shape, the kernel set's layout
+// and the batch make the step read or write; DecoderLayers then checks the
+// batch's indices before anything is written.
+void DecoderLayersStep(const std::string& kernel_set, uintptr_t descriptor, size_t descriptor_elements,
+                       size_t n_layers, size_t block_n, size_t hidden, size_t intermediate, size_t heads,
+                       size_t kv_heads, size_t head_dim, size_t num_slots, float norm_eps, float qk_norm_eps,
+                       float scale, size_t tokens, size_t batch, uintptr_t q_starts, size_t q_starts_n,
+                       uintptr_t kv_starts, size_t kv_starts_n, uintptr_t kv_slots, size_t n_kv_slots,
+                       uintptr_t write_slots, size_t n_write, uintptr_t cos, uintptr_t sin, size_t rope_elements,
+                       uintptr_t h, uintptr_t h_out, uintptr_t residual_out, size_t h_elements, size_t num_threads,
+                       bool stage_markers) {
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   if (tokens == 0) return;
-  const int64_t* rows = Pointer<const int64_t>(descriptor, "descriptor");
+  DecoderKernels kernels;
+  kernels.linear = &KernelSet(kernel_set, block_n);
+  kernels.elementwise = &ChooseElementwiseKernels("");
+  kernels.stage_marker = stage_markers ? &StageMarker : nullptr;
+  const int64_t* rows = Extent<const int64_t>(descriptor, descriptor_elements, n_layers * kLayerFields,
+                                              "descriptor");
+  auto packed = [&](size_t n, size_t k) { return PackedBlocks(n, block_n) * block_n * k; };
+  const size_t q_n = heads * head_dim, kv_n = kv_heads * head_dim;
+  const size_t need[kLayerBuffers] = {hidden, hidden, packed(q_n + 2 * kv_n, hidden), packed(hidden, q_n),
+                                      packed(2 * intermediate, hidden), packed(hidden, intermediate), head_dim,
+                                      head_dim, num_slots * kv_n, num_slots * kv_n};
+  static const char* const kNames[kLayerBuffers] = {
+      "input_norm", "post_attention_norm", "qkv packed weight", "o packed weight", "gate_up packed weight",
+      "down packed weight", "q_norm", "k_norm", "k_pool", "v_pool"};
   std::vector<DecoderLayerWeights> layers(n_layers);
   for (size_t l = 0; l < n_layers; ++l) {
     const int64_t* f = rows + l * kLayerFields;
+    const uint16_t* p[kLayerBuffers];
+    for (size_t i = 0; i < kLayerBuffers; ++i) {
+      const bool optional = i == 6 || i == 7;  // q/k norm: absent without q/k norm
+      const std::string what = "layer " + std::to_string(l) + " " + kNames[i];
+      p[i] = optional && f[2 * i] == 0 ? nullptr
+                                       : Extent<const uint16_t>(static_cast<uintptr_t>(f[2 * i]),
+                                                                static_cast<size_t>(f[2 * i + 1]), need[i], what);
+    }
     DecoderLayerWeights& w = layers[l];
-    w.input_norm = Pointer<const uint16_t>(f[0], "input_norm");
-    w.post_attention_norm = Pointer<const uint16_t>(f[1], "post_attention_norm");
-    w.qkv = Pointer<const uint16_t>(f[2], "qkv packed weight");
-    w.o = Pointer<const uint16_t>(f[3], "o packed weight");
-    w.gate_up = Pointer<const uint16_t>(f[4], "gate_up packed weight");
-    w.down = Pointer<const uint16_t>(f[5], "down packed weight");
-    w.q_norm = f[6] ? Pointer<const uint16_t>(f[6], "q_norm") : nullptr;
-    w.k_norm = f[7] ? Pointer<const uint16_t>(f[7], "k_norm") : nullptr;
-    w.k_pool = Pointer<uint16_t>(f[8], "k_pool");
-    w.v_pool = Pointer<uint16_t>(f[9], "v_pool");
+    w.input_norm = p[0];
+    w.post_attention_norm = p[1];
+    w.qkv = p[2];
+    w.o = p[3];
+    w.gate_up = p[4];
+    w.down = p[5];
+    w.q_norm = p[6];
+    w.k_norm = p[7];
+    w.k_pool = const_cast<uint16_t*>(p[8]);
+    w.v_pool = const_cast<uint16_t*>(p[9]);
   }
   DecoderShape shape;
   shape.hidden = hidden;
@@ -296,23 +343,19 @@ void DecoderLayersStep(const std::string& kernel_set, uintptr_t descriptor, size
   DecoderBatch b;
   b.tokens = tokens;
   b.batch = batch;
-  b.q_starts = Pointer<const int64_t>(q_starts, "q_starts");
-  b.kv_starts = Pointer<const int64_t>(kv_starts, "kv_starts");
+  b.q_starts = Extent<const int64_t>(q_starts, q_starts_n, batch + 1, "q_starts");
+  b.kv_starts = Extent<const int64_t>(kv_starts, kv_starts_n, batch + 1, "kv_starts");
   if (b.kv_starts[batch] != static_cast<int64_t>(n_kv_slots)) {
     throw std::invalid_argument("kv_starts ends at " + std::to_string(b.kv_starts[batch]) + " but kv_slots has " +
                                 std::to_string(n_kv_slots));
   }
   b.kv_slots = Array<const int64_t>(kv_slots, n_kv_slots, "kv_slots");
-  b.write_slots = Pointer<const int64_t>(write_slots, "write_slots");
-  b.cos = Pointer<const uint16_t>(cos, "cos");
-  b.sin = Pointer<const uint16_t>(sin, "sin");
-  DecoderKernels kernels;
-  kernels.linear = &KernelSet(kernel_set, block_n);
-  kernels.elementwise = &ChooseElementwiseKernels("");
-  kernels.stage_marker = stage_markers ? &StageMarker : nullptr;
-  const uint16_t* hp = Pointer<const uint16_t>(h, "h");
-  uint16_t* hop = Pointer<uint16_t>(h_out, "h_out");
-  uint16_t* rop = Pointer<uint16_t>(residual_out, "residual_out");
+  b.write_slots = Extent<const int64_t>(write_slots, n_write, tokens, "write_slots");
+  b.cos = Extent<const uint16_t>(cos, rope_elements, tokens * head_dim, "cos");
+  b.sin = Extent<const uint16_t>(sin, rope_elements, tokens * head_dim, "sin");
+  const uint16_t* hp = Extent<const uint16_t>(h, h_elements, tokens * hidden, "h");
+  uint16_t* hop = Extent<uint16_t>(h_out, h_elements, tokens * hidden, "h_out");
+  uint16_t* rop = Extent<uint16_t>(residual_out, h_elements, tokens * hidden, "residual_out");
   py::gil_scoped_release release;
   DecoderLayers(kernels, layers.data(), n_layers, shape, b, hp, hop, rop, num_threads ? num_threads : 1);
 }
@@ -364,12 +407,14 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("weight_fingerprints_match", &FingerprintsMatch, py::arg("descriptor"), py::arg("count"),
         py::arg("samples"), "Index of the first weight whose fingerprint changed, or -1.");
   m.def("kv_pool_attention", &Attention, py::arg("kernel"), py::arg("batch"), py::arg("q_starts"),
-        py::arg("q_rows"), py::arg("kv_starts"), py::arg("kv_slots"), py::arg("n_kv_slots"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
-        py::arg("q"), py::arg("q_stride"), py::arg("k_pool"), py::arg("v_pool"), py::arg("num_slots"),
-        py::arg("k_new"), py::arg("v_new"), py::arg("write_slots"), py::arg("n_write"), py::arg("scale"),
-        py::arg("out"), py::arg("out_stride"), py::arg("num_threads"),
+        py::arg("q_starts_n"), py::arg("q_rows"), py::arg("kv_starts"), py::arg("kv_starts_n"), py::arg("kv_slots"),
+        py::arg("n_kv_slots"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("q"),
+        py::arg("q_stride"), py::arg("q_elements"), py::arg("k_pool"), py::arg("v_pool"), py::arg("num_slots"),
+        py::arg("pool_elements"), py::arg("k_new"), py::arg("v_new"), py::arg("new_elements"),
+        py::arg("write_slots"), py::arg("n_write"), py::arg("scale"), py::arg("out"), py::arg("out_stride"),
+        py::arg("out_elements"), py::arg("num_threads"),
         "Writes the new K/V rows into the pools, then attention of BF16 queries over K/V read in place "
-        "from the [slots, kv_heads, head_dim] pools.");
+        "from the [slots, kv_heads, head_dim] pools; every buffer comes with its element count.");
   m.def("available_attention_kernels", &AvailableAttentionKernels,
         "Attention kernels this build has and this CPU runs, best first.");
   m.def("rms_norm", &RmsNorm, py::arg("rows"), py::arg("d"), py::arg("x"), py::arg("x_stride"),
@@ -390,14 +435,16 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("name"), "The packed block_n an available kernel set reads.");
   m.def("compiled_kernel_sets", [] { return Names(CompiledKernelSets()); },
         "Every kernel set compiled into this build.");
-  m.def("decoder_layers", &DecoderLayersStep, py::arg("kernel_set"), py::arg("descriptor"), py::arg("n_layers"),
-        py::arg("block_n"), py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("kv_heads"),
-        py::arg("head_dim"), py::arg("num_slots"), py::arg("norm_eps"), py::arg("qk_norm_eps"), py::arg("scale"),
-        py::arg("tokens"), py::arg("batch"), py::arg("q_starts"), py::arg("kv_starts"), py::arg("n_kv_slots"),
-        py::arg("kv_slots"), py::arg("write_slots"), py::arg("cos"), py::arg("sin"), py::arg("h"),
-        py::arg("h_out"), py::arg("residual_out"), py::arg("num_threads"),
-        py::arg("stage_markers") = false,
-        "One decode step's decoder layers in one call (rvv_kernels/decoder/decoder_layers.h).");
+  m.def("decoder_layers", &DecoderLayersStep, py::arg("kernel_set"), py::arg("descriptor"),
+        py::arg("descriptor_elements"), py::arg("n_layers"), py::arg("block_n"), py::arg("hidden"),
+        py::arg("intermediate"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("num_slots"),
+        py::arg("norm_eps"), py::arg("qk_norm_eps"), py::arg("scale"), py::arg("tokens"), py::arg("batch"),
+        py::arg("q_starts"), py::arg("q_starts_n"), py::arg("kv_starts"), py::arg("kv_starts_n"),
+        py::arg("kv_slots"), py::arg("n_kv_slots"), py::arg("write_slots"), py::arg("n_write"), py::arg("cos"),
+        py::arg("sin"), py::arg("rope_elements"), py::arg("h"), py::arg("h_out"), py::arg("residual_out"),
+        py::arg("h_elements"), py::arg("num_threads"), py::arg("stage_markers") = false,
+        "One decode step's decoder layers in one call (rvv_kernels/decoder/decoder_layers.h); every buffer "
+        "comes with its element count.");
   m.def("decoder_stage_names", [] {
     return std::vector<std::string>(kDecoderStageNames, kDecoderStageNames + kDecoderStages);
   });

@@ -80,11 +80,12 @@ class FusedDecoder:
         s = self.shape
         n = len(self.layers)
         _native.decoder_layers(
-            ops.packed_linear._kernel_set, plan.table.data_ptr(), n, plan.block_n, s["hidden"], s["intermediate"],
-            s["heads"], s["kv_heads"], s["head_dim"], pool.num_slots, self.norm_eps, plan.qk_eps, self.scale, t,
-            q_starts.shape[0] - 1, q_starts.data_ptr(), kv_starts.data_ptr(), kv_slots.shape[0], kv_slots.data_ptr(),
-            batch.write_slots.data_ptr(), cos.data_ptr(), sin.data_ptr(), h.data_ptr(), h_out.data_ptr(),
-            residual_out.data_ptr(), torch.get_num_threads(), self.stage_markers)
+            ops.packed_linear._kernel_set, plan.table.data_ptr(), plan.table.numel(), n, plan.block_n, s["hidden"],
+            s["intermediate"], s["heads"], s["kv_heads"], s["head_dim"], pool.num_slots, self.norm_eps, plan.qk_eps,
+            self.scale, t, q_starts.shape[0] - 1, q_starts.data_ptr(), q_starts.numel(), kv_starts.data_ptr(),
+            kv_starts.numel(), kv_slots.data_ptr(), kv_slots.shape[0], batch.write_slots.data_ptr(),
+            batch.write_slots.numel(), cos.data_ptr(), sin.data_ptr(), min(cos.numel(), sin.numel()), h.data_ptr(),
+            h_out.data_ptr(), residual_out.data_ptr(), h.numel(), torch.get_num_threads(), self.stage_markers)
         self._count(policy, t, n)
         return h_out, residual_out
 
@@ -120,8 +121,8 @@ class FusedDecoder:
 
 
 class _Plan:
-    """The layers' pointer table for one KV pool (int64 [layers, 10] in
-    decoder_layers.h's order) and what it was built from.
+    """The layers' buffer table for one KV pool (int64 [layers, 20]: a (data pointer,
+    elements) pair per buffer in decoder_layers.h's order) and what it was built from.
 
     Built with the projection routes' own staleness check; kept while every
     packed weight is provably the one packed, checked per step: the same module
@@ -164,7 +165,7 @@ class _Plan:
                     plan.block_n = packed.shape[2]
                 if packed.shape[2] != plan.block_n or not packed.is_contiguous():
                     return None, "packed_layout"
-                row.append(packed.data_ptr())
+                row += [packed.data_ptr(), packed.numel()]
                 source = route.source
                 plan.projections.append((module, weight, weight._version, weight.data_ptr(), weight.stride(), route,
                                          source))
@@ -174,7 +175,7 @@ class _Plan:
                                      fp - (1 << 64) if fp >= 1 << 63 else fp])
             for norm in (q_norm, k_norm):
                 if norm is None:
-                    row.append(0)
+                    row += [0, 0]
                     continue
                 if not plan._add_norm(norm, row):
                     return None, "norm_weight_layout"
@@ -182,7 +183,7 @@ class _Plan:
             k, v = pool.k[l], pool.v[l]
             if k.dtype != torch.bfloat16 or not (k.is_contiguous() and v.is_contiguous()):
                 return None, "kv_pool_layout"
-            row += [k.data_ptr(), v.data_ptr()]
+            row += [k.data_ptr(), k.numel(), v.data_ptr(), v.numel()]
             rows.append(row)
         plan.table = torch.tensor(rows, dtype=torch.int64)
         plan.fingerprints = torch.tensor(fingerprints, dtype=torch.int64)
@@ -193,7 +194,7 @@ class _Plan:
         w = norm._parameters["weight"]
         if w.dtype != torch.bfloat16 or not w.is_contiguous() or w.device.type != "cpu":
             return False
-        row.append(w.data_ptr())
+        row += [w.data_ptr(), w.numel()]
         self.norms.append((norm, w, w.data_ptr()))
         return True
 

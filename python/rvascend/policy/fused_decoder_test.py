@@ -182,3 +182,46 @@ def test_a_bad_slot_is_an_error_before_anything_is_written(fusing_model):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_native_step_checks_every_extent_and_the_kernel_sets_layout(fusing_model):
+    """The native entry point gets every buffer's element count and checks it, and a
+    named kernel set must read the block_n the weights were packed with (else a
+    layout-2 weight would be read as layout 1, wrong at every step without an error)."""
+    from rvascend import ops
+    from rvascend.ops.packed_linear import _native
+
+    _, m = fusing_model
+    batch, pool = _decode_batch([5, 9]), _pool(m)
+    _forward(m, batch, pool, fused=True)
+    fused = m.__dict__[FUSED_ATTR]
+    plan = fused._plan
+    c = m.config
+    h = torch.randn(2, c.hidden_size).bfloat16()
+    cos, sin = m.rotary(batch.positions, h.dtype)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    kv_slots, kv_starts, q_starts = batch.flat_index()
+    out, res = torch.empty_like(h), torch.empty_like(h)
+    args = dict(kernel_set="", descriptor=plan.table.data_ptr(), descriptor_elements=plan.table.numel(),
+                n_layers=c.num_hidden_layers, block_n=plan.block_n, hidden=c.hidden_size,
+                intermediate=c.intermediate_size, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+                head_dim=c.head_dim, num_slots=pool.num_slots, norm_eps=1e-6, qk_norm_eps=1e-6, scale=0.1, tokens=2,
+                batch=2, q_starts=q_starts.data_ptr(), q_starts_n=3, kv_starts=kv_starts.data_ptr(), kv_starts_n=3,
+                kv_slots=kv_slots.data_ptr(), n_kv_slots=kv_slots.numel(), write_slots=batch.write_slots.data_ptr(),
+                n_write=2, cos=cos.data_ptr(), sin=sin.data_ptr(), rope_elements=cos.numel(), h=h.data_ptr(),
+                h_out=out.data_ptr(), residual_out=res.data_ptr(), h_elements=h.numel(), num_threads=1)
+    _native.decoder_layers(**args)
+    for change, message in (
+            (dict(descriptor_elements=plan.table.numel() - 1), "descriptor has"),
+            (dict(h_elements=h.numel() - 1), "h has"),
+            (dict(n_write=1), "write_slots has"),
+            (dict(q_starts_n=2), "q_starts has"),
+            (dict(rope_elements=c.head_dim), "cos has"),
+            (dict(num_slots=pool.num_slots + 1), "layer 0 k_pool has"),
+            (dict(intermediate=c.intermediate_size + 32), "layer 0 gate_up packed weight has"),
+            (dict(kernel_set="portable", block_n=2 * plan.block_n), "reads block_n .* packed with block_n"),
+            (dict(kernel_set=ops.available_kernel_sets()[0], block_n=4 * plan.block_n), "packed with block_n")):
+        before = [k.clone() for k in pool.k]
+        with pytest.raises(ValueError, match=message):
+            _native.decoder_layers(**{**args, **change})
+        assert all(torch.equal(a, b) for a, b in zip(before, pool.k)), change  # nothing written

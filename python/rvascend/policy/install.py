@@ -9,7 +9,8 @@ import torch
 from absl import logging
 from torch import nn
 
-from rvascend.policy import adapters, budget, fused_decoder, kernel_routes, regional_compile, shape_gate
+from rvascend.policy import adapters, budget, fused_decoder, kernel_routes, regional_compile, shape_gate, \
+    weights_generation
 from rvascend.policy.config import RvvPolicyConfig
 from rvascend.policy.counters import RouteCounters
 from rvascend.policy.route import PACKED_BUFFER, ProjectionRoute
@@ -188,7 +189,9 @@ def _invalidate_after_load(model: nn.Module, incompatible_keys) -> None:
 
 
 def invalidate_packed_weights(model: nn.Module) -> None:
-    """Frees every packed buffer; calls run row-major until `repack(model)`."""
+    """Frees every packed buffer; calls run row-major until `repack(model)`. Declares
+    the weights changed (anything cached from them, such as K/V, is dropped)."""
+    weights_generation.bump(model)
     policy = get_policy(model)
     if policy is None:
         return
@@ -197,10 +200,12 @@ def invalidate_packed_weights(model: nn.Module) -> None:
 
 
 def repack(model: nn.Module) -> PolicyReport:
-    """Re-packs every routed projection from its current weight (explicit, never silent)."""
+    """Re-packs every routed projection from its current weight (explicit, never silent).
+    Declares the weights changed, as invalidate_packed_weights does."""
     policy = get_policy(model)
     if policy is None:
         raise RuntimeError("the RVV policy is not installed on this model")
+    weights_generation.bump(model)
     for route in policy.routes.values():
         route.drop("repacking")
     return policy.pack_all()

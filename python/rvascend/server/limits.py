@@ -16,6 +16,9 @@ from absl import logging
 
 ASGIApp = Callable[..., Awaitable[None]]
 
+# Paths open without the API key: probes and scrapers carry no credentials.
+UNGUARDED_PATHS = frozenset({"/health", "/metrics"})
+
 
 class InputError(ValueError):
     """The request's content is unusable; a 400 naming the problem."""
@@ -45,9 +48,9 @@ async def send_json_error(send, status: int, message: str, kind: str) -> None:
 
 
 class RequestGuard:
-    """Pure ASGI middleware in front of every endpoint: the API key on /v1/, a 413
-    for bodies over `body_limit` bytes (announced or read), and a JSON 500 for
-    any unhandled error.
+    """Pure ASGI middleware in front of every endpoint: the API key on every path
+    but /health and /metrics (as SGLang guards them), a 413 for bodies over
+    `body_limit` bytes (announced or read), and a JSON 500 for any unhandled error.
 
     Pure ASGI (not Starlette's BaseHTTPMiddleware) so that the endpoint's
     `request.is_disconnected()` sees the client leave.
@@ -63,7 +66,7 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", ()))
-        if self.expected is not None and scope["path"].startswith("/v1/"):
+        if self.expected is not None and scope["path"] not in UNGUARDED_PATHS:
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
                 await send_json_error(send, 401, "missing or wrong API key", "authentication_error")
                 return

@@ -54,6 +54,7 @@ class _Request(BaseModel):
     stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
     ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
     user: Optional[StrictStr] = None
 
     def check_supported(self) -> None:
@@ -84,7 +85,8 @@ class _Request(BaseModel):
             top_k=self.top_k, min_p=float(self.min_p), repetition_penalty=float(self.repetition_penalty),
             frequency_penalty=float(self.frequency_penalty), presence_penalty=float(self.presence_penalty),
             min_tokens=self.min_tokens, stop=self.stop_list(), stop_token_ids=tuple(self.stop_token_ids or ()),
-            logit_bias=tuple(bias), logprobs=logprobs, seed=seed, ignore_eos=self.ignore_eos)
+            logit_bias=tuple(bias), logprobs=logprobs, seed=seed, ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens)
 
     @property
     def include_usage(self) -> bool:
@@ -99,6 +101,8 @@ class CompletionRequest(_Request):
     def prompts(self) -> list[Union[str, list[int]]]:
         """One entry per prompt: text or token ids."""
         p = self.prompt
+        if isinstance(p, list) and not p:
+            raise UnsupportedField("'prompt' is an empty list: send a prompt (text or token ids)")
         if isinstance(p, str):
             return [p]
         if p and all(isinstance(x, int) for x in p):
@@ -141,6 +145,33 @@ class ChatCompletionRequest(_Request):
     logprobs: StrictBool = False
     top_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    # vLLM's and SGLang's chat extensions: end the prompt with the assistant's turn
+    # opened, or inside the last message so that the model continues it.
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if (self.model_extra or {}).get("echo"):
+            raise UnsupportedField("'echo' is not supported in chat completions by this server")
+
+    def template_options(self) -> tuple[bool, bool, dict[str, Any]]:
+        """(add_generation_prompt, continue_final_message, other template variables);
+        the two flags may also come inside chat_template_kwargs, as vLLM allows."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        add = kwargs.pop("add_generation_prompt", None)
+        cont = kwargs.pop("continue_final_message", None)
+        for name, value in (("add_generation_prompt", add), ("continue_final_message", cont)):
+            if value is not None and not isinstance(value, bool):
+                raise UnsupportedField(f"chat_template_kwargs.{name} must be a boolean")
+        add = self.add_generation_prompt if add is None else add
+        cont = self.continue_final_message if cont is None else cont
+        if cont and "add_generation_prompt" not in self.model_fields_set and \
+                "add_generation_prompt" not in (self.chat_template_kwargs or {}):
+            add = False  # continuing the last message implies not opening a new turn
+        if cont and add:
+            raise UnsupportedField("continue_final_message and add_generation_prompt cannot both be true")
+        return add, cont, kwargs
 
     def requested_logprobs(self) -> Optional[int]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -149,10 +180,25 @@ class ChatCompletionRequest(_Request):
 
 
 class GenerateRequest(BaseModel):
-    """SGLang's native /generate: text or input_ids, sampling_params, stream."""
+    """SGLang's native /generate: text or input_ids, sampling_params, stream, the
+    log-probabilities (return_logprob, logprob_start_len, top_logprobs_num,
+    return_text_in_logprobs) and rid. Any other field that is set (lora_path,
+    image_data, ...) is refused by name."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
     text: Optional[StrictStr] = None
     input_ids: Optional[list[StrictInt]] = None
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     stream: StrictBool = False
+    rid: Optional[StrictStr] = None
+    return_logprob: StrictBool = False
+    logprob_start_len: StrictInt = -1
+    top_logprobs_num: StrictInt = Field(default=0, ge=0, le=MAX_LOGPROBS)
+    return_text_in_logprobs: StrictBool = False
+
+    def check_supported(self) -> None:
+        for name, value in (self.model_extra or {}).items():
+            if value not in (None, False, [], {}, ""):
+                raise UnsupportedField(f"'{name}' is not supported by this server")
+        if not self.return_logprob and (self.logprob_start_len != -1 or self.top_logprobs_num):
+            raise UnsupportedField("logprob_start_len and top_logprobs_num need return_logprob: true")

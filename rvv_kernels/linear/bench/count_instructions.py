@@ -1,10 +1,7 @@
 """Dynamic instruction counts of the RVV microkernels under QEMU, per weight element.
 
-Method (deterministic): the riscv64 benchmark binary runs once under
-`qemu-riscv64 -one-insn-per-tb -d exec,nochain -dfilter <kernel ranges>`, so
-QEMU logs one line per executed guest instruction whose PC lies inside the
-microkernel functions (their ranges come from the binary's symbol table).
-The count is compared with the minimal vector sequence per k-row of a block:
+Method (deterministic, python/rvascend/bench/qemu_exec_count.py): QEMU logs
+every executed instruction inside the microkernel functions. The count is compared with the minimal vector sequence per k-row of a block:
 per 32 columns load, widen, shift, FMA (4) for the version-1 shift-widening
 kernels and load, widening BF16 FMA (2) with Zvfbfwma; per VLEN/2 columns
 load, shift, AND and two FMAs (5) for the version-2 (rvv_wide) kernels.
@@ -13,13 +10,10 @@ load, shift, AND and two FMAs (5) for the version-2 (rvv_wide) kernels.
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
-import tempfile
 
-from absl import app, flags, logging
+from absl import app, flags
+
+from rvascend.bench import qemu_exec_count
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("binary", None, "riscv64 bf16_packed_linear_bench binary.")
@@ -33,42 +27,12 @@ flags.DEFINE_string("output", None, "Append one JSON line per count to this file
 def minimal_per_weight(kernel_set: str, vlen: int) -> float:
     """Vector instructions per weight element of the shortest sequence the set's layout allows."""
     return {"rvv": 4 / 32, "zvfbfwma": 2 / 32, "rvv_wide": 5 / (vlen / 2)}[kernel_set]
-_KERNEL_SYMBOL = re.compile(r"rvascend::.*(ukernel|Gemv|Gemm|BlockPair|Lmul)")
-
-
-def kernel_ranges(binary: str, nm: str) -> list[tuple[int, int]]:
-    out = subprocess.run([nm, "-C", "-S", "--defined-only", binary], capture_output=True,
-                         text=True, check=True).stdout
-    ranges = []
-    for line in out.splitlines():
-        parts = line.split(None, 3)
-        if len(parts) == 4 and parts[2] in "tTwW" and _KERNEL_SYMBOL.search(parts[3]):
-            start, size = int(parts[0], 16), int(parts[1], 16)
-            if size:
-                ranges.append((start, start + size))
-    if not ranges:
-        raise RuntimeError(f"no microkernel symbols found in {binary}")
-    return sorted(ranges)
-
-
-def count(binary: str, qemu: str, cpu: str, args: list[str], ranges: list[tuple[int, int]]) -> int:
-    dfilter = ",".join(f"0x{a:x}..0x{b - 1:x}" for a, b in ranges)
-    with tempfile.TemporaryDirectory() as tmp:
-        log = os.path.join(tmp, "exec.log")
-        subprocess.run([qemu, "-one-insn-per-tb", "-d", "exec,nochain", "-dfilter", dfilter,
-                        "-D", log, "-cpu", cpu, binary, *args], check=True,
-                       stdout=subprocess.DEVNULL)
-        n = 0
-        with open(log, "rb") as f:
-            for line in f:
-                if line.startswith(b"Trace "):
-                    n += 1
-        return n
+_KERNEL_SYMBOLS = r"rvascend::.*(ukernel|Gemv|Gemm|BlockPair|Lmul)"
 
 
 def main(argv: list[str]) -> int:
     del argv
-    ranges = kernel_ranges(FLAGS.binary, FLAGS.nm)
+    ranges = qemu_exec_count.function_ranges(FLAGS.binary, FLAGS.nm, _KERNEL_SYMBOLS)
     rows = []
     print(f"{'kernels':10s} {'VLEN':>5s} {'M':>4s} {'N':>6s} {'K':>6s} {'insns':>12s} "
           f"{'per weight':>11s} {'minimum':>9s} {'ratio':>6s} {'x 16/VLEN':>9s}")
@@ -78,7 +42,7 @@ def main(argv: list[str]) -> int:
             cpu = f"rv64,v=true,vext_spec=v1.0,vlen={vlen}{cpu_ext}"
             for shape in FLAGS.shapes:
                 m, n, k = (int(x) for x in shape.split("x"))
-                insns = count(FLAGS.binary, FLAGS.qemu, cpu,
+                insns = qemu_exec_count.count(FLAGS.binary, FLAGS.qemu, cpu,
                               [f"--kernel_set={kernel_set}", f"--m={m}", f"--n={n}", f"--k={k}",
                                "--reps=1", "--threads=1"], ranges)
                 minimum = minimal_per_weight(kernel_set, int(vlen)) * n * k

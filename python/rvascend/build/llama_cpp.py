@@ -1,0 +1,93 @@
+"""llama.cpp, the peer every comparison is measured against: llama-cpp-python built
+from its PyPI source distribution (llama.cpp vendored), pinned with its sha256 in
+llama_cpp.lock.json.
+
+`./dev setup` downloads the source distribution into `.deps/llama_cpp` and builds
+it into its own venv there (about five minutes on two cores, once). The tests
+read llama.cpp's tokenizer and logits through that venv's interpreter, and the
+chat templates of the model families from the source distribution; the
+benchmarks build ggml's RVV kernels from it. None of its code enters this
+repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from absl import logging
+
+from rvascend import checkout
+from rvascend.build import pinned_download
+
+PYTHON_ENV = "RVASCEND_LLAMA_CPP_PYTHON"
+SDIST_ENV = "RVASCEND_LLAMA_CPP_SDIST"
+
+
+def lock() -> dict[str, Any]:
+    return pinned_download.load_lock(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama_cpp.lock.json"))
+
+
+def work_dir() -> str:
+    return os.path.join(checkout.root(), ".deps", "llama_cpp")
+
+
+def fetch_sdist(dest_dir: str) -> str:
+    """The pinned source distribution in `dest_dir` (pip, hash-checked); its path."""
+    spec = lock()
+    return pinned_download.pip_download(spec["package"], spec["version"], spec["sdist_sha256"], spec["sdist"],
+                                        dest_dir, source=True, size_hint="about 77 MB")
+
+
+def sdist_path(fetch: bool = True) -> str:
+    """The pinned source distribution: $RVASCEND_LLAMA_CPP_SDIST or .deps/llama_cpp."""
+    explicit = os.environ.get(SDIST_ENV)
+    if explicit:
+        return explicit
+    path = os.path.join(work_dir(), lock()["sdist"])
+    if os.path.exists(path):
+        return path
+    if not fetch:
+        raise FileNotFoundError(f"{path} is missing: run ./dev setup")
+    return fetch_sdist(work_dir())
+
+
+def ensure_python(work: str) -> str:
+    """The interpreter of a venv with the pinned llama-cpp-python, built from source once
+    (its source distribution, which the tests read too, stays in `work`)."""
+    spec = lock()
+    sdist = fetch_sdist(work)
+    venv = os.path.join(work, f"venv-{spec['version']}")
+    python = os.path.join(venv, "bin", "python")
+    stamp = os.path.join(venv, "INSTALLED")
+    pinned = {k: spec[k] for k in ("package", "version", "sdist_sha256", "dependencies")}
+    if os.path.exists(stamp):
+        with open(stamp, encoding="utf-8") as f:
+            if {k: v for k, v in json.load(f).items() if k in pinned} == pinned:
+                logging.info("llama-cpp-python %s: already built in %s", spec["version"], venv)
+                return python
+    logging.info("llama-cpp-python %s: building llama.cpp from source into %s (about 5 minutes on 2 cores)",
+                 spec["version"], venv)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", venv], check=True)
+    pip = [python, "-m", "pip", "install", "--progress-bar", "off"]
+    subprocess.run(pip + ["--no-deps", *spec["dependencies"]], check=True)
+    # One compile job per core (CMake defaults to one job).
+    env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(len(os.sched_getaffinity(0)))}
+    subprocess.run(pip + ["--no-deps", sdist], check=True, env=env)
+    with open(stamp, "w", encoding="utf-8") as f:
+        json.dump(pinned, f)
+    return python
+
+
+def python_path() -> str:
+    """The built peer's interpreter: $RVASCEND_LLAMA_CPP_PYTHON or the set-up venv."""
+    explicit = os.environ.get(PYTHON_ENV)
+    if explicit:
+        return explicit
+    python = os.path.join(work_dir(), f"venv-{lock()['version']}", "bin", "python")
+    if not os.path.exists(python):
+        raise FileNotFoundError(f"{python} is missing: run ./dev setup")
+    return python

@@ -1,0 +1,227 @@
+"""An engine step is a transaction: a failure before commit changes nothing, so a
+retried step cannot emit twice, take a second slot for a token, or skip a draw of a
+seeded generator; cached K/V never outlive the weights that computed them; a request
+waiting for a shared prefill does not hold up the requests behind it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rvascend.engine import Engine, EngineConfig, SamplingParams, sampler
+from rvascend.engine import engine as engine_module
+from rvascend.engine.random_model import ensure_random_model
+from rvascend.engine.sequence import Status
+from rvascend.models.loader import load_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(ensure_random_model(), torch.float32)
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(2, 2000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _engine(model, **config) -> Engine:
+    return Engine(model, None, EngineConfig(**{"max_total_tokens": 512, "chunked_prefill_size": 16, **config}))
+
+
+def _snapshot(engine: Engine) -> dict:
+    seqs = sorted(engine._running, key=lambda s: s.id)
+    return {
+        "free": sorted(engine._free_slots), "reserved": engine._reserved,
+        "cache": (engine.cache.size, engine.cache.locked_size) if engine.cache else None,
+        "seqs": [(s.id, list(s.slots), s.prefilled, list(s.output_ids), s.status, s.finish_reason, s.emitted,
+                  s.reserved, len(s.token_times), len(s.input_logprobs),
+                  None if s.generator is None else s.generator.get_state().tolist()) for s in seqs],
+    }
+
+
+def _mid_flight(model) -> tuple[Engine, list]:
+    """An engine with a decoding seeded sampler, a decoding greedy sequence asking for
+    log-probabilities, and a prompt still prefilling that asks for prompt log-probabilities."""
+    engine = _engine(model)
+    seqs = [engine.add_request(_prompt(20, 1), SamplingParams(max_tokens=30, temperature=1.0, seed=7)),
+            engine.add_request(_prompt(12, 2), SamplingParams(max_tokens=30, temperature=0, logprobs=2))]
+    for _ in range(4):
+        engine.step()
+    seqs.append(engine.add_request(_prompt(40, 3), SamplingParams(max_tokens=4, temperature=0, logprobs=0,
+                                                                  logprob_start_len=0)))
+    engine.step()
+    assert seqs[2].status is Status.RUNNING and seqs[2].prefilling and not seqs[0].prefilling
+    return engine, seqs
+
+
+def _work(engine: Engine) -> list:
+    decoding = [s for s in engine._running if not s.prefilling]
+    return [(s, 1) for s in decoding] + engine._prefill_chunk([s for s in engine._running if s.prefilling])
+
+
+@pytest.mark.parametrize("stage", ["take_slots", "forward", "sampling", "prompt_logprobs"])
+def test_a_failure_before_commit_changes_nothing(model, stage, monkeypatch):
+    engine, _ = _mid_flight(model)
+    before = _snapshot(engine)
+    work = _work(engine)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError(f"injected failure in {stage}")
+    if stage == "take_slots":
+        monkeypatch.setattr(engine, "_take_slots", boom)
+    elif stage == "forward":
+        monkeypatch.setattr(engine.model, "forward", boom)
+    elif stage == "sampling":
+        # After the seeded sequence has drawn: the draw must be undone too.
+        real = sampler.sample
+
+        def sample_then_fail(*args, **kwargs):
+            real(*args, **kwargs)
+            raise RuntimeError("injected")
+        monkeypatch.setattr(engine, "_greedy_tokens", lambda *a: None)
+        monkeypatch.setattr(sampler, "sample", sample_then_fail)
+        monkeypatch.setattr(engine_module, "_prompt_logprobs", boom)
+    else:
+        monkeypatch.setattr(engine_module, "_prompt_logprobs", boom)
+    plan = None
+    with pytest.raises(RuntimeError, match="injected"):
+        plan = engine._prepare(work)
+        engine._run(plan)
+    if plan is not None:
+        engine._abandon(plan)
+    assert _snapshot(engine) == before
+
+
+def test_a_poisoned_sequence_fails_alone_and_the_others_answer_as_if_alone(model, monkeypatch):
+    """The issue's reproduction: a failure after some sequences were sampled. Before
+    steps were transactions, a retried sequence emitted after finishing and another
+    took a second KV slot for one token, silently corrupting its answer."""
+    engine, seqs = _mid_flight(model)
+    emitted = {s.id: [] for s in seqs}
+    for s in seqs:
+        s.on_output = lambda seq, out: emitted[seq.id].append(out)
+    real = engine_module._prompt_logprobs
+    calls = [0]
+
+    def poisoned(row, logits):
+        calls[0] += 1
+        if calls[0] <= 2:  # the mixed step and the poisoned sequence's own retry
+            raise RuntimeError("poisoned prompt")
+        return real(row, logits)
+    monkeypatch.setattr(engine_module, "_prompt_logprobs", poisoned)
+    writes: list[list[int]] = []
+    forward = engine.model.forward
+
+    def recording(batch, pool, **kw):
+        out = forward(batch, pool, **kw)
+        writes.append(batch.write_slots.tolist())
+        return out
+    monkeypatch.setattr(engine.model, "forward", recording)
+    while engine.has_work():
+        engine.step()
+    assert seqs[2].finish_reason == "error" and "poisoned prompt" in seqs[2].error
+    for s in seqs[:2]:
+        assert s.finish_reason == "length" and len(s.output_ids) == 30
+        outs = emitted[s.id]
+        assert [o.token_id for o in outs] == s.output_ids[-len(outs):]   # each token emitted once
+        assert [o.finished for o in outs].count(True) == 1 and outs[-1].finished
+    assert engine.stats()["kv_used_tokens"] == 0 and engine.stats()["kv_reserved_tokens"] == 0
+    assert len(engine._free_slots) + engine.stats()["kv_cached_tokens"] == 512
+
+
+def test_seeded_and_greedy_answers_survive_a_failed_step(model, monkeypatch):
+    """The same answers as an engine where nothing failed: no token drawn twice, no
+    generator draw lost, no duplicated key in any sequence's attention."""
+    def run(fail: bool):
+        engine = _engine(model)
+        a = engine.add_request(_prompt(20, 1), SamplingParams(max_tokens=16, temperature=1.0, seed=7))
+        b = engine.add_request(_prompt(12, 2), SamplingParams(max_tokens=16, temperature=0))
+        steps = [0]
+        real = engine._greedy_tokens
+
+        def flaky(*args):
+            steps[0] += 1
+            if fail and steps[0] in (3, 7):
+                raise RuntimeError("transient failure")
+            return real(*args)
+        monkeypatch.setattr(engine, "_greedy_tokens", flaky)
+        while engine.has_work():
+            engine.step()
+        return a, b, engine
+    a0, b0, _ = run(False)
+    a1, b1, engine = run(True)
+    assert a1.output_ids == a0.output_ids and b1.output_ids == b0.output_ids
+    assert a1.finish_reason == b1.finish_reason == "length"
+    assert len(engine._free_slots) + engine.stats()["kv_cached_tokens"] == 512
+
+
+def test_commit_failure_of_one_client_fails_only_it(model):
+    engine = _engine(model)
+    good = engine.add_request(_prompt(10, 4), SamplingParams(max_tokens=6, temperature=0))
+
+    def broken(seq, out):
+        if out.token_id is not None:
+            raise ConnectionError("client gone")
+    bad = engine.add_request(_prompt(10, 5), SamplingParams(max_tokens=6, temperature=0), broken)
+    while engine.has_work():
+        engine.step()
+    assert good.finish_reason == "length" and bad.finish_reason == "error" and "client gone" in bad.error
+    assert engine.stats()["kv_used_tokens"] == 0
+
+
+def test_infinite_logits_are_the_support_and_nan_fails_one_request():
+    logits = torch.zeros(50)
+    logits[[7, 31]] = float("inf")
+    params = SamplingParams(temperature=0.8)
+    drawn = {sampler.sample(logits, params, torch.Generator().manual_seed(s)).token for s in range(40)}
+    assert drawn == {7, 31}
+    assert sampler.sample(logits, SamplingParams(temperature=0), None).token == 7
+    lp = sampler.sample(logits, SamplingParams(temperature=1.0, logprobs=2), torch.Generator().manual_seed(0))
+    assert lp.logprob == pytest.approx(-0.6931, abs=1e-4)
+    with pytest.raises(sampler.SamplingError, match="NaN"):
+        sampler.sample(torch.tensor([0.0, float("nan")]), params, None)
+
+
+def test_cached_kv_does_not_outlive_the_weights(model):
+    """After load_state_dict (or invalidate_packed_weights / repack) a cached prompt
+    is computed again with the new weights, also when a running request pinned it."""
+    from rvascend.policy import invalidate_packed_weights
+
+    local = load_model(ensure_random_model(), torch.float32)
+    engine = _engine(local, chunked_prefill_size=512)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    prompt = _prompt(40, 6)
+    engine.generate([prompt], params)
+    assert engine.generate([prompt], params)[0].cached_tokens == 39
+    running = engine.add_request(prompt, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    engine.step()
+    assert running.cached_tokens == 39 and running.status is Status.RUNNING
+    state = {k: v * 1.5 if k.endswith("o_proj.weight") else v for k, v in local.state_dict().items()}
+    local.load_state_dict(state)
+    fresh = _engine(local, disable_radix_cache=True).generate([prompt], params)[0]
+    after = engine.generate([prompt], params)[0]
+    assert after.cached_tokens == 0 and after.output_ids == fresh.output_ids
+    assert engine.stats()["cache_retirements"] == 1
+    while engine.has_work():
+        engine.step()
+    assert engine.stats()["kv_used_tokens"] == 0
+    assert len(engine._free_slots) + engine.stats()["kv_cached_tokens"] == 512
+    invalidate_packed_weights(local)
+    assert engine.generate([prompt], params)[0].cached_tokens == 0
+    assert engine.stats()["cache_retirements"] == 2
+
+
+def test_a_request_waiting_for_a_shared_prefill_does_not_block_the_queue(model):
+    engine = _engine(model)
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    long = _prompt(96, 7)
+    first = engine.add_request(long, params)
+    engine.step()
+    assert first.prefilling
+    sharer = engine.add_request(long[:64] + _prompt(8, 8), params)
+    unrelated = engine.add_request(_prompt(8, 9), params)
+    engine.step()
+    assert sharer.status is Status.WAITING and unrelated.status is Status.RUNNING
+    while engine.has_work():
+        engine.step()
+    assert sharer.cached_tokens >= 64 and unrelated.finish_reason == "length"

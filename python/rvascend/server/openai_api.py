@@ -1,0 +1,122 @@
+"""The OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions, /v1/models."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Optional
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from rvascend.engine import SamplingParams
+from rvascend.server import limits, responses
+from rvascend.server.context import BAD_INPUT, ServerContext
+from rvascend.server.protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField
+from rvascend.server.responses import LogprobFormat, error
+from rvascend.server.streaming import stream_events
+from rvascend.server.submission import Submission
+
+DEFAULT_COMPLETION_TOKENS = 16
+DEFAULT_CHAT_TOKENS = 256
+
+
+def openai_routes(ctx: ServerContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        try:
+            req.check_supported()
+            if req.echo and req.logprobs is not None:
+                raise UnsupportedField("echo with logprobs (prompt log-probabilities) is not supported")
+            prompts = req.prompts()
+            ids = [await ctx.tokenize(f"prompt[{i}]" if len(prompts) > 1 else "prompt", p) if isinstance(p, str)
+                   else list(p) for i, p in enumerate(prompts)]
+            for s in req.stop_list():
+                limits.check_text("stop", s)
+            pairs = [(p, req.sampling_params(ctx.max_tokens_for(len(p), DEFAULT_COMPLETION_TOKENS, req.max_tokens),
+                                             req.logprobs, j)) for p in ids for j in range(req.n)]
+            echo = None
+            if req.echo:
+                echo = [p if isinstance(p, str) else (ctx.tokenizer.decode(p) if ctx.tokenizer else "")
+                        for p in prompts]
+        except BAD_INPUT as e:
+            return error(400, str(e))
+        return await _serve(ctx, "completions", pairs, req.n, req.stream, False, req.include_usage,
+                            req.logprobs is not None, request, echo)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        try:
+            req.check_supported()
+            logprobs = req.requested_logprobs()
+            messages = []
+            for i, m in enumerate(req.messages):
+                text = m.text()
+                limits.check_text(f"messages[{i}].content", text)
+                messages.append({"role": m.role, "content": text, **({"name": m.name} if m.name else {})})
+            if ctx.tokenizer is None:
+                raise limits.InputError("this server has no tokenizer: chat needs one")
+            add, cont, kwargs = req.template_options()
+            prompt = ctx.tokenizer.apply_chat_template(messages, add, cont, kwargs)
+            ids = await ctx.tokenize("the chat prompt", prompt, add_special_tokens=False)
+            for s in req.stop_list():
+                limits.check_text("stop", s)
+            max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+            pairs = [(ids, req.sampling_params(ctx.max_tokens_for(len(ids), DEFAULT_CHAT_TOKENS, max_tokens),
+                                               logprobs, j)) for j in range(req.n)]
+        except BAD_INPUT as e:
+            return error(400, str(e))
+        return await _serve(ctx, "chat", pairs, req.n, req.stream, True, req.include_usage, logprobs is not None,
+                            request)
+
+    @router.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": 0,
+                                            "owned_by": "rvascend", "root": ctx.model_name,
+                                            "max_model_len": ctx.engine.context_length}]}
+
+    return router
+
+
+async def _serve(ctx: ServerContext, endpoint: str, pairs: list[tuple[list[int], SamplingParams]], n: int,
+                 stream: bool, chat: bool, include_usage: bool, logprobs: bool, request: Request,
+                 echo: Optional[list[str]] = None):
+    sub = ctx.submit(endpoint, pairs)
+    if isinstance(sub, Response):
+        return sub
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    fmt = LogprobFormat(ctx.tokenizer, chat) if logprobs and ctx.tokenizer else None
+    head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": ctx.model_name}
+    if stream:
+        return StreamingResponse(_stream(ctx, endpoint, sub, head, n, chat, include_usage, fmt, echo),
+                                 media_type="text/event-stream")
+    states, failure = await ctx.collect(endpoint, sub, request)
+    if failure is not None:
+        return failure
+    choices = [responses.choice(i, s, chat, fmt, echo[i // n] if echo else "") for i, s in enumerate(states)]
+    return {**head, "choices": choices, "usage": responses.usage(sub.seqs, n)}
+
+
+def _stream(ctx: ServerContext, endpoint: str, sub: Submission, head: dict[str, Any], n: int, chat: bool,
+            include_usage: bool, fmt: Optional[LogprobFormat], echo: Optional[list[str]]):
+    kind = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+    started: set[int] = set()
+
+    def event(index: int, out) -> Optional[dict[str, Any]]:
+        first = index not in started
+        started.add(index)
+        # One chunk per generated token, even when its text is held back (a
+        # partial UTF-8 character, a possible stop string): clients and
+        # benchmarks see every token's timing.
+        if out.token_id is None and not out.finished and not first:
+            return None
+        prefix = echo[index // n] if echo and first else ""
+        return {**kind, "choices": [responses.chunk_choice(index, out, chat, fmt, first=first, prefix=prefix)]}
+
+    def usage() -> Optional[dict[str, Any]]:
+        return {**kind, "choices": [], "usage": responses.usage(sub.seqs, n)} if include_usage else None
+
+    return stream_events(ctx, endpoint, sub, event, usage)
