@@ -9,6 +9,7 @@
 #include "rvv_kernels/elementwise/elementwise.h"
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
 #include "rvv_kernels/linear/packed_linear.h"
+#include "rvv_kernels/quantized/quantized_linear.h"
 
 namespace rvascend {
 
@@ -32,19 +33,38 @@ uint16_t* Rows(std::vector<uint16_t>& buffer, size_t rows, size_t cols) {
   return buffer.data();
 }
 
-void Project(const Bf16PackedKernelSet& set, const uint16_t* packed, size_t n, size_t k, const uint16_t* x,
+void Project(const DecoderKernels& kernels, const ProjectionWeight& w, size_t n, size_t k, const uint16_t* x,
              size_t m, uint16_t* out, size_t num_threads) {
-  PackedLinearArgs args;
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.input = x;
-  args.input_stride = k;
-  args.packed = packed;
-  args.block_n = KernelSetBlockN(set);
-  args.output = out;
-  args.output_stride = n;
-  PackedBf16Linear(set, args, num_threads);
+  if (w.bf16 != nullptr) {
+    PackedLinearArgs args;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.input = x;
+    args.input_stride = k;
+    args.packed = w.bf16;
+    args.block_n = KernelSetBlockN(*kernels.linear);
+    args.output = out;
+    args.output_stride = n;
+    PackedBf16Linear(*kernels.linear, args, num_threads);
+    return;
+  }
+  size_t offset = 0;
+  for (size_t i = 0; i < w.n_parts; ++i) {
+    QuantizedLinearArgs args;
+    args.format = w.parts[i].format;
+    args.m = m;
+    args.n = w.parts[i].rows;
+    args.k = k;
+    args.input = x;
+    args.input_stride = k;
+    args.weight = w.parts[i].data;
+    args.tile = kernels.quant_tile;
+    args.output = out + offset;
+    args.output_stride = n;
+    QuantizedLinear(*kernels.quantized, args, num_threads);
+    offset += w.parts[i].rows;
+  }
 }
 
 // The attention arguments of a step; q and out are set per call.
@@ -82,7 +102,6 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
   ValidateDecoderBatch(s, batch);
   const size_t t = batch.tokens;
   if (t == 0) return;
-  const Bf16PackedKernelSet& linear = *kernels.linear;
   const ElementwiseKernels& ew = *kernels.elementwise;
   const size_t d = s.head_dim, q_n = s.heads * d, kv_n = s.kv_heads * d, qkv_n = q_n + 2 * kv_n;
   Scratch& sc = Scratch::ThisThread();
@@ -122,7 +141,7 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
       std::swap(res, res_tmp);
     }
     mark(1);
-    Project(linear, w.qkv, qkv_n, s.hidden, x, t, qkv, num_threads);
+    Project(kernels, w.qkv, qkv_n, s.hidden, x, t, qkv, num_threads);
     mark(2);
     RopeRows(ew, t, s.heads, d, qkv, qkv_n, w.q_norm, s.qk_norm_eps, batch.cos, batch.sin, q, num_threads);
     RopeRows(ew, t, s.kv_heads, d, qkv + q_n, qkv_n, w.k_norm, s.qk_norm_eps, batch.cos, batch.sin, k,
@@ -135,17 +154,17 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
     attention.v_pool = w.v_pool;
     KvPoolAttention(attention, num_threads, kernels.attention);
     mark(4);
-    Project(linear, w.o, s.hidden, q_n, attn, t, o, num_threads);
+    Project(kernels, w.o, s.hidden, q_n, attn, t, o, num_threads);
     mark(5);
     RmsNormRows(ew, t, s.hidden, o, s.hidden, res, s.hidden, w.post_attention_norm, s.norm_eps, x, res_tmp,
                 num_threads);
     std::swap(res, res_tmp);
     mark(6);
-    Project(linear, w.gate_up, 2 * s.intermediate, s.hidden, x, t, gate_up, num_threads);
+    Project(kernels, w.gate_up, 2 * s.intermediate, s.hidden, x, t, gate_up, num_threads);
     mark(7);
     SiluMulRows(ew, t, s.intermediate, gate_up, 2 * s.intermediate, act, num_threads);
     mark(8);
-    Project(linear, w.down, s.hidden, s.intermediate, act, t, h_out, num_threads);
+    Project(kernels, w.down, s.hidden, s.intermediate, act, t, h_out, num_threads);
     layer_in = h_out;
   }
   mark(0);

@@ -17,18 +17,33 @@
 
 #include "rvv_kernels/elementwise/elementwise_ukernels.h"
 #include "rvv_kernels/linear/microkernel.h"
+#include "rvv_kernels/quantized/quant_kernel_sets.h"
 
 namespace rvascend {
 
-// One layer's weights (BF16) and KV pool. Projections are packed with the
-// kernel set's block_n (packed_layout.h): qkv [q | k | v] rows, gate_up [gate | up].
+// A projection's weight: BF16 packed with the linear kernel set's block_n
+// (packed_layout.h), or quantized (quantized/quant_format.h) in up to three parts
+// that cover its rows in order, each in one format (a Q4_K_M file's Q4_K q and k
+// beside its Q6_K v).
+struct ProjectionWeight {
+  const uint16_t* bf16 = nullptr;
+  struct Part {
+    QuantFormat format = QuantFormat::kQ8_0;
+    size_t rows = 0;
+    const uint8_t* data = nullptr;
+  };
+  Part parts[3];
+  size_t n_parts = 0;
+};
+
+// One layer's weights and KV pool: qkv [q | k | v] rows, gate_up [gate | up].
 struct DecoderLayerWeights {
-  const uint16_t* input_norm = nullptr;           // [hidden]
+  const uint16_t* input_norm = nullptr;           // [hidden], BF16
   const uint16_t* post_attention_norm = nullptr;  // [hidden]
-  const uint16_t* qkv = nullptr;                  // packed, N = (heads + 2 kv_heads) head_dim, K = hidden
-  const uint16_t* o = nullptr;                    // packed, N = hidden, K = heads head_dim
-  const uint16_t* gate_up = nullptr;              // packed, N = 2 intermediate, K = hidden
-  const uint16_t* down = nullptr;                 // packed, N = hidden, K = intermediate
+  ProjectionWeight qkv;                           // N = (heads + 2 kv_heads) head_dim, K = hidden
+  ProjectionWeight o;                             // N = hidden, K = heads head_dim
+  ProjectionWeight gate_up;                       // N = 2 intermediate, K = hidden
+  ProjectionWeight down;                          // N = hidden, K = intermediate
   const uint16_t* q_norm = nullptr;               // [head_dim] or null (no q/k norm)
   const uint16_t* k_norm = nullptr;
   uint16_t* k_pool = nullptr;  // [num_slots, kv_heads, head_dim]
@@ -55,6 +70,8 @@ struct DecoderBatch {
 
 struct DecoderKernels {
   const Bf16PackedKernelSet* linear = nullptr;
+  const QuantKernelSet* quantized = nullptr;  // for quantized projections
+  size_t quant_tile = 0;                      // their runtime layout's tile width
   const ElementwiseKernels* elementwise = nullptr;
   std::string attention;  // "" = the best this CPU runs
   // Called at every stage boundary when set (instruction counting under QEMU):

@@ -50,6 +50,9 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         # Not in the default set: builds llama.cpp from source once (about 5 minutes), then about 10.
         "llama_cpp": ["rvascend.bench.llama_cpp_peer", f"--output={out}/llama_cpp.jsonl", f"--plot={out}/llama_cpp.png"]
         + (["--models=smollm2-135m", "--batch-sizes=1", "--output-len=16"] if quick else []),
+        # Not in the default set: quantized Linear vs ggml's RVV kernels, counted under QEMU (minutes).
+        "quantized_peers": ["rvascend.bench.quantized_peers", f"--output={out}/quantized_peers.jsonl"]
+        + (["--vlens=256", "--n=512", "--k=512"] if quick else []),
         # Not in the default set: about 30 minutes of emulation.
         "riscv64_step": ["rvascend.bench.riscv64_step", f"--output={out}/riscv64_step.jsonl",
                          f"--plot={out}/riscv64_step.png"]

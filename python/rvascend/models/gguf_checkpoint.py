@@ -213,6 +213,14 @@ class GgufCheckpoint:
         raw = self._file.raw(name)
         if t.type_name == "BF16":
             return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+        fmt = self.kept_format(name)
+        if fmt is not None:  # the project's own dequantizer: no `gguf` package needed (a board)
+            from rvascend.ops import quantized_linear
+
+            try:
+                return quantized_linear.dequantize_ggml(raw, fmt, t.shape[0], t.shape[1]).numpy()
+            except ValueError as e:
+                raise GgufError(f"{self.path}: tensor {name}: {e}") from None
         gguf = _gguf_module()
         try:
             return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(t.type_id)).reshape(t.shape)
@@ -231,29 +239,55 @@ class GgufCheckpoint:
             return f"model.layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
         raise GgufError(f"{self.path}: tensor {name!r} has no place in a {self.arch} model")
 
-    def tensors(self, dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, tensor in `dtype`) for every weight, in file order."""
-        heads, kv_heads = self.config["num_attention_heads"], self.config["num_key_value_heads"]
+    def tensors(self, dtype: torch.dtype = torch.bfloat16, skip: frozenset = frozenset()
+                ) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, tensor in `dtype`) for every weight not in `skip` (GGUF
+        names), in file order."""
         for name in self._tensors:
             hf = self.hf_name(name)
-            if hf is None:
+            if hf is None or name in skip:
                 continue
             array = np.ascontiguousarray(self._dequantize(name), dtype=np.float32)
             if not array.flags.writeable:  # F32 tensors come back as views of the read-only map
                 array = array.copy()
-            values = torch.from_numpy(array)
-            if self.arch == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):
-                values = _unpermute_rotary_rows(values, heads)
-            elif self.arch == "llama" and name.endswith(("attn_k.weight", "attn_k.bias")):
-                values = _unpermute_rotary_rows(values, kv_heads)
-            yield hf, values.to(dtype)
+            yield hf, self._in_hf_row_order(name, torch.from_numpy(array)).to(dtype)
+
+    def kept_format(self, name: str) -> Optional[str]:
+        """The quantized format a tensor can stay in (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), or None."""
+        from rvascend.ops.quantized_linear import GGML_TYPES
+
+        t = self._tensors[name]
+        return GGML_TYPES.get(t.type_id) if len(t.dims) == 2 else None
+
+    def quantized_rows(self, name: str) -> np.ndarray:
+        """A kept tensor's GGML blocks as uint8 [rows, bytes per row], rows in Hugging Face
+        order (a view of the file unless rows had to be reordered)."""
+        return self._in_hf_row_order(name, self._file.raw(name))
+
+    def _in_hf_row_order(self, name: str, rows):
+        if self.arch == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):
+            return _unpermute_rotary_rows(rows, self.config["num_attention_heads"])
+        if self.arch == "llama" and name.endswith(("attn_k.weight", "attn_k.bias")):
+            return _unpermute_rotary_rows(rows, self.config["num_key_value_heads"])
+        return rows
+
+    def type_names(self) -> dict[str, str]:
+        """GGUF tensor name -> its GGML type's name, in file order."""
+        return {name: t.type_name for name, t in self._tensors.items()}
+
+    def close(self) -> None:
+        """Unmaps the file (no view of it may be alive)."""
+        self._file.close()
 
 
-def _unpermute_rotary_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+def _unpermute_rotary_rows(w, heads: int):
     """llama.cpp stores each head's rows as interleaved (x0, x_half, x1, x_half+1, ...)
-    pairs; Hugging Face's rotate-half wants the two halves one after the other."""
+    pairs; Hugging Face's rotate-half wants the two halves one after the other. Rows
+    of a quantized tensor (numpy, whole blocks per row) move the same way."""
     rows = w.shape[0]
     half = rows // heads // 2
+    if isinstance(w, np.ndarray):
+        return np.ascontiguousarray(w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
     return w.reshape(heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
 
 

@@ -12,10 +12,13 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from rvascend.models import gguf_checkpoint
+from absl import logging
+
+from rvascend.models import gguf_checkpoint, quantized_load
 from rvascend.models.config import ModelConfig
 from rvascend.models.decoder import CausalLM
 from rvascend.models.layers import FusedLinear
+from rvascend.models.quantized_layers import QuantizedLinear
 from rvascend.models.registry import model_class_for
 
 
@@ -43,20 +46,33 @@ def _safetensors(model_path: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16) -> CausalLM:
-    """The model of a checkpoint directory or GGUF file, in `dtype`, in eval mode."""
+def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16, keep_quantized: bool = False) -> CausalLM:
+    """The model of a checkpoint directory or GGUF file, in `dtype`, in eval mode. With
+    `keep_quantized`, a GGUF file's projections and embedding in Q8_0, Q4_0, Q4_1, Q4_K
+    or Q6_K stay quantized (models/quantized_load.py); everything else is `dtype`."""
     gguf_file = gguf_checkpoint.GgufCheckpoint(model_path) if gguf_checkpoint.is_gguf(model_path) else None
+    try:
+        return _load(model_path, gguf_file, dtype, keep_quantized)
+    finally:
+        if gguf_file is not None:
+            gguf_file.close()  # the map's pages leave RSS with it
+
+
+def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool) -> CausalLM:
     config = ModelConfig.from_dict(gguf_file.config) if gguf_file else ModelConfig.from_dir(model_path)
     cls = model_class_for(config.architecture)
     with torch.device("meta"):
         model = cls(config)
+    consumed, loaders = frozenset(), []
+    if gguf_file is not None and keep_quantized:
+        consumed, loaders = quantized_load.install_quantized_modules(model, gguf_file, dtype)
     model = model.to_empty(device="cpu").to(dtype)
     model.rotary.__init__(config)  # buffers made on meta hold no values
     params = dict(model.named_parameters())
-    loaded: set[str] = set()
-    for name, tensor in gguf_file.tensors(dtype) if gguf_file else _safetensors(model_path):
+    loaded: set[str] = set(quantized_load.load_quantized_modules(gguf_file, loaders, dtype)) if loaders else set()
+    for name, tensor in gguf_file.tensors(dtype, skip=consumed) if gguf_file else _safetensors(model_path):
         _load_tensor(model, params, name, tensor, loaded)
-    expected = set(params)
+    expected = {n for n in params if not _is_quantized_bias(model, n)} | set(loaded)
     if config.tie_word_embeddings:
         expected.discard("lm_head.weight")
     # A fused parameter counts as loaded only when every one of its shards was.
@@ -74,7 +90,16 @@ def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16) -> CausalLM
     if missing:
         raise ValueError(f"checkpoint {model_path} lacks tensors: {', '.join(missing[:8])}"
                          + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    line = quantized_load.report(model)
+    if line:
+        logging.info("%s", line)
     return model.eval()
+
+
+def _is_quantized_bias(model: CausalLM, name: str) -> bool:
+    """A quantized module's bias is loaded with its module (named by its shards)."""
+    module_path, _, leaf = name.rpartition(".")
+    return leaf == "bias" and isinstance(model.get_submodule(module_path), QuantizedLinear)
 
 
 def _load_tensor(model: CausalLM, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor,

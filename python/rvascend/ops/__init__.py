@@ -7,7 +7,7 @@ importing `rvascend.ops.gated_delta_rule` registers recurrent_gated_delta_rule
 (its extension is built for x86-64 hosts, not for the riscv64 image).
 """
 
-from rvascend.ops import elementwise
+from rvascend.ops import elementwise, quantized_linear
 from rvascend.ops.kv_pool_attention import available_attention_kernels, kv_pool_attention
 from rvascend.ops.packed_linear import (
     BLOCK_N,
@@ -25,6 +25,7 @@ from rvascend.ops.packed_linear import (
 
 __all__ = [
     "elementwise",
+    "quantized_linear",
     "BLOCK_N",
     "LAYOUT_VERSION",
     "WIDE_BLOCK_N",

@@ -21,6 +21,9 @@
 #include "rvv_kernels/elementwise/elementwise.h"
 #include "rvv_kernels/linear/packed_layout.h"
 #include "rvv_kernels/linear/packed_linear.h"
+#include "rvv_kernels/quantized/quant_kernel_sets.h"
+#include "rvv_kernels/quantized/quant_layout.h"
+#include "rvv_kernels/quantized/quantized_linear.h"
 
 namespace py = pybind11;
 
@@ -273,9 +276,13 @@ void Argmax(size_t rows, size_t n, uintptr_t x, size_t x_stride, uintptr_t out, 
 }
 
 // One row of the decoder_layers descriptor (int64 [layers, kLayerFields]): the
-// (data pointer, elements) pairs of DecoderLayerWeights' buffers in its order.
+// (data pointer, elements) pairs of DecoderLayerWeights' buffers in its order, then
+// one kind per projection (qkv, o, gate_up, down): 0 for a BF16 packed weight (its
+// pair is the packed buffer), 1 for a quantized one (its pair is an int64 table
+// [parts, 4] of (format id, rows, data pointer, bytes)).
 constexpr size_t kLayerBuffers = 10;
-constexpr size_t kLayerFields = 2 * kLayerBuffers;
+constexpr size_t kLayerFields = 2 * kLayerBuffers + 4;
+constexpr size_t kQuantPartFields = 4;
 
 void StageMarker(int id);
 
@@ -283,8 +290,8 @@ void StageMarker(int id);
 // element count and is checked against what the shape, the kernel set's layout
 // and the batch make the step read or write; DecoderLayers then checks the
 // batch's indices before anything is written.
-void DecoderLayersStep(const std::string& kernel_set, uintptr_t descriptor, size_t descriptor_elements,
-                       size_t n_layers, size_t block_n, size_t hidden, size_t intermediate, size_t heads,
+void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_kernel_set, size_t quant_tile,
+                       uintptr_t descriptor, size_t descriptor_elements, size_t n_layers, size_t block_n, size_t hidden, size_t intermediate, size_t heads,
                        size_t kv_heads, size_t head_dim, size_t num_slots, float norm_eps, float qk_norm_eps,
                        float scale, size_t tokens, size_t batch, uintptr_t q_starts, size_t q_starts_n,
                        uintptr_t kv_starts, size_t kv_starts_n, uintptr_t kv_slots, size_t n_kv_slots,
@@ -294,41 +301,92 @@ void DecoderLayersStep(const std::string& kernel_set, uintptr_t descriptor, size
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   if (tokens == 0) return;
   DecoderKernels kernels;
-  kernels.linear = &KernelSet(kernel_set, block_n);
+  // block_n 0: no projection is BF16 packed (all quantized).
+  kernels.linear = block_n ? &KernelSet(kernel_set, block_n) : nullptr;
   kernels.elementwise = &ChooseElementwiseKernels("");
   kernels.stage_marker = stage_markers ? &StageMarker : nullptr;
   const int64_t* rows = Extent<const int64_t>(descriptor, descriptor_elements, n_layers * kLayerFields,
                                               "descriptor");
-  auto packed = [&](size_t n, size_t k) { return PackedBlocks(n, block_n) * block_n * k; };
+  auto packed = [&](size_t n, size_t k) { return block_n ? PackedBlocks(n, block_n) * block_n * k : 0; };
   const size_t q_n = heads * head_dim, kv_n = kv_heads * head_dim;
   const size_t need[kLayerBuffers] = {hidden, hidden, packed(q_n + 2 * kv_n, hidden), packed(hidden, q_n),
                                       packed(2 * intermediate, hidden), packed(hidden, intermediate), head_dim,
                                       head_dim, num_slots * kv_n, num_slots * kv_n};
+  // (N, K) of the four projections, in descriptor order.
+  const size_t proj_n[4] = {q_n + 2 * kv_n, hidden, 2 * intermediate, hidden};
+  const size_t proj_k[4] = {hidden, q_n, hidden, intermediate};
   static const char* const kNames[kLayerBuffers] = {
       "input_norm", "post_attention_norm", "qkv packed weight", "o packed weight", "gate_up packed weight",
       "down packed weight", "q_norm", "k_norm", "k_pool", "v_pool"};
+  static const char* const kProjections[4] = {"qkv", "o", "gate_up", "down"};
   std::vector<DecoderLayerWeights> layers(n_layers);
+  bool any_quantized = false;
   for (size_t l = 0; l < n_layers; ++l) {
     const int64_t* f = rows + l * kLayerFields;
     const uint16_t* p[kLayerBuffers];
+    ProjectionWeight proj[4];
     for (size_t i = 0; i < kLayerBuffers; ++i) {
       const bool optional = i == 6 || i == 7;  // q/k norm: absent without q/k norm
+      const bool projection = i >= 2 && i <= 5;
       const std::string what = "layer " + std::to_string(l) + " " + kNames[i];
+      p[i] = nullptr;
+      if (projection && f[2 * kLayerBuffers + (i - 2)] == 1) {  // quantized parts
+        const size_t j = i - 2, n_parts = static_cast<size_t>(f[2 * i + 1]) / kQuantPartFields;
+        if (n_parts == 0 || n_parts > 3 || static_cast<size_t>(f[2 * i + 1]) % kQuantPartFields) {
+          throw std::invalid_argument(what + ": a quantized projection has 1 to 3 parts");
+        }
+        const int64_t* parts = Pointer<const int64_t>(static_cast<uintptr_t>(f[2 * i]), what.c_str());
+        size_t rows_total = 0;
+        for (size_t q = 0; q < n_parts; ++q) {
+          const int64_t* part = parts + q * kQuantPartFields;
+          static const QuantFormat kFormats[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1,
+                                                 QuantFormat::kQ4_K, QuantFormat::kQ6_K};
+          if (part[0] < 0 || part[0] > 4) throw std::invalid_argument(what + ": unknown quantized format");
+          ProjectionWeight::Part& out = proj[j].parts[q];
+          out.format = kFormats[part[0]];
+          out.rows = static_cast<size_t>(part[1]);
+          if (proj_k[j] % FormatInfo(out.format).block_k) {
+            throw std::invalid_argument(what + ": K = " + std::to_string(proj_k[j]) + " is not a whole number of " +
+                                        FormatInfo(out.format).name + " blocks");
+          }
+          out.data = Extent<const uint8_t>(static_cast<uintptr_t>(part[2]), static_cast<size_t>(part[3]),
+                                           QuantLayoutBytes(out.format, out.rows, proj_k[j], quant_tile), what);
+          rows_total += out.rows;
+        }
+        if (rows_total != proj_n[j]) {
+          throw std::invalid_argument(what + ": quantized parts cover " + std::to_string(rows_total) + " of " +
+                                      std::to_string(proj_n[j]) + " rows");
+        }
+        proj[j].n_parts = n_parts;
+        any_quantized = true;
+        continue;
+      }
+      if (projection && block_n == 0) throw std::invalid_argument(what + ": a BF16 projection needs block_n");
       p[i] = optional && f[2 * i] == 0 ? nullptr
                                        : Extent<const uint16_t>(static_cast<uintptr_t>(f[2 * i]),
                                                                 static_cast<size_t>(f[2 * i + 1]), need[i], what);
+      if (projection) proj[i - 2].bf16 = p[i];
     }
     DecoderLayerWeights& w = layers[l];
     w.input_norm = p[0];
     w.post_attention_norm = p[1];
-    w.qkv = p[2];
-    w.o = p[3];
-    w.gate_up = p[4];
-    w.down = p[5];
+    w.qkv = proj[0];
+    w.o = proj[1];
+    w.gate_up = proj[2];
+    w.down = proj[3];
     w.q_norm = p[6];
     w.k_norm = p[7];
     w.k_pool = const_cast<uint16_t*>(p[8]);
     w.v_pool = const_cast<uint16_t*>(p[9]);
+  }
+  if (any_quantized) {
+    kernels.quantized = &FindQuantKernelSet(quant_kernel_set);
+    if (kernels.quantized->tile == 0 && quant_tile != QuantKernelSetTile(*kernels.quantized)) {
+      throw std::invalid_argument("the quantized weights were repacked with tiles of " + std::to_string(quant_tile) +
+                                  " columns; kernel set '" + kernels.quantized->name + "' reads " +
+                                  std::to_string(QuantKernelSetTile(*kernels.quantized)));
+    }
+    kernels.quant_tile = quant_tile;
   }
   DecoderShape shape;
   shape.hidden = hidden;
@@ -358,6 +416,77 @@ void DecoderLayersStep(const std::string& kernel_set, uintptr_t descriptor, size
   uint16_t* rop = Extent<uint16_t>(residual_out, h_elements, tokens * hidden, "residual_out");
   py::gil_scoped_release release;
   DecoderLayers(kernels, layers.data(), n_layers, shape, b, hp, hop, rop, num_threads ? num_threads : 1);
+}
+
+// Quantized weights (rvv_kernels/quantized): GGML blocks in, the runtime layout
+// out; every buffer comes with its size in bytes (or elements) and is checked.
+void QuantRepack(const std::string& format, uintptr_t ggml, size_t ggml_bytes, size_t n, size_t k, size_t tile,
+                 uintptr_t out, size_t out_bytes, size_t num_threads) {
+  const QuantFormat f = FormatFromName(format);
+  if (k % FormatInfo(f).block_k == 0 && ggml_bytes != GgmlWeightBytes(f, n, k)) {
+    throw std::invalid_argument(format + " weight [" + std::to_string(n) + ", " + std::to_string(k) + "] takes " +
+                                std::to_string(GgmlWeightBytes(f, n, k)) + " bytes, got " + std::to_string(ggml_bytes));
+  }
+  const uint8_t* src = Pointer<const uint8_t>(ggml, "GGML weight");
+  CheckGgmlWeight(f, src, n, k, tile);
+  uint8_t* dst = Extent<uint8_t>(out, out_bytes, QuantLayoutBytes(f, n, k, tile), "repacked weight");
+  py::gil_scoped_release release;
+  RepackGgmlWeight(f, src, n, k, tile, dst, num_threads ? num_threads : 1);
+}
+
+void QuantLinear(const std::string& kernel_set, const std::string& format, size_t m, size_t n, size_t k,
+                 uintptr_t input, size_t input_stride, size_t input_elements, uintptr_t weight, size_t weight_bytes,
+                 size_t tile, uintptr_t output, size_t output_stride, size_t output_elements, size_t num_threads) {
+  QuantizedLinearArgs args;
+  args.format = FormatFromName(format);
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.tile = tile;
+  if (m > 1 && (input_stride < k || output_stride < n)) throw std::invalid_argument("row stride smaller than the row");
+  CheckExtent("input", m, k, input_stride, input_elements);
+  CheckExtent("output", m, n, output_stride, output_elements);
+  if (tile == 0 || k % FormatInfo(args.format).block_k) {
+    throw std::invalid_argument(format + ": K = " + std::to_string(k) + " or tile " + std::to_string(tile) +
+                                " does not describe a quantized weight");
+  }
+  args.input = Pointer<const uint16_t>(input, "input");
+  args.input_stride = input_stride;
+  args.weight = Extent<const uint8_t>(weight, weight_bytes, QuantLayoutBytes(args.format, n, k, tile),
+                                      "quantized weight");
+  args.output = Pointer<uint16_t>(output, "output");
+  args.output_stride = output_stride;
+  const QuantKernelSet& set = FindQuantKernelSet(kernel_set);
+  py::gil_scoped_release release;
+  QuantizedLinear(set, args, num_threads ? num_threads : 1);
+}
+
+// FP32 rows `ids` (int64 [count]) of a weight in the runtime layout: the embedding lookup.
+void QuantRows(const std::string& format, uintptr_t weight, size_t weight_bytes, size_t n, size_t k, size_t tile,
+               uintptr_t ids, size_t count, uintptr_t out, size_t out_elements) {
+  const QuantFormat f = FormatFromName(format);
+  const uint8_t* w = Extent<const uint8_t>(weight, weight_bytes, QuantLayoutBytes(f, n, k, tile), "quantized weight");
+  const int64_t* rows = Array<const int64_t>(ids, count, "ids");
+  float* dst = Extent<float>(out, out_elements, count * k, "out");
+  for (size_t i = 0; i < count; ++i) {
+    if (rows[i] < 0 || static_cast<size_t>(rows[i]) >= n) {
+      throw std::invalid_argument("row id " + std::to_string(rows[i]) + " is outside the " + std::to_string(n) +
+                                  " rows of the weight");
+    }
+  }
+  py::gil_scoped_release release;
+  for (size_t i = 0; i < count; ++i) DequantizeQuantRow(f, w, n, k, tile, static_cast<size_t>(rows[i]), dst + i * k);
+}
+
+void QuantDequantizeGgml(const std::string& format, uintptr_t ggml, size_t ggml_bytes, size_t n, size_t k,
+                         uintptr_t out, size_t out_elements, size_t num_threads) {
+  const QuantFormat f = FormatFromName(format);
+  const uint8_t* src = Pointer<const uint8_t>(ggml, "GGML weight");
+  CheckGgmlWeight(f, src, n, k, 16);
+  if (ggml_bytes != GgmlWeightBytes(f, n, k)) throw std::invalid_argument(format + ": wrong number of bytes");
+  float* dst = Extent<float>(out, out_elements, n * k, "out");
+  py::gil_scoped_release release;
+  DequantizeGgmlRows(f, src, n, k, dst, num_threads ? num_threads : 1);
 }
 
 std::vector<std::string> Names(const std::vector<const Bf16PackedKernelSet*>& sets) {
@@ -435,7 +564,8 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("name"), "The packed block_n an available kernel set reads.");
   m.def("compiled_kernel_sets", [] { return Names(CompiledKernelSets()); },
         "Every kernel set compiled into this build.");
-  m.def("decoder_layers", &DecoderLayersStep, py::arg("kernel_set"), py::arg("descriptor"),
+  m.def("decoder_layers", &DecoderLayersStep, py::arg("kernel_set"), py::arg("quant_kernel_set"),
+        py::arg("quant_tile"), py::arg("descriptor"),
         py::arg("descriptor_elements"), py::arg("n_layers"), py::arg("block_n"), py::arg("hidden"),
         py::arg("intermediate"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("num_slots"),
         py::arg("norm_eps"), py::arg("qk_norm_eps"), py::arg("scale"), py::arg("tokens"), py::arg("batch"),
@@ -448,6 +578,30 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("decoder_stage_names", [] {
     return std::vector<std::string>(kDecoderStageNames, kDecoderStageNames + kDecoderStages);
   });
+  m.attr("QUANT_LAYOUT_VERSION") = kQuantLayoutVersion;
+  m.def("quant_repack", &QuantRepack, py::arg("format"), py::arg("ggml"), py::arg("ggml_bytes"), py::arg("n"),
+        py::arg("k"), py::arg("tile"), py::arg("out"), py::arg("out_bytes"), py::arg("num_threads"),
+        "GGML blocks of a [n, k] weight -> the runtime layout (scales checked finite).");
+  m.def("quant_layout_bytes", [](const std::string& format, size_t n, size_t k, size_t tile) {
+    return QuantLayoutBytes(FormatFromName(format), n, k, tile);
+  });
+  m.def("quant_linear", &QuantLinear, py::arg("kernel_set"), py::arg("format"), py::arg("m"), py::arg("n"),
+        py::arg("k"), py::arg("input"), py::arg("input_stride"), py::arg("input_elements"), py::arg("weight"),
+        py::arg("weight_bytes"), py::arg("tile"), py::arg("output"), py::arg("output_stride"),
+        py::arg("output_elements"), py::arg("num_threads"), "output[M, N] = input[M, K] x W^T, W quantized.");
+  m.def("quant_rows", &QuantRows, py::arg("format"), py::arg("weight"), py::arg("weight_bytes"), py::arg("n"),
+        py::arg("k"), py::arg("tile"), py::arg("ids"), py::arg("count"), py::arg("out"), py::arg("out_elements"),
+        "FP32 rows of a quantized weight (embedding lookup).");
+  m.def("quant_dequantize_ggml", &QuantDequantizeGgml, py::arg("format"), py::arg("ggml"), py::arg("ggml_bytes"),
+        py::arg("n"), py::arg("k"), py::arg("out"), py::arg("out_elements"), py::arg("num_threads"),
+        "FP32 values of GGML blocks.");
+  m.def("available_quant_kernel_sets", [] {
+    std::vector<std::string> names;
+    for (const auto* s : AvailableQuantKernelSets()) names.emplace_back(s->name);
+    return names;
+  }, "Quantized kernel sets this build has and this CPU runs, best first.");
+  m.def("quant_kernel_set_tile", [](const std::string& name) { return QuantKernelSetTile(FindQuantKernelSet(name)); },
+        py::arg("name"), "The tile width a quantized kernel set reads ('' = the best).");
   m.def("count_marker", &rvascend_count_marker, "Marks a region for instruction counting under QEMU.");
   m.def("cpu_features", [] { return GetCpuFeatures().Describe(); },
         "What the CPU reported at first use.");

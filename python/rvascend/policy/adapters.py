@@ -29,7 +29,9 @@ class ModelAdapter:
         seen: set[int] = set()
         for name, module in model.named_modules(remove_duplicate=False):
             kind = self.projection_of(name)
-            if kind is None or id(module) in seen or not isinstance(getattr(module, "weight", None), torch.Tensor):
+            weighted = isinstance(getattr(module, "weight", None), torch.Tensor) or \
+                hasattr(module, "quantized_linear")  # weights kept quantized (models/quantized_layers.py)
+            if kind is None or id(module) in seen or not weighted:
                 continue
             seen.add(id(module))
             found.append((name, module, kind))

@@ -80,7 +80,7 @@ class FusedDecoder:
         s = self.shape
         n = len(self.layers)
         _native.decoder_layers(
-            ops.packed_linear._kernel_set, plan.table.data_ptr(), plan.table.numel(), n, plan.block_n, s["hidden"],
+            ops.packed_linear._kernel_set, ops.quantized_linear._kernel_set, plan.quant_tile, plan.table.data_ptr(), plan.table.numel(), n, plan.block_n, s["hidden"],
             s["intermediate"], s["heads"], s["kv_heads"], s["head_dim"], pool.num_slots, self.norm_eps, plan.qk_eps,
             self.scale, t, q_starts.shape[0] - 1, q_starts.data_ptr(), q_starts.numel(), kv_starts.data_ptr(),
             kv_starts.numel(), kv_slots.data_ptr(), kv_slots.shape[0], batch.write_slots.data_ptr(),
@@ -121,8 +121,9 @@ class FusedDecoder:
 
 
 class _Plan:
-    """The layers' buffer table for one KV pool (int64 [layers, 20]: a (data pointer,
-    elements) pair per buffer in decoder_layers.h's order) and what it was built from.
+    """The layers' buffer table for one KV pool (int64 [layers, 24]: a (data pointer,
+    elements) pair per buffer in decoder_layers.h's order, then one kind per projection,
+    0 BF16 packed or 1 quantized) and what it was built from.
 
     Built with the projection routes' own staleness check; kept while every
     packed weight is provably the one packed, checked per step: the same module
@@ -141,13 +142,16 @@ class _Plan:
         self.projections: list[tuple] = []  # (module, weight, version, data_ptr, stride, route, source)
         self.norms: list[tuple] = []        # (module, weight, data_ptr)
         self.fingerprints: Optional[torch.Tensor] = None  # int64 [weights, 7] for weight_fingerprints_match
+        self.quantized: list[tuple] = []    # (module, part, weight buffer, data_ptr)
+        self.quant_tables: list[torch.Tensor] = []
+        self.quant_tile = 0
 
     @classmethod
     def build(cls, layers: list, pool) -> tuple[Optional["_Plan"], Optional[str]]:
         plan = cls()
         rows, fingerprints = [], []
         for l, (input_norm, post_norm, projections, q_norm, k_norm) in enumerate(layers):
-            row = []
+            row, kinds = [], []
             for norm in (input_norm, post_norm):
                 if not plan._add_norm(norm, row):
                     return None, "norm_weight_layout"
@@ -155,6 +159,12 @@ class _Plan:
                 route = module.__dict__.get("_rvv_route")
                 if route is None:
                     return None, "not_routed"
+                if getattr(route, "quantized", False):
+                    if module.bias is not None:
+                        return None, "bias"
+                    row += plan._add_quantized(module)
+                    kinds.append(1)
+                    continue
                 weight = module._parameters["weight"]
                 packed, why = route.packed_weight(weight)
                 if packed is None:
@@ -166,6 +176,7 @@ class _Plan:
                 if packed.shape[2] != plan.block_n or not packed.is_contiguous():
                     return None, "packed_layout"
                 row += [packed.data_ptr(), packed.numel()]
+                kinds.append(0)
                 source = route.source
                 plan.projections.append((module, weight, weight._version, weight.data_ptr(), weight.stride(), route,
                                          source))
@@ -184,11 +195,24 @@ class _Plan:
             if k.dtype != torch.bfloat16 or not (k.is_contiguous() and v.is_contiguous()):
                 return None, "kv_pool_layout"
             row += [k.data_ptr(), k.numel(), v.data_ptr(), v.numel()]
-            rows.append(row)
+            rows.append(row + kinds)
         plan.table = torch.tensor(rows, dtype=torch.int64)
-        plan.fingerprints = torch.tensor(fingerprints, dtype=torch.int64)
+        plan.fingerprints = torch.tensor(fingerprints or [[0] * 7], dtype=torch.int64)[:len(fingerprints)]
         plan.pool_ref = weakref.ref(pool)
         return plan, None
+
+    def _add_quantized(self, module) -> list[int]:
+        """The (table pointer, elements) pair of a quantized projection: an int64 table
+        of (format id, rows, data pointer, bytes) per part, kept alive by the plan."""
+        table = []
+        for i, part in enumerate(module.parts):
+            data = module.qweight(i)
+            table += [ops.quantized_linear.FORMATS.index(part.fmt), part.rows, data.data_ptr(), data.numel()]
+            self.quantized.append((module, i, data, data.data_ptr()))
+            self.quant_tile = part.tile
+        t = torch.tensor(table, dtype=torch.int64)
+        self.quant_tables.append(t)
+        return [t.data_ptr(), t.numel()]
 
     def _add_norm(self, norm: torch.nn.Module, row: list[int]) -> bool:
         w = norm._parameters["weight"]
@@ -209,6 +233,12 @@ class _Plan:
         for norm, weight, ptr in self.norms:
             if norm._parameters["weight"] is not weight or weight.data_ptr() != ptr:
                 return False
+        for module, i, data, ptr in self.quantized:
+            # The kernels read the quantized buffer itself: only its replacement matters.
+            if module.qweight(i) is not data or data.data_ptr() != ptr:
+                return False
+        if not self.projections:
+            return True
         return _native.weight_fingerprints_match(self.fingerprints.data_ptr(), self.fingerprints.shape[0],
                                                  ops.packed_linear.FINGERPRINT_SAMPLES) < 0
 

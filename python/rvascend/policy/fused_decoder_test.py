@@ -202,7 +202,7 @@ def test_native_step_checks_every_extent_and_the_kernel_sets_layout(fusing_model
     cos, sin = cos.contiguous(), sin.contiguous()
     kv_slots, kv_starts, q_starts = batch.flat_index()
     out, res = torch.empty_like(h), torch.empty_like(h)
-    args = dict(kernel_set="", descriptor=plan.table.data_ptr(), descriptor_elements=plan.table.numel(),
+    args = dict(kernel_set="", quant_kernel_set="", quant_tile=0, descriptor=plan.table.data_ptr(), descriptor_elements=plan.table.numel(),
                 n_layers=c.num_hidden_layers, block_n=plan.block_n, hidden=c.hidden_size,
                 intermediate=c.intermediate_size, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
                 head_dim=c.head_dim, num_slots=pool.num_slots, norm_eps=1e-6, qk_norm_eps=1e-6, scale=0.1, tokens=2,

@@ -13,6 +13,7 @@ from rvascend.policy import adapters, budget, fused_decoder, kernel_routes, regi
     weights_generation
 from rvascend.policy.config import RvvPolicyConfig
 from rvascend.policy.counters import RouteCounters
+from rvascend.policy.quantized_route import QuantizedRoute
 from rvascend.policy.route import PACKED_BUFFER, ProjectionRoute
 
 _POLICY_ATTR = "_rvv_policy"
@@ -45,7 +46,7 @@ class RvvPolicy:
         self.config = config
         self.adapter = adapter
         self.counters = RouteCounters()
-        self.routes: dict[str, ProjectionRoute] = {}
+        self.routes: dict[str, ProjectionRoute | QuantizedRoute] = {}
         self.regional: Optional[regional_compile.RegionalCompile] = None
         self.report: Optional[PolicyReport] = None
         self.hook = None  # the load_state_dict post-hook's handle
@@ -67,6 +68,11 @@ class RvvPolicy:
                 r.drop("packing_off")
                 not_packed.append((r.name, r.projection, "packing_off"))
         else:
+            # Quantized weights are already in their kernels' layout: reported, not budgeted.
+            for r in routes:
+                if isinstance(r, QuantizedRoute):
+                    packed.append((r.name, r.projection, r.pack()))
+            routes = [r for r in routes if not isinstance(r, QuantizedRoute)]
             eligible = [r for r in routes if _packable(r)]
             fits = budget.plan([tuple(r._module().weight.shape) for r in eligible], budget_bytes)
             for r in routes:
@@ -136,7 +142,8 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
     try:
         embed = adapters.embed_tokens(model)
         for name, module, projection in projections:
-            route = ProjectionRoute(policy, module, name, projection)
+            kind = QuantizedRoute if hasattr(module, "quantized_linear") else ProjectionRoute
+            route = kind(policy, module, name, projection)
             policy.routes[name] = route
             route.attach(forward=module is not embed)
         policy.kernel_modules = kernel_routes.attach(model, policy.kernels)
@@ -172,6 +179,10 @@ def _attach_regional_compile(model: nn.Module, policy: RvvPolicy) -> None:
         return
     blocks = regional_compile.repeated_blocks(model)
     why = None if blocks else "no_repeated_block"
+    if why is None and any(isinstance(r, QuantizedRoute) for r in policy.routes.values()):
+        # Their routes count calls in Python, which a fullgraph region cannot trace; the
+        # quantized kernels run eagerly, the decode step's layers in one native call.
+        why = "quantized_projections"
     if why is None and regional_compile.cxx_compiler() is None:
         why = "no_cxx_compiler"
     if why is not None:

@@ -175,6 +175,11 @@ def projection_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     e.g. a tied lm_head that is the embedding module itself.
     """
     route = module.__dict__.get(ROUTE_ATTR)
+    if getattr(route, "quantized", False):
+        return route(x)
     if route is None:
+        quantized = getattr(module, "quantized_linear", None)  # a quantized module (models/quantized_layers.py)
+        if quantized is not None:
+            return quantized(x)
         return F.linear(x, module.weight, getattr(module, "bias", None))
     return _routed_forward(module, x)

@@ -1,0 +1,71 @@
+// One quantized GEMV/GEMM call per run, for instruction counting under QEMU
+// (bench/count_instructions.py) and timing on a board:
+//   quantized_linear_bench --format=Q4_0 --m=1 --n=2048 --k=2048 [--kernel_set=rvv] [--reps=1] [--threads=1]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "rvv_kernels/base/bf16.h"
+#include "rvv_kernels/quantized/quant_kernel_sets.h"
+#include "rvv_kernels/quantized/quant_layout.h"
+#include "rvv_kernels/quantized/quantized_linear.h"
+
+namespace {
+
+std::string Arg(int argc, char** argv, const char* name, const char* fallback) {
+  const std::string prefix = std::string("--") + name + "=";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) return argv[i] + prefix.size();
+  }
+  return fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace rvascend;
+  const QuantFormat format = FormatFromName(Arg(argc, argv, "format", "Q4_0"));
+  const size_t m = std::stoul(Arg(argc, argv, "m", "1")), n = std::stoul(Arg(argc, argv, "n", "2048")),
+               k = std::stoul(Arg(argc, argv, "k", "2048"));
+  const int reps = std::stoi(Arg(argc, argv, "reps", "1"));
+  const size_t threads = std::stoul(Arg(argc, argv, "threads", "1"));
+  const QuantKernelSet& set = FindQuantKernelSet(Arg(argc, argv, "kernel_set", ""));
+  const size_t tile = QuantKernelSetTile(set);
+  std::mt19937 rng(7);
+  std::vector<uint8_t> ggml(GgmlWeightBytes(format, n, k));
+  for (auto& b : ggml) b = static_cast<uint8_t>(rng());
+  // Finite scales: clear each f16's top exponent bit (scales sit at the block's start, Q6_K's at its end).
+  const QuantFormatInfo& info = FormatInfo(format);
+  for (size_t b = 0; b < ggml.size() / info.ggml_block_bytes; ++b) {
+    uint8_t* p = ggml.data() + b * info.ggml_block_bytes;
+    for (size_t off : {size_t{0}, size_t{2}, size_t{208}}) {
+      if (off + 1 < info.ggml_block_bytes) p[off + 1] &= 0x3b;
+    }
+  }
+  std::vector<uint8_t> packed(QuantLayoutBytes(format, n, k, tile));
+  RepackGgmlWeight(format, ggml.data(), n, k, tile, packed.data(), threads);
+  std::vector<uint16_t> x(m * k), y(m * n);
+  std::normal_distribution<float> normal;
+  for (auto& v : x) v = FloatToBf16(normal(rng));
+  QuantizedLinearArgs args;
+  args.format = format;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.input = x.data();
+  args.input_stride = k;
+  args.weight = packed.data();
+  args.tile = tile;
+  args.output = y.data();
+  args.output_stride = n;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps; ++r) QuantizedLinear(set, args, threads);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+  std::printf("%s %s tile=%zu m=%zu n=%zu k=%zu: %.3f ms/call, weight %.1f GB/s\n", set.name, info.name, tile, m, n,
+              k, s * 1e3, packed.size() / s / 1e9);
+  return 0;
+}

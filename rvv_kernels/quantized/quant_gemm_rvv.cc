@@ -1,0 +1,375 @@
+// The RVV quantized kernels over the runtime layout: one tile is T = VLEN/4
+// columns, one e8 m2 register group, so every instruction of the inner loop
+// covers the whole tile at any VLEN.
+//
+// Per k of a block: one scalar load of the activation and one widening
+// multiply-accumulate `vwmacc.vx` (int8 weights x int8 activation into int16
+// lanes); 4-bit weights come two k to a byte (one load, then `vand` / `vsrl`
+// for the low and high nibble). int16 lanes hold at most 16 products of a
+// 4-bit weight (|15 x 127| x 16 < 2^15) or 2 of an 8-bit one, then widen into
+// int32. The scales are applied once per block in FP32: the f16 scale is
+// widened by integer ops (no Zvfh needed: the K1 has it, QEMU 7.2 does not),
+// multiplied by the activation scale, and one FMA adds the block.
+// The operations and their order are the portable kernels' (quant_gemm_portable.cc),
+// so both give bit-identical results; the tests check that at every VLEN.
+//
+// Multi-row calls process the tile in two halves of VLEN/8 columns with
+// e8 m1 groups, so the int16 accumulators of up to 4 rows fit the register file.
+#include <riscv_vector.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "rvv_kernels/base/bf16.h"
+#include "rvv_kernels/base/rvv_lmul.h"
+#include "rvv_kernels/base/unroll.h"
+#include "rvv_kernels/quantized/quant_kernel_sets.h"
+
+namespace rvascend {
+namespace {
+
+// 2^56: the f16 -> f32 widening below yields d * 2^-112 exactly (subnormal halves
+// included); two exact multiplications by 2^56 restore the scale.
+constexpr float kTwo56 = 72057594037927936.0f;
+
+// e8 m(L), e16 m(2L), e32 m(4L) views of one column chunk.
+template <int L>
+struct QV;
+
+#define RVASCEND_DEFINE_QV(L, M8, M16, M32)                                                          \
+  template <>                                                                                        \
+  struct QV<L> {                                                                                     \
+    using U8 = vuint8##M8##_t;                                                                       \
+    using I8 = vint8##M8##_t;                                                                        \
+    using I16 = vint16##M16##_t;                                                                     \
+    using I32 = vint32##M32##_t;                                                                     \
+    using F32 = vfloat32##M32##_t;                                                                   \
+    static size_t SetVl(size_t n) { return __riscv_vsetvl_e8##M8(n); }                            \
+    static U8 LoadU8(const uint8_t* p, size_t vl) { return __riscv_vle8_v_u8##M8(p, vl); }         \
+    static I8 LoadI8(const uint8_t* p, size_t vl) {                                                 \
+      return __riscv_vle8_v_i8##M8(reinterpret_cast<const int8_t*>(p), vl);                        \
+    }                                                                                                \
+    static I8 Lo(U8 b, size_t vl) { return __riscv_vreinterpret_v_u8##M8##_i8##M8(__riscv_vand_vx_u8##M8(b, 0xF, vl)); } \
+    static I8 Hi(U8 b, size_t vl) { return __riscv_vreinterpret_v_u8##M8##_i8##M8(__riscv_vsrl_vx_u8##M8(b, 4, vl)); }  \
+    static U8 AndX(U8 v, uint8_t x, size_t vl) { return __riscv_vand_vx_u8##M8(v, x, vl); }         \
+    static U8 SrlX(U8 v, size_t n, size_t vl) { return __riscv_vsrl_vx_u8##M8(v, n, vl); }          \
+    static U8 SllX(U8 v, size_t n, size_t vl) { return __riscv_vsll_vx_u8##M8(v, n, vl); }          \
+    static U8 Or(U8 a, U8 b, size_t vl) { return __riscv_vor_vv_u8##M8(a, b, vl); }                 \
+    static I8 Minus32(U8 v, size_t vl) {                                                             \
+      return __riscv_vsub_vx_i8##M8(__riscv_vreinterpret_v_u8##M8##_i8##M8(v), 32, vl);              \
+    }                                                                                                \
+    static I16 Zero16(size_t vl) { return __riscv_vmv_v_x_i16##M16(0, vl); }                        \
+    static I32 Zero32(size_t vl) { return __riscv_vmv_v_x_i32##M32(0, vl); }                        \
+    static I16 Wmacc(I16 acc, int8_t a, I8 w, size_t vl) { return __riscv_vwmacc_vx_i16##M16(acc, a, w, vl); } \
+    static I16 Wmul(I8 w, int8_t a, size_t vl) { return __riscv_vwmul_vx_i16##M16(w, a, vl); }     \
+    static I32 Wadd(I16 a, I16 b, size_t vl) { return __riscv_vwadd_vv_i32##M32(a, b, vl); }        \
+    static I32 WaddW(I32 acc, I16 b, size_t vl) { return __riscv_vwadd_wv_i32##M32(acc, b, vl); }   \
+    static I32 SubX(I32 a, int32_t b, size_t vl) { return __riscv_vsub_vx_i32##M32(a, b, vl); }     \
+    static I32 Macc(I32 acc, I32 a, I32 b, size_t vl) { return __riscv_vmacc_vv_i32##M32(acc, a, b, vl); } \
+    static I32 MaccX(I32 acc, int32_t a, I32 b, size_t vl) { return __riscv_vmacc_vx_i32##M32(acc, a, b, vl); } \
+    static I32 ZextU8(const uint8_t* p, size_t vl) {                                                \
+      return __riscv_vreinterpret_v_u32##M32##_i32##M32(__riscv_vzext_vf4_u32##M32(__riscv_vle8_v_u8##M8(p, vl), vl)); \
+    }                                                                                                \
+    static I32 SextI8(const uint8_t* p, size_t vl) {                                                \
+      return __riscv_vsext_vf4_i32##M32(LoadI8(p, vl), vl);                                          \
+    }                                                                                                \
+    static F32 Cvt(I32 v, size_t vl) { return __riscv_vfcvt_f_x_v_f32##M32(v, vl); }                \
+    /* f16 scales * s, rounded once (the portable ScaleProduct). */                                  \
+    static F32 Scales(const uint8_t* p, float s, size_t vl) {                                        \
+      vuint32##M32##_t u = __riscv_vzext_vf2_u32##M32(                                              \
+          __riscv_vle16_v_u16##M16(reinterpret_cast<const uint16_t*>(p), vl), vl);                   \
+      vuint32##M32##_t mag = __riscv_vsll_vx_u32##M32(__riscv_vand_vx_u32##M32(u, 0x7fffu, vl), 13, vl); \
+      vuint32##M32##_t sign = __riscv_vsll_vx_u32##M32(__riscv_vand_vx_u32##M32(u, 0x8000u, vl), 16, vl); \
+      F32 d = __riscv_vreinterpret_v_u32##M32##_f32##M32(__riscv_vor_vv_u32##M32(mag, sign, vl));     \
+      return __riscv_vfmul_vf_f32##M32(__riscv_vfmul_vf_f32##M32(d, kTwo56, vl), s * kTwo56, vl);   \
+    }                                                                                                \
+    static F32 FmaccVv(F32 acc, F32 a, F32 b, size_t vl) { return __riscv_vfmacc_vv_f32##M32(acc, a, b, vl); } \
+    static F32 FmaccVf(F32 acc, float a, F32 b, size_t vl) { return __riscv_vfmacc_vf_f32##M32(acc, a, b, vl); } \
+    static F32 ZeroF(size_t vl) { return __riscv_vfmv_v_f_f32##M32(0.0f, vl); }                     \
+    static F32 LoadF(const float* p, size_t vl) { return __riscv_vle32_v_f32##M32(p, vl); }         \
+    static void StoreF(float* p, F32 v, size_t vl) { __riscv_vse32_v_f32##M32(p, v, vl); }          \
+  };
+
+RVASCEND_DEFINE_QV(1, m1, m2, m4)
+RVASCEND_DEFINE_QV(2, m2, m4, m8)
+#undef RVASCEND_DEFINE_QV
+
+// Rows of one call: activation pointers and scales, by row index 0..3.
+struct Rows {
+  const int8_t* q[4];
+  const float* d[4];
+  const int32_t* sum32[4];
+  float* c[4];
+};
+
+Rows RowsOf(size_t m, const QuantActs& a, size_t row0, float* c, size_t c_stride) {
+  Rows r{};
+  const size_t dblocks = a.k / a.block, sblocks = a.k / 32;
+  for (size_t i = 0; i < m; ++i) {
+    r.q[i] = a.q + (row0 + i) * a.k;
+    r.d[i] = a.d + (row0 + i) * dblocks;
+    r.sum32[i] = a.sum32 + (row0 + i) * sblocks;
+    r.c[i] = c + i * c_stride;
+  }
+  return r;
+}
+
+// The FP32 accumulators live in the output rows between blocks (a load, an FMA
+// and a store per block, next to 32 k-steps), which frees the register file.
+// One chunk [off, off + vl) of a tile, kRows rows, a 32-blocks format.
+template <QuantFormat F, int L, int kRows>
+void Chunk32(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size_t off, size_t vl) {
+  using V = QV<L>;
+  const size_t record = FormatInfo(F).tile_block_bytes * t;
+  for (int i = 0; i < kRows; ++i) V::StoreF(r.c[i] + off, V::ZeroF(vl), vl);
+  for (size_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = tile + b * record;
+    const int8_t* a0 = r.q[0] + 32 * b;
+    const int8_t* a1 = r.q[kRows > 1 ? 1 : 0] + 32 * b;
+    const int8_t* a2 = r.q[kRows > 2 ? 2 : 0] + 32 * b;
+    const int8_t* a3 = r.q[kRows > 3 ? 3 : 0] + 32 * b;
+    typename V::I32 s0, s1, s2, s3;
+    if constexpr (F == QuantFormat::kQ8_0) {
+      const uint8_t* q = blk + 2 * t + off;
+      s0 = s1 = s2 = s3 = V::Zero32(vl);
+      RVASCEND_UNROLL(16)
+      for (size_t i = 0; i < 32; i += 2) {
+        const auto w0 = V::LoadI8(q + i * t, vl), w1 = V::LoadI8(q + (i + 1) * t, vl);
+        s0 = V::WaddW(s0, V::Wmacc(V::Wmul(w0, a0[i], vl), a0[i + 1], w1, vl), vl);
+        if constexpr (kRows > 1) s1 = V::WaddW(s1, V::Wmacc(V::Wmul(w0, a1[i], vl), a1[i + 1], w1, vl), vl);
+        if constexpr (kRows > 2) s2 = V::WaddW(s2, V::Wmacc(V::Wmul(w0, a2[i], vl), a2[i + 1], w1, vl), vl);
+        if constexpr (kRows > 3) s3 = V::WaddW(s3, V::Wmacc(V::Wmul(w0, a3[i], vl), a3[i + 1], w1, vl), vl);
+      }
+    } else {
+      const uint8_t* qs = blk + (F == QuantFormat::kQ4_1 ? 4 : 2) * t + off;
+      auto l0 = V::Zero16(vl), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
+      RVASCEND_UNROLL(16)
+      for (size_t i = 0; i < 16; ++i) {
+        const auto bytes = V::LoadU8(qs + i * t, vl);
+        const auto lo = V::Lo(bytes, vl), hi = V::Hi(bytes, vl);
+        l0 = V::Wmacc(l0, a0[i], lo, vl);
+        h0 = V::Wmacc(h0, a0[i + 16], hi, vl);
+        if constexpr (kRows > 1) { l1 = V::Wmacc(l1, a1[i], lo, vl); h1 = V::Wmacc(h1, a1[i + 16], hi, vl); }
+        if constexpr (kRows > 2) { l2 = V::Wmacc(l2, a2[i], lo, vl); h2 = V::Wmacc(h2, a2[i + 16], hi, vl); }
+        if constexpr (kRows > 3) { l3 = V::Wmacc(l3, a3[i], lo, vl); h3 = V::Wmacc(h3, a3[i + 16], hi, vl); }
+      }
+      s0 = V::Wadd(l0, h0, vl);
+      if constexpr (kRows > 1) s1 = V::Wadd(l1, h1, vl);
+      if constexpr (kRows > 2) s2 = V::Wadd(l2, h2, vl);
+      if constexpr (kRows > 3) s3 = V::Wadd(l3, h3, vl);
+    }
+    auto finish = [&](int i, typename V::I32 s) {
+      const float ad = r.d[i][b];
+      const int32_t asum = r.sum32[i][b];
+      if constexpr (F == QuantFormat::kQ4_0) s = V::SubX(s, 8 * asum, vl);
+      auto acc = V::FmaccVv(V::LoadF(r.c[i] + off, vl), V::Cvt(s, vl), V::Scales(blk + 2 * off, ad, vl), vl);
+      if constexpr (F == QuantFormat::kQ4_1) {
+        acc = V::FmaccVf(acc, ad * static_cast<float>(asum), V::Scales(blk + 2 * t + 2 * off, 1.0f, vl), vl);
+      }
+      V::StoreF(r.c[i] + off, acc, vl);
+    };
+    finish(0, s0);
+    if constexpr (kRows > 1) finish(1, s1);
+    if constexpr (kRows > 2) finish(2, s2);
+    if constexpr (kRows > 3) finish(3, s3);
+  }
+}
+
+// Q4_K, one chunk, kRows rows: per sub-block of 32 the integer sum, scaled by the
+// sub-block's 6-bit scale (and its min by the activation sum) in int32.
+template <int L, int kRows>
+void ChunkQ4K(const Rows& r, size_t supers, const uint8_t* tile, size_t t, size_t off, size_t vl) {
+  using V = QV<L>;
+  for (int i = 0; i < kRows; ++i) V::StoreF(r.c[i] + off, V::ZeroF(vl), vl);
+  for (size_t s = 0; s < supers; ++s) {
+    const uint8_t* blk = tile + s * 148 * t;
+    auto tot0 = V::Zero32(vl), tot1 = tot0, tot2 = tot0, tot3 = tot0;
+    auto min0 = tot0, min1 = tot0, min2 = tot0, min3 = tot0;
+    for (size_t j = 0; j < 8; ++j) {
+      const uint8_t* qs = blk + 20 * t + 16 * j * t + off;
+      const size_t k0 = 256 * s + 32 * j;
+      const int8_t* a0 = r.q[0] + k0;
+      const int8_t* a1 = r.q[kRows > 1 ? 1 : 0] + k0;
+      const int8_t* a2 = r.q[kRows > 2 ? 2 : 0] + k0;
+      const int8_t* a3 = r.q[kRows > 3 ? 3 : 0] + k0;
+      auto l0 = V::Zero16(vl), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
+      RVASCEND_UNROLL(16)
+      for (size_t i = 0; i < 16; ++i) {
+        const auto bytes = V::LoadU8(qs + i * t, vl);
+        const auto lo = V::Lo(bytes, vl), hi = V::Hi(bytes, vl);
+        l0 = V::Wmacc(l0, a0[i], lo, vl);
+        h0 = V::Wmacc(h0, a0[i + 16], hi, vl);
+        if constexpr (kRows > 1) { l1 = V::Wmacc(l1, a1[i], lo, vl); h1 = V::Wmacc(h1, a1[i + 16], hi, vl); }
+        if constexpr (kRows > 2) { l2 = V::Wmacc(l2, a2[i], lo, vl); h2 = V::Wmacc(h2, a2[i + 16], hi, vl); }
+        if constexpr (kRows > 3) { l3 = V::Wmacc(l3, a3[i], lo, vl); h3 = V::Wmacc(h3, a3[i + 16], hi, vl); }
+      }
+      const auto sc = V::ZextU8(blk + 4 * t + j * t + off, vl);
+      const auto mn = V::ZextU8(blk + 12 * t + j * t + off, vl);
+      const size_t sb = 8 * s + j;
+      tot0 = V::Macc(tot0, sc, V::Wadd(l0, h0, vl), vl);
+      min0 = V::MaccX(min0, r.sum32[0][sb], mn, vl);
+      if constexpr (kRows > 1) { tot1 = V::Macc(tot1, sc, V::Wadd(l1, h1, vl), vl); min1 = V::MaccX(min1, r.sum32[1][sb], mn, vl); }
+      if constexpr (kRows > 2) { tot2 = V::Macc(tot2, sc, V::Wadd(l2, h2, vl), vl); min2 = V::MaccX(min2, r.sum32[2][sb], mn, vl); }
+      if constexpr (kRows > 3) { tot3 = V::Macc(tot3, sc, V::Wadd(l3, h3, vl), vl); min3 = V::MaccX(min3, r.sum32[3][sb], mn, vl); }
+    }
+    auto finish = [&](int i, typename V::I32 tot, typename V::I32 mins) {
+      const float ad = r.d[i][s];
+      auto acc = V::FmaccVv(V::LoadF(r.c[i] + off, vl), V::Cvt(tot, vl), V::Scales(blk + 2 * off, ad, vl), vl);
+      acc = V::FmaccVv(acc, V::Cvt(mins, vl), V::Scales(blk + 2 * t + 2 * off, -ad, vl), vl);
+      V::StoreF(r.c[i] + off, acc, vl);
+    };
+    finish(0, tot0, min0);
+    if constexpr (kRows > 1) finish(1, tot1, min1);
+    if constexpr (kRows > 2) finish(2, tot2, min2);
+    if constexpr (kRows > 3) finish(3, tot3, min3);
+  }
+}
+
+// Q6_K, one chunk, one row at a time (its 6-bit unpacking dominates; rows share little).
+template <int L>
+void ChunkQ6K(const int8_t* q, const float* ad, float* c, size_t supers, const uint8_t* tile, size_t t, size_t off,
+              size_t vl) {
+  using V = QV<L>;
+  auto acc = V::ZeroF(vl);
+  for (size_t s = 0; s < supers; ++s) {
+    const uint8_t* blk = tile + s * 210 * t;
+    auto total = V::Zero32(vl);
+    for (size_t p = 0; p < 8; ++p) {
+      const uint8_t* ql = blk + 18 * t + 16 * p * t + off;
+      const uint8_t* qh = blk + 146 * t + 8 * p * t + off;
+      const int8_t* a = q + 256 * s + 32 * p;
+      // Four int16 sums of 8 products of (6-bit value - 32) (|32 x 127| x 8 < 2^15):
+      // k = 32p+i (s0), 32p+8+i (s1), 32p+16+i (s2), 32p+24+i (s3), i < 8.
+      auto s0 = V::Zero16(vl), s1 = s0, s2 = s0, s3 = s0;
+      RVASCEND_UNROLL(2)
+      for (size_t i = 0; i < 8; ++i) {
+        const auto h = V::LoadU8(qh + i * t, vl);
+        const auto la = V::LoadU8(ql + i * t, vl), lb = V::LoadU8(ql + (i + 8) * t, vl);
+        const auto v0 = V::Or(V::AndX(la, 0xF, vl), V::AndX(V::SllX(h, 4, vl), 0x30, vl), vl);
+        const auto v1 = V::Or(V::AndX(lb, 0xF, vl), V::AndX(V::SllX(h, 2, vl), 0x30, vl), vl);
+        const auto v2 = V::Or(V::SrlX(la, 4, vl), V::AndX(h, 0x30, vl), vl);
+        const auto v3 = V::Or(V::SrlX(lb, 4, vl), V::AndX(V::SrlX(h, 2, vl), 0x30, vl), vl);
+        s0 = V::Wmacc(s0, a[i], V::Minus32(v0, vl), vl);
+        s1 = V::Wmacc(s1, a[i + 8], V::Minus32(v1, vl), vl);
+        s2 = V::Wmacc(s2, a[i + 16], V::Minus32(v2, vl), vl);
+        s3 = V::Wmacc(s3, a[i + 24], V::Minus32(v3, vl), vl);
+      }
+      total = V::Macc(total, V::SextI8(blk + 2 * t + (2 * p) * t + off, vl), V::Wadd(s0, s1, vl), vl);
+      total = V::Macc(total, V::SextI8(blk + 2 * t + (2 * p + 1) * t + off, vl), V::Wadd(s2, s3, vl), vl);
+    }
+    acc = V::FmaccVv(acc, V::Cvt(total, vl), V::Scales(blk + 2 * off, ad[s], vl), vl);
+  }
+  V::StoreF(c + off, acc, vl);
+}
+
+// A whole tile: one e8 m2 chunk for one row (the decode step), two e8 m1 halves
+// for 2..4 rows.
+template <QuantFormat F, int L, int kRows>
+void Chunk(const Rows& r, const QuantActs& a, const uint8_t* tile, size_t t, size_t off, size_t vl) {
+  if constexpr (F == QuantFormat::kQ4_K) {
+    ChunkQ4K<L, kRows>(r, a.k / 256, tile, t, off, vl);
+  } else if constexpr (F == QuantFormat::kQ6_K) {
+    for (int i = 0; i < kRows; ++i) ChunkQ6K<L>(r.q[i], r.d[i], r.c[i], a.k / 256, tile, t, off, vl);
+  } else {
+    Chunk32<F, L, kRows>(r, a.k / 32, tile, t, off, vl);
+  }
+}
+
+template <QuantFormat F>
+void Gemm(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c, size_t c_stride) {
+  const Rows r = RowsOf(m, a, row0, c, c_stride);
+  if (m == 1) {
+    Chunk<F, 2, 1>(r, a, tile, t, 0, QV<2>::SetVl(t));
+    return;
+  }
+  const size_t half = t / 2;
+  for (size_t off = 0; off < t; off += half) {
+    const size_t vl = QV<1>::SetVl(half);
+    switch (m) {
+      case 2: Chunk<F, 1, 2>(r, a, tile, t, off, vl); break;
+      case 3: Chunk<F, 1, 3>(r, a, tile, t, off, vl); break;
+      default: Chunk<F, 1, 4>(r, a, tile, t, off, vl); break;
+    }
+  }
+}
+
+// The activation quantization of quant_activations.h, vectorized: the same
+// products, the same rounding (vfcvt under the default round-to-nearest-even
+// mode is nearbyint), so the same bytes as QuantizeRowPortable.
+void QuantizeRowRvv(const uint16_t* x, size_t k, size_t block, int8_t* q, float* d, int32_t* sum32) {
+  using W = rvv::Lmul<8>;
+  for (size_t b = 0; b < k / block; ++b) {
+    const uint16_t* xb = x + b * block;
+    int8_t* qb = q + b * block;
+    float amax = 0.0f;
+    size_t nans = 0;
+    for (size_t i = 0; i < block;) {
+      const size_t vl = W::SetVl(block - i);
+      const auto v = W::LoadBf16(xb + i, vl);
+      nans += __riscv_vcpop_m_b4(__riscv_vmfne_vv_f32m8_b4(v, v, vl), vl);
+      const float m = __riscv_vfmv_f_s_f32m1_f32(
+          __riscv_vfredmax_vs_f32m8_f32m1(__riscv_vfabs_v_f32m8(v, vl), __riscv_vfmv_s_f_f32m1(0.0f, 1), vl));
+      amax = m > amax ? m : amax;
+      i += vl;
+    }
+    float scale = 0.0f;  // what x is multiplied by
+    if (nans || amax == INFINITY || amax == 0.0f) {
+      for (size_t i = 0; i < block; ++i) qb[i] = 0;
+      d[b] = amax == 0.0f && !nans ? 0.0f : NAN;
+    } else if (block == 256) {
+      // q8_K: the signed value of largest magnitude, its first occurrence.
+      float max = 0.0f;
+      for (size_t i = 0; i < block;) {
+        const size_t vl = W::SetVl(block - i);
+        const auto v = W::LoadBf16(xb + i, vl);
+        const long at = __riscv_vfirst_m_b4(__riscv_vmfeq_vf_f32m8_b4(__riscv_vfabs_v_f32m8(v, vl), amax, vl), vl);
+        if (at >= 0) {
+          max = Bf16ToFloat(xb[i + at]);
+          break;
+        }
+        i += vl;
+      }
+      scale = -127.0f / max;
+      d[b] = 1.0f / scale;
+    } else {
+      d[b] = amax / 127.0f;
+      scale = 1.0f / d[b];
+    }
+    if (scale != 0.0f) {
+      for (size_t i = 0; i < block;) {
+        const size_t vl = W::SetVl(block - i);
+        const auto v = __riscv_vfmul_vf_f32m8(W::LoadBf16(xb + i, vl), scale, vl);
+        auto n = __riscv_vfcvt_x_f_v_i32m8(v, vl);
+        n = __riscv_vmax_vx_i32m8(__riscv_vmin_vx_i32m8(n, 127, vl), -127, vl);
+        __riscv_vse8_v_i8m2(qb + i, __riscv_vncvt_x_x_w_i8m2(__riscv_vncvt_x_x_w_i16m4(n, vl), vl), vl);
+        i += vl;
+      }
+    }
+  }
+  for (size_t b = 0; b < k / 32; ++b) {
+    const size_t vl = __riscv_vsetvl_e8m2(32);  // 32 int8 lanes fit one m2 group at VLEN >= 128
+    const auto sum = __riscv_vwredsum_vs_i8m2_i16m1(__riscv_vle8_v_i8m2(q + 32 * b, vl),
+                                                     __riscv_vmv_s_x_i16m1(0, 1), vl);
+    sum32[b] = __riscv_vmv_x_s_i16m1_i16(sum);
+  }
+}
+
+void StoreBf16Rvv(const float* c, size_t n, uint16_t* out) {
+  using W = rvv::Lmul<8>;
+  for (size_t j = 0; j < n;) {
+    const size_t vl = W::SetVl(n - j);
+    W::StoreBf16(out + j, W::Load(c + j, vl), vl);
+    j += vl;
+  }
+}
+
+}  // namespace
+
+// tile 0: T = VLEN/4, one e8 m2 group (the driver passes it as t).
+const QuantKernelSet kRvvQuantKernels = {
+    "rvv", 0, 4,
+    {Gemm<QuantFormat::kQ8_0>, Gemm<QuantFormat::kQ4_0>, Gemm<QuantFormat::kQ4_1>, Gemm<QuantFormat::kQ4_K>,
+     Gemm<QuantFormat::kQ6_K>},
+    QuantizeRowRvv, StoreBf16Rvv};
+
+}  // namespace rvascend

@@ -1,0 +1,28 @@
+// The registry of quantized-linear kernel sets and the run-time choice among them.
+#ifndef RVV_KERNELS_QUANTIZED_QUANT_KERNEL_SETS_H_
+#define RVV_KERNELS_QUANTIZED_QUANT_KERNEL_SETS_H_
+
+#include <string>
+#include <vector>
+
+#include "rvv_kernels/quantized/quant_ukernels.h"
+
+namespace rvascend {
+
+extern const QuantKernelSet kPortableQuantKernels;
+#if defined(RVASCEND_HAVE_RVV)
+extern const QuantKernelSet kRvvQuantKernels;
+#endif
+
+// Sets compiled into this build whose ISA the CPU reports, best first.
+std::vector<const QuantKernelSet*> AvailableQuantKernelSets();
+
+// The available set called `name` ("" = the best), or a std::invalid_argument naming the choices.
+const QuantKernelSet& FindQuantKernelSet(const std::string& name);
+
+// The tile width a set reads (resolves 0: VLEN/4 of this machine).
+size_t QuantKernelSetTile(const QuantKernelSet& set);
+
+}  // namespace rvascend
+
+#endif  // RVV_KERNELS_QUANTIZED_QUANT_KERNEL_SETS_H_
