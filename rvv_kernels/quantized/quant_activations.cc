@@ -47,17 +47,19 @@ float QuantizeBlock(const float* x, size_t n, bool k_quant, int8_t* q) {
 
 }  // namespace
 
-void QuantizeRowPortable(const uint16_t* x, size_t k, size_t block, int8_t* q, float* d, int32_t* sum32) {
-  float values[256];
-  for (size_t b = 0; b < k / block; ++b) {
-    for (size_t i = 0; i < block; ++i) values[i] = Bf16ToFloat(x[b * block + i]);
-    d[b] = QuantizeBlock(values, block, block == 256, q + b * block);
-  }
+void QuantizeRowF32(const float* x, size_t k, size_t block, int8_t* q, float* d, int32_t* sum32) {
+  for (size_t b = 0; b < k / block; ++b) d[b] = QuantizeBlock(x + b * block, block, block == 256, q + b * block);
   for (size_t b = 0; b < k / 32; ++b) {
     int32_t s = 0;
     for (size_t i = 0; i < 32; ++i) s += q[32 * b + i];
     sum32[b] = s;
   }
+}
+
+void QuantizeRowPortable(const uint16_t* x, size_t k, size_t block, int8_t* q, float* d, int32_t* sum32) {
+  std::vector<float> values(k);
+  for (size_t i = 0; i < k; ++i) values[i] = Bf16ToFloat(x[i]);
+  QuantizeRowF32(values.data(), k, block, q, d, sum32);
 }
 
 QuantizedActivations::QuantizedActivations(const uint16_t* rows, size_t m, size_t k, size_t stride, size_t block,
@@ -67,6 +69,19 @@ QuantizedActivations::QuantizedActivations(const uint16_t* rows, size_t m, size_
     quantize(rows + r * stride, k, block, q_.data() + r * k, d_.data() + r * (k / block),
              sum32_.data() + r * (k / 32));
   }
+  SetView(m, k, block);
+}
+
+QuantizedActivations::QuantizedActivations(const float* rows, size_t m, size_t k, size_t stride, size_t block)
+    : q_(m * k), d_(m * (k / block)), sum32_(m * (k / 32)) {
+  for (size_t r = 0; r < m; ++r) {
+    QuantizeRowF32(rows + r * stride, k, block, q_.data() + r * k, d_.data() + r * (k / block),
+                   sum32_.data() + r * (k / 32));
+  }
+  SetView(m, k, block);
+}
+
+void QuantizedActivations::SetView(size_t m, size_t k, size_t block) {
   view_.m = m;
   view_.k = k;
   view_.block = block;

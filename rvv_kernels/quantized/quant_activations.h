@@ -17,6 +17,7 @@ namespace rvascend {
 
 // The definition, in plain C++ (the portable set's and the reference of the others).
 void QuantizeRowPortable(const uint16_t* x, size_t k, size_t block, int8_t* q, float* d, int32_t* sum32);
+void QuantizeRowF32(const float* x, size_t k, size_t block, int8_t* q, float* d, int32_t* sum32);
 
 // Owns the quantized activations of one call.
 class QuantizedActivations {
@@ -25,9 +26,13 @@ class QuantizedActivations {
   // quantize: the kernel set's (every set's gives the same bytes).
   QuantizedActivations(const uint16_t* rows, size_t m, size_t k, size_t stride, size_t block,
                        QuantizeRowFn quantize = QuantizeRowPortable);
+  // FP32 rows (a model served with FP32 activations): the same definition, without the
+  // BF16 rounding of the values before they are quantized.
+  QuantizedActivations(const float* rows, size_t m, size_t k, size_t stride, size_t block);
   const QuantActs& view() const { return view_; }
 
  private:
+  void SetView(size_t m, size_t k, size_t block);
   std::vector<int8_t> q_;
   std::vector<float> d_;
   std::vector<int32_t> sum32_;

@@ -37,8 +37,9 @@ void Check(const QuantKernelSet& kernels, const QuantizedLinearArgs& args) {
 template <typename Store>
 void Run(const QuantKernelSet& kernels, const QuantizedLinearArgs& args, size_t num_threads, Store store) {
   const QuantFormatInfo& info = FormatInfo(args.format);
-  const QuantizedActivations acts(args.input, args.m, args.k, args.input_stride, info.act_block,
-                                  kernels.quantize_row);
+  const QuantizedActivations acts = args.input_f32 != nullptr
+      ? QuantizedActivations(args.input_f32, args.m, args.k, args.input_stride, info.act_block)
+      : QuantizedActivations(args.input, args.m, args.k, args.input_stride, info.act_block, kernels.quantize_row);
   const size_t t = args.tile;
   const size_t tiles = CeilDiv(args.n, t);
   const size_t tile_bytes = (args.k / info.block_k) * info.tile_block_bytes * t;

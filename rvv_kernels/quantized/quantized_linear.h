@@ -16,6 +16,7 @@ struct QuantizedLinearArgs {
   QuantFormat format = QuantFormat::kQ8_0;
   size_t m = 0, n = 0, k = 0;
   const uint16_t* input = nullptr;  // BF16 [m][input_stride]
+  const float* input_f32 = nullptr;  // or FP32 (then `input` is unused)
   size_t input_stride = 0;
   const uint8_t* weight = nullptr;  // runtime layout (quant_format.h)
   size_t tile = 0;                  // the layout's tile width

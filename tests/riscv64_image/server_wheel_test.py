@@ -4,7 +4,10 @@ completion and a streamed completion with the same greedy tokens as the host
 engine on the same checkpoint up to the host's first near tie (random weights
 make ties; the guest's kernels sum in another order than the host's, so a BF16
 tie may break either way), and /metrics showing the packed route. A second
-start without the vector extension serves too (portable kernels, no SIGILL).
+start without the vector extension serves too (portable kernels, no SIGILL). A
+third serves the default model (SmolLM2-135M Q4_1) from its GGUF kept quantized,
+as a board does: the right answer, every projection on the quantized kernels,
+the decode steps fused.
 
 Arguments: --qemu, --image, --wheel (Bazel passes them).
 """
@@ -123,8 +126,40 @@ def main() -> int:
                 failures += not ok
             print(f"  host (up to its first near tie): {want_chat!r} / {want_completion!r}; "
                   f"guest: {chat_tokens!r} / {streamed!r}")
+        failures += serve_default_quantized(args, site, tmp)
     print(f"{1 if failures == 0 else 0} passed, {1 if failures else 0} failed")
     return 1 if failures else 0
+
+
+def serve_default_quantized(args, site: str, tmp: str) -> int:
+    from rvascend.engine import default_model
+
+    port = free_port()
+    log = os.path.join(tmp, "server-default.log")
+    proc = riscv64.server_process(args.qemu, args.image, site, [
+        f"--model-path={default_model.ensure_default_model()}", f"--port={port}", "--enable-cpu-rvv-inductor",
+        "--max-total-tokens=512"], vector=True, log=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, 900, lambda: open(log).read()[-4000:])
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=900)
+        reply = client.chat.completions.create(model="x", max_tokens=12, temperature=0, messages=[
+            {"role": "user", "content": "What is the capital of France? Answer in one sentence."}])
+        answer = reply.choices[0].message.content
+        metrics = httpx.get(url + "/metrics").text
+    finally:
+        stop(proc)
+    calls = [line for line in metrics.splitlines() if line.startswith("rvascend_rvv_projection_calls_total")]
+    checks = {
+        "the default model answers": "Paris" in answer,
+        "its projections stayed quantized (log)": "kept quantized: 121 modules" in open(log).read(),
+        "every projection call on the quantized kernels": calls and all('route="packed"' in c for c in calls),
+        "decode steps fused": 'kernel="decoder_layers",reason="",route="kernel"' in metrics,
+    }
+    for name, ok in checks.items():
+        print(f"{'ok  ' if ok else 'FAIL'} default model, quantized: {name}")
+    print(f"  answer: {answer!r}")
+    return sum(not ok for ok in checks.values())
 
 
 if __name__ == "__main__":

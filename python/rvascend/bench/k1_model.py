@@ -46,28 +46,31 @@ class Region:
     bytes: float  # DRAM traffic the region cannot avoid (weights, K/V)
 
 
-def region_seconds(r: Region, threads: int) -> float:
+def region_seconds(r: Region, threads: int, ipc: float = IPC_SCALAR) -> float:
     t = threads if r.name in PARALLEL_REGIONS else 1
     scalar = r.instructions - r.vector_instructions
-    compute = (scalar / IPC_SCALAR + r.vector_instructions * CPI_VECTOR) / (CLOCK_HZ * t)
+    compute = (scalar / ipc + r.vector_instructions * CPI_VECTOR) / (CLOCK_HZ * t)
     bandwidth = BANDWIDTH_ALL_CORES if t > 1 else BANDWIDTH_ONE_THREAD
     return max(compute, r.bytes / bandwidth)
 
 
-def tokens_per_second(regions: list[Region], sequences: int, threads: int) -> float:
-    return sequences / sum(region_seconds(r, threads) for r in regions)
+def tokens_per_second(regions: list[Region], sequences: int, threads: int, ipc: float = IPC_SCALAR) -> float:
+    """`ipc`: scalar instructions per cycle (the model's 1.0; 0.5 is the conservative case)."""
+    return sequences / sum(region_seconds(r, threads, ipc) for r in regions)
 
 
-def unavoidable_bytes(region: str, config: dict, context: int, layers: int, kv_reads: float = 1.0) -> float:
-    """Weight bytes of a projection (BF16), or K/V bytes attention reads, for `layers` layers."""
+def unavoidable_bytes(region: str, config: dict, context: int, layers: int, kv_reads: float = 1.0,
+                      bytes_per_weight: float = 2.0) -> float:
+    """Weight bytes of a projection (BF16: 2 per weight; Q4_0: 18/32, Q8_0: 34/32), or K/V
+    bytes attention reads, for `layers` layers."""
     h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     heads, kv_heads, d = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     weights = {"qkv_proj": h * (heads + 2 * kv_heads) * d, "o_proj": heads * d * h, "gate_up_proj": 2 * h * inter,
                "down_proj": inter * h}
     if region in weights:
-        return 2.0 * weights[region] * layers
+        return bytes_per_weight * weights[region] * layers
     if region == "lm_head":
-        return 2.0 * vocab * h
+        return bytes_per_weight * vocab * h
     if region == "attention":
         return 2.0 * 2 * context * kv_heads * d * layers * kv_reads
     return 0.0

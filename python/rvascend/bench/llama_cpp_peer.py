@@ -42,10 +42,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 def prepare_models(work: str, names: list[str]) -> dict[str, str]:
     """name -> BF16 GGUF file, written once."""
     from rvascend.engine import default_model, random_checkpoint
-    from rvascend.models import gguf_export
+    from rvascend.models import gguf_checkpoint, gguf_export
+
+    def smollm2(d: str) -> str:
+        gguf_checkpoint.convert(default_model.ensure_default_model(), d)
+        return d
 
     sources = {
-        "smollm2-135m": lambda d: default_model.ensure_default_model(),
+        "smollm2-135m": smollm2,
         "qwen3-0.6b": lambda d: random_checkpoint.write("qwen3-0.6b", d),
     }
     unknown = [n for n in names if n not in sources]

@@ -50,16 +50,20 @@ flags.DEFINE_string("plugin", None, "qemu_count_plugin .so (default: built with 
 flags.DEFINE_string("package", None, "Directory holding the rvascend package (default: this source tree).")
 flags.DEFINE_list("vlens", ["256"], "VLENs of the emulated CPU.")
 flags.DEFINE_list("layers", ["1", "2"], "Model depths to run (two, to separate per-layer and fixed costs).")
-flags.DEFINE_list("modes", ["stock", "linear", "op_by_op", "full"],
+flags.DEFINE_list("modes", ["stock", "linear", "op_by_op", "full", "q4_0", "q8_0"],
                   "stock: no policy; linear: packed Linears only; op_by_op: every kernel, called module by "
-                  "module; full: the policy as --enable-cpu-rvv-inductor installs it (fused decode step).")
+                  "module; full: the policy as --enable-cpu-rvv-inductor installs it (fused decode step); "
+                  "q4_0, q8_0: full, on the same weights as a Q4_0 / Q8_0 GGUF kept quantized.")
 flags.DEFINE_list("contexts", ["64", "512"], "Context lengths of the decode step.")
 flags.DEFINE_list("rows", ["1", "4"], "Sequences decoding together (M).")
 flags.DEFINE_integer("target_layers", 28, "Layers to extrapolate to (Qwen3-0.6B: 28).")
 flags.DEFINE_string("output", "bench_results/riscv64_step.jsonl", "jsonl file to append to.")
 flags.DEFINE_string("plot", "bench_results/riscv64_step.png", "PNG plot (empty: none).")
 
-_MODE_ARG = {"stock": "off", "linear": "linear", "op_by_op": "op_by_op", "full": "full"}
+_MODE_ARG = {"stock": "off", "linear": "linear", "op_by_op": "op_by_op", "full": "full", "q4_0": "full",
+             "q8_0": "full"}
+# Weight bytes per weight in each mode (GGML's Q4_0: 18 bytes per 32, Q8_0: 34 per 32).
+_BYTES_PER_WEIGHT = {"q4_0": 18 / 32, "q8_0": 34 / 32}
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 # Library of a mapped file, by name prefix (the image maps versioned sonames).
 LIBRARY_PREFIXES = (("libtorch_cpu", "libtorch_cpu"), ("libtorch_python", "libtorch_python"),
@@ -133,12 +137,19 @@ def _sum(intervals, ids, spans) -> tuple[int, int, dict[str, int]]:
     return total, vector, dict(libs)
 
 
+def _gguf_type(mode: str):
+    import gguf
+
+    return {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q8_0": gguf.GGMLQuantizationType.Q8_0}[mode]
+
+
 def run_guest(qemu: str, image: str, stage: str, plugin: str, checkpoint: str, mode: str,
               configs: list[tuple[int, int]], vlen: int, tmp: str) -> list[dict[str, Any]]:
     """One guest process: every (context, rows) config of one model and mode."""
     out = os.path.join(tmp, f"counts-{mode}-{os.path.basename(checkpoint)}-{vlen}.txt")
     cpu = f"rv64,v=true,vext_spec=v1.0,vlen={vlen}"
-    args = json.dumps({"checkpoint": checkpoint, "mode": _MODE_ARG[mode], "configs": configs})
+    args = json.dumps({"checkpoint": checkpoint, "mode": _MODE_ARG[mode], "configs": configs,
+                       "keep_quantized": mode in _BYTES_PER_WEIGHT})
     cmd = [qemu, "-plugin", f"{plugin},out={out}", "-L", image, "-cpu", cpu, f"{image}/usr/bin/python3.13", "-B",
            os.path.join(stage, "rvascend", "bench", "riscv64_step_guest.py"), args]
     env = dict(os.environ, PYTHONPATH=stage, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
@@ -195,15 +206,16 @@ def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int) -> dict[s
 
 
 def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: int, layers: int,
-            threads: int) -> float:
+            threads: int, bytes_per_weight: float = 2.0, ipc: float = k1_model.IPC_SCALAR) -> float:
     """K1 tok/s. Regions are scaled so they add up to the unmarked total (the markers' own cost removed
     in proportion)."""
     marked = sum(n for n, _ in step["regions"].values())
     scale = step["total"] / marked if marked else 1.0
     regions = [k1_model.Region(name, n * scale, v * scale,
-                               k1_model.unavoidable_bytes(name, config, context * rows, layers))
+                               k1_model.unavoidable_bytes(name, config, context * rows, layers,
+                                                          bytes_per_weight=bytes_per_weight))
                for name, (n, v) in step["regions"].items()]
-    return k1_model.tokens_per_second(regions, rows, threads)
+    return k1_model.tokens_per_second(regions, rows, threads, ipc)
 
 
 def main(argv: list[str]) -> int:
@@ -228,6 +240,14 @@ def main(argv: list[str]) -> int:
         shutil.copy(extension, os.path.join(stage, "rvascend", "ops", "_rvv_kernels.so"))
         checkpoints = {n: random_checkpoint.write("qwen3-0.6b", os.path.join(tmp, f"qwen3-{n}l"), layers=n)
                        for n in layers}
+        quantized = {}
+        for mode in (m for m in FLAGS.modes if m in _BYTES_PER_WEIGHT):
+            from rvascend.models import gguf_export
+
+            for n in layers:  # the same weights, every projection and the embedding quantized
+                quantized[(mode, n)] = os.path.join(tmp, f"qwen3-{n}l-{mode}.gguf")
+                logging.info("writing %s", quantized[(mode, n)])
+                gguf_export.export(checkpoints[n], quantized[(mode, n)], default_type=_gguf_type(mode))
         with open(os.path.join(checkpoints[layers[0]], "config.json")) as f:
             config = json.load(f)
         for vlen in (int(v) for v in FLAGS.vlens):
@@ -235,14 +255,15 @@ def main(argv: list[str]) -> int:
             for mode in FLAGS.modes:
                 for n in layers:
                     logging.info("VLEN %d, %s, %d layer(s): %d steps", vlen, mode, n, len(configs))
-                    measured[(mode, n)] = run_guest(FLAGS.qemu, image, stage, plugin, checkpoints[n], mode, configs,
-                                                    vlen, tmp)
+                    measured[(mode, n)] = run_guest(FLAGS.qemu, image, stage, plugin,
+                                                    quantized.get((mode, n), checkpoints[n]), mode, configs, vlen, tmp)
             for mode in FLAGS.modes:
                 for i, (context, rows) in enumerate(configs):
                     runs = [measured[(mode, n)][i] for n in layers]
                     step = extrapolate(runs[0], runs[1], FLAGS.target_layers) if len(runs) == 2 else runs[0]
                     target = FLAGS.target_layers if len(runs) == 2 else layers[0]
                     linear = sum(step["regions"].get(p, (0, 0))[0] for p in LINEARS)
+                    bpw = _BYTES_PER_WEIGHT.get(mode, 2.0)
                     marked = sum(n for n, _ in step["regions"].values())
                     records.append({
                         "bench": "riscv64_step", "vlen": vlen, "mode": mode, "context": context, "rows": rows,
@@ -253,12 +274,16 @@ def main(argv: list[str]) -> int:
                                              for k, v in sorted(step["region_libraries"].items())},
                         "marker_overhead": step["marker_overhead"],
                         "share_outside_linears": 1 - linear / marked if marked else 0.0,
-                        "k1_tok_s_1_thread": project(step, config, context, rows, target, 1),
-                        "k1_tok_s_8_threads": project(step, config, context, rows, target, k1_model.CORES),
+                        "k1_tok_s_1_thread": project(step, config, context, rows, target, 1, bpw),
+                        "k1_tok_s_8_threads": project(step, config, context, rows, target, k1_model.CORES, bpw),
+                        "k1_tok_s_8_threads_ipc_0.5": project(step, config, context, rows, target,
+                                                              k1_model.CORES, bpw, ipc=0.5),
+                        "weight_bytes_per_weight": bpw,
                         "measured_layers": layers})
     print_table(records, [("vlen", "VLEN", "d"), ("mode", "mode", "s"), ("context", "ctx", "d"), ("rows", "M", "d"),
                           ("instructions", "insns/step", ",.0f"), ("share_outside_linears", "outside Linear", ".1%"),
-                          ("k1_tok_s_1_thread", "K1 tok/s 1T", ".2f"), ("k1_tok_s_8_threads", "K1 tok/s 8T", ".2f")])
+                          ("k1_tok_s_1_thread", "K1 tok/s 1T", ".2f"), ("k1_tok_s_8_threads", "K1 tok/s 8T", ".2f"),
+                          ("k1_tok_s_8_threads_ipc_0.5", "8T, IPC 0.5", ".2f")])
     for r in records:
         top = sorted(r["regions"].items(), key=lambda kv: -kv[1])[:8]
         print(f"VLEN {r['vlen']} {r['mode']:6s} ctx {r['context']:4d} M {r['rows']}: " +

@@ -164,7 +164,7 @@ def rewind(engine: Engine, seqs: list[Sequence]) -> None:
 
 def main() -> int:
     args = json.loads(sys.argv[1])
-    model = load_model(args["checkpoint"], torch.bfloat16)
+    model = load_model(args["checkpoint"], torch.bfloat16, keep_quantized=args.get("keep_quantized", False))
     mode = args["mode"]  # off | linear | op_by_op | full
     if mode != "off":
         install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", kernels=(mode in ("full", "op_by_op")),

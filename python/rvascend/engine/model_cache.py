@@ -29,7 +29,7 @@ def ensure_checkpoint(name: str, write: Callable[[str], None], what: str) -> str
     The entry is written into a temporary directory and renamed into place, so an
     interrupted run never leaves a half-written checkpoint behind."""
     path = os.path.join(cache_root(), name)
-    if os.path.exists(os.path.join(path, "model.safetensors")):
+    if os.path.isdir(path):  # entries appear by an atomic rename, whole
         return path
     logging.info("writing %s into %s (first use)", what, path)
     os.makedirs(os.path.dirname(path), exist_ok=True)

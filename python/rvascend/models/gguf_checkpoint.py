@@ -250,6 +250,7 @@ class GgufCheckpoint:
             array = np.ascontiguousarray(self._dequantize(name), dtype=np.float32)
             if not array.flags.writeable:  # F32 tensors come back as views of the read-only map
                 array = array.copy()
+            self.release(name)
             yield hf, self._in_hf_row_order(name, torch.from_numpy(array)).to(dtype)
 
     def kept_format(self, name: str) -> Optional[str]:
@@ -274,6 +275,10 @@ class GgufCheckpoint:
     def type_names(self) -> dict[str, str]:
         """GGUF tensor name -> its GGML type's name, in file order."""
         return {name: t.type_name for name, t in self._tensors.items()}
+
+    def release(self, name: str) -> None:
+        """Drops a tensor's pages from memory once it has been copied (gguf_file.py)."""
+        self._file.release(name)
 
     def close(self) -> None:
         """Unmaps the file (no view of it may be alive)."""

@@ -224,6 +224,16 @@ class GgufFile:
         data = np.frombuffer(self._map, dtype=np.uint8, count=t.n_bytes, offset=t.offset)
         return data.reshape(*t.shape[:-1], t.dims[0] // block * type_size)
 
+    def release(self, name: str) -> None:
+        """Drops a tensor's pages from this process's memory (they stay in the file and
+        come back if read again): a loader that has copied a tensor calls it, so the
+        file is never resident beside what was made of it."""
+        t = self.tensors[name]
+        page = mmap.PAGESIZE
+        start = t.offset // page * page
+        end = -(-(t.offset + t.n_bytes) // page) * page
+        self._map.madvise(mmap.MADV_DONTNEED, start, min(end, self.size) - start)
+
     def array(self, name: str) -> Optional[np.ndarray]:
         """A tensor of a plain numeric type (F32, F16, F64, I8..I64) as a read-only view, else None."""
         dtypes = {0: "<f4", 1: "<f2", 28: "<f8", 24: "<i1", 25: "<i2", 26: "<i4", 27: "<i8"}

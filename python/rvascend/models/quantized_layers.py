@@ -66,8 +66,8 @@ class QuantizedLinear(nn.Module):
         return route(x) if route is not None else self.quantized_linear(x)
 
     def quantized_linear(self, x: torch.Tensor) -> torch.Tensor:
-        """The product on the quantized kernels (BF16 input), else on the dequantized weight."""
-        if x.dtype != torch.bfloat16 or (torch.is_grad_enabled() and x.requires_grad):
+        """The product on the quantized kernels (BF16 or FP32 input), else on the dequantized weight."""
+        if x.dtype not in (torch.bfloat16, torch.float32) or (torch.is_grad_enabled() and x.requires_grad):
             return self.dequantized_linear(x)
         outs = [qops.quantized_linear(x, self.qweight(i), p.fmt, p.rows, p.tile) for i, p in enumerate(self.parts)]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)

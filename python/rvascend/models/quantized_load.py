@@ -119,6 +119,8 @@ def load_quantized_modules(ckpt: gguf_checkpoint.GgufCheckpoint, loaders: list, 
                 np.concatenate([ckpt.quantized_rows(n) for n in names])
             module.set_part(p_index, qops.repack_ggml(raw, part.fmt, part.rows, k, part.tile))
             del raw
+            for name in names:
+                ckpt.release(name)
         if entry.bias:
             values = dict(ckpt.tensors(torch.float32, skip=frozenset(ckpt.type_names()) - set(entry.bias.values())))
             order = [f"{ckpt.hf_name(entry.bias[s])}" for s in shard_names]

@@ -103,8 +103,8 @@ def _check_linear_args(input: torch.Tensor, qweight: torch.Tensor, fmt: str, out
     if layout_version != QUANT_LAYOUT_VERSION:
         raise ValueError(f"quantized_linear: quantized layout version {layout_version} is not this build's "
                          f"({QUANT_LAYOUT_VERSION}); repack the weight")
-    if input.dtype != torch.bfloat16:
-        raise TypeError(f"quantized_linear: input must be bfloat16, got {input.dtype}")
+    if input.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"quantized_linear: input must be bfloat16 or float32, got {input.dtype}")
     if qweight.dtype != torch.uint8 or qweight.dim() != 1:
         raise ValueError(f"quantized_linear: qweight must be a 1-D uint8 tensor (the runtime layout), got "
                          f"{qweight.dtype} {tuple(qweight.shape)}")
@@ -134,11 +134,12 @@ def _linear_cpu(input: torch.Tensor, qweight: torch.Tensor, fmt: str, out_featur
     if x.stride(-1) != 1 or (x.shape[0] > 1 and x.stride(0) < k):
         x = x.contiguous()
     m = x.shape[0]
-    out = torch.empty((m, out_features), dtype=torch.bfloat16)
+    out = torch.empty((m, out_features), dtype=input.dtype)
     if m:
         _native.quant_linear(_kernel_set, fmt, m, out_features, k, x.data_ptr(),
                              x.stride(0) if m > 1 else k, readable_elements(x), qweight.data_ptr(), qweight.numel(),
-                             tile, out.data_ptr(), out_features, out.numel(), torch.get_num_threads())
+                             tile, out.data_ptr(), out_features, out.numel(), torch.get_num_threads(),
+                             input.dtype == torch.float32)
     return out.reshape(*lead, out_features)
 
 
@@ -154,6 +155,7 @@ def _linear_fake(input: torch.Tensor, qweight: torch.Tensor, fmt: str, out_featu
 
 def quantized_linear(input: torch.Tensor, qweight: torch.Tensor, fmt: str, out_features: int, tile: int,
                      layout_version: int = QUANT_LAYOUT_VERSION) -> torch.Tensor:
-    """input[..., K] (BF16) x W^T -> [..., out_features] (BF16), W quantized in the runtime layout."""
+    """input[..., K] x W^T -> [..., out_features], W quantized in the runtime layout; BF16 or FP32
+    activations (FP32 ones are quantized without a BF16 rounding first), output in their dtype."""
     return eager_call(torch.ops.rvascend.quantized_linear, _linear_cpu, input, qweight, fmt, out_features, tile,
                       layout_version)

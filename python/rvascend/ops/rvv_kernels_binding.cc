@@ -434,9 +434,11 @@ void QuantRepack(const std::string& format, uintptr_t ggml, size_t ggml_bytes, s
   RepackGgmlWeight(f, src, n, k, tile, dst, num_threads ? num_threads : 1);
 }
 
+// fp32: input and output are FP32 (else BF16).
 void QuantLinear(const std::string& kernel_set, const std::string& format, size_t m, size_t n, size_t k,
                  uintptr_t input, size_t input_stride, size_t input_elements, uintptr_t weight, size_t weight_bytes,
-                 size_t tile, uintptr_t output, size_t output_stride, size_t output_elements, size_t num_threads) {
+                 size_t tile, uintptr_t output, size_t output_stride, size_t output_elements, size_t num_threads,
+                 bool fp32) {
   QuantizedLinearArgs args;
   args.format = FormatFromName(format);
   args.m = m;
@@ -450,13 +452,23 @@ void QuantLinear(const std::string& kernel_set, const std::string& format, size_
     throw std::invalid_argument(format + ": K = " + std::to_string(k) + " or tile " + std::to_string(tile) +
                                 " does not describe a quantized weight");
   }
-  args.input = Pointer<const uint16_t>(input, "input");
+  if (fp32) {
+    args.input_f32 = Pointer<const float>(input, "input");
+  } else {
+    args.input = Pointer<const uint16_t>(input, "input");
+  }
   args.input_stride = input_stride;
   args.weight = Extent<const uint8_t>(weight, weight_bytes, QuantLayoutBytes(args.format, n, k, tile),
                                       "quantized weight");
-  args.output = Pointer<uint16_t>(output, "output");
   args.output_stride = output_stride;
   const QuantKernelSet& set = FindQuantKernelSet(kernel_set);
+  if (fp32) {
+    float* out = Pointer<float>(output, "output");
+    py::gil_scoped_release release;
+    QuantizedLinearF32(set, args, out, output_stride, num_threads ? num_threads : 1);
+    return;
+  }
+  args.output = Pointer<uint16_t>(output, "output");
   py::gil_scoped_release release;
   QuantizedLinear(set, args, num_threads ? num_threads : 1);
 }
@@ -588,7 +600,8 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("quant_linear", &QuantLinear, py::arg("kernel_set"), py::arg("format"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("input"), py::arg("input_stride"), py::arg("input_elements"), py::arg("weight"),
         py::arg("weight_bytes"), py::arg("tile"), py::arg("output"), py::arg("output_stride"),
-        py::arg("output_elements"), py::arg("num_threads"), "output[M, N] = input[M, K] x W^T, W quantized.");
+        py::arg("output_elements"), py::arg("num_threads"), py::arg("fp32") = false,
+        "output[M, N] = input[M, K] x W^T, W quantized; BF16 or (fp32) FP32 activations.");
   m.def("quant_rows", &QuantRows, py::arg("format"), py::arg("weight"), py::arg("weight_bytes"), py::arg("n"),
         py::arg("k"), py::arg("tile"), py::arg("ids"), py::arg("count"), py::arg("out"), py::arg("out_elements"),
         "FP32 rows of a quantized weight (embedding lookup).");

@@ -3,7 +3,7 @@
 Its quantized bytes are the weight of record and the kernels read them as they
 are, so there is no second copy to pack, to budget or to go stale: the route
 counts its calls (route "packed", as the BF16 routes count theirs) and sends
-what the quantized kernels cannot take (non-BF16 input, autograd) to the
+what the quantized kernels cannot take (input neither BF16 nor FP32, autograd) to the
 module's dequantized product, with the reason counted. `invalidate_packed_weights`
 and `repack` leave it as it is (there is nothing to drop or re-derive); a
 weight replaced on the module is read at the next call.
@@ -54,7 +54,7 @@ class QuantizedRoute:
         why: Optional[str] = None
         if x.device.type != "cpu":
             why = "non_cpu"
-        elif x.dtype != torch.bfloat16:
+        elif x.dtype not in (torch.bfloat16, torch.float32):
             why = "input_dtype"
         elif torch.is_grad_enabled() and x.requires_grad:
             why = "grad_required"

@@ -34,26 +34,27 @@ def test_no_arguments_serves_the_default_and_answers(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    assert "SmolLM2-135M-Instruct (converted from its GGUF)" in log.read_text()
+    assert "SmolLM2-135M-Instruct (its GGUF, from the wheel)" in log.read_text()
 
 
-def test_policy_packs_nothing_and_says_so(caplog):
+def test_policy_serves_the_default_quantized_and_metrics_show_it():
+    """With the policy on, the default model's projections stay quantized (Q4_1, the
+    tied Q8_0 embedding as lm_head) and every call takes the quantized kernels."""
     server = Server(model_path=default_model.ensure_default_model())
     try:
-        assert server.policy is not None and not server.policy.report.packed
-        # (Not asserting the answer here: in BF16 this question's first token is a near tie
-        # between "The" and "L" -- FP32 margin 0.1 logit -- that either path may break.)
+        assert server.policy is not None and len(server.policy.report.packed) == 4 * 30 + 1
         reply = server.client.chat.completions.create(
             model=server.name, max_tokens=16, temperature=0,
-            messages=[{"role": "user", "content": "What is the capital of France?"}])
-        assert reply.choices[0].message.content
+            messages=[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])
+        assert "Paris" in reply.choices[0].message.content
         metrics = server.http.get("/metrics").text
         routes = [line for line in metrics.splitlines() if line.startswith("rvascend_rvv_projection_calls_total")]
-        assert routes and all('route="fallback"' in line and 'reason="small_features"' in line
-                              for line in routes), routes
+        assert routes and all('route="packed"' in line for line in routes), routes
+        kernels = [line for line in metrics.splitlines() if line.startswith("rvascend_rvv_kernel_calls_total")
+                   and 'kernel="decoder_layers"' in line]
+        assert any('route="kernel"' in line and not line.endswith(" 0.0") for line in kernels), kernels
     finally:
         server.stop()
-    assert any("packed none of" in r.getMessage() and "shape gate" in r.getMessage() for r in caplog.records)
 
 
 if __name__ == "__main__":

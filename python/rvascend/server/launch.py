@@ -67,7 +67,9 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     name = os.path.basename(opts.model_path.rstrip("/")).removesuffix(".gguf") if opts.model_path \
         else default_model.served_name()
     logging.info("model: %s (%s)", name, path)
-    model = load_model(path, _DTYPES[opts.dtype])
+    # With the RVV policy, a GGUF file's quantized projections stay quantized (Q8_0, Q4_0,
+    # Q4_1, Q4_K, Q6_K); without it the stock path serves them dequantized.
+    model = load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_inductor)
     tokenizer = Tokenizer(path)
     policy = None
     if opts.enable_cpu_rvv_inductor:
@@ -77,7 +79,7 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
                                            compile_mode=opts.cpu_compile_mode)
         report = install_rvv_policy(model, config)
         policy = get_policy(model)
-        if not report.packed:
+        if not report.packed and not any(getattr(r, "quantized", False) for r in policy.routes.values()):
             reasons = sorted({reason for _, _, reason in report.not_packed})
             logging.warning(
                 "the RVV policy packed none of %s's Linears (%s: the seed's shape gate needs N, K >= %d, BF16): "

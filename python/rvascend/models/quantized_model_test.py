@@ -1,0 +1,239 @@
+"""GGUF files of every kept type served from their quantized weights, against
+implementations no one here wrote.
+
+- Llama, Qwen2 and Qwen3 tiny random checkpoints, written as GGUF with every matrix
+  in Q8_0, Q4_0 or Q4_1 (the gguf package's quantizer), and as Q4_K_M (Q4_K and
+  Q6_K tensors) and Q6_K (llama.cpp's own quantizer, llama_model_quantize): the
+  modules keep each tensor's type, and the logits agree with transformers' FP32
+  model on the same file (the gguf package's dequantization + FP32 F.linear)
+  within the error of quantizing the activations alone (stated below).
+- SmolLM2-135M Q4_1 (the default model): greedy tokens equal llama.cpp's
+  (llama-cpp-python on the same file) over 16 prompts x 32 tokens, but where
+  llama.cpp's own top-2 margin is a near tie; perplexity within 1 % of llama.cpp's
+  on the same text (the GPL-3 that Debian's base-files ships).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from rvascend.build import llama_cpp
+from rvascend.engine import Engine, EngineConfig, SamplingParams, default_model
+from rvascend.engine.random_model import ensure_random_model
+from rvascend.engine.tokenizer import Tokenizer
+from rvascend.models import gguf_export
+from rvascend.models.loader import load_model
+from rvascend.models.quantized_layers import QuantizedEmbedding, quantized_modules
+from rvascend.models.testing import all_logits
+from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+
+Q = gguf.GGMLQuantizationType
+COMMON = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=2048, max_position_embeddings=512, initializer_range=0.05,
+              rms_norm_eps=1e-5)
+FAMILIES = {
+    "llama": lambda: transformers.LlamaConfig(**COMMON, tie_word_embeddings=True, rope_theta=10000.0),
+    "qwen2": lambda: transformers.Qwen2Config(**COMMON, tie_word_embeddings=False, rope_theta=1000000.0),
+    # head_dim 128: transformers reads no key_length from a qwen3 GGUF and takes its default.
+    "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=128, tie_word_embeddings=True),
+}
+_MATRICES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# llama.cpp's file types (llama_ftype) for its quantizer.
+_LLAMA_FTYPES = {"Q4_K_M": 15, "Q6_K": 18}
+PROMPT = torch.randint(0, 2048, (24,), generator=torch.Generator().manual_seed(3))
+
+_QUANTIZE = r"""
+import sys, llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = int(sys.argv[3])
+params.nthread = 2
+assert llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), params) == 0
+"""
+
+
+def _write(family: str, kind: str, tmp) -> str:
+    hf_dir = str(tmp / "hf")
+    if not os.path.exists(hf_dir):
+        torch.manual_seed(0)
+        transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).save_pretrained(hf_dir)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(ensure_random_model(), name), os.path.join(hf_dir, name))
+    path = str(tmp / f"{kind}.gguf")
+    if kind in _LLAMA_FTYPES:
+        f32 = str(tmp / "f32.gguf")
+        if not os.path.exists(f32):
+            gguf_export.export(hf_dir, f32, default_type=Q.F32)
+        subprocess.run([llama_cpp.python_path(), "-c", _QUANTIZE, f32, path, str(_LLAMA_FTYPES[kind])], check=True,
+                       capture_output=True, timeout=300)
+    else:
+        gguf_export.export(hf_dir, path, {role: Q[kind] for role in _MATRICES}, default_type=Q.F32)
+    return path
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q6_K"])
+def test_kept_quantized_matches_transformers_on_the_same_file(family, kind, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"{family}-{kind}")
+    path = _write(family, kind, tmp)
+    reader = gguf.GGUFReader(path)
+    want_types = {t.name: t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
+    model = load_model(path, torch.bfloat16, keep_quantized=True)
+    kept = {p.fmt for _, m in quantized_modules(model) for p in m.parts}
+    assert kept == {t for t in want_types.values() if t in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")}, \
+        (kept, want_types)
+    assert not any(p.dim() == 2 for p in model.parameters())  # no dequantized copy of any matrix
+    if family != "qwen2":  # tied: one quantized table serves the lookup and the logits
+        assert isinstance(model.model.embed_tokens, QuantizedEmbedding) and model.lm_head is model.model.embed_tokens
+    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+    got = all_logits(model, PROMPT)
+    assert get_policy(model).counters.calls(route="fallback") == 0
+    directory, name = os.path.split(path)
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
+                                                                  dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref_model(PROMPT[None]).logits[0].float()
+    # The bound: the activations are quantized per 32 (or 256) values to int8 (an error of
+    # at most half a step, amax / 254, about 0.4 % of a block's largest value) and kept in
+    # BF16 between layers (2^-9 relative); through two layers of a model of width 256 this
+    # moves a logit by at most about 4 % of the largest (the transformers model computes
+    # the same dequantized weights in FP32 with FP32 activations).
+    assert (got - want).abs().max().item() <= 0.04 * want.abs().max().item()
+    # And the ranking agrees wherever the reference is not close to a tie.
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.05 * want.abs().max()
+    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+_LLAMA_GUEST = r"""
+import json, sys
+import numpy as np
+import llama_cpp
+path, prompts, n_new, ppl_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+llm = llama_cpp.Llama(model_path=path, n_ctx=1024, logits_all=True, verbose=False, n_threads=2, seed=0)
+out = []
+for ids in prompts:
+    llm.reset()
+    llm.eval(ids)
+    tokens, gaps = [], []
+    for _ in range(n_new):
+        logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        order = np.argsort(logits)[::-1]
+        tokens.append(int(order[0]))
+        gaps.append(float(logits[order[0]] - logits[order[1]]))
+        llm.eval([tokens[-1]])
+    out.append({"tokens": tokens, "gaps": gaps})
+llm.reset()
+llm.eval(ppl_tokens)
+scores = np.array(llm.scores[:len(ppl_tokens)], dtype=np.float64)
+lse = np.log(np.exp(scores - scores.max(-1, keepdims=True)).sum(-1)) + scores.max(-1)
+nll = float(np.mean(lse[:-1] - scores[np.arange(len(ppl_tokens) - 1), ppl_tokens[1:]]))
+print(json.dumps({"greedy": out, "nll": nll}))
+"""
+
+QUESTIONS = ["What is the capital of France? Answer in one sentence.", "Write a haiku about the sea.",
+             "How do I reverse a list in Python?", "Count from 1 to 10.", "Name three primary colours.",
+             "What is 12 times 12?", "Translate 'good morning' into Spanish.", "Who wrote Hamlet?",
+             "Give me a synonym for happy.", "What is the boiling point of water?",
+             "Explain photosynthesis in one sentence.", "List the days of the week.",
+             "What is the largest ocean?", "Tell me a short joke.", "What does CPU stand for?",
+             "Describe a cat in five words."]
+# Where llama.cpp's own two best logits are closer than this, either choice is right.
+# Its logits are not exact either: on this file they differ from an exact FP32 product of
+# the same dequantized weights by 0.63 at the median position (the largest difference
+# over the vocabulary, measured on 512 tokens of the GPL-3); this engine, with BF16
+# activations, by 0.79.
+NEAR_TIE = 0.5
+
+
+def test_default_model_greedy_and_perplexity_match_llama_cpp():
+    path = default_model.ensure_default_model()
+    tok = Tokenizer(path)
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in QUESTIONS]
+    with open("/usr/share/common-licenses/GPL-3", encoding="utf-8") as f:
+        text = f.read()
+    ppl_ids = tok.encode(text)[:1024]
+    done = subprocess.run([llama_cpp.python_path(), "-c", _LLAMA_GUEST, path, json.dumps(prompts), "32",
+                           json.dumps(ppl_ids)], capture_output=True, text=True, check=True, timeout=900)
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    model = load_model(path, torch.bfloat16, keep_quantized=True)
+    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+    engine = Engine(model, tok, EngineConfig(max_total_tokens=4096, max_running_requests=16))
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
+    identical, tie_parted, mismatches = 0, 0, []
+    for seq, ref in zip(seqs, theirs["greedy"]):
+        ours = seq.output_ids
+        first = next((i for i, (a, b) in enumerate(zip(ours, ref["tokens"])) if a != b), None)
+        if first is None:
+            identical += 1
+        elif ref["gaps"][first] < NEAR_TIE:
+            tie_parted += 1
+        else:
+            mismatches.append((first, ours[first], ref["tokens"][first], ref["gaps"][first]))
+    # Past a parting the two continue different texts; teacher-forced on llama.cpp's own
+    # continuation, every one of its clear choices (gap >= NEAR_TIE) must be ours too.
+    clear, agreed = 0, 0
+    for prompt, ref in zip(prompts, theirs["greedy"]):
+        logits = all_logits(model, torch.tensor(prompt + ref["tokens"]))[len(prompt) - 1:-1]
+        for row, token, gap in zip(logits, ref["tokens"], ref["gaps"]):
+            if gap >= NEAR_TIE:
+                clear += 1
+                agreed += int(row.argmax()) == token
+    print(f"greedy: {identical} of {len(prompts)} identical for 32 tokens, {tie_parted} parted at a llama.cpp near "
+          f"tie, {len(mismatches)} elsewhere; teacher-forced: {agreed} of {clear} clear choices agree")
+    assert not mismatches, mismatches
+    assert agreed == clear
+    logits = all_logits(model, torch.tensor(ppl_ids)).double()
+    ids = torch.tensor(ppl_ids)
+    nll = (torch.logsumexp(logits[:-1], -1) - logits[:-1].gather(1, ids[1:, None])[:, 0]).mean().item()
+    ours_ppl, theirs_ppl = float(np.exp(nll)), float(np.exp(theirs["nll"]))
+    print(f"perplexity over {len(ppl_ids)} tokens of GPL-3: ours {ours_ppl:.3f}, llama.cpp {theirs_ppl:.3f}")
+    assert abs(ours_ppl / theirs_ppl - 1) <= 0.01
+
+
+_MEMORY_GUEST = r"""
+import json, resource, sys, psutil, torch
+from rvascend.models.loader import load_model
+from rvascend.models.quantized_layers import quantized_modules
+proc = psutil.Process()
+base = proc.memory_info().rss
+model = load_model(sys.argv[1], torch.bfloat16, keep_quantized=sys.argv[2] == "1")
+after = proc.memory_info().rss
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+packed = sum(m.packed_bytes for _, m in quantized_modules(model))
+dense = sum(p.numel() * p.element_size() for p in model.parameters())
+print(json.dumps({"base": base, "after": after, "peak": peak, "packed": packed, "dense": dense}))
+"""
+
+
+def test_default_model_memory_holds_the_quantized_weights_once():
+    """RSS after loading the default model kept quantized: its quantized weights once
+    (no dequantized copy, the file's pages released as each tensor is repacked)."""
+    path = default_model.ensure_default_model()
+    size = os.path.getsize(path)
+    runs = {}
+    for keep in ("1", "0"):
+        done = subprocess.run([sys.executable, "-c", _MEMORY_GUEST, path, keep], capture_output=True, text=True,
+                              check=True, timeout=300)
+        runs[keep] = json.loads(done.stdout.strip().splitlines()[-1])
+    q, d = runs["1"], runs["0"]
+    mib = 2 ** 20
+    print(f"GGUF {size / mib:.0f} MiB; kept quantized: {q['packed'] / mib:.0f} MiB packed + {q['dense'] / mib:.1f} "
+          f"MiB dense, RSS +{(q['after'] - q['base']) / mib:.0f} MiB (peak +{(q['peak'] - q['base']) / mib:.0f}); "
+          f"dequantized to BF16: RSS +{(d['after'] - d['base']) / mib:.0f} MiB")
+    assert q["packed"] <= 1.05 * size  # the runtime layout is the file's size (Q4_K: +3 %)
+    # Once: what was made (packed + dense) plus 32 MiB of allocator and bookkeeping.
+    assert q["after"] - q["base"] <= q["packed"] + q["dense"] + 32 * mib
+    # At its peak (the metadata's Python objects, a tensor being repacked) never the whole
+    # file resident beside the repacked weights.
+    assert q["peak"] - q["base"] <= q["packed"] + q["dense"] + 0.8 * size
+    assert d["after"] - d["base"] > 2 * (q["after"] - q["base"])  # the BF16 model is the big one

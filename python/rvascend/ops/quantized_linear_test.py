@@ -1,0 +1,108 @@
+"""The quantized-linear torch op against the gguf package (llama.cpp's Python library):
+the same dequantized values, products within the activation-quantization bound of
+F.linear on them, clear errors for every bad input, and tracing under torch.compile."""
+
+from __future__ import annotations
+
+import sys
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rvascend.ops import quantized_linear as q
+
+Q = gguf.GGMLQuantizationType
+# The formats the gguf package can quantize (the K-quants come from llama.cpp's quantizer
+# in models/quantized_model_test.py).
+WRITABLE = {"Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q4_1": Q.Q4_1}
+
+
+def _weight(fmt: str, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, torch.Tensor]:
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    raw = gguf.quants.quantize(w, WRITABLE[fmt])
+    return raw, torch.from_numpy(gguf.quants.dequantize(raw, WRITABLE[fmt]).astype(np.float32))
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITABLE))
+@pytest.mark.parametrize("n,k", [(1, 32), (70, 96), (300, 512)])
+def test_dequantization_is_the_gguf_packages(fmt, n, k):
+    raw, want = _weight(fmt, n, k)
+    assert torch.equal(q.dequantize_ggml(raw, fmt, n, k), want)
+    packed = q.repack_ggml(raw, fmt, n, k)
+    ids = torch.tensor([[0, n - 1], [n // 2, 0]])
+    assert torch.equal(q.dequantize_rows(packed, fmt, n, k, q.quant_tile(), ids), want[ids])
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITABLE))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_product_matches_f_linear_on_the_dequantized_weight(fmt, dtype, m):
+    n, k = 200, 512
+    raw, w = _weight(fmt, n, k, seed=m)
+    packed = q.repack_ggml(raw, fmt, n, k)
+    x = torch.randn(m, k).to(dtype)
+    got = q.quantized_linear(x, packed, fmt, n, q.quant_tile())
+    assert got.dtype == dtype and got.shape == (m, n)
+    want = F.linear(x.double(), w.double())
+    # Activations are quantized per 32 to int8 (half a step: amax / 254 per value); summed
+    # over K with random signs that is a few tenths of a percent of sum |w x|.
+    scale = F.linear(x.double().abs(), w.double().abs())
+    assert ((got.double() - want).abs() <= 0.01 * scale + 1e-6).all()
+
+
+def test_bad_inputs_are_named():
+    raw, _ = _weight("Q4_0", 64, 64)
+    packed = q.repack_ggml(raw, "Q4_0", 64, 64)
+    x = torch.randn(2, 64).bfloat16()
+    t = q.quant_tile()
+    with pytest.raises(TypeError, match="bfloat16 or float32"):
+        q.quantized_linear(x.half(), packed, "Q4_0", 64, t)
+    with pytest.raises(ValueError, match="not kept quantized"):
+        q.quantized_linear(x, packed, "Q5_0", 64, t)
+    with pytest.raises(ValueError, match="layout version 7"):
+        q.quantized_linear(x, packed, "Q4_0", 64, t, layout_version=7)
+    with pytest.raises(ValueError, match="repacked for another shape"):
+        q.quantized_linear(x, packed, "Q4_0", 96, t)
+    with pytest.raises(ValueError, match="whole number of Q4_0's 32-value blocks"):
+        q.quantized_linear(torch.randn(2, 48).bfloat16(), packed, "Q4_0", 64, t)
+    with pytest.raises(ValueError, match="whole number of 32-value blocks"):
+        q.repack_ggml(raw, "Q4_0", 64, 48)
+    bad = raw.copy().reshape(-1)
+    bad[18 * 5:18 * 5 + 2] = np.frombuffer(np.float16(np.inf).tobytes(), dtype=np.uint8)
+    with pytest.raises(ValueError, match="row 2, block 1 has a NaN or infinite scale"):
+        q.repack_ggml(bad, "Q4_0", 64, 64)
+    with pytest.raises(ValueError, match="outside the 64 rows"):
+        q.dequantize_rows(packed, "Q4_0", 64, 64, t, torch.tensor([64]))
+
+
+def test_traces_under_torch_compile():
+    raw, _ = _weight("Q8_0", 64, 64)
+    packed = q.repack_ggml(raw, "Q8_0", 64, 64)
+    t = q.quant_tile()
+
+    def f(x):
+        return q.quantized_linear(x, packed, "Q8_0", 64, t) * 2
+
+    x = torch.randn(3, 64).bfloat16()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x), f(x))
+
+
+def test_every_kernel_set_gives_the_same_bits():
+    raw, _ = _weight("Q4_1", 130, 256)
+    packed = q.repack_ggml(raw, "Q4_1", 130, 256)
+    x = torch.randn(5, 256).bfloat16()
+    results = []
+    for name in q.available_quant_kernel_sets():
+        if name != "portable" and q.quant_tile(name) != q.quant_tile():
+            continue
+        with q.use_quant_kernel_set(name):
+            results.append(q.quantized_linear(x, packed, "Q4_1", 130, q.quant_tile()))
+    assert all(torch.equal(r, results[0]) for r in results)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
