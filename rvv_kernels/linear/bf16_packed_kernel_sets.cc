@@ -25,7 +25,7 @@ const Entry kEntries[] = {
 #if defined(RVASCEND_HAVE_RVV)
     // Layout version 2 (block_n = VLEN/2): the fewest instructions per weight
     // without BF16 vector extensions; VLEN 128 to 1024.
-    {{"rvv_wide", true, bf16_gemv_packed_ukernel_1xB__rvv_wide, 0, bf16_gemm_packed_ukernel_2xB__rvv_wide, 2, 0, 0},
+    {{"rvv_wide", true, bf16_gemv_packed_ukernel_1xB__rvv_wide, 0, bf16_gemm_packed_ukernel_6xB__rvv_wide, 6, 0, 0},
      [](const CpuFeatures& f) { return f.rvv && IsWideBlockN(f.vlen_bits / 2); }},
     {{"rvv", true, bf16_gemv_packed_ukernel_1x128__rvv, 128, bf16_gemm_packed_ukernel_4x32__rvv,
       4, 32},

@@ -33,7 +33,7 @@ RVASCEND_DECLARE_UKERNEL(bf16_gemv_packed_ukernel_1x128__rvv)
 RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_4x32__rvv)
 // RVV 1.0 over packed layout version 2 (block B = VLEN/2, paired columns).
 RVASCEND_DECLARE_UKERNEL(bf16_gemv_packed_ukernel_1xB__rvv_wide)
-RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_2xB__rvv_wide)
+RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_6xB__rvv_wide)
 RVASCEND_DECLARE_UKERNEL(bf16_gemv_packed_ukernel_1x128__zvfbfwma)
 RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_4x32__zvfbfwma)
 

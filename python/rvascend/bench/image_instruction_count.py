@@ -1,22 +1,20 @@
 """Dynamic instruction counts inside the riscv64 image: packed_bf16_linear vs the
 image's stock F.linear (torch 2.6, scalar ATen: `NO AVX`) on Llama-3.2-1B
-shapes, at M = 1 and M = 4, under QEMU at VLEN 256 (target: >= 20x fewer).
+shapes at M = 1 and M = 4 or, with --grid, on the shape gate's grid, under
+QEMU at VLEN 256.
 
-Method (deterministic): the image's python3.13 runs a script that calls each
-op between two calls of `rvascend_count_marker`. QEMU logs, for the code of
-libtorch_cpu, libc, libm, libgomp, libstdc++ and our extension (-dfilter),
-every translated block (-d in_asm) and every block execution (-d exec,nochain)
-into a FIFO that exec_log_counter reads: instructions = sum over executions
-inside a marked region of the block's instruction count. Threads are 1 on
-both sides; QEMU reserves the guest address space (-R) and Python's hash seed
-is fixed, so both runs map every library at the same address.
+Method (deterministic): the image's python3.13 calls each op between two calls
+of `rvascend_count_marker` under QEMU with the counting TCG plugin
+(qemu_count_plugin.cc, an inline counter per translated block): every
+instruction the guest executes between the markers, the Python call included.
+An empty call marked the same way is subtracted, so both sides count the op
+call and nothing around it. One thread on both sides.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -27,22 +25,28 @@ from absl import app, flags, logging
 from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("qemu", None, "qemu-riscv64 binary.")
+flags.DEFINE_string("qemu", "/usr/bin/qemu-riscv64", "A qemu-riscv64 that loads TCG plugins (Debian 12's 7.2).")
 flags.DEFINE_string("image", None, "riscv64 image root.")
 flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image.")
 flags.DEFINE_string("package", None, "Directory holding the rvascend package sources.")
-flags.DEFINE_string("counter", None, "exec_log_counter binary (reads the QEMU log).")
+flags.DEFINE_string("plugin", None, "qemu_count_plugin .so.")
 flags.DEFINE_list("projections", ["o_proj", "qkv_proj"], "Llama-3.2-1B projections to count.")
 flags.DEFINE_list("rows", ["1", "4"], "M values.")
 flags.DEFINE_integer("vlen", 256, "VLEN of the emulated CPU.")
 flags.DEFINE_string("output", "bench_results/image_instruction_count.jsonl", "jsonl file to append to.")
+flags.DEFINE_bool("grid", False, "Count the shape gate's grid (GRID_N x GRID_K x GRID_M) instead of the "
+                  "Llama-3.2-1B projections, and write the table the measured gate reads (--table).")
+flags.DEFINE_string("table", None, "With --grid: the gate table to write (policy/gate_riscv64.json).")
+
+# The measured gate's grid: the widths of the small models people run on boards
+# (SmolLM2-135M: 576, 192 for its K/V, 1536), powers of two around them, and the
+# rows of decode steps, small batches and prefill chunks.
+GRID_N = (64, 192, 576, 1024, 1536)
+GRID_K = (64, 576, 1024, 1536)
+GRID_M = (1, 4, 16)
 
 SHAPES = {"qkv_proj": (3072, 2048), "o_proj": (2048, 2048), "gate_up_proj": (16384, 2048),
           "down_proj": (2048, 8192), "lm_head": (128256, 2048)}
-# Matched by prefix: the image maps versioned sonames (libtorch_cpu.so.2.6.0,
-# libstdc++.so.6.0.33, libgomp.so.1.0.0, libblas.so.3.12.0).
-LIBS = ("libtorch_cpu.so", "libc.so.6", "libm.so.6", "libgomp.so.1", "libstdc++.so.6", "_rvv_kernels.so",
-        "libblas.so.3", "libc10.so")
 
 GUEST = r'''
 import json, sys, torch
@@ -50,52 +54,38 @@ torch.set_num_threads(1)
 import torch.nn.functional as F
 from rvascend import ops
 from rvascend.ops import _rvv_kernels as k
-maps = [l.split() for l in open("/proc/self/maps") if "r-xp" in l]
-print("MAPS " + json.dumps([(m[0], m[5]) for m in maps if len(m) > 5]), flush=True)
-import ctypes
-lib = ctypes.CDLL(k.__file__)
-print("MARKER %d" % ctypes.cast(lib.rvascend_count_marker, ctypes.c_void_p).value, flush=True)
 cases = json.loads(sys.argv[1])
 marker = 0
+def measure(fn):
+    global marker
+    fn()                           # first call: lazy initialisation, translation
+    k.count_marker(marker); fn(); k.count_marker(marker + 1)
+    marker += 2
+measure(lambda: None)
 for name, n, kk, m in cases:
     w = (torch.randn(n, kk) * 0.02).bfloat16(); x = torch.randn(m, kk).bfloat16()
     p = ops.pack_bf16_weight(w)
-    for fn in (lambda: F.linear(x, w), lambda: ops.packed_bf16_linear(x, p, n)):
-        fn()                       # first call: lazy initialisation, translation
-        k.count_marker(marker); fn(); k.count_marker(marker + 1)
-        marker += 2
-print("DONE", flush=True)
+    measure(lambda: F.linear(x, w))
+    measure(lambda: ops.packed_bf16_linear(x, p, n))
+print("MARKERS %d" % marker, flush=True)
 '''
 
 
-def counted_library(path: str) -> bool:
-    base = os.path.basename(path)
-    return any(base == lib or base.startswith(lib + ".") for lib in LIBS)
-
-
-def _ranges(maps: list[tuple[str, str]]) -> list[tuple[int, int]]:
-    ranges = []
-    for span, path in maps:
-        lo, hi = (int(x, 16) for x in span.split("-"))
-        if counted_library(path):
-            ranges.append((lo, hi))
-    return ranges
-
-
-def _run(cmd: list[str], env: dict[str, str], log_fifo: str | None = None,
-         marker_pc: int | None = None) -> tuple[str, list[int]]:
-    """Runs the guest; with a FIFO, exec_log_counter reads QEMU's log while it runs."""
-    counter = None
-    if log_fifo is not None:
-        # The counter's shell opens the FIFO (blocking until QEMU opens it for
-        # writing), so this process does not block before QEMU starts.
-        counter = subprocess.Popen(f"exec {shlex.quote(FLAGS.counter)} {marker_pc:x} < {shlex.quote(log_fifo)}",
-                                   shell=True, stdout=subprocess.PIPE, text=True)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    counts = [int(x) for x in counter.communicate()[0].split()] if counter else []
-    if proc.returncode != 0:
-        raise RuntimeError(f"guest failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc.stdout, counts
+def marked_counts(path: str) -> list[int]:
+    """Instructions of every marked region: the plugin writes interval i from
+    marker i - 1 to marker i (interval 0 is the start-up), and the guest's
+    regions run from an even marker to the next odd one."""
+    totals: dict[int, int] = {}
+    current = -1
+    with open(path) as f:
+        for line in f:
+            if line.startswith("I "):
+                current = int(line[2:])
+                totals[current] = 0
+            else:
+                totals[current] += int(line.split()[1])
+    markers = max(totals)  # the last interval runs from the last marker to exit
+    return [totals[i] for i in range(1, markers, 2)]
 
 
 def main(argv: list[str]) -> int:
@@ -109,35 +99,24 @@ def main(argv: list[str]) -> int:
         script = os.path.join(stage, "count.py")
         with open(script, "w") as f:
             f.write(GUEST)
-        cases = [(p, *SHAPES[p], int(m)) for p in FLAGS.projections for m in FLAGS.rows]
+        if FLAGS.grid:
+            cases = [("grid", n, kk, m) for n in GRID_N for kk in GRID_K for m in GRID_M]
+        else:
+            cases = [(p, *SHAPES[p], int(m)) for p in FLAGS.projections for m in FLAGS.rows]
         cpu = f"rv64,v=true,vext_spec=v1.0,vlen={FLAGS.vlen}"
-        # Fixed hash seed: Python's randomised hashing changes allocation sizes
-        # and with them where later libraries get mapped.
+        counts_path = os.path.join(tmp, "counts.txt")
+        cmd = [FLAGS.qemu, "-plugin", f"{FLAGS.plugin},out={counts_path}", "-L", image, "-cpu", cpu,
+               f"{image}/usr/bin/python3.13", "-B", script, json.dumps(cases)]
         env = dict(os.environ, PYTHONPATH=stage, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-        # A reserved guest address space makes QEMU place every guest mapping
-        # itself, the same way in both runs (without it they follow host ASLR).
-        base = [FLAGS.qemu, "-R", "0x4000000000", "-L", image, "-cpu", cpu]
-        guest = [f"{image}/usr/bin/python3.13", "-B", script, json.dumps(cases)]
-        # Both runs log with the same flags: QEMU's guest address layout
-        # depends on them. Run 1 filters everything out; it only learns the map.
-        logging.info("run 1: address map (about a minute)")
-        out, _ = _run(base[:1] + ["-d", "in_asm,exec,nochain", "-dfilter", "0x1000..0x1001", "-D", os.devnull]
-                      + base[1:] + guest, env, None, None)
-        maps = json.loads(next(l for l in out.splitlines() if l.startswith("MAPS "))[5:])
-        ranges = _ranges(maps)
-        marker_pc = int(next(l for l in out.splitlines() if l.startswith("MARKER "))[7:])
-        fifo = os.path.join(tmp, "exec.fifo")
-        os.mkfifo(fifo)
-        dfilter = ",".join(f"0x{lo:x}..0x{hi - 1:x}" for lo, hi in ranges)
-        logging.info("run 2: counting (%d code ranges)", len(ranges))
-        out2, counts = _run(base[:1] + ["-d", "in_asm,exec,nochain", "-dfilter", dfilter, "-D", fifo] + base[1:] +
-                            guest, env, fifo, marker_pc)
-        maps2 = json.loads(next(l for l in out2.splitlines() if l.startswith("MAPS "))[5:])
-        if maps2 != maps:
-            changed = [a for a, b in zip(maps, maps2) if a != b][:3]
-            raise RuntimeError(f"the guest's address map changed between runs ({changed}); counts would be wrong")
-    if len(counts) != 2 * len(cases):
-        raise RuntimeError(f"expected {2 * len(cases)} marked regions, got {len(counts)}")
+        logging.info("counting %d shapes under QEMU (a few minutes)", len(cases))
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"guest failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        counts = marked_counts(counts_path)
+    if len(counts) != 1 + 2 * len(cases):
+        raise RuntimeError(f"expected {1 + 2 * len(cases)} marked regions, got {len(counts)}")
+    empty, counts = counts[0], [c - counts[0] for c in counts[1:]]
+    logging.info("an empty marked call: %d instructions (subtracted)", empty)
     records = []
     for i, (name, n, k, m) in enumerate(cases):
         stock, ours = counts[2 * i], counts[2 * i + 1]
@@ -148,10 +127,23 @@ def main(argv: list[str]) -> int:
                           ("f_linear_instructions", "F.linear insns", "d"),
                           ("packed_instructions", "packed insns", "d"), ("ratio", "F.linear/packed", ".1f")])
     from rvascend.repro import manifest
-    write_jsonl(FLAGS.output, records, manifest.capture(qemu_cpu=cpu))
+    captured = manifest.capture(qemu_cpu=cpu)
+    write_jsonl(FLAGS.output, records, captured)
+    if FLAGS.grid and FLAGS.table:
+        table = {"comment": "Instructions of one BF16 Linear call inside the riscv64 image (torch 2.6, scalar "
+                            "ATen) under QEMU, F.linear against the packed kernel, op call included "
+                            "(bench/image_instruction_count.py --grid); the measured shape gate routes a call "
+                            "to the packed kernel where it is cheaper at the nearest grid point.",
+                 "vlen": FLAGS.vlen, "source_commit": captured.get("source", {}).get("commit"),
+                 "points": [{k: r[k] for k in ("m", "n", "k", "f_linear_instructions", "packed_instructions")}
+                            for r in records]}
+        with open(FLAGS.table, "w", encoding="utf-8") as f:
+            json.dump(table, f, indent=1)
+            f.write("\n")
+        logging.info("wrote %s", FLAGS.table)
     return 0
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["qemu", "image", "extension", "package", "counter"])
+    flags.mark_flags_as_required(["image", "extension", "package", "plugin"])
     sys.exit(app.run(main))

@@ -32,7 +32,8 @@ def stacked_region_plot(records: Sequence[dict], path: str, top: int = 9) -> Non
         for name, n in r["regions"].items():
             totals[name] = totals.get(name, 0.0) + n / max(1.0, sum(r["regions"].values()))
     names = sorted(totals, key=lambda k: -totals[k])[:top]
-    labels = [f"VLEN {r['vlen']}\n{r['mode']}\nctx {r['context']} M {r['rows']}" for r in records]
+    labels = [f"VLEN {r['vlen']}\n{r['mode']}\n" + (f"prefill {r['context']}" if r.get("kind") == "prefill"
+                                                    else f"ctx {r['context']} M {r['rows']}") for r in records]
     fig, ax = plt.subplots(figsize=(max(8, len(records) * 0.9 + 2), 5.5))
     bottom = [0.0] * len(records)
     for name in names + ["other regions"]:
@@ -48,8 +49,10 @@ def stacked_region_plot(records: Sequence[dict], path: str, top: int = 9) -> Non
         ax.text(i, 101, f"{r['instructions'] / 1e9:.2f} G", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(records)), labels, fontsize=6)
     ax.set_ylim(0, 112)
-    ax.set_ylabel("share of the decode step's instructions (%)")
-    ax.set_title("Qwen3-0.6B decode step on riscv64, 28 layers (total above each bar)", fontsize=10)
+    ax.set_ylabel("share of the step's instructions (%)")
+    first = records[0] if records else {}
+    ax.set_title(f"{first.get('shape', 'qwen3-0.6b')} steps on riscv64, {first.get('layers', '?')} layers "
+                 "(total above each bar)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,22 +1,24 @@
-"""Every instruction of a decode step on riscv64, by region and library, and a K1 projection.
+"""Every instruction of a decode or prefill step on riscv64, by region and library, and a K1 projection.
 
   ./dev bench --parts=riscv64_step
   bazel run //tests/riscv64_image:step_profile -- --vlens=256
 
 Inside the riscv64 image (Debian 13: python3.13, torch 2.6 with scalar ATen)
 under QEMU with a counting TCG plugin (qemu_count_plugin.cc), one thread,
-deterministic: the project's own model and engine on a Qwen3-0.6B-shaped
-checkpoint with random BF16 weights and 1 and 2 layers (so per-layer and
-fixed costs separate and extrapolate to 28 layers), decode steps at context
-64 and 512 with M = 1 and 4 sequences, in four modes: stock (no policy),
-linear (the policy with packed Linears only, as before the kernels beyond
-Linear existed), op_by_op (every kernel, each called from Python as the
-modules call it, as before the fused decode step) and full (the policy as
---enable-cpu-rvv-inductor installs it: a decode step's layers in one native
-call). All code is counted: the interpreter, libtorch, libc, our extension.
-Output: a table per step (instructions by region, share outside the Linears,
-projected K1 tok/s at 1 and 8 threads), jsonl records with the manifest, and
-a stacked-bar plot per region.
+deterministic: the project's own model and engine on a checkpoint with
+random BF16 weights in a real model's shapes (--shape: Qwen3-0.6B by default,
+SmolLM2-135M, ...) at 1 and 2 layers (so per-layer and fixed costs separate
+and extrapolate to the model's depth). Steps: decode at context 64 and 512
+with M = 1 and 4 sequences, and prefill of one 16-, 64- and 256-token prompt
+(stock and full). Modes: stock (no policy), linear (the policy with packed
+Linears only), op_by_op (every kernel, each called from Python as the
+modules call it), full (the policy as --enable-cpu-rvv-inductor installs it:
+a decode step's layers in one native call), q4_0 and q8_0 (full, on the same
+weights exported to a GGUF of that type and kept quantized). All code is
+counted: the interpreter, libtorch, libc, our extension. Output: a table per
+step (instructions by region, share outside the Linears, projected K1 tok/s
+at 1 and 8 threads, and at 8 threads with IPC 0.5; prefill: prompt tokens
+per second), jsonl records with the manifest, and a stacked-bar plot per region.
 
 QEMU: Debian 12's qemu-user 7.2 (the pinned QEMU 10 is a static build and
 cannot load plugins). 7.2 has no Zvfbf* (the shift-widening kernels run, as
@@ -56,7 +58,11 @@ flags.DEFINE_list("modes", ["stock", "linear", "op_by_op", "full", "q4_0", "q8_0
                   "q4_0, q8_0: full, on the same weights as a Q4_0 / Q8_0 GGUF kept quantized.")
 flags.DEFINE_list("contexts", ["64", "512"], "Context lengths of the decode step.")
 flags.DEFINE_list("rows", ["1", "4"], "Sequences decoding together (M).")
-flags.DEFINE_integer("target_layers", 28, "Layers to extrapolate to (Qwen3-0.6B: 28).")
+flags.DEFINE_list("prefill_lens", ["16", "64", "256"], "Prompt lengths of the prefill steps counted (one "
+                  "sequence; modes stock and full only; empty: none).")
+flags.DEFINE_string("shape", "qwen3-0.6b", "Whose shapes the random-weight checkpoint has "
+                    "(engine/random_checkpoint.py SHAPES: qwen3-0.6b, smollm2-135m, ...).")
+flags.DEFINE_integer("target_layers", None, "Layers to extrapolate to (default: the shape's own, Qwen3-0.6B 28).")
 flags.DEFINE_string("output", "bench_results/riscv64_step.jsonl", "jsonl file to append to.")
 flags.DEFINE_string("plot", "bench_results/riscv64_step.png", "PNG plot (empty: none).")
 
@@ -178,7 +184,8 @@ def run_guest(qemu: str, image: str, stage: str, plugin: str, checkpoint: str, m
             for lib, c in by_lib.items():
                 region_libs[name][lib] += c
         marked = sum(n for n, _ in regions.values())
-        steps.append({"context": step["context"], "rows": step["rows"], "mode": mode, "total": total,
+        steps.append({"context": step["context"], "rows": step["rows"], "kind": step.get("kind", "decode"),
+                      "mode": mode, "total": total,
                       "vector": vector, "libraries": libs, "regions": {k: tuple(v) for k, v in regions.items()},
                       "region_libraries": {k: dict(v) for k, v in region_libs.items()},
                       "marker_overhead": marked - total})
@@ -206,16 +213,17 @@ def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int) -> dict[s
 
 
 def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: int, layers: int,
-            threads: int, bytes_per_weight: float = 2.0, ipc: float = k1_model.IPC_SCALAR) -> float:
-    """K1 tok/s. Regions are scaled so they add up to the unmarked total (the markers' own cost removed
-    in proportion)."""
+            threads: int, bytes_per_weight: float = 2.0, ipc: float = k1_model.IPC_SCALAR,
+            prefill: bool = False) -> float:
+    """K1 tok/s (decode: tokens generated; prefill: prompt tokens processed). Regions are
+    scaled so they add up to the unmarked total (the markers' own cost removed in proportion)."""
     marked = sum(n for n, _ in step["regions"].values())
     scale = step["total"] / marked if marked else 1.0
     regions = [k1_model.Region(name, n * scale, v * scale,
                                k1_model.unavoidable_bytes(name, config, context * rows, layers,
                                                           bytes_per_weight=bytes_per_weight))
                for name, (n, v) in step["regions"].items()]
-    return k1_model.tokens_per_second(regions, rows, threads, ipc)
+    return k1_model.tokens_per_second(regions, rows * context if prefill else rows, threads, ipc)
 
 
 def main(argv: list[str]) -> int:
@@ -231,21 +239,25 @@ def main(argv: list[str]) -> int:
     qemu_version = _check_qemu(FLAGS.qemu)
     logging.info("QEMU: %s", qemu_version)
     layers = [int(x) for x in FLAGS.layers]
-    configs = [(int(c), int(m)) for c in FLAGS.contexts for m in FLAGS.rows]
+    configs = [(int(c), int(m), "decode") for c in FLAGS.contexts for m in FLAGS.rows]
+    prefills = [(int(p), 1, "prefill") for p in FLAGS.prefill_lens if p]
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         stage = os.path.join(tmp, "stage")
         shutil.copytree(os.path.join(FLAGS.package or os.path.join(checkout.root(), "python"), "rvascend"),
                         os.path.join(stage, "rvascend"), ignore=shutil.ignore_patterns("*.so", "_native", "__pycache__"))
         shutil.copy(extension, os.path.join(stage, "rvascend", "ops", "_rvv_kernels.so"))
-        checkpoints = {n: random_checkpoint.write("qwen3-0.6b", os.path.join(tmp, f"qwen3-{n}l"), layers=n)
+        if FLAGS.shape not in random_checkpoint.SHAPES:
+            raise app.UsageError(f"--shape must be one of {sorted(random_checkpoint.SHAPES)}, got {FLAGS.shape!r}")
+        target_layers = FLAGS.target_layers or random_checkpoint.SHAPES[FLAGS.shape]["num_hidden_layers"]
+        checkpoints = {n: random_checkpoint.write(FLAGS.shape, os.path.join(tmp, f"model-{n}l"), layers=n)
                        for n in layers}
         quantized = {}
         for mode in (m for m in FLAGS.modes if m in _BYTES_PER_WEIGHT):
             from rvascend.models import gguf_export
 
             for n in layers:  # the same weights, every projection and the embedding quantized
-                quantized[(mode, n)] = os.path.join(tmp, f"qwen3-{n}l-{mode}.gguf")
+                quantized[(mode, n)] = os.path.join(tmp, f"model-{n}l-{mode}.gguf")
                 logging.info("writing %s", quantized[(mode, n)])
                 gguf_export.export(checkpoints[n], quantized[(mode, n)], default_type=_gguf_type(mode))
         with open(os.path.join(checkpoints[layers[0]], "config.json")) as f:
@@ -256,17 +268,21 @@ def main(argv: list[str]) -> int:
                 for n in layers:
                     logging.info("VLEN %d, %s, %d layer(s): %d steps", vlen, mode, n, len(configs))
                     measured[(mode, n)] = run_guest(FLAGS.qemu, image, stage, plugin,
-                                                    quantized.get((mode, n), checkpoints[n]), mode, configs, vlen, tmp)
+                                                    quantized.get((mode, n), checkpoints[n]), mode,
+                                                    configs + (prefills if mode in ("stock", "full") else []),
+                                                    vlen, tmp)
             for mode in FLAGS.modes:
-                for i, (context, rows) in enumerate(configs):
+                mode_configs = configs + (prefills if mode in ("stock", "full") else [])
+                for i, (context, rows, kind) in enumerate(mode_configs):
                     runs = [measured[(mode, n)][i] for n in layers]
-                    step = extrapolate(runs[0], runs[1], FLAGS.target_layers) if len(runs) == 2 else runs[0]
-                    target = FLAGS.target_layers if len(runs) == 2 else layers[0]
+                    step = extrapolate(runs[0], runs[1], target_layers) if len(runs) == 2 else runs[0]
+                    target = target_layers if len(runs) == 2 else layers[0]
                     linear = sum(step["regions"].get(p, (0, 0))[0] for p in LINEARS)
                     bpw = _BYTES_PER_WEIGHT.get(mode, 2.0)
                     marked = sum(n for n, _ in step["regions"].values())
                     records.append({
-                        "bench": "riscv64_step", "vlen": vlen, "mode": mode, "context": context, "rows": rows,
+                        "bench": "riscv64_step", "shape": FLAGS.shape, "vlen": vlen, "mode": mode, "kind": kind,
+                        "context": context, "rows": rows,
                         "layers": target, "instructions": step["total"], "vector_instructions": step["vector"],
                         "regions": {k: v[0] for k, v in sorted(step["regions"].items())},
                         "libraries": dict(sorted(step["libraries"].items())),
@@ -274,19 +290,22 @@ def main(argv: list[str]) -> int:
                                              for k, v in sorted(step["region_libraries"].items())},
                         "marker_overhead": step["marker_overhead"],
                         "share_outside_linears": 1 - linear / marked if marked else 0.0,
-                        "k1_tok_s_1_thread": project(step, config, context, rows, target, 1, bpw),
-                        "k1_tok_s_8_threads": project(step, config, context, rows, target, k1_model.CORES, bpw),
+                        "k1_tok_s_1_thread": project(step, config, context, rows, target, 1, bpw,
+                                                     prefill=kind == "prefill"),
+                        "k1_tok_s_8_threads": project(step, config, context, rows, target, k1_model.CORES, bpw,
+                                                      prefill=kind == "prefill"),
                         "k1_tok_s_8_threads_ipc_0.5": project(step, config, context, rows, target,
-                                                              k1_model.CORES, bpw, ipc=0.5),
+                                                              k1_model.CORES, bpw, ipc=0.5, prefill=kind == "prefill"),
                         "weight_bytes_per_weight": bpw,
                         "measured_layers": layers})
-    print_table(records, [("vlen", "VLEN", "d"), ("mode", "mode", "s"), ("context", "ctx", "d"), ("rows", "M", "d"),
+    print_table(records, [("vlen", "VLEN", "d"), ("mode", "mode", "s"), ("kind", "step", "s"),
+                          ("context", "ctx/prompt", "d"), ("rows", "M", "d"),
                           ("instructions", "insns/step", ",.0f"), ("share_outside_linears", "outside Linear", ".1%"),
                           ("k1_tok_s_1_thread", "K1 tok/s 1T", ".2f"), ("k1_tok_s_8_threads", "K1 tok/s 8T", ".2f"),
                           ("k1_tok_s_8_threads_ipc_0.5", "8T, IPC 0.5", ".2f")])
     for r in records:
         top = sorted(r["regions"].items(), key=lambda kv: -kv[1])[:8]
-        print(f"VLEN {r['vlen']} {r['mode']:6s} ctx {r['context']:4d} M {r['rows']}: " +
+        print(f"VLEN {r['vlen']} {r['mode']:6s} {r['kind']:7s} ctx {r['context']:4d} M {r['rows']}: " +
               ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in top))
     write_jsonl(FLAGS.output, records, manifest.capture(
         qemu_cpu=f"{qemu_version}: -cpu rv64,v=true,vext_spec=v1.0,vlen={'|'.join(FLAGS.vlens)}"))

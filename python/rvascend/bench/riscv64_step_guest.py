@@ -150,6 +150,14 @@ def decode_ready(engine: Engine, context: int, rows: int, vocab: int) -> list[Se
     return seqs
 
 
+def prefill_ready(engine: Engine, prompt_len: int, rows: int, vocab: int) -> None:
+    """`rows` requests whose next step prefills their whole `prompt_len`-token prompts."""
+    gen = torch.Generator().manual_seed(prompt_len)
+    for _ in range(rows):
+        ids = torch.randint(0, vocab, (prompt_len,), generator=gen).tolist()
+        engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+
+
 def rewind(engine: Engine, seqs: list[Sequence]) -> None:
     """Undoes one decode step, so every measured step runs at the same context."""
     for seq in seqs:
@@ -174,30 +182,50 @@ def main() -> int:
     regions = Regions()
     instrument(model, regions)
     vocab = model.config.vocab_size
-    for context, rows in args["configs"]:
+    for config in args["configs"]:
+        context, rows = config[0], config[1]
+        kind = config[2] if len(config) > 2 else "decode"
         engine = Engine(model, None, EngineConfig(max_running_requests=rows, max_total_tokens=rows * (context + 4),
                                                   max_queued_requests=rows + 1, context_length=context + 4,
-                                                  disable_radix_cache=True))
+                                                  disable_radix_cache=True, chunked_prefill_size=-1))
         with torch.no_grad():
             for k, v in zip(engine.pool.k, engine.pool.v):
                 k.normal_()
                 v.normal_()
-        seqs = decode_ready(engine, context, rows, vocab)
+        if kind == "prefill":
+            # A step that prefills `rows` prompts of `context` tokens and samples their first tokens.
+            def ready():
+                prefill_ready(engine, context, rows, vocab)
+
+            def undo():
+                while engine.has_work():
+                    engine.step()
+        else:
+            seqs = decode_ready(engine, context, rows, vocab)
+
+            def ready():
+                pass
+
+            def undo():
+                rewind(engine, seqs)
+        ready()
         engine.step()  # warm-up: first-call work, allocator growth
-        rewind(engine, seqs)
+        undo()
+        ready()
         first = mark()
         engine.step()
         mark()
-        rewind(engine, seqs)
+        undo()
+        ready()
         regions.names, regions.active = [], True
         start = mark()
         engine.step()
         regions.active = False
         end = mark()
-        rewind(engine, seqs)
-        print("STEP " + json.dumps({"context": context, "rows": rows, "mode": mode, "total_interval": first + 1,
-                                    "marked_first_interval": start + 1, "marked_last_interval": end,
-                                    "regions": ["engine"] + regions.names}), flush=True)
+        undo()
+        print("STEP " + json.dumps({"context": context, "rows": rows, "kind": kind, "mode": mode,
+                                    "total_interval": first + 1, "marked_first_interval": start + 1,
+                                    "marked_last_interval": end, "regions": ["engine"] + regions.names}), flush=True)
     maps = [line.split() for line in open("/proc/self/maps") if "r-xp" in line]
     print("MAPS " + json.dumps([(m[0], m[5]) for m in maps if len(m) > 5]), flush=True)
     return 0

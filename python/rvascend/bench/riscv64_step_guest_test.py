@@ -19,15 +19,15 @@ _GUEST = os.path.join(os.path.dirname(__file__), "riscv64_step_guest.py")
 
 
 @pytest.mark.parametrize("mode", ["off", "op_by_op", "full"])
-def test_the_guest_marks_every_region_of_a_decode_step(mode):
-    configs = [[16, 1], [24, 2]]
+def test_the_guest_marks_every_region_of_decode_and_prefill_steps(mode):
+    configs = [[16, 1, "decode"], [24, 2, "decode"], [12, 1, "prefill"]]
     args = json.dumps({"checkpoint": ensure_random_model(), "mode": mode, "configs": configs})
     package = os.path.dirname(os.path.dirname(rvascend.__file__))
     env = dict(os.environ, PYTHONPATH=package + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, _GUEST, args], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("STEP ")]
-    assert [[s["context"], s["rows"]] for s in steps] == configs
+    assert [[s["context"], s["rows"], s["kind"]] for s in steps] == configs
     for step in steps:
         regions = set(step["regions"])
         assert set(LINEARS) <= regions and {"attention", "rms_norm", "embedding", "sampling"} <= regions

@@ -24,12 +24,12 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 def _sources(package_dir: str) -> Iterable[tuple[str, str]]:
     """(path inside the wheel, file) for the package's Python files (tests excluded) and
-    the data files they read (*.lock.json)."""
+    the data files they read (*.json: pins and the measured shape gate's table)."""
     root = os.path.dirname(os.path.abspath(package_dir))
     for dirpath, dirnames, filenames in os.walk(package_dir):
         dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", "_native"))
         for name in sorted(filenames):
-            if name.endswith((".py", ".lock.json")) and not name.endswith("_test.py"):
+            if name.endswith((".py", ".json")) and not name.endswith("_test.py"):
                 path = os.path.join(dirpath, name)
                 yield os.path.relpath(path, root), path
 

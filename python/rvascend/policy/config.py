@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal, Optional
 
 CompileMode = Literal["regional", "eager"]
+ShapeGate = Literal["seed", "measured"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,9 +23,12 @@ class RvvPolicyConfig:
     compile_mode: CompileMode = "regional"
     memory_budget_mib: Optional[int] = None  # None: derived from available memory
     kernels: bool = True              # the RVV kernels beyond Linear (attention, ...): kernel_routes.KERNELS
+    # "seed": the seed's contract (N, K >= 1024, ...); "measured": this ISA's measured table
+    # (shape_gate.py). None: measured on riscv64, seed elsewhere.
+    shape_gate: Optional[ShapeGate] = None
 
     @classmethod
-    def from_flag(cls, memory_budget_mib: Optional[int] = None,
-                  compile_mode: CompileMode = "regional") -> "RvvPolicyConfig":
+    def from_flag(cls, memory_budget_mib: Optional[int] = None, compile_mode: CompileMode = "regional",
+                  shape_gate: Optional[ShapeGate] = None) -> "RvvPolicyConfig":
         return cls(packed_weights=True, small_batch=True, compile_mode=compile_mode,
-                   memory_budget_mib=memory_budget_mib)
+                   memory_budget_mib=memory_budget_mib, shape_gate=shape_gate)

@@ -225,3 +225,30 @@ def test_native_step_checks_every_extent_and_the_kernel_sets_layout(fusing_model
         with pytest.raises(ValueError, match=message):
             _native.decoder_layers(**{**args, **change})
         assert all(torch.equal(a, b) for a, b in zip(before, pool.k)), change  # nothing written
+
+
+def test_smollm2_shaped_fused_step_under_the_measured_gate(tmp_path, monkeypatch):
+    """Width 576 (SmolLM2-135M: 9 heads and 3 KV heads of 64, intermediate 1536, tied):
+    the seed's gate packs none of it; under the measured gate every projection is packed,
+    the decode step runs in one native call, bit-identical to module by module."""
+    from rvascend.policy import shape_gate
+
+    monkeypatch.setattr(shape_gate, "measured_packed_wins", lambda m, n, k: True)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=2,
+                                      num_attention_heads=9, num_key_value_heads=3, vocab_size=2048,
+                                      max_position_embeddings=256, tie_word_embeddings=True, initializer_range=0.05)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path))
+    seed = load_model(str(tmp_path), torch.bfloat16)
+    assert not install_rvv_policy(seed, RvvPolicyConfig(compile_mode="eager", shape_gate="seed")).packed
+    m = load_model(str(tmp_path), torch.bfloat16)
+    report = install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", shape_gate="measured"))
+    assert len(report.packed) == 4 * 2 + 1 and report.shape_gate == "measured"
+    batch, pool = _decode_batch([17, 40]), _pool(m)
+    ops_pool, fused_pool = _clone(pool), _clone(pool)
+    want = _forward(m, batch, ops_pool, fused=False)
+    get_policy(m).kernels.counters.reset()
+    got = _forward(m, batch, fused_pool, fused=True)
+    assert get_policy(m).kernels.counters.calls("decoder_layers", "kernel") == 1
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(ops_pool.k + ops_pool.v, fused_pool.k + fused_pool.v))

@@ -28,13 +28,15 @@ class PolicyReport:
     packed: list[tuple[str, str, int]]        # (module, projection, bytes)
     not_packed: list[tuple[str, str, str]]    # (module, projection, reason)
     compile_mode: str = "eager"               # what runs: "regional" (the decoder layer compiled) or "eager"
+    shape_gate: str = "seed"                  # the gate in force: "seed" or "measured"
 
     @property
     def packed_bytes(self) -> int:
         return sum(b for _, _, b in self.packed)
 
     def summary(self) -> str:
-        return (f"RVV policy ({self.adapter} adapter): packed {len(self.packed)} projections, "
+        return (f"RVV policy ({self.adapter} adapter, {self.shape_gate} shape gate): packed {len(self.packed)} "
+                f"projections, "
                 f"{self.packed_bytes / 2**20:.1f} MiB of a {self.budget_bytes / 2**20:.1f} MiB budget; "
                 f"{len(self.not_packed)} row-major; {self.compile_mode}")
 
@@ -51,6 +53,7 @@ class RvvPolicy:
         self.report: Optional[PolicyReport] = None
         self.hook = None  # the load_state_dict post-hook's handle
         self.kernels = kernel_routes.KernelRoutes(config.kernels)
+        self.shape_gate = shape_gate.resolve(config.shape_gate)  # "seed" or "measured" (shape_gate.py)
         self.kernel_modules: list[nn.Module] = []
 
     @property
@@ -73,7 +76,7 @@ class RvvPolicy:
                 if isinstance(r, QuantizedRoute):
                     packed.append((r.name, r.projection, r.pack()))
             routes = [r for r in routes if not isinstance(r, QuantizedRoute)]
-            eligible = [r for r in routes if _packable(r)]
+            eligible = [r for r in routes if _packable(r, self.shape_gate)]
             fits = budget.plan([tuple(r._module().weight.shape) for r in eligible], budget_bytes)
             for r in routes:
                 if r not in eligible:
@@ -85,17 +88,17 @@ class RvvPolicy:
                 else:
                     r.drop("not_packed_budget")
                     not_packed.append((r.name, r.projection, "not_packed_budget"))
-        self.report = PolicyReport(self.adapter.name, budget_bytes, packed, not_packed, self.compile_mode)
+        self.report = PolicyReport(self.adapter.name, budget_bytes, packed, not_packed, self.compile_mode,
+                                   self.shape_gate)
         return self.report
 
 
-def _packable(route: ProjectionRoute) -> bool:
-    """Packing pays only for weights the gate can ever route: BF16, CPU, 2-D, large."""
+def _packable(route: ProjectionRoute, which: str) -> bool:
+    """Packing pays only for weights the gate can ever route: BF16, CPU, 2-D, and a shape it routes."""
     module = route._module()
     w = module.weight
     return (w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.dim() == 2
-            and getattr(module, "bias", None) is None
-            and w.shape[0] >= shape_gate.MIN_FEATURES and w.shape[1] >= shape_gate.MIN_FEATURES)
+            and getattr(module, "bias", None) is None and shape_gate.packable(w.shape[0], w.shape[1], which))
 
 
 def _check_tied_lm_head(model: nn.Module) -> None:
@@ -117,6 +120,7 @@ def get_policy(model: nn.Module) -> Optional[RvvPolicy]:
 def _validate_config(config: RvvPolicyConfig) -> None:
     if config.compile_mode not in ("regional", "eager"):
         raise ValueError(f"compile_mode must be 'regional' or 'eager', got {config.compile_mode!r}")
+    shape_gate.resolve(config.shape_gate)  # raises on an unknown gate
     budget.derive_budget_bytes(config.memory_budget_mib)  # raises on a bad budget
 
 

@@ -118,7 +118,8 @@ class ProjectionRoute:
         k = weight.shape[-1]
         rows = x.numel() // k if k and x.shape[-1] == k else 0
         config = policy.config
-        why = shape_gate.gate(self.projection, x, weight, bias, config.small_batch)
+        which = policy.shape_gate
+        why = shape_gate.gate(self.projection, x, weight, bias, config.small_batch, which)
         if why is not None:
             policy.counters.record(self.projection, "fallback", rows, why)
             return F.linear(x, weight, bias)
@@ -131,7 +132,7 @@ class ProjectionRoute:
             policy.counters.record(self.projection, "row_major", rows, unpacked)
             return F.linear(x, weight)
         n = weight.shape[0]
-        bucket = shape_gate.bucket_rows(rows, config.small_batch)
+        bucket = shape_gate.bucket_rows(rows, config.small_batch, which)
         x2 = x.reshape(rows, k)
         if bucket != rows:
             x2 = F.pad(x2, (0, 0, 0, bucket - rows))

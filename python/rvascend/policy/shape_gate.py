@@ -1,14 +1,31 @@
-"""The shape gate (the seed's, exactly) and the row buckets.
+"""The shape gates and the row buckets.
 
-A call is routed to the RVV path only if: CPU; BF16 input and weight; 2-D
-after flattening leading dims; no bias; N >= 1024; K >= 1024;
-M*N*K >= 1,000,000; no gradient needed; and M = 1, or M = 2..15 with small batches on (lm_head
-included), or M = 16..128 for projections other than lm_head. Anything else
-runs plain F.linear on the row-major weight, and the reason is counted.
+Two gates, one per kind of CPU, chosen by `--cpu-rvv-shape-gate` (default:
+`measured` on riscv64, `seed` elsewhere), and shown in the start-up log and the
+route counters (every call records which gate let it through or not):
+
+- seed (the seed's contract, for its x86-tuned Inductor path): a call is routed
+  only if CPU; BF16 input and weight; 2-D after flattening leading dims; no
+  bias; N >= 1024; K >= 1024; M*N*K >= 1,000,000; and M = 1, or M = 2..15 with
+  small batches on (lm_head included), or M = 16..128 for projections other
+  than lm_head. Rows are padded to buckets (1; 2, 4, 8, 16; 16..128).
+- measured (riscv64): the same type checks, then the packed kernel wherever it
+  took fewer instructions than the image's stock F.linear at the nearest point
+  of a measured grid (gate_riscv64.json, written by
+  bench/image_instruction_count.py --grid: F.linear is scalar ATen there, about
+  30 instructions per multiply-add). Any N, K and M; no padding (the routes run
+  eagerly or as one opaque op, so no shape needs its own graph).
+
+Anything else runs plain F.linear on the row-major weight, and the reason is counted.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import math
+import os
+import platform
 from typing import Optional
 
 import torch
@@ -18,12 +35,28 @@ MIN_FEATURES = 1024
 MIN_MACS = 1_000_000
 SMALL_BATCH_BUCKETS = (2, 4, 8, 16)
 PREFILL_BUCKETS = (16, 32, 64, 128)
+GATES = ("seed", "measured")
+_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate_riscv64.json")
+
+
+def default_gate() -> str:
+    """`measured` on riscv64 (where stock ATen is scalar), `seed` elsewhere."""
+    return "measured" if platform.machine() == "riscv64" else "seed"
+
+
+def resolve(gate: Optional[str]) -> str:
+    gate = gate or default_gate()
+    if gate not in GATES:
+        raise ValueError(f"--cpu-rvv-shape-gate must be one of {', '.join(GATES)}, got {gate!r}")
+    return gate
 
 
 def gate(projection: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-         small_batch: bool) -> Optional[str]:
-    """None if the call may take the RVV path, else the fallback reason."""
-    why = _shape_gate(projection, x, weight, bias, small_batch)
+         small_batch: bool, which: str = "seed") -> Optional[str]:
+    """None if the call may take the packed path, else the fallback reason."""
+    why = _type_gate(x, weight, bias)
+    if why is None:
+        why = _seed_shapes(projection, x, weight, small_batch) if which == "seed" else _measured_shapes(x, weight)
     # The packed op has no backward: a call autograd must differentiate runs
     # F.linear, which does.
     if why is None and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
@@ -31,8 +64,7 @@ def gate(projection: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
     return why
 
 
-def _shape_gate(projection: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                small_batch: bool) -> Optional[str]:
+def _type_gate(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Optional[str]:
     if x.device.type != "cpu" or weight.device.type != "cpu":
         return "non_cpu"
     if x.dtype != torch.bfloat16:
@@ -43,9 +75,13 @@ def _shape_gate(projection: str, x: torch.Tensor, weight: torch.Tensor, bias: Op
         return "rank"
     if bias is not None:
         return "bias"
-    n, k = weight.shape
-    if x.shape[-1] != k:
+    if x.shape[-1] != weight.shape[1]:
         return "rank"
+    return None
+
+
+def _seed_shapes(projection: str, x: torch.Tensor, weight: torch.Tensor, small_batch: bool) -> Optional[str]:
+    n, k = weight.shape
     if n < MIN_FEATURES or k < MIN_FEATURES:
         return "small_features"
     m = x.numel() // k if k else 0
@@ -60,10 +96,42 @@ def _shape_gate(projection: str, x: torch.Tensor, weight: torch.Tensor, bias: Op
     return "rows_out_of_range"
 
 
-def bucket_rows(m: int, small_batch: bool) -> int:
-    """The row count a call of m rows is padded to (m = 3 runs the 4-row callable)."""
-    if m == 1:
-        return 1
+def _measured_shapes(x: torch.Tensor, weight: torch.Tensor) -> Optional[str]:
+    n, k = weight.shape
+    m = x.numel() // k if k else 0
+    return None if measured_packed_wins(m, n, k) else "measured_slower"
+
+
+@functools.lru_cache(maxsize=1)
+def _points() -> tuple[tuple[float, float, float, bool], ...]:
+    """(log M, log N, log K, packed cheaper) of every measured grid point."""
+    with open(_TABLE, encoding="utf-8") as f:
+        table = json.load(f)
+    return tuple((math.log(p["m"]), math.log(p["n"]), math.log(p["k"]),
+                  p["packed_instructions"] < p["f_linear_instructions"]) for p in table["points"])
+
+
+@functools.lru_cache(maxsize=4096)
+def measured_packed_wins(m: int, n: int, k: int) -> bool:
+    """Whether the packed kernel took fewer instructions at the grid point nearest (M, N, K)
+    (in log space, so 576 is nearer 1024 than 64)."""
+    if min(m, n, k) < 1:
+        return False
+    lm, ln, lk = math.log(m), math.log(n), math.log(k)
+    return min(_points(), key=lambda p: (p[0] - lm) ** 2 + (p[1] - ln) ** 2 + (p[2] - lk) ** 2)[3]
+
+
+def packable(n: int, k: int, which: str) -> bool:
+    """Whether packing a [n, k] weight can pay: some call the gate routes can use it."""
+    if which == "seed":
+        return n >= MIN_FEATURES and k >= MIN_FEATURES
+    return any(measured_packed_wins(m, n, k) for m in (1, 4, 16, 64))
+
+
+def bucket_rows(m: int, small_batch: bool, which: str = "seed") -> int:
+    """The row count a call of m rows is padded to (seed: m = 3 runs the 4-row callable; measured: m)."""
+    if which == "measured" or m == 1:
+        return m
     buckets = SMALL_BATCH_BUCKETS + PREFILL_BUCKETS[1:] if small_batch else PREFILL_BUCKETS
     for b in buckets:
         if m <= b:

@@ -26,9 +26,13 @@ flags.DEFINE_bool("enable-cpu-rvv-inductor", False,
                   "Packed BF16 RVV kernels with regional compile and small-batch buckets.")
 flags.DEFINE_integer("cpu-rvv-memory-budget-mib", None, "Memory budget for packed weights (default: derived).")
 flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "How routed projections run.")
+flags.DEFINE_enum("cpu-rvv-shape-gate", None, ["seed", "measured"],
+                  "Which Linears the policy packs: the seed's contract (N, K >= 1024), or where the packed kernel "
+                  "measured cheaper than ATen on this ISA (default: measured on riscv64, seed elsewhere).")
 flags.DEFINE_string("host", "127.0.0.1", "Address to bind.")
 flags.DEFINE_integer("port", 30000, "Port to bind.")
-flags.DEFINE_string("api-key", None, "Require `Authorization: Bearer KEY` on /v1/ endpoints.")
+flags.DEFINE_string("api-key", None, "Require `Authorization: Bearer KEY` on every endpoint but /health and "
+                    "/metrics.")
 flags.DEFINE_integer("max-running-requests", 8, "Sequences decoding together at most.")
 flags.DEFINE_integer("max-total-tokens", None, "KV pool size in tokens (default: from free memory).")
 flags.DEFINE_integer("max-queued-requests", 64, "Requests queued or running before 503s.")
@@ -53,6 +57,7 @@ def main(argv: list[str]) -> int:
         enable_cpu_rvv_inductor=FLAGS["enable-cpu-rvv-inductor"].value,
         cpu_rvv_memory_budget_mib=FLAGS["cpu-rvv-memory-budget-mib"].value,
         cpu_compile_mode=FLAGS["cpu-compile-mode"].value,
+        cpu_rvv_shape_gate=FLAGS["cpu-rvv-shape-gate"].value,
         max_running_requests=FLAGS["max-running-requests"].value,
         max_total_tokens=FLAGS["max-total-tokens"].value,
         max_queued_requests=FLAGS["max-queued-requests"].value,

@@ -33,6 +33,7 @@ class ServeOptions:
     enable_cpu_rvv_inductor: bool = False
     cpu_rvv_memory_budget_mib: Optional[int] = None
     cpu_compile_mode: str = "regional"
+    cpu_rvv_shape_gate: Optional[str] = None  # seed | measured; None: measured on riscv64, seed elsewhere
     max_running_requests: int = 8
     max_total_tokens: Optional[int] = None
     max_queued_requests: int = 64
@@ -76,16 +77,17 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         # Without a C++ compiler for Inductor (a board, the riscv64 image) the
         # policy itself falls back to eager routes, logged and counted.
         config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib,
-                                           compile_mode=opts.cpu_compile_mode)
+                                           compile_mode=opts.cpu_compile_mode, shape_gate=opts.cpu_rvv_shape_gate)
         report = install_rvv_policy(model, config)
         policy = get_policy(model)
         if not report.packed and not any(getattr(r, "quantized", False) for r in policy.routes.values()):
             reasons = sorted({reason for _, _, reason in report.not_packed})
             logging.warning(
-                "the RVV policy packed none of %s's Linears (%s: the seed's shape gate needs N, K >= %d, BF16): "
-                "they run through F.linear; the attention and elementwise kernels still apply. "
-                "/metrics' rvascend_rvv_projection_calls_total shows the route of every call", name, ", ".join(reasons),
-                shape_gate.MIN_FEATURES)
+                "the RVV policy packed none of %s's Linears (%s; the %s shape gate: %s): they run through F.linear; "
+                "the attention and elementwise kernels still apply. /metrics' rvascend_rvv_projection_calls_total "
+                "shows the route of every call", name, ", ".join(reasons), policy.shape_gate,
+                "N, K >= %d, BF16" % shape_gate.MIN_FEATURES if policy.shape_gate == "seed"
+                else "where the packed kernel measured cheaper")
     tokens = opts.max_total_tokens
     if tokens is None:
         per_token = KVPool.bytes_per_token(model.config, _DTYPES[opts.dtype])

@@ -85,6 +85,9 @@ class _EngineCollector:
             g.add_metric([], value)
             yield g
         if self._policy is not None:
+            gate = GaugeMetricFamily("rvascend_rvv_shape_gate", "The shape gate in force (1)", labels=["gate"])
+            gate.add_metric([self._policy.shape_gate], 1)
+            yield gate
             c = CounterMetricFamily("rvascend_rvv_projection_calls", "Linear calls per projection and route",
                                     labels=["projection", "route", "reason"])
             for row in self._policy.counters.snapshot():
