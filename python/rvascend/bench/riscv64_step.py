@@ -10,11 +10,12 @@ random BF16 weights in a real model's shapes (--shape: Qwen3-0.6B by default,
 SmolLM2-135M, ...) at 1 and 2 layers (so per-layer and fixed costs separate
 and extrapolate to the model's depth). Steps: decode at context 64 and 512
 with M = 1 and 4 sequences, and prefill of one 16-, 64- and 256-token prompt
-(full; stock: 16, its rate per token does not depend on the length). Modes: stock (no policy), linear (the policy with packed
-Linears only), op_by_op (every kernel, each called from Python as the
-modules call it), full (the policy as --enable-cpu-rvv-inductor installs it:
-a decode step's layers in one native call), q4_0 and q8_0 (full, on the same
-weights exported to a GGUF of that type and kept quantized). All code is
+(full, q4_0, q8_0; stock: 16, its rate per token does not depend on the
+length). Modes: stock (no policy), linear (the policy with packed Linears
+only), op_by_op (every kernel, each called from Python as the modules call
+it), full (the policy as --enable-cpu-rvv-inductor installs it: a decode
+step's layers in one native call), q4_0 and q8_0 (full, on the same weights
+exported to a GGUF of that type and kept quantized). All code is
 counted: the interpreter, libtorch, libc, our extension. Output: a table per
 step (instructions by region, share outside the Linears, projected K1 tok/s
 at 1 and 8 threads, and at 8 threads with IPC 0.5; prefill: prompt tokens
@@ -59,7 +60,7 @@ flags.DEFINE_list("modes", ["stock", "linear", "op_by_op", "full", "q4_0", "q8_0
 flags.DEFINE_list("contexts", ["64", "512"], "Context lengths of the decode step.")
 flags.DEFINE_list("rows", ["1", "4"], "Sequences decoding together (M).")
 flags.DEFINE_list("prefill_lens", ["16", "64", "256"], "Prompt lengths of the prefill steps counted (one "
-                  "sequence; mode full; empty: none).")
+                  "sequence; modes full, q4_0 and q8_0; empty: none).")
 flags.DEFINE_list("stock_prefill_lens", ["16"], "Prompt lengths of mode stock's prefill steps: scalar ATen "
                   "runs every prompt length at the same rate per token (SmolLM2-135M: 3.81, 3.86 and 3.81 "
                   "K1 tok/s at 16, 64 and 256 tokens), and a long stock prompt takes hours to emulate.")
@@ -243,7 +244,8 @@ def main(argv: list[str]) -> int:
     logging.info("QEMU: %s", qemu_version)
     layers = [int(x) for x in FLAGS.layers]
     configs = [(int(c), int(m), "decode") for c in FLAGS.contexts for m in FLAGS.rows]
-    prefills = {"full": [(int(p), 1, "prefill") for p in FLAGS.prefill_lens if p],
+    full_prefills = [(int(p), 1, "prefill") for p in FLAGS.prefill_lens if p]
+    prefills = {"full": full_prefills, "q4_0": full_prefills, "q8_0": full_prefills,
                 "stock": [(int(p), 1, "prefill") for p in FLAGS.stock_prefill_lens if p]}
     records = []
     with tempfile.TemporaryDirectory() as tmp:
