@@ -22,6 +22,7 @@ import tempfile
 
 from absl import app, flags, logging
 
+from rvascend.bench.plugin_intervals import read_intervals
 from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
@@ -72,20 +73,11 @@ print("MARKERS %d" % marker, flush=True)
 
 
 def marked_counts(path: str) -> list[int]:
-    """Instructions of every marked region: the plugin writes interval i from
-    marker i - 1 to marker i (interval 0 is the start-up), and the guest's
-    regions run from an even marker to the next odd one."""
-    totals: dict[int, int] = {}
-    current = -1
-    with open(path) as f:
-        for line in f:
-            if line.startswith("I "):
-                current = int(line[2:])
-                totals[current] = 0
-            else:
-                totals[current] += int(line.split()[1])
-    markers = max(totals)  # the last interval runs from the last marker to exit
-    return [totals[i] for i in range(1, markers, 2)]
+    """Instructions of every marked region: the guest's regions run from an even
+    marker to the next odd one, the plugin's intervals 1, 3, 5, ..."""
+    intervals = read_intervals(path)
+    markers = max(intervals)  # the last interval runs from the last marker to exit
+    return [sum(n for n, _ in intervals[i].values()) for i in range(1, markers, 2)]
 
 
 def main(argv: list[str]) -> int:

@@ -43,6 +43,7 @@ from absl import app, flags, logging
 
 from rvascend import checkout
 from rvascend.bench import k1_model
+from rvascend.bench.plugin_intervals import read_intervals
 from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
@@ -108,19 +109,6 @@ def _check_qemu(qemu: str) -> str:
     return version
 
 
-def _read_intervals(path: str) -> dict[int, dict[int, tuple[int, int]]]:
-    intervals: dict[int, dict[int, tuple[int, int]]] = {}
-    current: dict[int, tuple[int, int]] = {}
-    with open(path) as f:
-        for line in f:
-            if line.startswith("I "):
-                current = intervals.setdefault(int(line[2:]), {})
-            else:
-                page, n, v = line.split()
-                current[int(page, 16)] = (int(n), int(v))
-    return intervals
-
-
 def _page_libraries(maps: list[tuple[str, str]]) -> list[tuple[int, int, str]]:
     spans = []
     for span, path in maps:
@@ -171,7 +159,7 @@ def run_guest(qemu: str, image: str, stage: str, plugin: str, checkpoint: str, m
     lines = proc.stdout.splitlines()
     maps = json.loads(next(line for line in lines if line.startswith("MAPS "))[5:])
     spans = _page_libraries(maps)
-    intervals = _read_intervals(out)
+    intervals = read_intervals(out)
     steps = []
     for line in lines:
         if not line.startswith("STEP "):

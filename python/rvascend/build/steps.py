@@ -165,8 +165,10 @@ def ensure_image_bytecode(image: str, dry_run: bool) -> None:
     94 s under QEMU, 38 s with the bytecode)."""
     stamp = os.path.join(image, BYTECODE_STAMP)
     want = " ".join(IMAGE_IMPORTS) + "\n"
-    if os.path.exists(stamp) and open(stamp).read() == want:
-        return
+    if os.path.exists(stamp):
+        with open(stamp) as f:
+            if f.read() == want:
+                return
     qemu = os.path.join(DEPS_DIR, "qemu", "usr", "bin", "qemu-riscv64")
     logging.info("riscv64 image: byte-compiling what its Python imports (about two minutes under QEMU)")
     cmd = [qemu, "-L", image, "-cpu", "rv64,v=true,vext_spec=v1.0,vlen=256",

@@ -36,8 +36,7 @@ class PolicyReport:
 
     def summary(self) -> str:
         return (f"RVV policy ({self.adapter} adapter, {self.shape_gate} shape gate): packed {len(self.packed)} "
-                f"projections, "
-                f"{self.packed_bytes / 2**20:.1f} MiB of a {self.budget_bytes / 2**20:.1f} MiB budget; "
+                f"projections, {self.packed_bytes / 2**20:.1f} MiB of a {self.budget_bytes / 2**20:.1f} MiB budget; "
                 f"{len(self.not_packed)} row-major; {self.compile_mode}")
 
 

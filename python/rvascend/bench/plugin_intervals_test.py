@@ -1,0 +1,33 @@
+"""Reading the counting plugin's intervals, and the image count's marked regions from them."""
+
+from __future__ import annotations
+
+from rvascend.bench import image_instruction_count
+from rvascend.bench.plugin_intervals import read_intervals
+
+# Start-up, then markers 0..3: regions (0, 1) and (2, 3); interval 2 (a gap) is empty.
+OUTPUT = """I 0
+10 500 0
+I 1
+7a 30 12
+7b 5 0
+I 2
+I 3
+7a 70 40
+I 4
+10 9 0
+"""
+
+
+def test_intervals_by_page(tmp_path):
+    path = tmp_path / "counts.txt"
+    path.write_text(OUTPUT)
+    intervals = read_intervals(str(path))
+    assert intervals == {0: {0x10: (500, 0)}, 1: {0x7a: (30, 12), 0x7b: (5, 0)}, 2: {}, 3: {0x7a: (70, 40)},
+                         4: {0x10: (9, 0)}}
+
+
+def test_marked_regions_are_the_odd_intervals(tmp_path):
+    path = tmp_path / "counts.txt"
+    path.write_text(OUTPUT)
+    assert image_instruction_count.marked_counts(str(path)) == [35, 70]
