@@ -353,7 +353,7 @@ class TPipe {
  public:
   TPipe();
   template <TPosition pos, int32_t depth>
-  void InitBuffer(TQue<pos, depth>& que, uint32_t num, uint32_t len) {
+  void InitBuffer(TQue<pos, depth>& que, uint8_t num, uint32_t len) {
     que.Init(pos, num, len, depth);
   }
   template <TPosition pos>

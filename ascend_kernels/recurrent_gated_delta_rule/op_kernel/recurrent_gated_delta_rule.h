@@ -132,8 +132,10 @@ class RGDR {
     if (t_.hasG == 1) pipe_->InitBuffer(gInQue_, 1, layout_.gIn);
     if (t_.hasGk == 1) pipe_->InitBuffer(gkInQue_, 1, layout_.gkIn);
     pipe_->InitBuffer(stateInQue_, 1, layout_.stateIn);
-    pipe_->InitBuffer(stateOutQue_, t_.stateOutBufferNum, layout_.stateOut);
-    pipe_->InitBuffer(attnOutQue_, t_.attnOutBufferNum, layout_.attnOut);
+    // Queue depths are 1 or 2 (kMaxOutBuffers, checked by the host tiling);
+    // InitBuffer takes them as uint8_t.
+    pipe_->InitBuffer(stateOutQue_, static_cast<uint8_t>(t_.stateOutBufferNum), layout_.stateOut);
+    pipe_->InitBuffer(attnOutQue_, static_cast<uint8_t>(t_.attnOutBufferNum), layout_.attnOut);
     pipe_->InitBuffer(tmpBuf_, t_.ubRestBytes);
 
     const uint32_t aK = t_.alignK, aV = t_.alignV;
@@ -155,10 +157,11 @@ class RGDR {
     AscendC::Duplicate(deltaF_, 0.0f, t_.vStep);
   }
 
-  // Rows [len] of `heads`-wide GM rows of `dim` elements into UB rows of `align`.
+  // Rows [len] of `heads`-wide GM rows of `dim` elements into UB rows padded
+  // to the next 32-byte block.
   template <typename T, typename Q>
   __aicore__ inline AscendC::LocalTensor<T> CopyInRows(Q& que, const AscendC::GlobalTensor<T>& src, uint32_t len,
-                                                       uint32_t dim, uint32_t align, uint32_t heads) {
+                                                       uint32_t dim, uint32_t heads) {
     AscendC::LocalTensor<T> local = que.template AllocTensor<T>();
     AscendC::DataCopyExtParams params{static_cast<uint16_t>(len), static_cast<uint32_t>(dim * sizeof(T)),
                                       static_cast<uint32_t>((heads - 1) * dim * sizeof(T)), 0, 0};
@@ -172,34 +175,34 @@ class RGDR {
   __aicore__ inline void CopyInToken(int64_t seq0, uint32_t len, uint32_t h) {
     const uint32_t hk = h / (t_.nv / t_.nk);
     const uint32_t aK = t_.alignK, aV = t_.alignV;
-    auto q = CopyInRows(qInQue_, queryGm_[(seq0 * t_.nk + hk) * t_.dk], len, t_.dk, aK, t_.nk);
+    auto q = CopyInRows(qInQue_, queryGm_[(seq0 * t_.nk + hk) * t_.dk], len, t_.dk, t_.nk);
     AscendC::Cast(qF_, q, AscendC::RoundMode::CAST_NONE, len * aK);
     AscendC::Muls(qF_, qF_, t_.scale, len * aK);
     qInQue_.FreeTensor(q);
-    auto k = CopyInRows(kInQue_, keyGm_[(seq0 * t_.nk + hk) * t_.dk], len, t_.dk, aK, t_.nk);
+    auto k = CopyInRows(kInQue_, keyGm_[(seq0 * t_.nk + hk) * t_.dk], len, t_.dk, t_.nk);
     AscendC::Cast(kF_, k, AscendC::RoundMode::CAST_NONE, len * aK);
     kInQue_.FreeTensor(k);
-    auto v = CopyInRows(vInQue_, valueGm_[(seq0 * t_.nv + h) * t_.dv], len, t_.dv, aV, t_.nv);
+    auto v = CopyInRows(vInQue_, valueGm_[(seq0 * t_.nv + h) * t_.dv], len, t_.dv, t_.nv);
     AscendC::Cast(vF_, v, AscendC::RoundMode::CAST_NONE, len * aV);
     vInQue_.FreeTensor(v);
-    auto beta = CopyInRows(betaInQue_, betaGm_[seq0 * t_.nv + h], len, 1, 16, t_.nv);
+    auto beta = CopyInRows(betaInQue_, betaGm_[seq0 * t_.nv + h], len, 1, t_.nv);
     AscendC::Cast(betaF_, beta, AscendC::RoundMode::CAST_NONE, len * 16);
     betaInQue_.FreeTensor(beta);
     if (t_.hasG == 1) {
-      auto g = CopyInRows(gInQue_, gGm_[seq0 * t_.nv + h], len, 1, 8, t_.nv);
+      auto g = CopyInRows(gInQue_, gGm_[seq0 * t_.nv + h], len, 1, t_.nv);
       AscendC::Exp(gF_, g, len * 8);
       gInQue_.FreeTensor(g);
     }
     if (t_.hasGk == 1) {
       if (t_.gkPerDim == 1) {
-        auto gk = CopyInRows(gkInQue_, gkGm_[(seq0 * t_.nv + h) * t_.dk], len, t_.dk, aK, t_.nv);
+        auto gk = CopyInRows(gkInQue_, gkGm_[(seq0 * t_.nv + h) * t_.dk], len, t_.dk, t_.nv);
         const uint32_t rowDk = AlignUp(t_.dk * 4, kBlockBytes) / 4;
         for (uint32_t t = 0; t < len; ++t) {
           AscendC::Exp(gkF_[t * aK], gk[t * rowDk], rowDk);
         }
         gkInQue_.FreeTensor(gk);
       } else {
-        auto gk = CopyInRows(gkInQue_, gkGm_[seq0 * t_.nv + h], len, 1, 8, t_.nv);
+        auto gk = CopyInRows(gkInQue_, gkGm_[seq0 * t_.nv + h], len, 1, t_.nv);
         AscendC::Exp(gkF_, gk, len * 8);
         gkInQue_.FreeTensor(gk);
       }
