@@ -7,6 +7,12 @@
 // q holds the g query vectors in FP32, already multiplied by the softmax scale.
 // Softmax is exact (max-subtracted) in FP32; out receives g rows of d FP32
 // values. scratch has room for g * n_keys floats.
+//
+// The block contract (prefill, chunked prefill): `rows` consecutive query rows
+// of one sequence, the g heads of one KV head, BF16 in and out. Row r attends
+// to the first first_keys + r keys (causal); q and out are read and written in
+// place: row r, head h at q + r * q_stride + h * d (scaled by `scale` inside)
+// and out + r * out_stride + h * d. Per-thread scratch is the kernel's own.
 #ifndef RVV_KERNELS_ATTENTION_ATTENTION_UKERNELS_H_
 #define RVV_KERNELS_ATTENTION_ATTENTION_UKERNELS_H_
 
@@ -26,6 +32,24 @@ void bf16_attention_row__portable(const float* q, size_t g, size_t d, const uint
 void bf16_attention_row__rvv(const float* q, size_t g, size_t d, const uint16_t* k_pool,
                              const uint16_t* v_pool, size_t slot_stride, const int64_t* slots,
                              size_t n_keys, float* scratch, float* out);
+
+struct AttentionBlock {
+  const uint16_t* q = nullptr;
+  size_t q_stride = 0;
+  float scale = 1.0f;
+  size_t rows = 0, g = 0, d = 0;
+  const uint16_t* k_pool = nullptr;  // offset to the KV head
+  const uint16_t* v_pool = nullptr;
+  size_t slot_stride = 0;
+  const int64_t* slots = nullptr;  // the sequence's slots, first_keys + rows - 1 of them used
+  size_t first_keys = 0;
+  uint16_t* out = nullptr;
+  size_t out_stride = 0;
+};
+
+using AttentionBlockUkernel = void (*)(const AttentionBlock& block);
+
+void bf16_attention_block__rvv(const AttentionBlock& block);
 
 }  // namespace rvascend
 

@@ -18,13 +18,12 @@
 #include <vector>
 
 #include "rvv_kernels/attention/attention_ukernels.h"
+#include "rvv_kernels/attention/rvv_softmax.h"
 #include "rvv_kernels/base/rvv_lmul.h"
-#include "rvv_kernels/base/rvv_math.h"
 
 namespace rvascend {
 namespace {
 
-using V = rvv::Lmul<4>;  // softmax
 // Two query heads per pass over the values, sharing each widened V row.
 constexpr size_t kHeadsPerPass = 2;
 
@@ -126,31 +125,6 @@ void SplitEvenOdd(const float* q, size_t d, float* qe, float* qo) {
   }
 }
 
-// In place: s[0:n] <- softmax(s[0:n]).
-void Softmax(float* s, size_t n) {
-  vfloat32m1_t m1 = __riscv_vfmv_v_f_f32m1(-__builtin_inff(), 1);
-  for (size_t j = 0; j < n;) {
-    const size_t vl = V::SetVl(n - j);
-    m1 = __riscv_vfredmax_vs_f32m4_f32m1(__riscv_vle32_v_f32m4(s + j, vl), m1, vl);
-    j += vl;
-  }
-  const float m = __riscv_vfmv_f_s_f32m1_f32(m1);
-  vfloat32m1_t sum1 = __riscv_vfmv_v_f_f32m1(0.0f, 1);
-  for (size_t j = 0; j < n;) {
-    const size_t vl = V::SetVl(n - j);
-    const vfloat32m4_t e = rvv::Exp(__riscv_vfsub_vf_f32m4(__riscv_vle32_v_f32m4(s + j, vl), m, vl), vl);
-    __riscv_vse32_v_f32m4(s + j, e, vl);
-    sum1 = __riscv_vfredusum_vs_f32m4_f32m1(e, sum1, vl);
-    j += vl;
-  }
-  const float inv = 1.0f / __riscv_vfmv_f_s_f32m1_f32(sum1);
-  for (size_t j = 0; j < n;) {
-    const size_t vl = V::SetVl(n - j);
-    __riscv_vse32_v_f32m4(s + j, __riscv_vfmul_vf_f32m4(__riscv_vle32_v_f32m4(s + j, vl), inv, vl), vl);
-    j += vl;
-  }
-}
-
 // rows[j]: key j's V row.
 template <int kLmul>
 void Values(const float* p, size_t heads, size_t d, const uint16_t* const* rows, size_t n_keys, float* out) {
@@ -211,7 +185,7 @@ void bf16_attention_row__rvv(const float* q, size_t g, size_t d, const uint16_t*
       } else {
         ScoresByElement<4>(q + (h0 + h) * d, d, k_rows, n_keys, s + h * n_keys);
       }
-      Softmax(s + h * n_keys, n_keys);
+      rvv::Softmax(s + h * n_keys, n_keys);
     }
     Values<8>(s, heads, d, v_rows, n_keys, out + h0 * d);
   }

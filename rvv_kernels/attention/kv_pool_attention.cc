@@ -1,8 +1,8 @@
 #include "rvv_kernels/attention/kv_pool_attention.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
-#include <utility>
 
 #include "rvv_kernels/attention/attention_ukernels.h"
 #include "rvv_kernels/base/bf16.h"
@@ -15,14 +15,22 @@ namespace {
 struct Kernel {
   const char* name;
   AttentionRowUkernel row;
+  AttentionBlockUkernel block;  // nullptr: a block runs row by row
   bool (*supported)(const CpuFeatures&);
 };
 
+// Query rows per block task: enough to amortise the block's K/V copies (a
+// tenth of its instructions at 12 rows and GQA 2), few enough that a 64-token
+// chunk of a 3-KV-head model still makes 18 tasks for 8 threads.
+constexpr size_t kBlockRows = 12;
+
 const Kernel kKernels[] = {
 #if defined(RVASCEND_HAVE_RVV)
-    {"rvv", bf16_attention_row__rvv, [](const CpuFeatures& f) { return f.rvv; }},
+    {"rvv", bf16_attention_row__rvv, bf16_attention_block__rvv, [](const CpuFeatures& f) { return f.rvv; }},
+    // Every row by the decode kernel: the baseline the block kernel is counted against.
+    {"rvv_rows", bf16_attention_row__rvv, nullptr, [](const CpuFeatures& f) { return f.rvv; }},
 #endif
-    {"portable", bf16_attention_row__portable, [](const CpuFeatures&) { return true; }},
+    {"portable", bf16_attention_row__portable, nullptr, [](const CpuFeatures&) { return true; }},
 };
 
 const Kernel& Choose(const std::string& name) {
@@ -93,27 +101,56 @@ void KvPoolAttention(const KvPoolAttentionArgs& a, size_t num_threads, const std
   const Kernel& k = Choose(kernel);
   const size_t group = a.heads / a.kv_heads, d = a.head_dim;
   const size_t slot_stride = a.kv_heads * d;
-  // One task per (query row, KV head): rows of all sequences, flattened.
-  std::vector<std::pair<size_t, size_t>> rows;  // (sequence, row within it)
+  // One task per (query rows, KV head): a decode row alone, several rows of a
+  // prefill together when the kernel has a block form. The heaviest first,
+  // since causal rows grow.
+  struct Task {
+    size_t b, r0, rows, keys;  // keys: the last row's
+  };
+  std::vector<Task> tasks;
   for (size_t b = 0; b < a.batch; ++b) {
-    for (int64_t r = 0; r < a.q_starts[b + 1] - a.q_starts[b]; ++r) rows.emplace_back(b, static_cast<size_t>(r));
-  }
-  ThreadPool::Global().ParallelFor(rows.size() * a.kv_heads, num_threads, [&](size_t task) {
-    const auto [b, r] = rows[task / a.kv_heads];
-    const size_t kvh = task % a.kv_heads;
     const size_t n = static_cast<size_t>(a.q_starts[b + 1] - a.q_starts[b]);
     const size_t l = static_cast<size_t>(a.kv_starts[b + 1] - a.kv_starts[b]);
-    const size_t keys = l - n + r + 1;
-    const size_t t = static_cast<size_t>(a.q_starts[b]) + r;
+    const size_t step = (k.block != nullptr && n > 1) ? kBlockRows : 1;
+    for (size_t r0 = 0; r0 < n; r0 += step) {
+      const size_t rows = std::min(step, n - r0);
+      tasks.push_back({b, r0, rows, l - n + r0 + rows});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const Task& x, const Task& y) { return x.rows * x.keys > y.rows * y.keys; });
+  ThreadPool::Global().ParallelFor(tasks.size() * a.kv_heads, num_threads, [&](size_t index) {
+    const Task& task = tasks[index / a.kv_heads];
+    const size_t kvh = index % a.kv_heads;
+    const size_t t = static_cast<size_t>(a.q_starts[task.b]) + task.r0;
+    const uint16_t* qrow = a.q + t * a.q_stride + kvh * group * d;
+    uint16_t* orow = a.out + t * a.out_stride + kvh * group * d;
+    const int64_t* slots = a.kv_slots + a.kv_starts[task.b];
+    if (task.rows > 1) {
+      AttentionBlock block;
+      block.q = qrow;
+      block.q_stride = a.q_stride;
+      block.scale = a.scale;
+      block.rows = task.rows;
+      block.g = group;
+      block.d = d;
+      block.k_pool = a.k_pool + kvh * d;
+      block.v_pool = a.v_pool + kvh * d;
+      block.slot_stride = slot_stride;
+      block.slots = slots;
+      block.first_keys = task.keys - task.rows + 1;
+      block.out = orow;
+      block.out_stride = a.out_stride;
+      k.block(block);
+      return;
+    }
     thread_local std::vector<float> q32, scratch, out32;
     q32.resize(group * d);
-    scratch.resize(group * keys);
+    scratch.resize(group * task.keys);
     out32.resize(group * d);
-    const uint16_t* qrow = a.q + t * a.q_stride + kvh * group * d;
     for (size_t i = 0; i < group * d; ++i) q32[i] = Bf16ToFloat(qrow[i]) * a.scale;
-    k.row(q32.data(), group, d, a.k_pool + kvh * d, a.v_pool + kvh * d, slot_stride,
-          a.kv_slots + a.kv_starts[b], keys, scratch.data(), out32.data());
-    uint16_t* orow = a.out + t * a.out_stride + kvh * group * d;
+    k.row(q32.data(), group, d, a.k_pool + kvh * d, a.v_pool + kvh * d, slot_stride, slots, task.keys,
+          scratch.data(), out32.data());
     for (size_t i = 0; i < group * d; ++i) orow[i] = FloatToBf16(out32[i]);
   });
 }

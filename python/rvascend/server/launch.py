@@ -47,10 +47,10 @@ def default_chunked_prefill_size() -> int:
     """Prompt tokens per prefill step unless --chunked-prefill-size says otherwise.
 
     On riscv64, 64, from bench/riscv64_step.py's prefill counts projected onto the
-    K1 (8 threads): a 64-token chunk runs at 94 % of a 256-token chunk's rate for
-    SmolLM2-135M (349 vs 373 prompt tok/s; 16 tokens: 244) and at 1.3x a 16-token
-    chunk's for Qwen3-0.6B (98.9 vs 75.7), and one chunk's step keeps the running
-    requests waiting for 0.18 s (SmolLM2) or 0.65 s (Qwen3-0.6B) instead of four
+    K1 (8 threads): a 64-token chunk runs at 90 % of a 256-token chunk's rate for
+    SmolLM2-135M (357 vs 395 prompt tok/s; 16 tokens: 246) and at 1.3x a 16-token
+    chunk's for Qwen3-0.6B (100.6 vs 76.3), and one chunk's step keeps the running
+    requests waiting for 0.18 s (SmolLM2) or 0.64 s (Qwen3-0.6B) instead of four
     times that. Elsewhere, 512."""
     return 64 if platform.machine() == "riscv64" else 512
 

@@ -1,5 +1,5 @@
-// Decode attention over the KV pool against an FP64 reference, for every
-// kernel this build has and the CPU runs. Runs on the host and, through
+// Attention over the KV pool (decode rows and prefill blocks) against an FP64
+// reference, for every kernel this build has and the CPU runs. Runs on the host and, through
 // rvv_cc_test, under QEMU at VLEN 128/256/512/1024 with tail and mask lanes
 // set to all ones (a kernel that reads lanes it did not write fails).
 //
@@ -168,6 +168,11 @@ int main() {
       {{3, 16}, {10, 40}, 4, 2, 100},    // several query rows: prefix + new tokens
       {{5}, {5}, 2, 2, 256},             // prefill from empty (causal)
       {{1, 2, 1}, {1, 9, 300}, 6, 3, 33},
+      // Prefill blocks (12 rows, tiles of 3): whole blocks, a one-row block
+      // left over (13), tiles of 2 and 1, a prefix before the chunk.
+      {{64}, {64}, 16, 8, 128},           // Qwen3-0.6B prompt of 64
+      {{20, 13}, {50, 13}, 9, 3, 64},     // SmolLM2: a chunk after 30 cached tokens; 12 + 1 rows
+      {{2, 14}, {2, 70}, 2, 1, 33},       // odd head dimension
   };
   for (const std::string& kernel : AvailableAttentionKernels()) {
     std::printf("kernel %s\n", kernel.c_str());
