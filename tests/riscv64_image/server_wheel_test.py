@@ -27,7 +27,7 @@ import openai
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.server import riscv64
 from rvascend.server.launch import ServeOptions, build_engine
-from rvascend.server.testing import free_port, wait_healthy
+from rvascend.server.loopback import free_port, wait_healthy
 
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "Hello there"}]

@@ -26,7 +26,7 @@ from absl import app, flags, logging
 from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import percentile, print_table, write_jsonl
 from rvascend.bench.rss import peak_rss_mib
-from rvascend.server.testing import free_port, wait_healthy
+from rvascend.server.loopback import free_port, wait_healthy
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model-path", None, "Checkpoint directory (default: the random-weight test model).")

@@ -3,7 +3,8 @@
   setup   install everything a fresh Debian 12 machine needs (idempotent)
   test    setup, then `bazel test //...` (extra args go to bazel)
   serve   setup, then `bazel run //python:serve -- ARGS`; with --riscv64 the riscv64
-          wheel's server inside the riscv64 image under QEMU
+          wheel's server inside the riscv64 image under QEMU; with --workers N, N servers
+          on loopback ports and sglang-router in front on --host/--port
   bench   setup, then the benchmark suite
   lock    regenerate a Debian lock file on purpose (--lock=qemu)
 """
@@ -50,6 +51,10 @@ def main(argv: list[str]) -> int:
             options = [a for a in rest if a.startswith("-")]
             return steps.bazel_test([*options, *targets], dry_run=FLAGS.dry_run)
         if command == "serve":
+            workers, rest = _take_workers(rest)
+            if workers:
+                return steps.serve_workers(workers, [a for a in rest if a != "--riscv64"], "--riscv64" in rest,
+                                           dry_run=FLAGS.dry_run)
             if "--riscv64" in rest:
                 return steps.serve_riscv64([a for a in rest if a != "--riscv64"], dry_run=FLAGS.dry_run)
             return steps.bazel(["run", "//python:serve", "--", *rest], dry_run=FLAGS.dry_run)
@@ -57,6 +62,20 @@ def main(argv: list[str]) -> int:
     except SetupError as e:
         logging.error("%s", e)
         return 1
+
+
+def _take_workers(args: list[str]) -> tuple[int, list[str]]:
+    """(N of --workers N or --workers=N, or 0; the other args)."""
+    out, workers, it = [], 0, iter(args)
+    for arg in it:
+        if arg == "--workers" or arg.startswith("--workers="):
+            value = arg.partition("=")[2] if "=" in arg else next(it, "")
+            if not value.isdigit() or int(value) < 1:
+                raise SetupError(f"--workers needs a positive number, got {value!r}")
+            workers = int(value)
+        else:
+            out.append(arg)
+    return workers, out
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

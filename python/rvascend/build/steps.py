@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 from absl import logging
 
@@ -291,29 +291,73 @@ def bazel_test(args: Sequence[str], dry_run: bool = False) -> int:
     return proc.returncode
 
 
+def _riscv64_server_site(dry_run: bool) -> Optional[tuple[str, str, str]]:
+    """(qemu, image, site): the riscv64 wheel built and installed with the image's pip into
+    .deps/riscv64_site; None when the build fails."""
+    from rvascend.server import riscv64
+
+    if bazel(["build", "//python:wheel_riscv64"], dry_run) != 0:
+        return None
+    wheel = os.path.join(REPO_ROOT, "bazel-bin", "python", "rvascend-0.1.0-cp313-cp313-linux_riscv64.whl")
+    qemu = os.path.join(DEPS_DIR, "qemu", "usr", "bin", "qemu-riscv64")
+    image = os.path.join(DEPS_DIR, "riscv64_image")
+    site = os.path.join(DEPS_DIR, "riscv64_site")
+    if not dry_run:
+        riscv64.install_wheel(qemu, image, wheel, site)
+    return qemu, image, site
+
+
+def _with_model_path(args: Sequence[str]) -> list[str]:
+    """ARGS with --model-path (the default model, converted once here) when they have none."""
+    args = list(args)
+    if not any(a.startswith("--model-path") for a in args):
+        from rvascend.engine.default_model import ensure_default_model
+        args.append(f"--model-path={ensure_default_model()}")
+    return args
+
+
 def serve_riscv64(args: Sequence[str], dry_run: bool = False) -> int:
     """The server a RISC-V board runs, on this machine: the riscv64 wheel installed with the
     image's pip into .deps/riscv64_site, then `python3 -m rvascend.server ARGS` inside the
     riscv64 image under the pinned QEMU 10 (VLEN 256)."""
     from rvascend.server import riscv64
 
-    if bazel(["build", "//python:wheel_riscv64"], dry_run) != 0:
+    found = _riscv64_server_site(dry_run)
+    if found is None:
         return 1
-    wheel = os.path.join(REPO_ROOT, "bazel-bin", "python", "rvascend-0.1.0-cp313-cp313-linux_riscv64.whl")
-    qemu = os.path.join(DEPS_DIR, "qemu", "usr", "bin", "qemu-riscv64")
-    image = os.path.join(DEPS_DIR, "riscv64_image")
     if dry_run:
-        logging.info("would install %s into the image's site and serve under %s", wheel, qemu)
+        logging.info("would serve the riscv64 wheel under %s", found[0])
         return 0
-    site = riscv64.install_wheel(qemu, image, wheel, os.path.join(DEPS_DIR, "riscv64_site"))
-    args = list(args)
-    if not any(a.startswith("--model-path") for a in args):
-        # The image has no `gguf` package to convert the default model's GGUF: converted here, read there.
-        from rvascend.engine.default_model import ensure_default_model
-        args.append(f"--model-path={ensure_default_model()}")
+    qemu, image, site = found
+    # The image has no `gguf` package to convert the default model's GGUF: converted here, read there.
+    args = _with_model_path(args)
     logging.warning("serving from the riscv64 wheel under QEMU: emulated, so expect minutes to start and "
                     "seconds per token; this is the exact build a board runs, not its speed")
     return riscv64.server_process(qemu, image, site, args).wait()
+
+
+def serve_workers(workers: int, args: Sequence[str], on_riscv64: bool, dry_run: bool = False) -> int:
+    """`./dev serve --workers N [--riscv64] ARGS`: N servers on loopback ports (with --riscv64
+    the riscv64 wheel's, under QEMU) and sglang-router in front on ARGS' --host/--port."""
+    from rvascend.server import riscv64, scale_out
+
+    if on_riscv64:
+        found = _riscv64_server_site(dry_run)
+        if found is None:
+            return 1
+        qemu, image, site = found
+
+        def factory(worker_args: Sequence[str], port: int, log: Optional[str]) -> subprocess.Popen:
+            return riscv64.server_process(qemu, image, site, [*worker_args, "--host=127.0.0.1", f"--port={port}"],
+                                          log=log)
+        timeout = 3600.0  # emulated: importing torch and loading the model take minutes per worker
+    else:
+        factory, timeout = scale_out.local_worker, 600.0
+    if dry_run:
+        logging.info("would start %d workers%s and sglang-router in front", workers,
+                     " under QEMU" if on_riscv64 else "")
+        return 0
+    return scale_out.serve(workers, _with_model_path(args), factory, startup_timeout=timeout)
 
 
 def bench(args: Sequence[str], dry_run: bool = False) -> int:

@@ -3,8 +3,9 @@ SGLang's native endpoints, and the metrics its dashboards read."""
 
 from __future__ import annotations
 
-import sys
 import json
+import os
+import sys
 
 import pytest
 
@@ -105,7 +106,28 @@ def test_tokenize_detokenize_version_and_info(server):
     assert server.http.get("/version").json()["version"]
     info = server.http.get("/get_model_info").json()
     assert info["is_generation"] and info["max_model_len"] == server.engine.context_length
+    assert server.http.get("/model_info").json() == info  # SGLang's current name, which sglang-router asks first
+    assert info["tokenizer_path"] and os.path.isfile(os.path.join(info["tokenizer_path"], "tokenizer.json"))
     assert "running" in server.http.get("/get_server_info").json()
+    assert server.http.get("/server_info").json().keys() == server.http.get("/get_server_info").json().keys()
+
+
+def test_get_load_has_sglangs_shape(server):
+    server.wait_idle()
+    assert server.http.get("/get_load").json() == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0,
+                                                    "num_tokens": 0}]
+
+
+def test_generate_accepts_what_sglang_router_adds(server):
+    """sglang-router 0.3.2 forwards /generate with these defaults; none changes the answer."""
+    base = {"text": "hello world", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    routed = dict(base, model=None, log_metrics=True, no_logs=False, return_hidden_states=False, background=False,
+                  return_bytes=False, return_entropy=False, return_text_in_logprobs=False, stream=False)
+    a, b = server.http.post("/generate", json=base), server.http.post("/generate", json=routed)
+    assert b.status_code == 200, b.text
+    assert a.json()["text"] == b.json()["text"]
+    refused = server.http.post("/generate", json=dict(base, return_hidden_states=True))
+    assert refused.status_code == 400 and "return_hidden_states" in refused.text
     model = server.http.get("/v1/models").json()["data"][0]
     assert model["root"] == server.name
 

@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from rvascend.engine import default_model
-from rvascend.server.testing import Server, free_port, wait_healthy
+from rvascend.server.loopback import free_port, wait_healthy
+from rvascend.server.testing import Server
 
 
 def test_no_arguments_serves_the_default_and_answers(tmp_path):

@@ -1,8 +1,10 @@
-"""SGLang's native endpoints: /generate, /tokenize, /detokenize, /get_model_info,
-/get_server_info (their field names and shapes are SGLang's)."""
+"""SGLang's native endpoints: /generate, /tokenize, /detokenize, /model_info and
+/server_info (and their older names /get_model_info, /get_server_info), /get_load
+(their field names and shapes are SGLang's: sglang-router reads them)."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any, Optional
 
@@ -59,15 +61,25 @@ def native_routes(ctx: ServerContext) -> APIRouter:
         (state,), failure = await ctx.collect("generate", sub, request)
         return failure if failure is not None else body(sub.seqs[0])
 
-    @router.get("/get_model_info")
     async def model_info():
-        return {"model_path": ctx.model_name, "tokenizer_path": ctx.model_name, "is_generation": True,
-                "max_model_len": ctx.engine.context_length, "vocab_size": ctx.engine.model.config.vocab_size}
+        return {"model_path": ctx.model_name, "tokenizer_path": _tokenizer_dir(ctx.server_args.get("model_path")),
+                "is_generation": True, "max_model_len": ctx.engine.context_length,
+                "vocab_size": ctx.engine.model.config.vocab_size}
 
-    @router.get("/get_server_info")
     async def server_info():
         return {**ctx.server_args, "version": rvascend.__version__, "context_length": ctx.engine.context_length,
                 **ctx.engine.stats()}
+
+    for path, handler in (("/model_info", model_info), ("/get_model_info", model_info),
+                          ("/server_info", server_info), ("/get_server_info", server_info)):
+        router.add_api_route(path, handler, methods=["GET"], operation_id=path.strip("/"))
+
+    @router.get("/get_load")
+    async def get_load():
+        # One entry per data-parallel rank (one here); the router balances on num_tokens.
+        stats = ctx.engine.stats()
+        return [{"dp_rank": 0, "num_reqs": stats["running"] + stats["waiting"], "num_waiting_reqs": stats["waiting"],
+                 "num_tokens": stats["kv_used_tokens"]}]
 
     @router.post("/tokenize")
     async def tokenize(request: Request):
@@ -97,6 +109,14 @@ def native_routes(ctx: ServerContext) -> APIRouter:
         return {"prompt": ctx.tokenizer.decode(ids)}
 
     return router
+
+
+def _tokenizer_dir(model_path: Optional[str]) -> Optional[str]:
+    """The checkpoint directory when it holds a Hugging Face tokenizer (a router on the same
+    machine loads it from there); None for a GGUF file, whose tokenizer is its own metadata."""
+    if model_path and os.path.isfile(os.path.join(model_path, "tokenizer.json")):
+        return model_path
+    return None
 
 
 def _logprob_fields(ctx: ServerContext, seq: Sequence, state: ChoiceState, with_text: bool) -> dict[str, Any]:

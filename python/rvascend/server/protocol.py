@@ -182,8 +182,9 @@ class ChatCompletionRequest(_Request):
 class GenerateRequest(BaseModel):
     """SGLang's native /generate: text or input_ids, sampling_params, stream, the
     log-probabilities (return_logprob, logprob_start_len, top_logprobs_num,
-    return_text_in_logprobs) and rid. Any other field that is set (lora_path,
-    image_data, ...) is refused by name."""
+    return_text_in_logprobs) and rid. log_metrics and no_logs, which sglang-router
+    sets on every request it forwards, only say what to log and are accepted. Any
+    other field that is set (lora_path, image_data, ...) is refused by name."""
 
     model_config = ConfigDict(extra="allow")
     text: Optional[StrictStr] = None
@@ -195,6 +196,8 @@ class GenerateRequest(BaseModel):
     logprob_start_len: StrictInt = -1
     top_logprobs_num: StrictInt = Field(default=0, ge=0, le=MAX_LOGPROBS)
     return_text_in_logprobs: StrictBool = False
+    log_metrics: StrictBool = True
+    no_logs: StrictBool = False
 
     def check_supported(self) -> None:
         for name, value in (self.model_extra or {}).items():

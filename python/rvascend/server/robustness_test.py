@@ -16,7 +16,8 @@ import torch
 
 from rvascend.engine import SamplingParams, sampler
 from rvascend.engine.random_model import ensure_random_model
-from rvascend.server.testing import Server, free_port
+from rvascend.server.loopback import free_port
+from rvascend.server.testing import Server, slow_steps
 
 
 @pytest.fixture(scope="module")
@@ -28,18 +29,6 @@ def server():
 
 def _post(server, path, body, **kw):
     return server.http.post(path, content=body, headers={"content-type": "application/json"}, **kw)
-
-
-def _slow_steps(server, seconds: float):
-    """Makes every forward pass take `seconds` longer; returns the undo function."""
-    model = server.engine.model
-    forward = model.forward
-
-    def slow(*a, **k):
-        time.sleep(seconds)
-        return forward(*a, **k)
-    model.forward = slow
-    return lambda: model.__dict__.pop("forward", None)
 
 
 # -- 1. sampling never fails; a failing step fails only its own requests ------------
@@ -107,7 +96,7 @@ def test_a_failing_step_fails_exactly_its_requests(server):
 
 
 def test_health_reports_a_stuck_engine(server):
-    undo = _slow_steps(server, 2.0)
+    undo = slow_steps(server.engine, 2.0)
     try:
         t = threading.Thread(target=lambda: server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}))
         t.start()
@@ -219,7 +208,7 @@ def test_lone_surrogates_are_a_400(server, path, body):
 
 # -- 4. a non-streaming client that leaves stops its generation --------------------------
 def test_non_streaming_disconnect_aborts_and_frees(server):
-    undo = _slow_steps(server, 0.05)
+    undo = slow_steps(server.engine, 0.05)
     try:
         with pytest.raises(httpx.TimeoutException):
             server.http.post("/v1/completions", json={"prompt": "leave", "max_tokens": 1000, "ignore_eos": True},

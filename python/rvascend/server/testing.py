@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import threading
 import time
 from typing import Any, Callable
@@ -15,32 +13,22 @@ import uvicorn
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.server.app import create_app
 from rvascend.server.launch import ServeOptions, build_engine
+from rvascend.server.loopback import free_port
 
 API_KEY = "test-key"
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, describe: Callable[[], str] = lambda: "") -> None:
-    """Until `url`/health answers 200; RuntimeError if `proc` exits first or `timeout` s pass
-    (with `describe()`, e.g. the end of its log, in the message)."""
-    deadline = time.time() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}): {describe()}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.time() > deadline:
-            raise RuntimeError(f"the server did not become healthy in {timeout:.0f} s: {describe()}")
-        time.sleep(0.5)
+def slow_steps(engine: Any, seconds: float) -> Callable[[], None]:
+    """Makes every forward pass of `engine`'s model take `seconds` longer (a stuck engine for
+    the watchdog); returns the undo function."""
+    model = engine.model
+    forward = model.forward
 
-
-def free_port() -> int:
-    """A loopback port nobody listens on (bind to 0 and let the kernel choose)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    def slow(*a, **k):
+        time.sleep(seconds)
+        return forward(*a, **k)
+    model.forward = slow
+    return lambda: model.__dict__.pop("forward", None)
 
 
 class Server:
@@ -53,7 +41,9 @@ class Server:
         opts.update(options)
         self.engine, self.name, self.policy = build_engine(ServeOptions(**opts))
         self.port = free_port()
-        self.app = create_app(self.engine, self.name, self.policy, api_key=API_KEY, **(app_options or {}))
+        app_options = {"server_args": {"model_path": opts["model_path"], "served_model_name": self.name},
+                       **(app_options or {})}
+        self.app = create_app(self.engine, self.name, self.policy, api_key=API_KEY, **app_options)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

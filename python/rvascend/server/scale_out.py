@@ -1,0 +1,187 @@
+"""Several servers behind SGLang's own router (`sglang-router`, pinned in requirements.txt).
+
+`./dev serve --workers N [SERVER FLAGS]` starts N servers on loopback ports and the
+router in front of them on the usual --host/--port; with --riscv64 the workers are the
+riscv64 wheel's server under QEMU. For boards, `router_command` is the command line
+the README gives (the router runs on any x86-64 machine of the LAN, not on a board).
+
+The router's reliability settings (`ROUTER_SETTINGS`) are chosen so that a dead
+worker costs no client a 5xx: one failed attempt opens that worker's circuit, so the
+router's next attempt goes to a live worker, and health checks every 2 s take a
+worker out (a refused connection, or the watchdog's 503) and put it back once it
+answers again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+import httpx
+from absl import logging
+
+from rvascend.server.loopback import free_port, wait_healthy
+
+ROUTER_SETTINGS = (
+    # Cache-aware: a prompt goes where its prefix is cached, unless the workers' queues
+    # differ by 4 requests and 1.5x (SGLang's defaults, 64 and 1.5, suit GPU servers
+    # with hundreds of requests in flight; a board runs 8 at a time).
+    "--policy", "cache_aware",
+    "--balance-abs-threshold", "4",
+    "--balance-rel-threshold", "1.5",
+    # Retries re-pick a worker; one failure opens that worker's circuit for 5 s.
+    "--retry-max-retries", "3",
+    "--cb-failure-threshold", "1",
+    "--cb-success-threshold", "1",
+    "--cb-timeout-duration-secs", "5",
+    # Health: every 2 s; one failure takes a worker out, one success puts it back.
+    "--health-check-interval-secs", "2",
+    "--health-check-timeout-secs", "5",
+    "--health-failure-threshold", "1",
+    "--health-success-threshold", "1",
+)
+
+WorkerFactory = Callable[[Sequence[str], int, Optional[str]], subprocess.Popen]
+
+
+def router_command(worker_urls: Sequence[str], host: str, port: int, api_key: Optional[str] = None,
+                   python: str = sys.executable) -> list[str]:
+    """sglang-router in front of `worker_urls` with ROUTER_SETTINGS; with `api_key` it asks
+    clients for the key and passes it on to the workers."""
+    cmd = [python, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
+           "--worker-urls", *worker_urls, *ROUTER_SETTINGS]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    return cmd
+
+
+def local_worker(args: Sequence[str], port: int, log: Optional[str]) -> subprocess.Popen:
+    """`python -m rvascend.server ARGS` on 127.0.0.1:PORT with this interpreter."""
+    out = open(log, "w") if log else None
+    return subprocess.Popen([sys.executable, "-m", "rvascend.server", *args, "--host=127.0.0.1", f"--port={port}"],
+                            stdout=out, stderr=subprocess.STDOUT if out else None)
+
+
+def split_args(args: Sequence[str]) -> tuple[list[str], str, int, Optional[str]]:
+    """(the workers' flags, the router's host, port, the API key): --host/--port are the
+    router's (the workers take loopback ports); --api-key goes to both."""
+    rest, host, port, key = [], "127.0.0.1", 30000, None
+    it = iter(args)
+    for arg in it:
+        name, eq, value = arg.partition("=")
+        if name in ("--host", "--port", "--api-key", "--api_key"):
+            value = value if eq else next(it, None)
+            if value is None:
+                raise ValueError(f"{name} needs a value")
+            if name == "--host":
+                host = value
+            elif name == "--port":
+                port = int(value)
+            else:
+                key = value
+                rest.append(f"--api-key={value}")
+        else:
+            rest.append(arg)
+    return rest, host, port, key
+
+
+class Cluster:
+    """N workers and the router; `stop()` ends them all."""
+
+    def __init__(self, workers: int, worker_args: Sequence[str], host: str = "127.0.0.1", port: int = 0,
+                 api_key: Optional[str] = None, factory: WorkerFactory = local_worker,
+                 log_dir: Optional[str] = None, startup_timeout: float = 600.0) -> None:
+        if workers < 1:
+            raise ValueError(f"--workers must be at least 1, not {workers}")
+        self.worker_args, self.factory, self.log_dir = list(worker_args), factory, log_dir
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+        self.ports = [free_port() for _ in range(workers)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.procs: list[Optional[subprocess.Popen]] = [None] * workers
+        self.router: Optional[subprocess.Popen] = None
+        try:
+            for i in range(workers):
+                self.start_worker(i)
+            for i in range(workers):
+                wait_healthy(self.urls[i], self.procs[i], startup_timeout, lambda i=i: self._log_tail(f"worker{i}"))
+            self.port = port or free_port()
+            self.url = f"http://{host}:{self.port}"
+            out = open(os.path.join(log_dir, "router.log"), "w") if log_dir else None
+            self.router = subprocess.Popen(router_command(self.urls, host, self.port, api_key),
+                                           stdout=out, stderr=subprocess.STDOUT if out else None)
+            self._wait_router(api_key, 120.0)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_worker(self, i: int) -> None:
+        """(Re)starts worker i on its port."""
+        log = os.path.join(self.log_dir, f"worker{i}.log") if self.log_dir else None
+        self.procs[i] = self.factory(self.worker_args, self.ports[i], log)
+
+    def kill_worker(self, i: int) -> None:
+        """SIGKILL: the worker dies mid-request, as a board that loses power."""
+        self.procs[i].kill()
+        self.procs[i].wait(30)
+
+    def _log_tail(self, name: str) -> str:
+        if not self.log_dir:
+            return "(no log)"
+        with open(os.path.join(self.log_dir, f"{name}.log"), errors="replace") as f:
+            return f.read()[-3000:]
+
+    def _wait_router(self, api_key: Optional[str], timeout: float) -> None:
+        """Until the router lists every worker (it registers them in the background)."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        deadline = time.time() + timeout
+        while True:
+            if self.router.poll() is not None:
+                raise RuntimeError(f"the router exited ({self.router.returncode}): {self._log_tail('router')}")
+            try:
+                r = httpx.get(self.url + "/workers", headers=headers, timeout=5)
+                if r.status_code == 200 and len(r.json().get("workers", [])) == len(self.urls):
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"the router did not register {len(self.urls)} workers in {timeout:.0f} s: "
+                                   f"{self._log_tail('router')}")
+            time.sleep(0.5)
+
+    def wait(self) -> int:
+        """Until the router exits (Ctrl-C: everything stops)."""
+        try:
+            return self.router.wait()
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        for proc in [self.router, *self.procs]:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in [self.router, *self.procs]:
+            if proc is not None:
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def serve(workers: int, args: Sequence[str], factory: WorkerFactory = local_worker,
+          startup_timeout: float = 600.0) -> int:
+    """`./dev serve --workers N ARGS`: the cluster in the foreground."""
+    worker_args, host, port, key = split_args(args)
+    logging.info("starting %d workers on loopback ports, then sglang-router on http://%s:%d", workers, host, port)
+    def stop_on_term(signum, frame):  # SIGTERM (a supervisor, `timeout`): stop the workers and router too
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop_on_term)
+    cluster = Cluster(workers, worker_args, host, port, key, factory, startup_timeout=startup_timeout)
+    logging.info("router on %s in front of %s", cluster.url, ", ".join(cluster.urls))
+    return cluster.wait()

@@ -1,0 +1,183 @@
+"""Several servers behind SGLang's own router (sglang-router, unmodified), on loopback.
+
+Three workers of the random-weight test model: two are server processes started by
+`scale_out.Cluster` (what `./dev serve --workers N` runs), which the tests kill and
+restart; the third is in this process, so a test can make its engine steps slow and
+its /health answer the watchdog's 503. Every request is a few tokens of greedy
+decoding, so the answers are the same on every worker.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+import threading
+import time
+
+import httpx
+import pytest
+
+from rvascend.engine.random_model import ensure_random_model
+from rvascend.server import scale_out
+from rvascend.server.testing import API_KEY, Server, slow_steps
+
+WORKER_ARGS = [f"--model-path={ensure_random_model()}", "--enable-cpu-rvv-inductor", "--cpu-compile-mode=eager",
+               "--max-total-tokens=4096", "--max-running-requests=8", f"--api-key={API_KEY}"]
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+TIMEOUT = 120.0
+
+
+def _requests_served(url: str) -> float:
+    """Finished requests a worker counted (its /metrics)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(float(m) for m in re.findall(r'^rvascend_requests_total\{[^}]*\} (\S+)$', text, re.M))
+
+
+MODEL = "rvascend-random-llama-v2"  # the router's OpenAI routes need the model's name
+
+
+def _complete(client: httpx.Client, prompt: str, max_tokens: int = 4) -> httpx.Response:
+    return client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
+                                                "temperature": 0})
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    logs = tempfile.mkdtemp(prefix="scale_out_")
+    c = scale_out.Cluster(2, WORKER_ARGS, api_key=API_KEY, log_dir=logs, startup_timeout=300)
+    local = Server(app_options={"watchdog_timeout": 1.0})
+    try:
+        r = httpx.post(c.url + "/workers", json={"url": local.url, "api_key": API_KEY}, headers=HEADERS, timeout=30)
+        assert r.status_code < 300, r.text
+        deadline = time.time() + 60
+        while len(httpx.get(c.url + "/workers", headers=HEADERS, timeout=10).json()["workers"]) < 3:
+            assert time.time() < deadline, "the router did not register the third worker"
+            time.sleep(0.5)
+        assert local.name == MODEL
+        c.local = local
+        c.client = httpx.Client(base_url=c.url, headers=HEADERS, timeout=TIMEOUT)
+        c.logs = logs
+        yield c
+    finally:
+        c.stop()
+        local.stop()
+
+
+def test_the_router_gives_a_single_servers_answers(cluster):
+    direct = cluster.local.http
+    for prompt in ["The capital of France", "hello world", "1 2 3 4"]:
+        via = _complete(cluster.client, prompt)
+        assert via.status_code == 200, via.text
+        assert via.json()["choices"][0]["text"] == _complete(direct, prompt).json()["choices"][0]["text"]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+    assert (cluster.client.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]
+            == direct.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"])
+    # /generate with the fields the router adds (log_metrics, return_hidden_states, ...).
+    gen = {"text": "hello world", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    via = cluster.client.post("/generate", json=gen)
+    assert via.status_code == 200, via.text
+    assert via.json()["text"] == direct.post("/generate", json=gen).json()["text"]
+    with cluster.client.stream("POST", "/v1/chat/completions", json=dict(chat, stream=True)) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+
+
+def test_the_router_discovers_workers_without_fallbacks(cluster):
+    log = open(f"{cluster.logs}/router.log", errors="replace").read()
+    assert "returned 404" not in log, [line for line in log.splitlines() if "returned 404" in line][:2]
+    loads = cluster.client.get("/get_loads").json()["workers"]
+    assert len(loads) == 3 and all(w["load"] >= 0 for w in loads), loads
+    flushed = cluster.client.post("/flush_cache").json()
+    assert flushed["workers_flushed"] == 3, flushed
+
+
+def _concurrent(client: httpx.Client, tag: str, n: int = 8) -> list[int]:
+    """n requests at once (cache-aware routing balances only under load), their status codes."""
+    codes: list[int] = []
+    threads = [threading.Thread(target=lambda i=i: codes.append(_complete(client, f"{tag} {i}", 24).status_code))
+               for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    return codes
+
+
+def _stream(client: httpx.Client, prompt: str, out: dict) -> None:
+    try:
+        with client.stream("POST", "/v1/completions",
+                           json={"model": MODEL, "prompt": prompt, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+                                 "stream": True}) as r:
+            out["status"] = r.status_code
+            out["lines"] = [line for line in r.iter_lines() if line]
+    except httpx.HTTPError as e:  # a cut stream may end the connection
+        out["error"] = repr(e)
+
+
+def test_a_killed_worker_costs_no_client_an_error_and_comes_back(cluster):
+    # Streams in flight on every worker, then worker 0 dies.
+    results = [dict() for _ in range(6)]
+    threads = [threading.Thread(target=_stream, args=(cluster.client, f"stream {i} " * (i + 1), results[i]))
+               for i in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(3)
+    cluster.kill_worker(0)
+    for t in threads:
+        t.join(TIMEOUT)
+    assert not any(t.is_alive() for t in threads), "a stream through the router hung after its worker died"
+    done = [r for r in results if r.get("lines", [""])[-1:] == ["data: [DONE]"]]
+    assert len(done) >= 3, results  # the streams on live workers finish
+    # The router ends a stream whose worker died by closing the connection before the
+    # chunked body is complete (no error event, no [DONE]): the client sees an error at
+    # once, never a hang and never a body that looks finished.
+    cut = [r for r in results if r not in done]
+    assert all("incomplete chunked read" in r.get("error", "") for r in cut), cut
+    # New requests: none fails.
+    codes = [_complete(cluster.client, f"after the kill {i}").status_code for i in range(20)]
+    assert codes == [200] * 20, codes
+    # Back on its port, it is used again (the router's health checks re-admit it; its
+    # cache-aware policy sends it requests once the others are loaded).
+    cluster.start_worker(0)
+    scale_out.wait_healthy(cluster.urls[0], cluster.procs[0], 300)
+    time.sleep(3)  # a health check
+    deadline = time.time() + 60
+    round_ = 0
+    while _requests_served(cluster.urls[0]) == 0:
+        assert time.time() < deadline, "the restarted worker got no request in 60 s"
+        assert _concurrent(cluster.client, f"after the restart {round_}") == [200] * 8
+        round_ += 1
+
+
+def test_a_worker_whose_watchdog_reports_503_is_taken_out_and_back(cluster):
+    local = cluster.local
+    before = _requests_served(local.url)
+    assert _concurrent(cluster.client, "in rotation") == [200] * 8
+    assert _requests_served(local.url) > before, "control: under load the router uses the in-process worker"
+    # One step (a one-token request's prefill) that outlasts the checks below: the
+    # watchdog reports 503 from its first second on.
+    undo = slow_steps(local.engine, 15.0)
+    stuck = threading.Thread(target=lambda: _complete(local.http, "slow", max_tokens=1))
+    try:
+        stuck.start()
+        time.sleep(1.5)
+        assert local.http.get("/health").status_code == 503
+        time.sleep(3)  # a health check of the router's
+        before = _requests_served(local.url)
+        assert _concurrent(cluster.client, "while it is stuck") == [200] * 8
+        assert _requests_served(local.url) <= before + 1  # at most the stuck request itself
+    finally:
+        undo()
+        stuck.join(TIMEOUT)
+    assert local.http.get("/health").status_code == 200
+    time.sleep(3)
+    before = _requests_served(local.url)
+    deadline = time.time() + 60
+    while _requests_served(local.url) == before:
+        assert time.time() < deadline, "the worker was not used again after its watchdog cleared"
+        assert _concurrent(cluster.client, "healthy again") == [200] * 8
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
