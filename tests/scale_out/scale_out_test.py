@@ -9,7 +9,9 @@ decoding, so the answers are the same on every worker.
 
 from __future__ import annotations
 
+import random
 import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -20,10 +22,13 @@ import pytest
 
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.server import scale_out
+from rvascend.server.loopback import free_port
 from rvascend.server.testing import API_KEY, Server, slow_steps
 
+# A board-sized KV pool: four 300-token system prompts do not all fit in one worker's.
+POOL_TOKENS = 1024
 WORKER_ARGS = [f"--model-path={ensure_random_model()}", "--enable-cpu-rvv-inductor", "--cpu-compile-mode=eager",
-               "--max-total-tokens=4096", "--max-running-requests=8", f"--api-key={API_KEY}"]
+               f"--max-total-tokens={POOL_TOKENS}", "--max-running-requests=8", f"--api-key={API_KEY}"]
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 TIMEOUT = 120.0
 
@@ -46,7 +51,7 @@ def _complete(client: httpx.Client, prompt: str, max_tokens: int = 4) -> httpx.R
 def cluster():
     logs = tempfile.mkdtemp(prefix="scale_out_")
     c = scale_out.Cluster(2, WORKER_ARGS, api_key=API_KEY, log_dir=logs, startup_timeout=300)
-    local = Server(app_options={"watchdog_timeout": 1.0})
+    local = Server(app_options={"watchdog_timeout": 1.0}, max_total_tokens=POOL_TOKENS)
     try:
         r = httpx.post(c.url + "/workers", json={"url": local.url, "api_key": API_KEY}, headers=HEADERS, timeout=30)
         assert r.status_code < 300, r.text
@@ -92,6 +97,60 @@ def test_the_router_discovers_workers_without_fallbacks(cluster):
     assert flushed["workers_flushed"] == 3, flushed
 
 
+def _hit_rate(url: str, workers: list[str], systems: list[str]) -> float:
+    """Prompt tokens served from the workers' prefix caches over all prompt tokens, for 40
+    chats over the shared system prompts, 4 at a time, from empty caches."""
+    for worker in workers:
+        assert httpx.post(worker + "/flush_cache", headers=HEADERS, timeout=30).status_code == 200
+    usage: list[dict] = []
+
+    def chat(i: int) -> None:
+        r = httpx.post(url + "/v1/chat/completions", headers=HEADERS, timeout=TIMEOUT, json={
+            "model": MODEL, "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "system", "content": systems[i % len(systems)]},
+                         {"role": "user", "content": f"question {i}"}]})
+        assert r.status_code == 200, r.text
+        usage.append(r.json()["usage"])
+    for start in range(0, 40, 4):
+        threads = [threading.Thread(target=chat, args=(i,)) for i in range(start, start + 4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+    assert len(usage) == 40
+    return (sum(u["prompt_tokens_details"]["cached_tokens"] for u in usage) /
+            sum(u["prompt_tokens"] for u in usage))
+
+
+def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin(cluster):
+    rng = random.Random(0)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
+    systems = [" ".join(rng.choice(words) for _ in range(120)) for _ in range(4)]
+    workers = [*cluster.urls, cluster.local.url]
+    port = free_port()
+    round_robin = subprocess.Popen(
+        scale_out.router_command(workers, "127.0.0.1", port, API_KEY, prometheus_port=free_port(),
+                                 policy="round_robin"),
+        stdout=open(f"{cluster.logs}/round_robin.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                if len(httpx.get(url + "/workers", headers=HEADERS, timeout=5).json()["workers"]) == 3:
+                    break
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            assert time.time() < deadline, "the round-robin router did not register the workers"
+            time.sleep(0.5)
+        cache_aware_rate = _hit_rate(cluster.url, workers, systems)
+        round_robin_rate = _hit_rate(url, workers, systems)
+    finally:
+        round_robin.terminate()
+        round_robin.wait(30)
+    assert cache_aware_rate >= 1.5 * round_robin_rate, (cache_aware_rate, round_robin_rate)
+
+
 def _concurrent(client: httpx.Client, tag: str, n: int = 8) -> list[int]:
     """n requests at once (cache-aware routing balances only under load), their status codes."""
     codes: list[int] = []
@@ -107,7 +166,7 @@ def _concurrent(client: httpx.Client, tag: str, n: int = 8) -> list[int]:
 def _stream(client: httpx.Client, prompt: str, out: dict) -> None:
     try:
         with client.stream("POST", "/v1/completions",
-                           json={"model": MODEL, "prompt": prompt, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+                           json={"model": MODEL, "prompt": prompt, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
                                  "stream": True}) as r:
             out["status"] = r.status_code
             out["lines"] = [line for line in r.iter_lines() if line]
@@ -137,6 +196,15 @@ def test_a_killed_worker_costs_no_client_an_error_and_comes_back(cluster):
     # New requests: none fails.
     codes = [_complete(cluster.client, f"after the kill {i}").status_code for i in range(20)]
     assert codes == [200] * 20, codes
+    # The survivors' pools return to idle (nothing of the cut streams is left running or reserved).
+    for url in (cluster.urls[1], cluster.local.url):
+        deadline = time.time() + 60
+        while True:
+            info = httpx.get(url + "/get_server_info", headers=HEADERS, timeout=10).json()
+            if info["running"] == info["waiting"] == info["kv_reserved_tokens"] == 0:
+                break
+            assert time.time() < deadline, f"{url} did not return to idle: {info}"
+            time.sleep(0.5)
     # Back on its port, it is used again (the router's health checks re-admit it; its
     # cache-aware policy sends it requests once the others are loaded).
     cluster.start_worker(0)

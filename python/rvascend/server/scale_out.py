@@ -49,11 +49,17 @@ WorkerFactory = Callable[[Sequence[str], int, Optional[str]], subprocess.Popen]
 
 
 def router_command(worker_urls: Sequence[str], host: str, port: int, api_key: Optional[str] = None,
-                   python: str = sys.executable) -> list[str]:
-    """sglang-router in front of `worker_urls` with ROUTER_SETTINGS; with `api_key` it asks
-    clients for the key and passes it on to the workers."""
+                   python: str = sys.executable, prometheus_port: Optional[int] = None,
+                   policy: str = "cache_aware") -> list[str]:
+    """sglang-router in front of `worker_urls` with ROUTER_SETTINGS (`policy` instead of
+    cache_aware, for comparisons); with `api_key` it asks clients for the key and passes it
+    on to the workers. Its Prometheus exporter listens on `prometheus_port` (the router's
+    own default, 29000, lets only one router run on a machine)."""
+    settings = [policy if value == "cache_aware" else value for value in ROUTER_SETTINGS]
     cmd = [python, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
-           "--worker-urls", *worker_urls, *ROUTER_SETTINGS]
+           "--worker-urls", *worker_urls, *settings]
+    if prometheus_port is not None:
+        cmd += ["--prometheus-host", host, "--prometheus-port", str(prometheus_port)]
     if api_key:
         cmd += ["--api-key", api_key]
     return cmd
@@ -111,8 +117,11 @@ class Cluster:
                 wait_healthy(self.urls[i], self.procs[i], startup_timeout, lambda i=i: self._log_tail(f"worker{i}"))
             self.port = port or free_port()
             self.url = f"http://{host}:{self.port}"
+            metrics_port = free_port()
+            self.metrics_url = f"http://{host}:{metrics_port}/metrics"
             out = open(os.path.join(log_dir, "router.log"), "w") if log_dir else None
-            self.router = subprocess.Popen(router_command(self.urls, host, self.port, api_key),
+            self.router = subprocess.Popen(router_command(self.urls, host, self.port, api_key,
+                                                          prometheus_port=metrics_port),
                                            stdout=out, stderr=subprocess.STDOUT if out else None)
             self._wait_router(api_key, 120.0)
         except BaseException:
@@ -183,5 +192,6 @@ def serve(workers: int, args: Sequence[str], factory: WorkerFactory = local_work
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop_on_term)
     cluster = Cluster(workers, worker_args, host, port, key, factory, startup_timeout=startup_timeout)
-    logging.info("router on %s in front of %s", cluster.url, ", ".join(cluster.urls))
+    logging.info("router on %s in front of %s; its metrics on %s", cluster.url, ", ".join(cluster.urls),
+                 cluster.metrics_url)
     return cluster.wait()

@@ -29,6 +29,9 @@ def test_the_router_command_carries_the_reliability_settings():
     assert cmd[cmd.index("--worker-urls") + 1:cmd.index("--worker-urls") + 3] == ["http://127.0.0.1:1",
                                                                                   "http://127.0.0.1:2"]
     assert "--api-key" not in scale_out.router_command(["u"], "h", 1)
+    other = scale_out.router_command(["u"], "h", 1, prometheus_port=29123, policy="round_robin")
+    assert other[other.index("--policy") + 1] == "round_robin"
+    assert other[other.index("--prometheus-port") + 1] == "29123"
 
 
 def test_a_cluster_needs_a_worker():
