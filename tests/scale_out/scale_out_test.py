@@ -225,7 +225,7 @@ def test_a_worker_whose_watchdog_reports_503_is_taken_out_and_back(cluster):
     assert _requests_served(local.url) > before, "control: under load the router uses the in-process worker"
     # One step (a one-token request's prefill) that outlasts the checks below: the
     # watchdog reports 503 from its first second on.
-    undo = slow_steps(local.engine, 15.0)
+    undo = slow_steps(local.engine, 30.0)
     stuck = threading.Thread(target=lambda: _complete(local.http, "slow", max_tokens=1))
     try:
         stuck.start()
