@@ -19,9 +19,10 @@ struct Kernel {
   bool (*supported)(const CpuFeatures&);
 };
 
-// Query rows per block task: enough to amortise the block's K/V copies (a
-// tenth of its instructions at 12 rows and GQA 2), few enough that a 64-token
-// chunk of a 3-KV-head model still makes 18 tasks for 8 threads.
+// Query rows per block task: enough to amortise the block's K/V copies (2 * keys
+// * d elements against 2 * 12 * g * keys * d multiply-adds: 1/24 of them at GQA
+// 2), few enough that a 64-token chunk of a 3-KV-head model still makes 18 tasks
+// for 8 threads.
 constexpr size_t kBlockRows = 12;
 
 const Kernel kKernels[] = {

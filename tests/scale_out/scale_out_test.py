@@ -22,7 +22,7 @@ import pytest
 
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.server import scale_out
-from rvascend.server.loopback import free_port
+from rvascend.server.loopback import free_port, wait_healthy
 from rvascend.server.testing import API_KEY, Server, slow_steps
 
 # A board-sized KV pool: four 300-token system prompts do not all fit in one worker's.
@@ -55,10 +55,7 @@ def cluster():
     try:
         r = httpx.post(c.url + "/workers", json={"url": local.url, "api_key": API_KEY}, headers=HEADERS, timeout=30)
         assert r.status_code < 300, r.text
-        deadline = time.time() + 60
-        while len(httpx.get(c.url + "/workers", headers=HEADERS, timeout=10).json()["workers"]) < 3:
-            assert time.time() < deadline, "the router did not register the third worker"
-            time.sleep(0.5)
+        scale_out.wait_router(c.url, c.router, 3, API_KEY, 60)
         assert local.name == MODEL
         c.local = local
         c.client = httpx.Client(base_url=c.url, headers=HEADERS, timeout=TIMEOUT)
@@ -128,21 +125,13 @@ def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin(cluster
     systems = [" ".join(rng.choice(words) for _ in range(120)) for _ in range(4)]
     workers = [*cluster.urls, cluster.local.url]
     port = free_port()
-    round_robin = subprocess.Popen(
-        scale_out.router_command(workers, "127.0.0.1", port, API_KEY, prometheus_port=free_port(),
-                                 policy="round_robin"),
-        stdout=open(f"{cluster.logs}/round_robin.log", "w"), stderr=subprocess.STDOUT)
+    with open(f"{cluster.logs}/round_robin.log", "w") as log:
+        round_robin = subprocess.Popen(
+            scale_out.router_command(workers, "127.0.0.1", port, API_KEY, prometheus_port=free_port(),
+                                     policy="round_robin"), stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 60
-        while True:
-            try:
-                if len(httpx.get(url + "/workers", headers=HEADERS, timeout=5).json()["workers"]) == 3:
-                    break
-            except (httpx.HTTPError, ValueError, KeyError):
-                pass
-            assert time.time() < deadline, "the round-robin router did not register the workers"
-            time.sleep(0.5)
+        scale_out.wait_router(url, round_robin, 3, API_KEY, 60)
         cache_aware_rate = _hit_rate(cluster.url, workers, systems)
         round_robin_rate = _hit_rate(url, workers, systems)
     finally:
@@ -161,6 +150,19 @@ def _concurrent(client: httpx.Client, tag: str, n: int = 8) -> list[int]:
     for t in threads:
         t.join(TIMEOUT)
     return codes
+
+
+def _until_used(cluster, url: str, tag: str, timeout: float = 60) -> None:
+    """Batches of concurrent requests through the router (each all 200) until the worker at
+    `url` has served one more request; cache-aware routing reaches an idle worker only once
+    the others are loaded, so which batch does it varies."""
+    before = _requests_served(url)
+    deadline = time.time() + timeout
+    round_ = 0
+    while _requests_served(url) == before:
+        assert time.time() < deadline, f"{url} got no request through the router in {timeout:.0f} s ({tag})"
+        assert _concurrent(cluster.client, f"{tag} {round_}") == [200] * 8
+        round_ += 1
 
 
 def _stream(client: httpx.Client, prompt: str, out: dict) -> None:
@@ -208,21 +210,14 @@ def test_a_killed_worker_costs_no_client_an_error_and_comes_back(cluster):
     # Back on its port, it is used again (the router's health checks re-admit it; its
     # cache-aware policy sends it requests once the others are loaded).
     cluster.start_worker(0)
-    scale_out.wait_healthy(cluster.urls[0], cluster.procs[0], 300)
+    wait_healthy(cluster.urls[0], cluster.procs[0], 300)
     time.sleep(3)  # a health check
-    deadline = time.time() + 60
-    round_ = 0
-    while _requests_served(cluster.urls[0]) == 0:
-        assert time.time() < deadline, "the restarted worker got no request in 60 s"
-        assert _concurrent(cluster.client, f"after the restart {round_}") == [200] * 8
-        round_ += 1
+    _until_used(cluster, cluster.urls[0], "after the restart")
 
 
 def test_a_worker_whose_watchdog_reports_503_is_taken_out_and_back(cluster):
     local = cluster.local
-    before = _requests_served(local.url)
-    assert _concurrent(cluster.client, "in rotation") == [200] * 8
-    assert _requests_served(local.url) > before, "control: under load the router uses the in-process worker"
+    _until_used(cluster, local.url, "control: in rotation")
     # One step (a one-token request's prefill) that outlasts the checks below: the
     # watchdog reports 503 from its first second on.
     undo = slow_steps(local.engine, 30.0)
@@ -240,11 +235,7 @@ def test_a_worker_whose_watchdog_reports_503_is_taken_out_and_back(cluster):
         stuck.join(TIMEOUT)
     assert local.http.get("/health").status_code == 200
     time.sleep(3)
-    before = _requests_served(local.url)
-    deadline = time.time() + 60
-    while _requests_served(local.url) == before:
-        assert time.time() < deadline, "the worker was not used again after its watchdog cleared"
-        assert _concurrent(cluster.client, "healthy again") == [200] * 8
+    _until_used(cluster, local.url, "healthy again")
 
 
 if __name__ == "__main__":

@@ -341,6 +341,10 @@ def serve_workers(workers: int, args: Sequence[str], on_riscv64: bool, dry_run: 
     the riscv64 wheel's, under QEMU) and sglang-router in front on ARGS' --host/--port."""
     from rvascend.server import riscv64, scale_out
 
+    try:
+        worker_args, host, port, api_key = scale_out.split_args(args)
+    except ValueError as e:
+        raise SetupError(str(e)) from None
     if on_riscv64:
         found = _riscv64_server_site(dry_run)
         if found is None:
@@ -357,7 +361,8 @@ def serve_workers(workers: int, args: Sequence[str], on_riscv64: bool, dry_run: 
         logging.info("would start %d workers%s and sglang-router in front", workers,
                      " under QEMU" if on_riscv64 else "")
         return 0
-    return scale_out.serve(workers, _with_model_path(args), factory, startup_timeout=timeout)
+    return scale_out.serve(workers, _with_model_path(worker_args), host, port, api_key, factory,
+                           startup_timeout=timeout)
 
 
 def bench(args: Sequence[str], dry_run: bool = False) -> int:

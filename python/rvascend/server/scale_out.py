@@ -65,11 +65,17 @@ def router_command(worker_urls: Sequence[str], host: str, port: int, api_key: Op
     return cmd
 
 
+def _popen_logged(cmd: Sequence[str], log: Optional[str]) -> subprocess.Popen:
+    """Starts `cmd` with stdout and stderr into `log` (inherited when None)."""
+    if not log:
+        return subprocess.Popen(list(cmd))
+    with open(log, "w") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT)
+
+
 def local_worker(args: Sequence[str], port: int, log: Optional[str]) -> subprocess.Popen:
     """`python -m rvascend.server ARGS` on 127.0.0.1:PORT with this interpreter."""
-    out = open(log, "w") if log else None
-    return subprocess.Popen([sys.executable, "-m", "rvascend.server", *args, "--host=127.0.0.1", f"--port={port}"],
-                            stdout=out, stderr=subprocess.STDOUT if out else None)
+    return _popen_logged([sys.executable, "-m", "rvascend.server", *args, "--host=127.0.0.1", f"--port={port}"], log)
 
 
 def split_args(args: Sequence[str]) -> tuple[list[str], str, int, Optional[str]]:
@@ -86,6 +92,8 @@ def split_args(args: Sequence[str]) -> tuple[list[str], str, int, Optional[str]]
             if name == "--host":
                 host = value
             elif name == "--port":
+                if not value.isdigit() or not 0 < int(value) < 65536:
+                    raise ValueError(f"--port must be a port number, got {value!r}")
                 port = int(value)
             else:
                 key = value
@@ -93,6 +101,26 @@ def split_args(args: Sequence[str]) -> tuple[list[str], str, int, Optional[str]]
         else:
             rest.append(arg)
     return rest, host, port, key
+
+
+def wait_router(url: str, proc: subprocess.Popen, workers: int, api_key: Optional[str], timeout: float,
+                describe: Callable[[], str] = lambda: "") -> None:
+    """Until the router at `url` lists `workers` workers (it registers them in the background);
+    RuntimeError if `proc` exits first or `timeout` s pass (with `describe()`, e.g. its log)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline = time.time() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the router exited ({proc.returncode}): {describe()}")
+        try:
+            r = httpx.get(url + "/workers", headers=headers, timeout=5)
+            if r.status_code == 200 and len(r.json().get("workers", [])) == workers:
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        if time.time() > deadline:
+            raise RuntimeError(f"the router did not register {workers} workers in {timeout:.0f} s: {describe()}")
+        time.sleep(0.5)
 
 
 class Cluster:
@@ -119,11 +147,10 @@ class Cluster:
             self.url = f"http://{host}:{self.port}"
             metrics_port = free_port()
             self.metrics_url = f"http://{host}:{metrics_port}/metrics"
-            out = open(os.path.join(log_dir, "router.log"), "w") if log_dir else None
-            self.router = subprocess.Popen(router_command(self.urls, host, self.port, api_key,
-                                                          prometheus_port=metrics_port),
-                                           stdout=out, stderr=subprocess.STDOUT if out else None)
-            self._wait_router(api_key, 120.0)
+            self.router = _popen_logged(router_command(self.urls, host, self.port, api_key,
+                                                       prometheus_port=metrics_port),
+                                        os.path.join(log_dir, "router.log") if log_dir else None)
+            wait_router(self.url, self.router, len(self.urls), api_key, 120.0, lambda: self._log_tail("router"))
         except BaseException:
             self.stop()
             raise
@@ -143,24 +170,6 @@ class Cluster:
             return "(no log)"
         with open(os.path.join(self.log_dir, f"{name}.log"), errors="replace") as f:
             return f.read()[-3000:]
-
-    def _wait_router(self, api_key: Optional[str], timeout: float) -> None:
-        """Until the router lists every worker (it registers them in the background)."""
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        deadline = time.time() + timeout
-        while True:
-            if self.router.poll() is not None:
-                raise RuntimeError(f"the router exited ({self.router.returncode}): {self._log_tail('router')}")
-            try:
-                r = httpx.get(self.url + "/workers", headers=headers, timeout=5)
-                if r.status_code == 200 and len(r.json().get("workers", [])) == len(self.urls):
-                    return
-            except (httpx.HTTPError, ValueError):
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"the router did not register {len(self.urls)} workers in {timeout:.0f} s: "
-                                   f"{self._log_tail('router')}")
-            time.sleep(0.5)
 
     def wait(self) -> int:
         """Until the router exits (Ctrl-C: everything stops)."""
@@ -183,15 +192,15 @@ class Cluster:
                     proc.kill()
 
 
-def serve(workers: int, args: Sequence[str], factory: WorkerFactory = local_worker,
-          startup_timeout: float = 600.0) -> int:
-    """`./dev serve --workers N ARGS`: the cluster in the foreground."""
-    worker_args, host, port, key = split_args(args)
+def serve(workers: int, worker_args: Sequence[str], host: str, port: int, api_key: Optional[str],
+          factory: WorkerFactory = local_worker, startup_timeout: float = 600.0) -> int:
+    """`./dev serve --workers N ARGS` (ARGS through split_args): the cluster in the foreground."""
     logging.info("starting %d workers on loopback ports, then sglang-router on http://%s:%d", workers, host, port)
+
     def stop_on_term(signum, frame):  # SIGTERM (a supervisor, `timeout`): stop the workers and router too
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop_on_term)
-    cluster = Cluster(workers, worker_args, host, port, key, factory, startup_timeout=startup_timeout)
+    cluster = Cluster(workers, worker_args, host, port, api_key, factory, startup_timeout=startup_timeout)
     logging.info("router on %s in front of %s; its metrics on %s", cluster.url, ", ".join(cluster.urls),
                  cluster.metrics_url)
     return cluster.wait()

@@ -17,6 +17,9 @@ def test_host_and_port_are_the_routers_and_the_key_goes_to_both():
     assert scale_out.split_args([])[1:] == ("127.0.0.1", 30000, None)
     with pytest.raises(ValueError, match="--port needs a value"):
         scale_out.split_args(["--port"])
+    for bad in ("abc", "0", "70000"):
+        with pytest.raises(ValueError, match=f"--port must be a port number, got '{bad}'"):
+            scale_out.split_args([f"--port={bad}"])
 
 
 def test_the_router_command_carries_the_reliability_settings():
