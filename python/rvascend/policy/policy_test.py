@@ -347,7 +347,12 @@ def test_weight_dtype_change_is_never_served_from_the_stale_copy():
         qkv.weight.mul_(-1)
         _qkv(reference).weight.mul_(-1)
         assert close(model(torch.arange(3)), reference(torch.arange(3)))
-    assert _counted(model, "weight_storage_changed") == 1
+    # Which check fires depends on the allocator: the new BF16 storage may reuse
+    # the address the original had before .float() freed it; then the version
+    # counter or the fingerprint catches it instead of the pointer.
+    stale = ("weight_storage_changed", "weight_mutated_in_place", "weight_content_changed")
+    assert sum(_counted(model, reason) for reason in stale) == 1
+    assert get_policy(model).counters.calls("qkv_proj", "packed") == 0
 
 
 def _in_place(weight: torch.Tensor) -> None:
