@@ -129,6 +129,7 @@ def main(argv: list[str]) -> int:
                  "vlen": FLAGS.vlen, "source_commit": captured.get("source", {}).get("commit"),
                  "points": [{k: r[k] for k in ("m", "n", "k", "f_linear_instructions", "packed_instructions")}
                             for r in records]}
+        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.table)), exist_ok=True)
         with open(FLAGS.table, "w", encoding="utf-8") as f:
             json.dump(table, f, indent=1)
             f.write("\n")

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _save(fig, path: str) -> None:
+    """Writes the PNG, making its folder (a fresh checkout has no bench_results/)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def bar_plot(path: str, title: str, labels: Sequence[str], series: dict[str, Sequence[float]], ylabel: str) -> None:
@@ -19,9 +28,7 @@ def bar_plot(path: str, title: str, labels: Sequence[str], series: dict[str, Seq
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def stacked_region_plot(records: Sequence[dict], path: str, top: int = 9) -> None:
@@ -54,6 +61,4 @@ def stacked_region_plot(records: Sequence[dict], path: str, top: int = 9) -> Non
     ax.set_title(f"{first.get('shape', 'qwen3-0.6b')} steps on riscv64, {first.get('layers', '?')} layers "
                  "(total above each bar)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)

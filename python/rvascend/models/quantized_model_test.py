@@ -201,14 +201,16 @@ def test_default_model_greedy_and_perplexity_match_llama_cpp():
 
 
 _MEMORY_GUEST = r"""
-import json, resource, sys, psutil, torch
+import json, sys, psutil, torch
 from rvascend.models.loader import load_model
 from rvascend.models.quantized_layers import quantized_modules
 proc = psutil.Process()
 base = proc.memory_info().rss
 model = load_model(sys.argv[1], torch.bfloat16, keep_quantized=sys.argv[2] == "1")
 after = proc.memory_info().rss
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork + exec, so a child of a large
+# test process would report its parent's peak; the new address space's high-water mark is its own.
+peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 packed = sum(m.packed_bytes for _, m in quantized_modules(model))
 dense = sum(p.numel() * p.element_size() for p in model.parameters())
 print(json.dumps({"base": base, "after": after, "peak": peak, "packed": packed, "dense": dense}))

@@ -24,7 +24,7 @@ class RvvPolicyConfig:
     memory_budget_mib: Optional[int] = None  # None: derived from available memory
     kernels: bool = True              # the RVV kernels beyond Linear (attention, ...): kernel_routes.KERNELS
     # "seed": the seed's contract (N, K >= 1024, ...); "measured": this ISA's measured table
-    # (shape_gate.py). None: measured on riscv64, seed elsewhere.
+    # (shape_gate.py). None: measured.
     shape_gate: Optional[ShapeGate] = None
 
     @classmethod

@@ -1,20 +1,22 @@
 """The shape gates and the row buckets.
 
-Two gates, one per kind of CPU, chosen by `--cpu-rvv-shape-gate` (default:
-`measured` on riscv64, `seed` elsewhere), and shown in the start-up log and the
-route counters (every call records which gate let it through or not):
+Two gates, chosen by `--cpu-rvv-shape-gate` (default: `measured`), and shown
+in the start-up log and the route counters (every call records which gate let
+it through or not):
 
 - seed (the seed's contract, for its x86-tuned Inductor path): a call is routed
   only if CPU; BF16 input and weight; 2-D after flattening leading dims; no
   bias; N >= 1024; K >= 1024; M*N*K >= 1,000,000; and M = 1, or M = 2..15 with
   small batches on (lm_head included), or M = 16..128 for projections other
   than lm_head. Rows are padded to buckets (1; 2, 4, 8, 16; 16..128).
-- measured (riscv64): the same type checks, then the packed kernel wherever it
-  took fewer instructions than the image's stock F.linear at the nearest point
-  of a measured grid (gate_riscv64.json, written by
+- measured: the same type checks, then the packed kernel wherever it beat
+  F.linear at the nearest point of a measured grid. On riscv64 the grid counts
+  instructions in the image (gate_riscv64.json, written by
   bench/image_instruction_count.py --grid: F.linear is scalar ATen there, about
-  30 instructions per multiply-add). Any N, K and M; no padding (the routes run
-  eagerly or as one opaque op, so no shape needs its own graph).
+  30 instructions per multiply-add); elsewhere it is timed on the host itself
+  per weight shape (host_gate.py), since which side wins depends on the host. Any N, K
+  and M; no padding (the routes run eagerly or as one opaque op, so no shape
+  needs its own graph).
 
 Anything else runs plain F.linear on the row-major weight, and the reason is counted.
 """
@@ -36,12 +38,16 @@ MIN_MACS = 1_000_000
 SMALL_BATCH_BUCKETS = (2, 4, 8, 16)
 PREFILL_BUCKETS = (16, 32, 64, 128)
 GATES = ("seed", "measured")
-_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate_riscv64.json")
+RISCV64_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate_riscv64.json")
+# The measured gate's table file; None: this host's timed table (host_gate.py).
+_TABLE: Optional[str] = RISCV64_TABLE if platform.machine() == "riscv64" else None
 
 
 def default_gate() -> str:
-    """`measured` on riscv64 (where stock ATen is scalar), `seed` elsewhere."""
-    return "measured" if platform.machine() == "riscv64" else "seed"
+    """`measured` on every host: the seed's gate stays selectable (`seed`), but on
+    riscv64 its shapes refuse every small model, and on x86 its refusals cost the
+    fused decode step (measured: 1.7x slower decode for SmolLM2 on an AVX2 host)."""
+    return "measured"
 
 
 def resolve(gate: Optional[str]) -> str:
@@ -113,10 +119,15 @@ def _points() -> tuple[tuple[float, float, float, bool], ...]:
 
 @functools.lru_cache(maxsize=4096)
 def measured_packed_wins(m: int, n: int, k: int) -> bool:
-    """Whether the packed kernel took fewer instructions at the grid point nearest (M, N, K)
-    (in log space, so 576 is nearer 1024 than 64)."""
+    """Whether the packed kernel beat F.linear at the grid point nearest (M, N, K) (in log
+    space, so 576 is nearer 1024 than 64); on a host without a table file, at this weight
+    shape timed here (host_gate.py)."""
     if min(m, n, k) < 1:
         return False
+    if _TABLE is None:
+        from rvascend.policy import host_gate
+
+        return host_gate.packed_wins(m, n, k)
     lm, ln, lk = math.log(m), math.log(n), math.log(k)
     return min(_points(), key=lambda p: (p[0] - lm) ** 2 + (p[1] - ln) ** 2 + (p[2] - lk) ** 2)[3]
 

@@ -1,15 +1,17 @@
-"""The shape gates: the seed's contract, the measured riscv64 gate and its table."""
+"""The shape gates: the seed's contract, the measured gate and its tables (riscv64's committed
+instruction counts, other hosts' timed and cached ones)."""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 
 import pytest
 import torch
 
 from rvascend.bench import image_instruction_count
-from rvascend.policy import shape_gate
+from rvascend.policy import host_gate, shape_gate
 
 
 @pytest.fixture
@@ -79,14 +81,14 @@ def test_default_gate_per_machine(monkeypatch):
     monkeypatch.setattr(platform, "machine", lambda: "riscv64")
     assert shape_gate.resolve(None) == "measured"
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
-    assert shape_gate.resolve(None) == "seed"
+    assert shape_gate.resolve(None) == "measured"
     assert shape_gate.resolve("measured") == "measured"
     with pytest.raises(ValueError, match="--cpu-rvv-shape-gate must be one of seed, measured"):
         shape_gate.resolve("fast")
 
 
 def test_committed_table_covers_the_grid():
-    with open(shape_gate._TABLE, encoding="utf-8") as f:
+    with open(shape_gate.RISCV64_TABLE, encoding="utf-8") as f:
         table = json.load(f)
     assert table["vlen"] == 256
     got = {(p["m"], p["n"], p["k"]) for p in table["points"]}
@@ -97,12 +99,82 @@ def test_committed_table_covers_the_grid():
         assert p["f_linear_instructions"] > 0 and p["packed_instructions"] > 0, p
 
 
-def test_committed_table_packs_the_default_model():
+def test_committed_table_packs_the_default_model(monkeypatch):
     """SmolLM2-135M (hidden 576, K/V 192, MLP 1536) is the served default: the measured
-    gate must pack its projections, which the seed's N, K >= 1024 gate never does."""
+    gate must pack its projections on riscv64, which the seed's N, K >= 1024 gate never does."""
+    monkeypatch.setattr(shape_gate, "_TABLE", shape_gate.RISCV64_TABLE)
     shape_gate._points.cache_clear()
     shape_gate.measured_packed_wins.cache_clear()
     for n, k in ((576 + 2 * 192, 576), (576, 576), (2 * 1536, 576), (576, 1536)):
         assert shape_gate.packable(n, k, "measured"), (n, k)
         assert not shape_gate.packable(n, k, "seed"), (n, k)
         assert shape_gate.measured_packed_wins(1, n, k), (n, k)
+
+
+def _timed_entry(wins_from_m: int) -> dict:
+    """A timed shape where the packed kernel is faster from `wins_from_m` rows on."""
+    return {"m": [1, 4, 16, 64], "f_linear_seconds": [1.0] * 4,
+            "packed_seconds": [0.5 if m >= wins_from_m else 2.0 for m in (1, 4, 16, 64)]}
+
+
+@pytest.fixture
+def host_cache(tmp_path, monkeypatch):
+    """The measured gate on a host without a table file, with its cache in tmp_path."""
+    monkeypatch.setenv("RVASCEND_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(shape_gate, "_TABLE", None)
+    for clear in (shape_gate._points.cache_clear, shape_gate.measured_packed_wins.cache_clear, host_gate.forget):
+        clear()
+    yield tmp_path
+    for clear in (shape_gate._points.cache_clear, shape_gate.measured_packed_wins.cache_clear, host_gate.forget):
+        clear()
+
+
+def test_a_weight_shape_is_timed_once_then_read_from_the_cache(host_cache, monkeypatch):
+    monkeypatch.setattr(host_gate, "MAX_TIMED_MACS", 16 * 96 * 64)
+    entry = host_gate.shape_entry(96, 64)
+    assert entry["m"] == [1, 4, 16]  # M = 64 is over the MACs cap: M = 16 decides for it
+    assert all(t > 0 for t in entry["f_linear_seconds"] + entry["packed_seconds"])
+    path = host_gate.table_path()
+    assert path.startswith(str(host_cache)) and f"t{torch.get_num_threads()}" in os.path.basename(path)
+
+    def never(*_):
+        raise AssertionError("timed again although the shape is cached")
+    monkeypatch.setattr(host_gate, "time_shape", never)
+    host_gate.forget()  # a new process: from the file
+    assert host_gate.shape_entry(96, 64) == entry
+    # Another thread count is another host as far as the gate is concerned.
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert host_gate.table_path() != path
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_timed_shapes_decide_the_measured_gate(host_cache, monkeypatch):
+    timed = []
+
+    def fake(n, k):
+        timed.append((n, k))
+        return _timed_entry(wins_from_m=16 if n == 576 else 1)
+    monkeypatch.setattr(host_gate, "time_shape", fake)
+    x, w = _call(3, 576, 576)  # nearest timed M is 4: F.linear was faster
+    assert shape_gate.gate("o_proj", x, w, None, small_batch=True, which="measured") == "measured_slower"
+    x, w = _call(40, 576, 576)  # nearest is 64
+    assert shape_gate.gate("o_proj", x, w, None, small_batch=True, which="measured") is None
+    assert shape_gate.packable(576, 576, "measured") and shape_gate.packable(960, 576, "measured")
+    assert shape_gate.measured_packed_wins(1, 960, 576)
+    assert timed == [(576, 576), (960, 576)]  # each shape once
+    with open(host_gate.table_path(), encoding="utf-8") as f:
+        assert set(json.load(f)["shapes"]) == {"576x576", "960x576"}
+
+
+def test_a_corrupt_cache_file_is_timed_again(host_cache, monkeypatch):
+    path = host_gate.table_path()
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("{not json")
+    monkeypatch.setattr(host_gate, "time_shape", lambda n, k: _timed_entry(wins_from_m=1))
+    assert shape_gate.measured_packed_wins(1, 256, 256)
+    with open(path, encoding="utf-8") as f:
+        assert json.load(f)["shapes"] == {"256x256": _timed_entry(wins_from_m=1)}

@@ -34,7 +34,7 @@ class ServeOptions:
     enable_cpu_rvv_inductor: bool = False
     cpu_rvv_memory_budget_mib: Optional[int] = None
     cpu_compile_mode: str = "regional"
-    cpu_rvv_shape_gate: Optional[str] = None  # seed | measured; None: measured on riscv64, seed elsewhere
+    cpu_rvv_shape_gate: Optional[str] = None  # seed | measured; None: measured
     max_running_requests: int = 8
     max_total_tokens: Optional[int] = None
     max_queued_requests: int = 64
