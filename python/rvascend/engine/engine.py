@@ -25,6 +25,14 @@ slot a running request refers to is counted in its own reservation, so shared
 slots never overcommit the pool (sharing saves compute and time to first token,
 not admission room). When the model's weights change (load_state_dict,
 invalidate_packed_weights, repack) the cache is retired before the next step.
+
+A hybrid model (Qwen3.5) also keeps a recurrent state per sequence: one slot
+of the RecurrentStatePool (models/state_pool.py) taken at admission and given
+back at the end, whatever the end. Its steps update states in place, so
+`_prepare` snapshots the step's slots and `_abandon` puts them back. The prefix
+cache is off for such models: a cached prefix's K/V are of no use without the
+recurrent state at the same token, and keeping state snapshots per cache node
+(SGLang's Mamba radix cache) is left for later.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from rvascend.engine.request_validation import RequestError, validate_request
 from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
+from rvascend.models.state_pool import RecurrentStatePool
 from rvascend.policy import weights_generation
 from rvascend.policy.kernel_routes import routes_of
 
@@ -91,6 +100,7 @@ class _Plan:
     rows: list[_Row]
     batch: ForwardBatch
     generator_states: list[tuple[torch.Generator, torch.Tensor]]
+    saved_states: Optional[list[torch.Tensor]] = None  # the step's recurrent states before it ran
 
 
 class Engine:
@@ -103,7 +113,19 @@ class Engine:
         dtype = next(model.parameters()).dtype
         self.pool = KVPool(model.config, config.max_total_tokens, dtype)
         self._free_slots = list(range(config.max_total_tokens - 1, -1, -1))
-        self.cache = None if config.disable_radix_cache else PrefixCache(config.max_total_tokens)
+        self.states: Optional[RecurrentStatePool] = None
+        self._free_states: list[int] = []
+        if model.config.linear_attention is not None:
+            self.states = self.pool.states = RecurrentStatePool(model.config, config.max_running_requests, dtype)
+            self._free_states = list(range(config.max_running_requests - 1, -1, -1))
+            logging.info("recurrent states: %d slots of %.1f MiB", config.max_running_requests,
+                         RecurrentStatePool.bytes_per_slot(model.config, dtype) / 2**20)
+        hybrid_without_cache = self.states is not None and not config.disable_radix_cache
+        if hybrid_without_cache:
+            logging.info("prefix cache off: %s has linear-attention layers, whose recurrent state a cached "
+                         "prefix's K/V cannot restore", model.config.architecture)
+        self.cache = None if config.disable_radix_cache or hybrid_without_cache else \
+            PrefixCache(config.max_total_tokens)
         weights_generation.watch(model)
         self._weights_generation = weights_generation.current(model)
         self._reserved = 0
@@ -161,6 +183,12 @@ class Engine:
                     "kv_reserved_tokens": self._reserved, "kv_total_tokens": self.config.max_total_tokens,
                     "cache_hit_rate": cache.hit_rate if cache else 0.0,
                     "cache_retirements": cache.retirements if cache else 0}
+
+    @property
+    def states_free(self) -> int:
+        """Recurrent-state slots no request holds (hybrid models)."""
+        with self._lock:
+            return len(self._free_states)
 
     def flush_cache(self) -> bool:
         """Empties the prefix cache; refused (False) while requests are queued or running."""
@@ -274,6 +302,8 @@ class Engine:
                 tokens += len(seq.prompt_ids)
                 seq.status = Status.RUNNING
                 seq.weights_generation = self._weights_generation
+                if self.states is not None:  # running requests <= slots: one is always free here
+                    seq.state_slot = self._free_states.pop()
                 self._reuse_cached_prefix(seq)
                 admitted.append(seq)
             self._waiting.extendleft(reversed(deferred))
@@ -336,11 +366,13 @@ class Engine:
             offset += len(new)
             rows.append(row)
         write = [s for row in rows for s in row.fresh]
+        state_slots = [r.seq.state_slot for r in rows] if self.states is not None else None
         batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
                              new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long),
-                             logit_rows=torch.tensor(logit_rows, dtype=torch.long))
+                             logit_rows=torch.tensor(logit_rows, dtype=torch.long), state_slots=state_slots)
         states = [(r.seq.generator, r.seq.generator.get_state()) for r in rows if r.seq.generator is not None]
-        return _Plan(rows, batch, states)
+        saved = self.states.snapshot(state_slots) if state_slots else None
+        return _Plan(rows, batch, states, saved)
 
     def _abandon(self, plan: _Plan) -> None:
         """Undoes `_prepare` (and whatever `_run` drew from the sequences' generators)."""
@@ -349,6 +381,8 @@ class Engine:
                 self._free_slots.extend(reversed(row.fresh))
         for generator, state in plan.generator_states:
             generator.set_state(state)
+        if plan.saved_states is not None:
+            self.states.restore(plan.batch.state_slots, plan.saved_states)
 
     def _run(self, plan: _Plan) -> None:
         """The forward pass and every row's sampling, into the plan; nothing is committed.
@@ -537,6 +571,9 @@ class Engine:
         seq.slots = []
         self._reserved -= seq.reserved
         seq.reserved = 0
+        if seq.state_slot is not None:
+            self._free_states.append(seq.state_slot)
+            seq.state_slot = None
 
     # -- synchronous use (benchmarks, tests) -------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sequence]:

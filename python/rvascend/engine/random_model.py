@@ -106,17 +106,28 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     def normal(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
 
-    tensors = {"model.embed_tokens.weight": normal(v, h), "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)}
+    hybrid = config.get("architectures", [""])[0] == "Qwen3_5ForCausalLM"
+    # Qwen3.5's norms scale by (1 + w): its identity is w = 0.
+    unit = (torch.zeros if hybrid else torch.ones)(h, dtype=torch.bfloat16)
+    tensors = {"model.embed_tokens.weight": normal(v, h), "model.norm.weight": unit.clone()}
     for layer in range(config["num_hidden_layers"]):
         p = f"model.layers.{layer}."
         tensors.update({
-            p + "self_attn.q_proj.weight": normal(q, h), p + "self_attn.k_proj.weight": normal(kv, h),
-            p + "self_attn.v_proj.weight": normal(kv, h), p + "self_attn.o_proj.weight": normal(h, q),
             p + "mlp.gate_proj.weight": normal(i, h), p + "mlp.up_proj.weight": normal(i, h),
             p + "mlp.down_proj.weight": normal(h, i),
-            p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-            p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+            p + "input_layernorm.weight": unit.clone(), p + "post_attention_layernorm.weight": unit.clone(),
         })
+        if hybrid and config["layer_types"][layer] == "linear_attention":
+            tensors.update(_deltanet_weights(config, p + "linear_attn.", normal))
+            continue
+        tensors.update({
+            p + "self_attn.q_proj.weight": normal(2 * q if hybrid else q, h),
+            p + "self_attn.k_proj.weight": normal(kv, h),
+            p + "self_attn.v_proj.weight": normal(kv, h), p + "self_attn.o_proj.weight": normal(h, q),
+        })
+        if hybrid:
+            tensors[p + "self_attn.q_norm.weight"] = torch.zeros(d, dtype=torch.bfloat16)
+            tensors[p + "self_attn.k_norm.weight"] = torch.zeros(d, dtype=torch.bfloat16)
         if config.get("architectures", [""])[0] == "Qwen2ForCausalLM":
             for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
                 tensors[p + f"self_attn.{name}.bias"] = normal(rows)
@@ -126,3 +137,18 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     if not config.get("tie_word_embeddings", False):
         tensors["lm_head.weight"] = normal(v, h)
     return tensors
+
+
+def _deltanet_weights(config: dict, p: str, normal) -> dict[str, torch.Tensor]:
+    """A Gated DeltaNet layer's tensors: decays spread over (0.5, 1) per token, unit gated norm."""
+    h = config["hidden_size"]
+    nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    key, value = nk * config["linear_key_head_dim"], nv * config["linear_value_head_dim"]
+    conv = 2 * key + value
+    return {p + "in_proj_qkv.weight": normal(conv, h), p + "in_proj_z.weight": normal(value, h),
+            p + "in_proj_b.weight": normal(nv, h), p + "in_proj_a.weight": normal(nv, h),
+            p + "conv1d.weight": (normal(conv, 1, config["linear_conv_kernel_dim"]) * 10),
+            p + "dt_bias": torch.zeros(nv, dtype=torch.bfloat16),
+            p + "A_log": torch.linspace(-2.0, 0.0, nv).to(torch.bfloat16),
+            p + "norm.weight": torch.ones(config["linear_value_head_dim"], dtype=torch.bfloat16),
+            p + "out_proj.weight": normal(h, value)}

@@ -75,6 +75,7 @@ class Sequence:
         self.prefilled = 0    # prompt tokens already in the KV pool (chunked prefill)
         self.cached_tokens = 0  # of which taken from the prefix cache
         self.cache_node = None  # the prefix-cache node this request pins (engine/prefix_cache.py)
+        self.state_slot: Optional[int] = None  # hybrid models: its recurrent-state slot (engine/engine.py)
         self.reserved = len(prompt_ids) + params.max_tokens
         self.generator: Optional[torch.Generator] = None
         if params.seed is not None:

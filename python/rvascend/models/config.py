@@ -9,6 +9,25 @@ from typing import Any, Optional
 
 
 @dataclasses.dataclass(frozen=True)
+class LinearAttentionConfig:
+    """A Gated DeltaNet layer's dimensions (Qwen3.5's linear_* config keys)."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the short causal conv: q, k and v of every head."""
+        return 2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
+
+
+_HYBRID = ("Qwen3_5ForCausalLM",)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     hidden_size: int
@@ -29,6 +48,21 @@ class ModelConfig:
     bos_token_id: Optional[int]
     # Per-frequency rope divisors (GGUF's rope_freqs tensor, Llama 3.1+ files).
     rope_freq_factors: Optional[tuple[float, ...]] = None
+    # Hybrid models (Qwen3.5): "linear_attention" (Gated DeltaNet) or "full_attention" per layer.
+    layer_types: Optional[tuple[str, ...]] = None
+    linear_attention: Optional["LinearAttentionConfig"] = None
+    partial_rotary_factor: float = 1.0  # RoPE on the first head_dim * factor dims of q and k
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers that keep K/V in the pool: the full-attention ones."""
+        if self.layer_types is None:
+            return self.num_hidden_layers
+        return sum(t == "full_attention" for t in self.layer_types)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
@@ -48,6 +82,7 @@ class ModelConfig:
         scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         if scaling is not None and scaling.get("rope_type", scaling.get("type")) not in ("llama3", "default"):
             raise ValueError(f"unsupported rope scaling {scaling.get('rope_type', scaling.get('type'))!r}")
+        hybrid = _hybrid_fields(arch, raw, rope)
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -65,10 +100,11 @@ class ModelConfig:
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", *_HYBRID),
             eos_token_ids=eos_ids,
             bos_token_id=raw.get("bos_token_id"),
             rope_freq_factors=tuple(raw["rope_freq_factors"]) if raw.get("rope_freq_factors") else None,
+            **hybrid,
         )
 
     @classmethod
@@ -88,3 +124,31 @@ class ModelConfig:
             with open(gen, encoding="utf-8") as f:
                 raw["eos_token_id"] = json.load(f).get("eos_token_id")
         return cls.from_dict(raw)
+
+
+def _hybrid_fields(arch: str, raw: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5's layer pattern, Gated DeltaNet dimensions and partial RoPE; {} for other families."""
+    if arch not in _HYBRID:
+        return {}
+    layers = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types")
+    if types is None:
+        interval = int(raw.get("full_attention_interval", 4))
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    unknown = sorted(set(types) - {"full_attention", "linear_attention"})
+    if unknown or len(types) != layers:
+        raise ValueError(f"layer_types must name {layers} layers as full_attention or linear_attention, got {types}")
+    missing = [k for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                           "linear_value_head_dim", "linear_conv_kernel_dim") if k not in raw]
+    if missing:
+        raise ValueError(f"config.json of {arch} lacks {', '.join(missing)}")
+    linear = LinearAttentionConfig(int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"]),
+                                   int(raw["linear_key_head_dim"]), int(raw["linear_value_head_dim"]),
+                                   int(raw["linear_conv_kernel_dim"]))
+    if linear.num_value_heads % linear.num_key_heads:
+        raise ValueError(f"linear_num_value_heads = {linear.num_value_heads} is not a multiple of "
+                         f"linear_num_key_heads = {linear.num_key_heads}")
+    factor = float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    if not 0.0 < factor <= 1.0:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {factor}")
+    return {"layer_types": tuple(types), "linear_attention": linear, "partial_rotary_factor": factor}

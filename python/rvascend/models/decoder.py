@@ -34,6 +34,7 @@ class ForwardBatch:
     kv_slots: list[torch.Tensor]       # per sequence: slots of all its tokens (prefix + new)
     write_slots: torch.Tensor          # [T] slots the new tokens' K/V go to
     logit_rows: Optional[torch.Tensor] = None  # rows whose logits forward returns (default: each sequence's last)
+    state_slots: Optional[list[int]] = None  # hybrid models: each sequence's recurrent-state slot
     _flat: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
     @property
@@ -57,14 +58,15 @@ class KVPool:
 
     def __init__(self, config: ModelConfig, num_slots: int, dtype: torch.dtype) -> None:
         shape = (num_slots, config.num_key_value_heads, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(config.kv_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(config.kv_layers)]
         self.num_slots = num_slots
+        self.states = None  # a hybrid model's recurrent states (models/state_pool.py), set by the engine
 
     @staticmethod
     def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * elem
+        return 2 * config.kv_layers * config.num_key_value_heads * config.head_dim * elem
 
 
 class Attention(nn.Module):

@@ -97,11 +97,12 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE; cos/sin computed in FP32 and cast to the activation dtype."""
+    """Rotate-half RoPE over the first config.rotary_dim dims of a head (all of them but
+    for partial RoPE); cos/sin computed in FP32 and cast to the activation dtype."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        dim = config.head_dim
+        dim = config.rotary_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         if config.rope_scaling is not None:
             inv_freq = _llama3_inv_freq(inv_freq, config.rope_scaling)

@@ -110,8 +110,8 @@ def _load_tensor(model: CausalLM, params: dict[str, nn.Parameter], name: str, te
         return  # some tied checkpoints still store it; the embedding is authoritative
     parts = name.split(".")
     for i, part in enumerate(parts):
-        if part in CausalLM.STACKED:
-            fused_name, shard = CausalLM.STACKED[part]
+        if part in type(model).STACKED:
+            fused_name, shard = type(model).STACKED[part]
             module_path = ".".join(parts[:i] + [fused_name])
             module = model.get_submodule(module_path)
             assert isinstance(module, FusedLinear)

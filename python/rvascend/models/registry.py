@@ -5,11 +5,13 @@ from __future__ import annotations
 from torch import nn
 
 from rvascend.models.decoder import CausalLM
+from rvascend.models.qwen3_5 import Qwen3_5CausalLM
 
 MODEL_ARCHITECTURES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": CausalLM,
     "Qwen2ForCausalLM": CausalLM,
     "Qwen3ForCausalLM": CausalLM,
+    "Qwen3_5ForCausalLM": Qwen3_5CausalLM,
 }
 
 

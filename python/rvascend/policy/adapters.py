@@ -42,6 +42,8 @@ class ModelAdapter:
 FUSED = ModelAdapter("fused", {
     "qkv_proj": "qkv_proj", "o_proj": "o_proj", "gate_up_proj": "gate_up_proj",
     "down_proj": "down_proj", "lm_head": "lm_head",
+    # Gated DeltaNet layers (models/qwen3_5.py): q/k/v/z/b/a fused, and the output projection.
+    "in_proj": "in_proj", "out_proj": "out_proj",
 })
 
 TRANSFORMERS = ModelAdapter("transformers", {

@@ -1,0 +1,211 @@
+"""Qwen3.5 text models: Gated DeltaNet layers interleaved with gated full attention.
+
+Three of every four layers (the config's `layer_types`) are Gated DeltaNet
+linear attention: a fixed-size recurrent state per sequence (the engine's
+RecurrentStatePool) instead of K/V. The others are full attention with an
+output gate (q_proj yields each head's query and gate side by side) and
+partial RoPE (the first head_dim * partial_rotary_factor dims; for text the
+three multi-axis sections carry the same position, so they reduce to one
+ordinary rotate-half RoPE). Every RMSNorm but the one inside the DeltaNet
+layer is zero-centred: it scales by (1 + w).
+
+Decode tokens run the delta rule through `torch.ops.rvascend.recurrent_gated_delta_rule`
+on the state pool; prompts run the chunked form (chunked_delta_rule.py),
+starting from the sequence's state when a chunked prefill continues.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rvascend.models.chunked_delta_rule import chunked_gated_delta_rule
+from rvascend.models.config import ModelConfig
+from rvascend.models.decoder import MLP, Attention, CausalLM, DecoderModel, ForwardBatch, KVPool
+from rvascend.models.layers import FusedLinear, RotaryEmbedding, apply_rotary
+from rvascend.ops.gated_delta_rule import recurrent_gated_delta_rule
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """RMSNorm scaling by (1 + w), in FP32, rounded once at the end (Qwen3.5, Qwen3-Next)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x if residual is None else x + residual
+        return self(h), h
+
+
+class GatedRMSNorm(nn.Module):
+    """The DeltaNet output's per-head RMSNorm (plain weight), times SiLU of the gate z."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * xf.to(x.dtype) * F.silu(z.float())).to(x.dtype)
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__()
+        lin = config.linear_attention
+        self.index = index  # among the linear-attention layers: its slot lists in the state pool
+        self.nk, self.nv, self.dk, self.dv = lin.num_key_heads, lin.num_value_heads, lin.key_head_dim, lin.value_head_dim
+        self.kernel = lin.conv_kernel
+        key_dim, value_dim = self.nk * self.dk, self.nv * self.dv
+        self.in_proj = FusedLinear(config.hidden_size, {"qkv": lin.conv_dim, "z": value_dim, "b": self.nv,
+                                                        "a": self.nv}, bias=False)
+        self.conv1d = nn.Conv1d(lin.conv_dim, lin.conv_dim, self.kernel, groups=lin.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.nv))
+        self.A_log = nn.Parameter(torch.zeros(self.nv))
+        self.norm = GatedRMSNorm(self.dv, config.rms_norm_eps)
+        self.out_proj = nn.Linear(value_dim, config.hidden_size, bias=False)
+        self.split = [lin.conv_dim, value_dim, self.nv, self.nv]
+        self.qkv_split = [key_dim, key_dim, value_dim]
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        states = pool.states
+        if states is None or batch.state_slots is None:
+            raise RuntimeError("a Gated DeltaNet layer needs the batch's recurrent-state slots (pool.states)")
+        conv_pool, ssm_pool = states.conv[self.index], states.ssm[self.index]
+        t = h.shape[0]
+        mixed, z, b, a = self.in_proj(h).split(self.split, dim=-1)
+        beta = b.sigmoid().float()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        weight = self.conv1d.weight[:, 0]                                  # [C, K]
+        conv_out = torch.empty_like(mixed)
+        start = 0
+        decode_rows, decode_slots = [], []
+        for n, prefix, slot in zip(batch.new_lens, batch.prefix_lens, batch.state_slots):
+            x = mixed[start:start + n].transpose(0, 1)                     # [C, n]
+            before = conv_pool[slot] if prefix > 0 else x.new_zeros(x.shape[0], self.kernel - 1)
+            window = torch.cat((before.to(x.dtype), x), dim=1)             # [C, K - 1 + n]
+            conv_pool[slot] = window[:, -(self.kernel - 1):]
+            conv_out[start:start + n] = F.silu(F.conv1d(window[None].to(weight.dtype), weight[:, None],
+                                                        groups=weight.shape[0])[0].transpose(0, 1)).to(x.dtype)
+            if n == 1 and prefix > 0:
+                decode_rows.append(start)
+                decode_slots.append(slot)
+            start += n
+        q, k, v = conv_out.float().split(self.qkv_split, dim=-1)
+        q = _l2norm(q.reshape(t, self.nk, self.dk)) * self.dk ** -0.5
+        k = _l2norm(k.reshape(t, self.nk, self.dk))
+        v = v.reshape(t, self.nv, self.dv)
+        core = torch.empty(t, self.nv, self.dv, dtype=torch.float32)
+        if decode_rows:
+            rows = torch.tensor(decode_rows)
+            core[rows] = recurrent_gated_delta_rule(
+                q[rows].contiguous(), k[rows].contiguous(), v[rows].contiguous(), ssm_pool, beta[rows].contiguous(),
+                1.0, torch.ones(len(rows), dtype=torch.int64), torch.tensor(decode_slots, dtype=torch.int64),
+                g=g[rows].contiguous())
+        start = 0
+        group = self.nv // self.nk
+        for n, prefix, slot in zip(batch.new_lens, batch.prefix_lens, batch.state_slots):
+            if not (n == 1 and prefix > 0):
+                s = slice(start, start + n)
+                state = ssm_pool[slot].transpose(-1, -2) if prefix > 0 else \
+                    torch.zeros(self.nv, self.dk, self.dv)
+                out, state = chunked_gated_delta_rule(
+                    q[s].repeat_interleave(group, 1).transpose(0, 1), k[s].repeat_interleave(group, 1).transpose(0, 1),
+                    v[s].transpose(0, 1), g[s].transpose(0, 1), beta[s].transpose(0, 1), state)
+                core[s] = out.transpose(0, 1)
+                ssm_pool[slot] = state.transpose(-1, -2)
+            start += n
+        core = self.norm(core.to(h.dtype), z.reshape(t, self.nv, self.dv))
+        return self.out_proj(core.reshape(t, self.nv * self.dv))
+
+
+class GatedAttention(Attention):
+    """Full attention with an output gate and partial RoPE; K/V in the pool's layer `index`."""
+
+    rvv_kernels = ("kv_pool_attention",)
+
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__(config, index)
+        self.qkv_proj = FusedLinear(config.hidden_size, {
+            "q": 2 * self.heads * self.head_dim, "k": self.kv_heads * self.head_dim,
+            "v": self.kv_heads * self.head_dim}, bias=config.attention_bias)
+        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.rotary_dim = config.rotary_dim
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+                pool: KVPool) -> torch.Tensor:
+        t, d = h.shape[0], self.head_dim
+        qg, k, v = self.qkv_proj(h).split(
+            [2 * self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q, gate = qg.reshape(t, self.heads, 2 * d).split([d, d], dim=-1)
+        q = self._rope(self.q_norm(q), cos, sin)
+        k = self._rope(self.k_norm(k.reshape(t, self.kv_heads, d)), cos, sin)
+        out = self.attend(q.contiguous(), k.contiguous(), v.reshape(t, self.kv_heads, d).contiguous(), batch, pool)
+        return self.o_proj(out * torch.sigmoid(gate.reshape(t, self.heads * d)))
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        r = self.rotary_dim
+        return torch.cat((apply_rotary(x[..., :r], cos, sin), x[..., r:]), dim=-1)
+
+
+class HybridDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, kind: str, index: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        if kind == "linear_attention":
+            self.linear_attn = GatedDeltaNet(config, index)
+        else:
+            self.self_attn = GatedAttention(config, index)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, h, residual, cos, sin, batch, pool):
+        x, residual = self.input_layernorm.add_forward(h, residual)
+        mixed = self.linear_attn(x, batch, pool) if self.kind == "linear_attention" else \
+            self.self_attn(x, cos, sin, batch, pool)
+        x, residual = self.post_attention_layernorm.add_forward(mixed, residual)
+        return self.mlp(x), residual
+
+
+class Qwen3_5CausalLM(CausalLM):
+    """Qwen3.5 (dense text) for causal LM, with CausalLM's batch, pool and logits contract."""
+
+    rvv_fused_decoder = False  # the fused decode step covers the uniform families only
+
+    STACKED = {**CausalLM.STACKED, "in_proj_qkv": ("in_proj", "qkv"), "in_proj_z": ("in_proj", "z"),
+               "in_proj_b": ("in_proj", "b"), "in_proj_a": ("in_proj", "a")}
+
+    def __init__(self, config: ModelConfig) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        self.model = DecoderModel.__new__(DecoderModel)
+        nn.Module.__init__(self.model)
+        self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        counters = {"linear_attention": 0, "full_attention": 0}
+        layers = []
+        for kind in config.layer_types:
+            layers.append(HybridDecoderLayer(config, kind, counters[kind]))
+            counters[kind] += 1
+        self.model.layers = nn.ModuleList(layers)
+        self.model.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config)
+        self.lm_head = self.model.embed_tokens if config.tie_word_embeddings else \
+            nn.Linear(config.hidden_size, config.vocab_size, bias=False)

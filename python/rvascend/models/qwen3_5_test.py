@@ -1,0 +1,238 @@
+"""Qwen3.5 (Gated DeltaNet hybrid) against transformers' Qwen3_5ForCausalLM, and in the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine.sequence import Status
+from rvascend.models.decoder import ForwardBatch, KVPool
+from rvascend.models.loader import load_model
+from rvascend.models.state_pool import RecurrentStatePool
+from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, shape_gate
+
+VOCAB = 256
+
+
+def _config(tie: bool) -> transformers.Qwen3_5TextConfig:
+    return transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [2, 1, 1]},
+        max_position_embeddings=512, tie_word_embeddings=tie, architectures=["Qwen3_5ForCausalLM"])
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+def pair(request, tmp_path_factory):
+    """(transformers' model, ours loaded from its checkpoint), FP32."""
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5ForCausalLM(_config(request.param)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if p.dim() == 1:  # norms (zero-centred ones at 0 would hide a missing "1 +"), dt_bias, A_log
+                p.copy_(torch.randn_like(p) * 0.5)
+            else:
+                p.copy_(torch.randn_like(p) * 0.2)
+    path = str(tmp_path_factory.mktemp("qwen3_5"))
+    hf.save_pretrained(path)
+    return hf, load_model(path, torch.float32), path
+
+
+def _hf_logits(hf, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([tokens])).logits[0]
+
+
+class _Runner:
+    """Drives the model as the engine does: slots, chunked prefill, decode steps."""
+
+    def __init__(self, model, sequences: int, chunk: int) -> None:
+        self.model, self.chunk = model, chunk
+        dtype = next(model.parameters()).dtype
+        self.pool = KVPool(model.config, 1024, dtype)
+        self.pool.states = RecurrentStatePool(model.config, sequences + 2, dtype)
+        self.slots: list[list[int]] = [[] for _ in range(sequences)]
+        self.free = list(range(1024))
+        self.state_slots = [sequences + 1 - i for i in range(sequences)]  # not 0..B-1: slots are looked up
+
+    def step(self, rows: list[tuple[int, list[int], int]]) -> torch.Tensor:
+        """rows: (sequence, new tokens, tokens before them); logits of every new token."""
+        ids, positions, kv, write = [], [], [], []
+        for i, new, prefix in rows:
+            fresh = [self.free.pop() for _ in new]
+            ids += new
+            positions += range(prefix, prefix + len(new))
+            self.slots[i] += fresh
+            kv.append(torch.tensor(self.slots[i]))
+            write += fresh
+        batch = ForwardBatch(torch.tensor(ids), torch.tensor(positions), [len(n) for _, n, _ in rows],
+                             [p for _, _, p in rows], kv, torch.tensor(write),
+                             state_slots=[self.state_slots[i] for i, _, _ in rows])
+        with torch.inference_mode():
+            return self.model(batch, self.pool, all_logits=True)
+
+
+@pytest.mark.parametrize("chunk", [0, 5], ids=["whole_prompts", "chunked_prefill"])
+def test_logits_match_transformers_through_prefill_and_32_decode_steps(pair, chunk):
+    hf, ours, _ = pair
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (7, 13, 3)]
+    runner = _Runner(ours, len(prompts), chunk)
+    tokens = [list(p) for p in prompts]
+    # Prefill: whole prompts in one step, or chunks of `chunk` tokens over several steps.
+    done = [0] * len(prompts)
+    while any(d < len(p) for d, p in zip(done, prompts)):
+        rows = []
+        for i, p in enumerate(prompts):
+            if done[i] < len(p):
+                n = len(p) - done[i] if not chunk else min(chunk, len(p) - done[i])
+                rows.append((i, p[done[i]:done[i] + n], done[i]))
+        logits = runner.step(rows)
+        start = 0
+        for i, new, prefix in rows:
+            want = _hf_logits(hf, prompts[i][:prefix + len(new)])[prefix:]
+            torch.testing.assert_close(logits[start:start + len(new)], want, rtol=1e-4, atol=1e-4)
+            start += len(new)
+            done[i] += len(new)
+    # 32 decode steps of all three, each continuing its greedy tokens.
+    last = [int(_hf_logits(hf, t)[-1].argmax()) for t in tokens]
+    for _ in range(32):
+        logits = runner.step([(i, [last[i]], len(tokens[i])) for i in range(len(tokens))])
+        for i in range(len(tokens)):
+            tokens[i].append(last[i])
+            want = _hf_logits(hf, tokens[i])[-1]
+            torch.testing.assert_close(logits[i], want, rtol=1e-4, atol=1e-4)
+            last[i] = int(want.argmax())
+
+
+def test_engine_greedy_equals_transformers_generate(pair):
+    hf, ours, _ = pair
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (9, 4, 17)]
+    engine = Engine(ours, None, EngineConfig(max_total_tokens=256, chunked_prefill_size=6))
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    for prompt, seq in zip(prompts, seqs):
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False)
+        assert seq.output_ids == want[0, len(prompt):].tolist()
+    assert engine.states_free == engine.states.num_slots  # every state slot back
+
+
+def _three(engine):
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    return [engine.add_request([1 + i, 2, 3, 4, 5 + i], params) for i in range(3)]
+
+
+def test_engine_state_slots_never_leak_and_a_failed_step_is_undone(pair, monkeypatch):
+    _, ours, _ = pair
+    config = EngineConfig(max_total_tokens=256, max_running_requests=3)
+    clean = Engine(ours, None, config)
+    want = [s.output_ids for s in clean.generate([[1, 2, 3, 4, 5], [3, 2, 3, 4, 7]],
+                                                 SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))]
+    engine = Engine(ours, None, config)
+    a, b, c = _three(engine)
+    engine.step()
+    engine.step()
+    assert engine.states_free == engine.states.num_slots - 3
+    engine.abort(b)
+    engine.step()
+    assert b.status is Status.FINISHED and b.finish_reason == "abort"
+    assert engine.states_free == engine.states.num_slots - 2
+    # A step of two sequences that fails in its last layer, after every DeltaNet layer before it
+    # wrote their states: undone, then run one sequence at a time, so nothing is applied twice.
+    target = ours.model.layers[3].linear_attn.out_proj
+    original = target.forward
+    failures = []
+
+    def poisoned(x):
+        if x.shape[0] > 1:
+            failures.append(x.shape[0])
+            raise RuntimeError("boom")
+        return original(x)
+    monkeypatch.setattr(target, "forward", poisoned)
+    engine.step()
+    monkeypatch.setattr(target, "forward", original)
+    assert failures == [2] and a.status is Status.RUNNING and c.status is Status.RUNNING
+    while engine.has_work():
+        engine.step()
+    assert [a.output_ids, c.output_ids] == want
+    assert engine.states_free == engine.states.num_slots
+
+
+def test_a_failing_sequence_gives_its_state_slot_back(pair, monkeypatch):
+    _, ours, _ = pair
+    engine = Engine(ours, None, EngineConfig(max_total_tokens=256, max_running_requests=3))
+    seqs = _three(engine)
+    engine.step()
+    target = ours.model.layers[0].linear_attn.out_proj
+    monkeypatch.setattr(target, "forward", lambda x: (_ for _ in ()).throw(RuntimeError("always")))
+    engine.step()
+    assert all(s.status is Status.FINISHED and s.finish_reason == "error" for s in seqs)
+    assert engine.states_free == engine.states.num_slots
+
+
+def test_the_prefix_cache_is_off_for_hybrid_models(pair):
+    _, ours, _ = pair
+    engine = Engine(ours, None, EngineConfig(max_total_tokens=256))
+    assert engine.cache is None
+
+
+def test_the_policy_packs_the_deltanet_projections_too(pair, monkeypatch):
+    """BF16 with the policy on: every projection packed (the DeltaNet layers' in_proj and
+    out_proj included) and the logits those of the unrouted BF16 model within BF16 rounding."""
+    _, _, path = pair
+    monkeypatch.setattr(shape_gate, "measured_packed_wins", lambda m, n, k: True)
+    off = load_model(path, torch.bfloat16)
+    on = load_model(path, torch.bfloat16)
+    report = install_rvv_policy(on, RvvPolicyConfig(compile_mode="eager", shape_gate="measured"))
+    kinds = sorted({kind for _, kind, _ in report.packed})
+    assert kinds == ["down_proj", "gate_up_proj", "in_proj", "lm_head", "o_proj", "out_proj", "qkv_proj"]
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (6, 11)]
+    runs = []
+    for model in (off, on):
+        runner = _Runner(model, 2, 0)
+        logits = [runner.step([(i, p, 0) for i, p in enumerate(prompts)])]
+        for step in range(4):
+            logits.append(runner.step([(i, [7 + step], len(p) + step) for i, p in enumerate(prompts)]))
+        runs.append(torch.cat(logits).float())
+    scale = runs[0].abs().max()
+    assert (runs[1] - runs[0]).abs().max() <= 0.03 * scale
+    counters = get_policy(on).counters
+    assert counters.calls("in_proj", "packed") == 5 * 3 and counters.calls("out_proj", "packed") == 5 * 3
+
+
+def test_served_through_the_openai_client(tmp_path):
+    """A random-weight Qwen3.5 checkpoint (the test tokenizer) behind the server, policy on."""
+    import shutil
+
+    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.server.testing import Server
+
+    torch.manual_seed(0)
+    config = _config(tie=True)
+    config.vocab_size = 2048  # the test tokenizer's
+    transformers.Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(tmp_path))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{ensure_random_model()}/{name}", tmp_path / name)
+    server = Server(model_path=str(tmp_path))
+    try:
+        chat = server.client.chat.completions.create(
+            model=server.name, messages=[{"role": "user", "content": "hello there"}], max_tokens=8, temperature=0)
+        assert chat.usage.completion_tokens == 8 or chat.choices[0].finish_reason == "stop"
+        stream = server.client.completions.create(model=server.name, prompt="once upon a time", max_tokens=6,
+                                                  temperature=0, stream=True)
+        text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+        again = server.client.completions.create(model=server.name, prompt="once upon a time", max_tokens=6,
+                                                 temperature=0)
+        assert again.choices[0].text == text  # greedy: the stream and the plain answer agree
+        server.wait_idle()
+        assert server.engine.states_free == server.engine.states.num_slots
+        assert server.engine.cache is None
+    finally:
+        server.stop()
