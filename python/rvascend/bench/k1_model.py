@@ -60,17 +60,30 @@ def tokens_per_second(regions: list[Region], sequences: int, threads: int, ipc: 
 
 
 def unavoidable_bytes(region: str, config: dict, context: int, layers: int, kv_reads: float = 1.0,
-                      bytes_per_weight: float = 2.0) -> float:
-    """Weight bytes of a projection (BF16: 2 per weight; Q4_0: 18/32, Q8_0: 34/32), or K/V
-    bytes attention reads, for `layers` layers."""
+                      bytes_per_weight: float = 2.0, sequences: int = 1) -> float:
+    """Weight bytes of a projection (BF16: 2 per weight; Q4_0: 18/32, Q8_0: 34/32), K/V bytes
+    attention reads, or the Gated DeltaNet states read and written, for `layers` layers."""
     h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     heads, kv_heads, d = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
-    weights = {"qkv_proj": h * (heads + 2 * kv_heads) * d, "o_proj": heads * d * h, "gate_up_proj": 2 * h * inter,
-               "down_proj": inter * h}
+    types = config.get("layer_types")
+    # A hybrid's (Qwen3.5) layers: full attention (q_proj also yields the output gate) or Gated DeltaNet.
+    full = layers if types is None else layers * types.count("full_attention") / len(types)
+    linear = layers - full
+    q_rows = (2 if types else 1) * heads * d
+    weights = {"qkv_proj": (h * (q_rows + 2 * kv_heads * d), full), "o_proj": (heads * d * h, full),
+               "gate_up_proj": (2 * h * inter, layers), "down_proj": (inter * h, layers)}
+    if types:
+        nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+        dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+        weights["in_proj"] = (h * (2 * nk * dk + 2 * nv * dv + 2 * nv), linear)
+        weights["out_proj"] = (nv * dv * h, linear)
+        if region == "deltanet":  # the FP32 state, read and written once per token
+            return 2.0 * 4 * nv * dv * dk * linear * sequences
     if region in weights:
-        return bytes_per_weight * weights[region] * layers
+        per_layer, count = weights[region]
+        return bytes_per_weight * per_layer * count
     if region == "lm_head":
         return bytes_per_weight * vocab * h
     if region == "attention":
-        return 2.0 * 2 * context * kv_heads * d * layers * kv_reads
+        return 2.0 * 2 * context * kv_heads * d * full * kv_reads
     return 0.0

@@ -50,6 +50,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("qemu", "/usr/bin/qemu-riscv64", "A qemu-riscv64 that loads TCG plugins (Debian 12's 7.2).")
 flags.DEFINE_string("image", None, "riscv64 image root (default: .deps/riscv64_image).")
 flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image (default: built with Bazel).")
+flags.DEFINE_string("rgdr_extension", None, "_rgdr.so (the gated-delta-rule op, for hybrid models) built for the "
+                    "image (default: built with Bazel).")
 flags.DEFINE_string("plugin", None, "qemu_count_plugin .so (default: built with Bazel).")
 flags.DEFINE_string("package", None, "Directory holding the rvascend package (default: this source tree).")
 flags.DEFINE_list("vlens", ["256"], "VLENs of the emulated CPU.")
@@ -75,7 +77,8 @@ _MODE_ARG = {"stock": "off", "linear": "linear", "op_by_op": "op_by_op", "full":
              "q8_0": "full"}
 # Weight bytes per weight in each mode (GGML's Q4_0: 18 bytes per 32, Q8_0: 34 per 32).
 _BYTES_PER_WEIGHT = {"q4_0": 18 / 32, "q8_0": 34 / 32}
-LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+HYBRID_LINEARS = ("in_proj", "out_proj")  # Gated DeltaNet layers' (Qwen3.5)
+LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head") + HYBRID_LINEARS
 # Library of a mapped file, by name prefix (the image maps versioned sonames).
 LIBRARY_PREFIXES = (("libtorch_cpu", "libtorch_cpu"), ("libtorch_python", "libtorch_python"),
                     ("libc10", "libc10"), ("libc.so", "libc"), ("libm.so", "libm"),
@@ -92,14 +95,16 @@ def library_of(path: str) -> str:
     return "python extensions" if base.endswith(".so") or ".cpython-" in base else "other"
 
 
-def _bazel_outputs() -> tuple[str, str]:
-    targets = ["//python:rvv_kernels_extension_riscv64_image", "//python:qemu_count_plugin.so"]
+def _bazel_outputs() -> tuple[str, str, str]:
+    targets = ["//python:rvv_kernels_extension_riscv64_image", "//python:qemu_count_plugin.so",
+               "//python:rgdr_extension_riscv64_image"]
     logging.info("building %s", " ".join(targets))
     subprocess.run(["bazel", "build", *targets], cwd=checkout.root(), check=True)
     bin_dir = subprocess.run(["bazel", "info", "bazel-bin"], cwd=checkout.root(), check=True, capture_output=True,
                              text=True).stdout.strip()
     return (os.path.join(bin_dir, "python", "rvv_kernels_extension_riscv64_image", "_rvv_kernels.so"),
-            os.path.join(bin_dir, "python", "qemu_count_plugin.so"))
+            os.path.join(bin_dir, "python", "qemu_count_plugin.so"),
+            os.path.join(bin_dir, "python", "rgdr_extension_riscv64_image", "_rgdr.so"))
 
 
 def _check_qemu(qemu: str) -> str:
@@ -184,10 +189,15 @@ def run_guest(qemu: str, image: str, stage: str, plugin: str, checkpoint: str, m
     return steps
 
 
-def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int) -> dict[str, Any]:
-    """fixed + layers * per_layer from the 1- and 2-layer runs (per region, per library)."""
+def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int, measured: tuple[int, int] = (1, 2)
+                ) -> dict[str, Any]:
+    """fixed + layers * per_layer from runs at the two `measured` depths (per region, per
+    library); a hybrid model's depths are whole periods of its layer pattern."""
+    n1, n2 = measured
+
     def ext(a: float, b: float) -> float:
-        return (a - (b - a)) + layers * (b - a)
+        per_layer = (b - a) / (n2 - n1)
+        return a - n1 * per_layer + layers * per_layer
 
     regions = {}
     for name in set(one["regions"]) | set(two["regions"]):
@@ -213,7 +223,7 @@ def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: in
     scale = step["total"] / marked if marked else 1.0
     regions = [k1_model.Region(name, n * scale, v * scale,
                                k1_model.unavoidable_bytes(name, config, context * rows, layers,
-                                                          bytes_per_weight=bytes_per_weight))
+                                                          bytes_per_weight=bytes_per_weight, sequences=rows))
                for name, (n, v) in step["regions"].items()]
     return k1_model.tokens_per_second(regions, rows * context if prefill else rows, threads, ipc)
 
@@ -224,10 +234,10 @@ def main(argv: list[str]) -> int:
     from rvascend.repro import manifest
 
     image = FLAGS.image or os.path.join(checkout.root(), ".deps", "riscv64_image")
-    extension, plugin = FLAGS.extension, FLAGS.plugin
-    if extension is None or plugin is None:
-        built_ext, built_plugin = _bazel_outputs()
-        extension, plugin = extension or built_ext, plugin or built_plugin
+    extension, plugin, rgdr = FLAGS.extension, FLAGS.plugin, FLAGS.rgdr_extension
+    if extension is None or plugin is None or rgdr is None:
+        built_ext, built_plugin, built_rgdr = _bazel_outputs()
+        extension, plugin, rgdr = extension or built_ext, plugin or built_plugin, rgdr or built_rgdr
     qemu_version = _check_qemu(FLAGS.qemu)
     logging.info("QEMU: %s", qemu_version)
     layers = [int(x) for x in FLAGS.layers]
@@ -241,6 +251,7 @@ def main(argv: list[str]) -> int:
         shutil.copytree(os.path.join(FLAGS.package or os.path.join(checkout.root(), "python"), "rvascend"),
                         os.path.join(stage, "rvascend"), ignore=shutil.ignore_patterns("*.so", "_native", "__pycache__"))
         shutil.copy(extension, os.path.join(stage, "rvascend", "ops", "_rvv_kernels.so"))
+        shutil.copy(rgdr, os.path.join(stage, "rvascend", "ops", "_rgdr.so"))
         if FLAGS.shape not in random_checkpoint.SHAPES:
             raise app.UsageError(f"--shape must be one of {sorted(random_checkpoint.SHAPES)}, got {FLAGS.shape!r}")
         target_layers = FLAGS.target_layers or random_checkpoint.SHAPES[FLAGS.shape]["num_hidden_layers"]
@@ -268,7 +279,8 @@ def main(argv: list[str]) -> int:
                 mode_configs = configs + prefills.get(mode, [])
                 for i, (context, rows, kind) in enumerate(mode_configs):
                     runs = [measured[(mode, n)][i] for n in layers]
-                    step = extrapolate(runs[0], runs[1], target_layers) if len(runs) == 2 else runs[0]
+                    step = extrapolate(runs[0], runs[1], target_layers, (layers[0], layers[1])) \
+                        if len(runs) == 2 else runs[0]
                     target = target_layers if len(runs) == 2 else layers[0]
                     linear = sum(step["regions"].get(p, (0, 0))[0] for p in LINEARS)
                     bpw = _BYTES_PER_WEIGHT.get(mode, 2.0)

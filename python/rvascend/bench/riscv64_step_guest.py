@@ -81,12 +81,20 @@ def instrument(model: torch.nn.Module, regions: Regions) -> None:
         regions.hook(layer, "layer_glue")
         regions.hook(layer.input_layernorm, "rms_norm")
         regions.hook(layer.post_attention_layernorm, "rms_norm")
-        attn = layer.self_attn
-        regions.hook(attn.qkv_proj, "qkv_proj")
-        regions.hook(attn.o_proj, "o_proj")
-        for norm in (attn.q_norm, attn.k_norm):
-            if norm is not None:
-                regions.hook(norm, "qk_norm")
+        if getattr(layer, "kind", "full_attention") == "linear_attention":  # Qwen3.5's Gated DeltaNet
+            regions.hook(layer.linear_attn, "deltanet")
+            regions.hook(layer.linear_attn.in_proj, "in_proj")
+            regions.hook(layer.linear_attn.out_proj, "out_proj")
+            regions.hook(layer.linear_attn.norm, "deltanet_norm")
+        else:
+            attn = layer.self_attn
+            if type(attn) is not decoder.Attention:  # Qwen3.5's gated attention: norms, partial RoPE, gate
+                regions.hook(attn, "attention")
+            regions.hook(attn.qkv_proj, "qkv_proj")
+            regions.hook(attn.o_proj, "o_proj")
+            for norm in (attn.q_norm, attn.k_norm):
+                if norm is not None:
+                    regions.hook(norm, "qk_norm")
         regions.hook(layer.mlp, "mlp_glue")
         regions.hook(layer.mlp.act, "silu_mul")
         regions.hook(layer.mlp.gate_up_proj, "gate_up_proj")
@@ -144,6 +152,8 @@ def decode_ready(engine: Engine, context: int, rows: int, vocab: int) -> list[Se
         seq.status = Status.RUNNING
         seq.slots = [engine._free_slots.pop() for _ in range(context - 1)]
         seq.prefilled = len(seq.prompt_ids)
+        if engine.states is not None:  # a hybrid model: its recurrent-state slot (contents: whatever)
+            seq.state_slot = engine._free_states.pop()
         engine._reserved += seq.reserved
         engine._running.append(seq)
         seqs.append(seq)

@@ -12,16 +12,33 @@ import sys
 import pytest
 
 import rvascend
-from rvascend.bench.riscv64_step import LINEARS
-from rvascend.engine.random_model import ensure_random_model
+from safetensors.torch import save_file
+
+from rvascend.bench.riscv64_step import HYBRID_LINEARS, LINEARS
+from rvascend.engine import random_checkpoint
+from rvascend.engine.random_model import ensure_random_model, random_weights
 
 _GUEST = os.path.join(os.path.dirname(__file__), "riscv64_step_guest.py")
 
 
+def _hybrid_checkpoint(directory: str) -> str:
+    """Qwen3.5's pattern (three DeltaNet layers, then full attention) at a tiny width."""
+    config = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=64, intermediate_size=96,
+                  num_hidden_layers=4, num_attention_heads=4, head_dim=32, linear_num_key_heads=2,
+                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=512)
+    config["layer_types"] = config["layer_types"][:4]
+    with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    save_file(random_weights(config, 0), os.path.join(directory, "model.safetensors"))
+    return directory
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen3.5"])
 @pytest.mark.parametrize("mode", ["off", "op_by_op", "full"])
-def test_the_guest_marks_every_region_of_decode_and_prefill_steps(mode):
+def test_the_guest_marks_every_region_of_decode_and_prefill_steps(mode, model, tmp_path):
     configs = [[16, 1, "decode"], [24, 2, "decode"], [12, 1, "prefill"]]
-    args = json.dumps({"checkpoint": ensure_random_model(), "mode": mode, "configs": configs})
+    checkpoint = ensure_random_model() if model == "llama" else _hybrid_checkpoint(str(tmp_path))
+    args = json.dumps({"checkpoint": checkpoint, "mode": mode, "configs": configs})
     package = os.path.dirname(os.path.dirname(rvascend.__file__))
     env = dict(os.environ, PYTHONPATH=package + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, _GUEST, args], capture_output=True, text=True, env=env, timeout=300)
@@ -30,7 +47,10 @@ def test_the_guest_marks_every_region_of_decode_and_prefill_steps(mode):
     assert [[s["context"], s["rows"], s["kind"]] for s in steps] == configs
     for step in steps:
         regions = set(step["regions"])
-        assert set(LINEARS) <= regions and {"attention", "rms_norm", "embedding", "sampling"} <= regions
+        linears = set(LINEARS) if model == "qwen3.5" else set(LINEARS) - set(HYBRID_LINEARS)
+        assert linears <= regions and {"attention", "rms_norm", "embedding", "sampling"} <= regions
+        if model == "qwen3.5":
+            assert {"deltanet", "deltanet_norm"} <= regions
         # Markers: the total's two (its interval is the one between them), then the breakdown's.
         assert step["marked_first_interval"] == step["total_interval"] + 2
         assert step["marked_last_interval"] - step["marked_first_interval"] + 1 == len(step["regions"])

@@ -26,7 +26,6 @@ from rvascend.models.chunked_delta_rule import chunked_gated_delta_rule
 from rvascend.models.config import ModelConfig
 from rvascend.models.decoder import MLP, Attention, CausalLM, DecoderModel, ForwardBatch, KVPool
 from rvascend.models.layers import FusedLinear, RotaryEmbedding, apply_rotary
-from rvascend.ops.gated_delta_rule import recurrent_gated_delta_rule
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -113,6 +112,9 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(t, self.nv, self.dv)
         core = torch.empty(t, self.nv, self.dv, dtype=torch.float32)
         if decode_rows:
+            # Imported here: the op's extension (_rgdr) is needed only by models that have these layers.
+            from rvascend.ops.gated_delta_rule import recurrent_gated_delta_rule
+
             rows = torch.tensor(decode_rows)
             core[rows] = recurrent_gated_delta_rule(
                 q[rows].contiguous(), k[rows].contiguous(), v[rows].contiguous(), ssm_pool, beta[rows].contiguous(),
