@@ -27,8 +27,11 @@ from rvascend.server.testing import API_KEY, Server, slow_steps
 
 # A board-sized KV pool: four 300-token system prompts do not all fit in one worker's.
 POOL_TOKENS = 1024
+# The seed's shape gate: every worker routes alike (the measured gate times each worker's host
+# on its own, and workers that differ in speed make the router balance load instead of prefixes).
 WORKER_ARGS = [f"--model-path={ensure_random_model()}", "--enable-cpu-rvv-inductor", "--cpu-compile-mode=eager",
-               f"--max-total-tokens={POOL_TOKENS}", "--max-running-requests=8", f"--api-key={API_KEY}"]
+               "--cpu-rvv-shape-gate=seed", f"--max-total-tokens={POOL_TOKENS}", "--max-running-requests=8",
+               f"--api-key={API_KEY}"]
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 TIMEOUT = 120.0
 
