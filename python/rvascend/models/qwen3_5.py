@@ -94,7 +94,7 @@ class GatedDeltaNet(nn.Module):
         weight = self.conv1d.weight[:, 0]                                  # [C, K]
         conv_out = torch.empty_like(mixed)
         start = 0
-        decode_rows, decode_slots = [], []
+        decode_rows, decode_slots, prompts = [], [], []  # prompts: (rows, prefix, slot)
         for n, prefix, slot in zip(batch.new_lens, batch.prefix_lens, batch.state_slots):
             x = mixed[start:start + n].transpose(0, 1)                     # [C, n]
             before = conv_pool[slot] if prefix > 0 else x.new_zeros(x.shape[0], self.kernel - 1)
@@ -105,6 +105,8 @@ class GatedDeltaNet(nn.Module):
             if n == 1 and prefix > 0:
                 decode_rows.append(start)
                 decode_slots.append(slot)
+            else:
+                prompts.append((slice(start, start + n), prefix, slot))
             start += n
         q, k, v = conv_out.float().split(self.qkv_split, dim=-1)
         q = _l2norm(q.reshape(t, self.nk, self.dk)) * self.dk ** -0.5
@@ -120,19 +122,14 @@ class GatedDeltaNet(nn.Module):
                 q[rows].contiguous(), k[rows].contiguous(), v[rows].contiguous(), ssm_pool, beta[rows].contiguous(),
                 1.0, torch.ones(len(rows), dtype=torch.int64), torch.tensor(decode_slots, dtype=torch.int64),
                 g=g[rows].contiguous())
-        start = 0
         group = self.nv // self.nk
-        for n, prefix, slot in zip(batch.new_lens, batch.prefix_lens, batch.state_slots):
-            if not (n == 1 and prefix > 0):
-                s = slice(start, start + n)
-                state = ssm_pool[slot].transpose(-1, -2) if prefix > 0 else \
-                    torch.zeros(self.nv, self.dk, self.dv)
-                out, state = chunked_gated_delta_rule(
-                    q[s].repeat_interleave(group, 1).transpose(0, 1), k[s].repeat_interleave(group, 1).transpose(0, 1),
-                    v[s].transpose(0, 1), g[s].transpose(0, 1), beta[s].transpose(0, 1), state)
-                core[s] = out.transpose(0, 1)
-                ssm_pool[slot] = state.transpose(-1, -2)
-            start += n
+        for s, prefix, slot in prompts:
+            state = ssm_pool[slot].transpose(-1, -2) if prefix > 0 else torch.zeros(self.nv, self.dk, self.dv)
+            out, state = chunked_gated_delta_rule(
+                q[s].repeat_interleave(group, 1).transpose(0, 1), k[s].repeat_interleave(group, 1).transpose(0, 1),
+                v[s].transpose(0, 1), g[s].transpose(0, 1), beta[s].transpose(0, 1), state)
+            core[s] = out.transpose(0, 1)
+            ssm_pool[slot] = state.transpose(-1, -2)
         core = self.norm(core.to(h.dtype), z.reshape(t, self.nv, self.dv))
         return self.out_proj(core.reshape(t, self.nv * self.dv))
 
