@@ -52,6 +52,7 @@ struct Lmul;
       return __riscv_vlse32_v_f32##M32(p, stride_bytes, vl);                                  \
     }                                                                                          \
     static F Mul(F a, F b, size_t vl) { return __riscv_vfmul_vv_f32##M32(a, b, vl); }          \
+    static F Scale(F a, float b, size_t vl) { return __riscv_vfmul_vf_f32##M32(a, b, vl); }  \
     static F FmaccVv(F acc, F a, F b, size_t vl) {                                             \
       return __riscv_vfmacc_vv_f32##M32(acc, a, b, vl);                                       \
     }                                                                                          \

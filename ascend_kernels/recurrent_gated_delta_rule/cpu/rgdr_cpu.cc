@@ -43,34 +43,18 @@ const RowKernels& ChooseRows(Elem elem, const std::string& name) {
   throw std::invalid_argument("recurrent_gated_delta_rule: row kernels '" + name + "' are not available here");
 }
 
-inline float ToFloat(float x) { return x; }
-inline float ToFloat(_Float16 x) { return static_cast<float>(x); }
-inline float ToFloat(uint16_t bf16) { return rvascend::Bf16ToFloat(bf16); }
-
-template <typename T>
-void ToF32(const T* src, size_t n, float scale, float* dst) {
-  for (size_t i = 0; i < n; ++i) dst[i] = ToFloat(src[i]) * scale;
-}
-
-// dst[i] = base[offset + i] * scale, base holding `elem` values.
-void ToF32(Elem elem, const void* base, size_t offset, size_t n, float scale, float* dst) {
+float ElemToF32(Elem elem, const void* base, size_t i) {
   switch (elem) {
-    case Elem::kFloat32: ToF32(static_cast<const float*>(base) + offset, n, scale, dst); break;
-    case Elem::kFloat16: ToF32(static_cast<const _Float16*>(base) + offset, n, scale, dst); break;
-    default: ToF32(static_cast<const uint16_t*>(base) + offset, n, scale, dst); break;
+    case Elem::kFloat32: return static_cast<const float*>(base)[i];
+    case Elem::kFloat16: return static_cast<float>(static_cast<const _Float16*>(base)[i]);
+    default: return rvascend::Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
   }
 }
 
-float ElemToF32(Elem elem, const void* base, size_t i) {
-  float x;
-  ToF32(elem, base, i, 1, 1.0f, &x);
-  return x;
-}
-
-// Scratch of one thread: per token q, k (FP32, shared by the value heads of
-// one key head: consecutive units reuse them) and egk, and the row buffer.
+// Scratch of one thread: per token q, k (FP32) and k . q, shared by the value
+// heads of one key head (consecutive units reuse them); egk; the row buffer.
 struct Scratch {
-  std::vector<float> qk, egk, row;
+  std::vector<float> qk, kq, egk, row;
   std::vector<TokenInputs> tokens;
   int64_t qk_seq0 = -1;
   uint32_t qk_head = 0, qk_len = 0;
@@ -84,10 +68,11 @@ void RunUnit(const RgdrArgs& a, const Unit& u, const RowKernels& rows, Scratch& 
   s.tokens.resize(u.len);
   if (s.qk_seq0 != u.seq0 || s.qk_head != hk || s.qk_len != u.len) {
     s.qk.resize(static_cast<size_t>(u.len) * 2 * dk);
+    s.kq.resize(u.len);
     for (uint32_t t = 0; t < u.len; ++t) {
       const size_t qk0 = ((static_cast<size_t>(u.seq0) + t) * a.nk + hk) * dk;
-      ToF32(a.elem, a.query, qk0, dk, a.scale, s.qk.data() + 2 * t * dk);
-      ToF32(a.elem, a.key, qk0, dk, 1.0f, s.qk.data() + (2 * t + 1) * dk);
+      float* q = s.qk.data() + 2 * t * dk;
+      s.kq[t] = rows.prepare(a.elem, a.query, a.key, qk0, dk, a.scale, q, q + dk);
     }
     s.qk_seq0 = u.seq0, s.qk_head = hk, s.qk_len = u.len;
   }
@@ -106,10 +91,8 @@ void RunUnit(const RgdrArgs& a, const Unit& u, const RowKernels& rows, Scratch& 
     } else if (a.gk != nullptr) {
       c *= std::exp(a.gk[th]);
     }
-    float kq = 0.0f;
-    for (size_t i = 0; i < dk; ++i) kq += k[i] * q[i];
     const int64_t slot = Index(a.indices, tok, a.indices_int64);
-    s.tokens[t] = TokenInputs{q, k, egk, c, ElemToF32(a.elem, a.beta, th), kq,
+    s.tokens[t] = TokenInputs{q, k, egk, c, ElemToF32(a.elem, a.beta, th), s.kq[t],
                               static_cast<const char*>(a.value) + th * dv * e,
                               static_cast<char*>(a.out) + th * dv * e,
                               static_cast<char*>(a.state) + ((static_cast<size_t>(slot) * a.nv + u.h) * dv * dk) * e};

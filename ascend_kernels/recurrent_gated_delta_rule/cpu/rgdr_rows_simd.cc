@@ -243,11 +243,45 @@ void RunRows(Elem elem, size_t dk, size_t dv, const void* src, const TokenInputs
   }
 }
 
+template <typename T>
+RGDR_INLINE float PrepareT(const T* query, const T* key, size_t dk, float scale, float* q, float* k) {
+  const size_t body = dk / kLanes * kLanes;
+  V16 acc = {};
+  for (size_t i = 0; i < body; i += kLanes) {
+    const V16 qq = Load16(query + i) * scale, kk = Load16(key + i);
+    StoreF(q + i, qq);
+    StoreF(k + i, kk);
+    acc += qq * kk;
+  }
+  float tail = 0.0f;
+  for (size_t i = body; i < dk; ++i) {
+    q[i] = Load1(query + i) * scale;
+    k[i] = Load1(key + i);
+    tail += q[i] * k[i];
+  }
+  return Sum(acc) + tail;
+}
+
+float Prepare(Elem elem, const void* query, const void* key, size_t offset, size_t dk, float scale, float* q,
+              float* k) {
+  switch (elem) {
+    case Elem::kFloat32:
+      return PrepareT(static_cast<const float*>(query) + offset, static_cast<const float*>(key) + offset, dk, scale,
+                      q, k);
+    case Elem::kFloat16:
+      return PrepareT(static_cast<const _Float16*>(query) + offset, static_cast<const _Float16*>(key) + offset, dk,
+                      scale, q, k);
+    default:
+      return PrepareT(static_cast<const Bf16*>(query) + offset, static_cast<const Bf16*>(key) + offset, dk, scale,
+                      q, k);
+  }
+}
+
 }  // namespace
 
 #define RGDR_STRINGIFY2(x) #x
 #define RGDR_STRINGIFY(x) RGDR_STRINGIFY2(x)
 extern const RowKernels RGDR_ROWS_SYMBOL;  // external linkage: the dispatcher names it
-const RowKernels RGDR_ROWS_SYMBOL{RGDR_STRINGIFY(RGDR_ROWS_NAME), RunRows};
+const RowKernels RGDR_ROWS_SYMBOL{RGDR_STRINGIFY(RGDR_ROWS_NAME), RunRows, Prepare};
 
 }  // namespace rgdr

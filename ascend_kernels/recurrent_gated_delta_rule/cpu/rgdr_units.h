@@ -49,9 +49,15 @@ constexpr size_t kMaxRowsAtOnce = 2;
 using RunRowsFn = void (*)(Elem elem, size_t dk, size_t dv, const void* src_row0, const TokenInputs* tokens,
                            uint32_t len, float* row);
 
+// One token's q * scale and k (`dk` elements of one key head, from element
+// `offset` of `query` and `key`) as FP32 into `q` and `k`; returns k . q.
+using PrepareFn = float (*)(Elem elem, const void* query, const void* key, size_t offset, size_t dk, float scale,
+                            float* q, float* k);
+
 struct RowKernels {
   const char* name;
   RunRowsFn run_rows;
+  PrepareFn prepare;
 };
 
 // Generic vectors (rgdr_rows_simd.cc), compiled for the baseline ISA and,

@@ -35,7 +35,8 @@ CPI_VECTOR = 4.0
 BANDWIDTH_ALL_CORES = 7.0e9   # bytes/s
 BANDWIDTH_ONE_THREAD = 2.6e9  # bytes/s
 
-PARALLEL_REGIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head", "attention")
+# Every packed projection (a hybrid's in_proj / out_proj too) and attention.
+PARALLEL_REGIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head", "in_proj", "out_proj", "attention")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,8 +100,11 @@ class GatedDeltaNet(nn.Module):
             before = conv_pool[slot] if prefix > 0 else x.new_zeros(x.shape[0], self.kernel - 1)
             window = torch.cat((before.to(x.dtype), x), dim=1)             # [C, K - 1 + n]
             conv_pool[slot] = window[:, -(self.kernel - 1):]
-            conv_out[start:start + n] = F.silu(F.conv1d(window[None].to(weight.dtype), weight[:, None],
-                                                        groups=weight.shape[0])[0].transpose(0, 1)).to(x.dtype)
+            # The depthwise conv as one product and sum over [C, n, K] windows: F.conv1d with
+            # groups=C runs one small convolution per channel (on riscv64's scalar ATen about
+            # 200M instructions per layer and token).
+            taps = window.unfold(1, self.kernel, 1).float() * weight.float()[:, None, :]
+            conv_out[start:start + n] = F.silu(taps.sum(-1).transpose(0, 1)).to(x.dtype)
             if n == 1 and prefix > 0:
                 decode_rows.append(start)
                 decode_slots.append(slot)
@@ -117,11 +120,14 @@ class GatedDeltaNet(nn.Module):
             # Imported here: the op's extension (_rgdr) is needed only by models that have these layers.
             from rvascend.ops.gated_delta_rule import recurrent_gated_delta_rule
 
-            rows = torch.tensor(decode_rows)
+            # A batch of decode rows only (every step after the prompts) takes its tensors whole:
+            # each gather is one more ATen call, and on riscv64's scalar ATen a call is tens of
+            # thousands of instructions.
+            rows = slice(None) if len(decode_rows) == t else torch.tensor(decode_rows)
             core[rows] = recurrent_gated_delta_rule(
                 q[rows].contiguous(), k[rows].contiguous(), v[rows].contiguous(), ssm_pool, beta[rows].contiguous(),
-                1.0, torch.ones(len(rows), dtype=torch.int64), torch.tensor(decode_slots, dtype=torch.int64),
-                g=g[rows].contiguous())
+                1.0, torch.ones(len(decode_rows), dtype=torch.int64),
+                torch.tensor(decode_slots, dtype=torch.int64), g=g[rows].contiguous())
         group = self.nv // self.nk
         for s, prefix, slot in prompts:
             state = ssm_pool[slot].transpose(-1, -2) if prefix > 0 else torch.zeros(self.nv, self.dk, self.dv)
