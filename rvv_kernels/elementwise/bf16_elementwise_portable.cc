@@ -1,6 +1,7 @@
 // Portable row kernels: the scalar statement of each contract in
 // elementwise_ukernels.h (and the host path).
 #include <cmath>
+#include <cstring>
 
 #include "rvv_kernels/base/bf16.h"
 #include "rvv_kernels/elementwise/elementwise_ukernels.h"
@@ -71,8 +72,10 @@ int64_t Argmax(const uint16_t* row, size_t n) {
   return best;
 }
 
+void Copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
 }  // namespace
 
-const ElementwiseKernels kElementwisePortable = {"portable", RmsNorm, SiluMul, Rope, Argmax};
+const ElementwiseKernels kElementwisePortable = {"portable", RmsNorm, SiluMul, Rope, Argmax, Copy};
 
 }  // namespace rvascend

@@ -10,6 +10,7 @@
 //            rot(x) = [-x[d/2:], x[:d/2]].
 // argmax:    the index of the largest value of a row (first on ties), -1 if any
 //            value is NaN.
+// copy:      `bytes` bytes from src to dst (not overlapping), any alignment.
 #ifndef RVV_KERNELS_ELEMENTWISE_ELEMENTWISE_UKERNELS_H_
 #define RVV_KERNELS_ELEMENTWISE_ELEMENTWISE_UKERNELS_H_
 
@@ -27,6 +28,7 @@ struct ElementwiseKernels {
   void (*rope)(const uint16_t* x, size_t heads, size_t d, const uint16_t* norm_weight, float eps,
                const uint16_t* cos, const uint16_t* sin, uint16_t* out);
   int64_t (*argmax)(const uint16_t* row, size_t n);
+  void (*copy)(void* dst, const void* src, size_t bytes);
 };
 
 extern const ElementwiseKernels kElementwisePortable;

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from rvascend.models.config import ModelConfig
+from rvascend.ops import elementwise
 
 
 class RecurrentStatePool:
@@ -41,10 +42,16 @@ class RecurrentStatePool:
                          + linear.num_value_heads * linear.value_head_dim * linear.key_head_dim * 4)
 
     def snapshot(self, slots: list[int]) -> list[torch.Tensor]:
-        index = torch.tensor(slots, dtype=torch.long)
-        return [t.index_select(0, index) for t in self.conv + self.ssm]
+        """Copies of `slots` (one tensor per pool tensor, slot i of it at row i)."""
+        saved = []
+        for t in self.conv + self.ssm:
+            rows = t.new_empty((len(slots), *t.shape[1:]))
+            for i, slot in enumerate(slots):
+                elementwise.copy_(rows[i], t[slot])
+            saved.append(rows)
+        return saved
 
     def restore(self, slots: list[int], saved: list[torch.Tensor]) -> None:
-        index = torch.tensor(slots, dtype=torch.long)
-        for t, s in zip(self.conv + self.ssm, saved):
-            t.index_copy_(0, index, s)
+        for t, rows in zip(self.conv + self.ssm, saved):
+            for i, slot in enumerate(slots):
+                elementwise.copy_(t[slot], rows[i])

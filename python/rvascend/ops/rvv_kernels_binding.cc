@@ -275,6 +275,15 @@ void Argmax(size_t rows, size_t n, uintptr_t x, size_t x_stride, uintptr_t out, 
   ArgmaxRows(k, rows, n, xp, x_stride, op, num_threads ? num_threads : 1);
 }
 
+void CopyBytesOp(uintptr_t dst, uintptr_t src, size_t bytes, size_t num_threads) {
+  if (bytes == 0) return;
+  const ElementwiseKernels& k = ChooseElementwiseKernels("");
+  uint8_t* d = Pointer<uint8_t>(dst, "dst");
+  const uint8_t* s = Pointer<const uint8_t>(src, "src");
+  py::gil_scoped_release release;
+  CopyBytes(k, d, s, bytes, num_threads ? num_threads : 1);
+}
+
 // One row of the decoder_layers descriptor (int64 [layers, kLayerFields]): the
 // (data pointer, elements) pairs of DecoderLayerWeights' buffers in its order, then
 // one kind per projection (qkv, o, gate_up, down): 0 for a BF16 packed weight (its
@@ -318,7 +327,6 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
   static const char* const kNames[kLayerBuffers] = {
       "input_norm", "post_attention_norm", "qkv packed weight", "o packed weight", "gate_up packed weight",
       "down packed weight", "q_norm", "k_norm", "k_pool", "v_pool"};
-  static const char* const kProjections[4] = {"qkv", "o", "gate_up", "down"};
   std::vector<DecoderLayerWeights> layers(n_layers);
   bool any_quantized = false;
   for (size_t l = 0; l < n_layers; ++l) {
@@ -568,6 +576,8 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         "Rotate-half RoPE of BF16 heads, after an optional per-head RMSNorm.");
   m.def("argmax", &Argmax, py::arg("rows"), py::arg("n"), py::arg("x"), py::arg("x_stride"), py::arg("out"),
         py::arg("num_threads"), "First index of the maximum of each BF16 row; -1 for a row with a NaN.");
+  m.def("copy_bytes", &CopyBytesOp, py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("num_threads"),
+        "dst[:bytes] = src[:bytes] (not overlapping), vector loads and stores where the CPU has them.");
   m.def("available_elementwise_kernels", &AvailableElementwiseKernels,
         "Elementwise kernel sets this build has and this CPU runs, best first.");
   m.def("available_kernel_sets", [] { return Names(AvailableKernelSets()); },
