@@ -1,9 +1,10 @@
-// The row loop of the CPU op (rgdr_units.h) in GCC/Clang generic vectors of 16
-// FP32 lanes. Compiled once per ISA level the dispatcher may pick (BUILD:
-// baseline, AVX2 + FMA, AVX-512, AVX-512 with BF16), each object defining
-// the RowKernels named by RGDR_ROWS_SYMBOL; with AVX-512 BF16 the rows are
-// rounded to BF16 by vcvtneps2bf16 (the same round-to-nearest-even and quiet
-// NaNs; inputs below the normal range flush to zero).
+// The row loop of the CPU op (rgdr_units.h) in GCC/Clang generic vectors (16
+// FP32 lanes with AVX-512, 8 below it). Compiled once per ISA level the
+// dispatcher may pick (BUILD: baseline, AVX2 + FMA, AVX-512, AVX-512 with
+// BF16), each object defining the RowKernels named by RGDR_ROWS_SYMBOL; with
+// AVX-512 BF16 the rows are rounded to BF16 by vcvtneps2bf16 (the same
+// round-to-nearest-even and quiet NaNs; inputs below the normal range flush
+// to zero).
 #include <cstring>
 
 #if defined(__AVX512F__)
@@ -19,57 +20,64 @@ namespace {
 
 #define RGDR_INLINE inline __attribute__((always_inline))
 
-typedef float V16 __attribute__((vector_size(64)));
-typedef uint32_t U16x __attribute__((vector_size(64)));
-typedef uint16_t H16x __attribute__((vector_size(32)));
-typedef _Float16 F16x __attribute__((vector_size(32)));
+// One register of FP32 lanes with AVX-512, and with AVX2 (16 lanes there are
+// two registers per value: with 16 of them the row loop spilled to the stack and
+// ran slower than the SSE2 build); SSE2 runs 8 lanes as two registers.
+#if defined(__AVX512F__)
 constexpr size_t kLanes = 16;
+#else
+constexpr size_t kLanes = 8;
+#endif
+typedef float VF __attribute__((vector_size(4 * kLanes)));
+typedef uint32_t VU __attribute__((vector_size(4 * kLanes)));
+typedef uint16_t VH __attribute__((vector_size(2 * kLanes)));
+typedef _Float16 VF16 __attribute__((vector_size(2 * kLanes)));
 
 struct Bf16 {
   uint16_t bits;
 };
 
-RGDR_INLINE V16 LoadF(const float* p) {
-  V16 v;
+RGDR_INLINE VF LoadF(const float* p) {
+  VF v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-RGDR_INLINE void StoreF(float* p, V16 v) { std::memcpy(p, &v, sizeof(v)); }
+RGDR_INLINE void StoreF(float* p, VF v) { std::memcpy(p, &v, sizeof(v)); }
 
-// Element <-> FP32, 16 at a time and one at a time (tails).
-RGDR_INLINE V16 Load16(const float* p) { return LoadF(p); }
-RGDR_INLINE V16 Load16(const Bf16* p) {
+// Element <-> FP32, kLanes at a time and one at a time (tails).
+RGDR_INLINE VF LoadV(const float* p) { return LoadF(p); }
+RGDR_INLINE VF LoadV(const Bf16* p) {
 #if defined(__AVX512F__)
   // One zero-extending load and a shift (the generic form compiles to extracts and inserts).
   const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
-  V16 f;
+  VF f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
 #else
-  return rvascend::WidenBf16<V16, U16x, H16x>(&p->bits);
+  return rvascend::WidenBf16<VF, VU, VH>(&p->bits);
 #endif
 }
-RGDR_INLINE V16 Load16(const _Float16* p) {
-  F16x h;
+RGDR_INLINE VF LoadV(const _Float16* p) {
+  VF16 h;
   std::memcpy(&h, p, sizeof(h));
-  return __builtin_convertvector(h, V16);
+  return __builtin_convertvector(h, VF);
 }
-RGDR_INLINE void Store16(float* p, V16 v) { StoreF(p, v); }
+RGDR_INLINE void StoreV(float* p, VF v) { StoreF(p, v); }
 #if defined(__AVX512BF16__)
-RGDR_INLINE void Store16(Bf16* p, V16 v) {
+RGDR_INLINE void StoreV(Bf16* p, VF v) {
   __m512 x;
   std::memcpy(&x, &v, sizeof(x));
   const __m256bh h = _mm512_cvtneps_pbh(x);
   std::memcpy(p, &h, sizeof(h));
 }
 #else
-RGDR_INLINE void Store16(Bf16* p, V16 v) {
-  const H16x h = rvascend::NarrowBf16<V16, U16x, H16x>(v);
+RGDR_INLINE void StoreV(Bf16* p, VF v) {
+  const VH h = rvascend::NarrowBf16<VF, VU, VH>(v);
   std::memcpy(p, &h, sizeof(h));
 }
 #endif
-RGDR_INLINE void Store16(_Float16* p, V16 v) {
-  const F16x h = __builtin_convertvector(v, F16x);
+RGDR_INLINE void StoreV(_Float16* p, VF v) {
+  const VF16 h = __builtin_convertvector(v, VF16);
   std::memcpy(p, &h, sizeof(h));
 }
 RGDR_INLINE float Load1(const float* p) { return *p; }
@@ -82,10 +90,14 @@ RGDR_INLINE void Store1(_Float16* p, float v) { *p = static_cast<_Float16>(v); }
 typedef float V8 __attribute__((vector_size(32)));
 typedef float V4 __attribute__((vector_size(16)));
 
-RGDR_INLINE float Sum(V16 v) {
+RGDR_INLINE float Sum(VF v) {
   // Halving tree in registers: fixed order, so a result does not depend on the call.
+#if defined(__AVX512F__)
   const V8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  const V8 a = v;
+#endif
   const V4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
@@ -108,12 +120,12 @@ RGDR_INLINE void TokenStep(size_t dk, const T* in, size_t v, const TokenInputs& 
   const float* __restrict egk = tok.egk;
   const float c = tok.c;
   // Pass 1: decay per dimension; r . k and r . q.
-  V16 acc_k[R] = {}, acc_q[R] = {};
+  VF acc_k[R] = {}, acc_q[R] = {};
   float kv[R] = {}, rq[R] = {};
   for (size_t i = 0; i < body; i += kLanes) {
-    const V16 k = LoadF(tk + i), q = LoadF(tq + i);
+    const VF k = LoadF(tk + i), q = LoadF(tq + i);
     for (size_t r = 0; r < R; ++r) {
-      V16 x = kFirst ? Load16(in + r * dk + i) : LoadF(row + r * dk + i);
+      VF x = kFirst ? LoadV(in + r * dk + i) : LoadF(row + r * dk + i);
       if (kEgk) x *= LoadF(egk + i);
       if (kEgk || (kFirst && kKeep)) StoreF(row + r * dk + i, x);
       acc_k[r] += x * k;
@@ -138,13 +150,13 @@ RGDR_INLINE void TokenStep(size_t dk, const T* in, size_t v, const TokenInputs& 
   // Pass 2: r = c * r + d * k, to this token's slot (and kept for the next token).
   T* dst = static_cast<T*>(tok.state_row0) + v * dk;
   for (size_t i = 0; i < body; i += kLanes) {
-    const V16 k = LoadF(tk + i);
+    const VF k = LoadF(tk + i);
     for (size_t r = 0; r < R; ++r) {
       // Rows pass 1 did not store are converted again (they are in L1).
-      const V16 old = kFirst && !kEgk && !kKeep ? Load16(in + r * dk + i) : LoadF(row + r * dk + i);
-      const V16 x = c * old + d[r] * k;
+      const VF old = kFirst && !kEgk && !kKeep ? LoadV(in + r * dk + i) : LoadF(row + r * dk + i);
+      const VF x = c * old + d[r] * k;
       if (kKeep) StoreF(row + r * dk + i, x);
-      Store16(dst + r * dk + i, x);
+      StoreV(dst + r * dk + i, x);
     }
   }
   for (size_t r = 0; r < R; ++r) {
@@ -175,19 +187,19 @@ RGDR_INLINE void RunRowBlock(size_t dk, const T* in, size_t v, const TokenInputs
 template <typename T, size_t kChunks, bool kEgk>
 RGDR_INLINE void RowBlockInRegisters(const T* in, size_t v, const TokenInputs* tokens, uint32_t len) {
   constexpr size_t R = kRows, dk = kChunks * kLanes;
-  V16 r[R][kChunks];
+  VF r[R][kChunks];
   for (size_t j = 0; j < R; ++j) {
-    for (size_t i = 0; i < kChunks; ++i) r[j][i] = Load16(in + j * dk + i * kLanes);
+    for (size_t i = 0; i < kChunks; ++i) r[j][i] = LoadV(in + j * dk + i * kLanes);
   }
   for (uint32_t t = 0; t < len; ++t) {
     const TokenInputs& tok = tokens[t];
     const float* __restrict tk = tok.k;
     const float* __restrict tq = tok.q;
     const float c = tok.c;
-    V16 acc_k[R] = {}, acc_q[R] = {};
+    VF acc_k[R] = {}, acc_q[R] = {};
     for (size_t i = 0; i < kChunks; ++i) {
-      const V16 k = LoadF(tk + i * kLanes), q = LoadF(tq + i * kLanes);
-      const V16 e = kEgk ? LoadF(tok.egk + i * kLanes) : V16{};
+      const VF k = LoadF(tk + i * kLanes), q = LoadF(tq + i * kLanes);
+      const VF e = kEgk ? LoadF(tok.egk + i * kLanes) : VF{};
       for (size_t j = 0; j < R; ++j) {
         if (kEgk) r[j][i] *= e;
         acc_k[j] += r[j][i] * k;
@@ -201,10 +213,10 @@ RGDR_INLINE void RowBlockInRegisters(const T* in, size_t v, const TokenInputs* t
     }
     T* dst = static_cast<T*>(tok.state_row0) + v * dk;
     for (size_t i = 0; i < kChunks; ++i) {
-      const V16 k = LoadF(tk + i * kLanes);
+      const VF k = LoadF(tk + i * kLanes);
       for (size_t j = 0; j < R; ++j) {
         r[j][i] = c * r[j][i] + d[j] * k;
-        Store16(dst + j * dk + i * kLanes, r[j][i]);
+        StoreV(dst + j * dk + i * kLanes, r[j][i]);
       }
     }
   }
@@ -246,9 +258,9 @@ void RunRows(Elem elem, size_t dk, size_t dv, const void* src, const TokenInputs
 template <typename T>
 RGDR_INLINE float PrepareT(const T* query, const T* key, size_t dk, float scale, float* q, float* k) {
   const size_t body = dk / kLanes * kLanes;
-  V16 acc = {};
+  VF acc = {};
   for (size_t i = 0; i < body; i += kLanes) {
-    const V16 qq = Load16(query + i) * scale, kk = Load16(key + i);
+    const VF qq = LoadV(query + i) * scale, kk = LoadV(key + i);
     StoreF(q + i, qq);
     StoreF(k + i, kk);
     acc += qq * kk;
