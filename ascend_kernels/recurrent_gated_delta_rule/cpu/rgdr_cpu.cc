@@ -4,8 +4,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "cpu/elem_values.h"
 #include "cpu/rgdr_units.h"
-#include "rvv_kernels/base/bf16.h"
 #include "rvv_kernels/base/cpu_features.h"
 #include "rvv_kernels/base/thread_pool.h"
 
@@ -41,14 +41,6 @@ const RowKernels& ChooseRows(Elem elem, const std::string& name) {
     if (name.empty() || name == k->name) return *k;
   }
   throw std::invalid_argument("recurrent_gated_delta_rule: row kernels '" + name + "' are not available here");
-}
-
-float ElemToF32(Elem elem, const void* base, size_t i) {
-  switch (elem) {
-    case Elem::kFloat32: return static_cast<const float*>(base)[i];
-    case Elem::kFloat16: return static_cast<float>(static_cast<const _Float16*>(base)[i]);
-    default: return rvascend::Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
-  }
 }
 
 // Scratch of one thread: per token q, k (FP32) and k . q, shared by the value
@@ -92,7 +84,7 @@ void RunUnit(const RgdrArgs& a, const Unit& u, const RowKernels& rows, Scratch& 
       c *= std::exp(a.gk[th]);
     }
     const int64_t slot = Index(a.indices, tok, a.indices_int64);
-    s.tokens[t] = TokenInputs{q, k, egk, c, ElemToF32(a.elem, a.beta, th), s.kq[t],
+    s.tokens[t] = TokenInputs{q, k, egk, c, LoadElem(a.elem, a.beta, th), s.kq[t],
                               static_cast<const char*>(a.value) + th * dv * e,
                               static_cast<char*>(a.out) + th * dv * e,
                               static_cast<char*>(a.state) + ((static_cast<size_t>(slot) * a.nv + u.h) * dv * dk) * e};

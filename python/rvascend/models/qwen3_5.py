@@ -89,9 +89,17 @@ class GatedDeltaNet(nn.Module):
         conv_pool, ssm_pool = states.conv[self.index], states.ssm[self.index]
         t = h.shape[0]
         mixed, z, b, a = self.in_proj(h).split(self.split, dim=-1)
+        weight = self.conv1d.weight[:, 0]                                  # [C, K]
+        if self._one_native_call(batch, mixed, conv_pool, weight):
+            # Every sequence decodes one token: the conv, norms, gates and delta rule in one call.
+            from rvascend.ops.gated_delta_rule import deltanet_decode
+
+            core = deltanet_decode(mixed, b, a, conv_pool, weight, self.A_log, self.dt_bias, ssm_pool,
+                                   torch.tensor(batch.state_slots, dtype=torch.int64), self.nk)
+            core = self.norm(core.to(h.dtype), z.reshape(t, self.nv, self.dv))
+            return self.out_proj(core.reshape(t, self.nv * self.dv))
         beta = b.sigmoid().float()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        weight = self.conv1d.weight[:, 0]                                  # [C, K]
         conv_out = torch.empty_like(mixed)
         start = 0
         decode_rows, decode_slots, prompts = [], [], []  # prompts: (rows, prefix, slot)
@@ -138,6 +146,17 @@ class GatedDeltaNet(nn.Module):
             ssm_pool[slot] = state.transpose(-1, -2)
         core = self.norm(core.to(h.dtype), z.reshape(t, self.nv, self.dv))
         return self.out_proj(core.reshape(t, self.nv * self.dv))
+
+
+    def _one_native_call(self, batch: ForwardBatch, mixed: torch.Tensor, conv_pool: torch.Tensor,
+                         weight: torch.Tensor) -> bool:
+        """Whether this step can take deltanet_decode: one token after a prefix for every sequence,
+        no autograd, and one dtype for the inputs, the conv state and the layer's parameters."""
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            return False
+        if not all(n == 1 and prefix > 0 for n, prefix in zip(batch.new_lens, batch.prefix_lens)):
+            return False
+        return all(x.dtype == mixed.dtype for x in (conv_pool, weight, self.A_log, self.dt_bias))
 
 
 class GatedAttention(Attention):

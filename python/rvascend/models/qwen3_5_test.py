@@ -110,6 +110,55 @@ def test_logits_match_transformers_through_prefill_and_32_decode_steps(pair, chu
             last[i] = int(want.argmax())
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_the_one_call_decode_step_equals_the_torch_layer(pair, dtype, tol, monkeypatch):
+    from rvascend.models import qwen3_5
+    from rvascend.ops import gated_delta_rule
+
+    path = pair[2]
+    model = load_model(path, dtype)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 9, 2)]
+    native, stepwise = _Runner(model, 3, 0), _Runner(model, 3, 0)
+    for r in (native, stepwise):
+        r.step([(i, p, 0) for i, p in enumerate(prompts)])
+    calls = []
+    real = gated_delta_rule.deltanet_decode
+    monkeypatch.setattr(gated_delta_rule, "deltanet_decode", lambda *a: calls.append(1) or real(*a))
+    lens = [len(p) for p in prompts]
+    for step in range(4):
+        rows = [(i, [(7 * step + i) % VOCAB], lens[i]) for i in range(3)]
+        got = native.step(rows)
+        with monkeypatch.context() as m:
+            m.setattr(qwen3_5.GatedDeltaNet, "_one_native_call", lambda *a: False)
+            want = stepwise.step(rows)
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+        lens = [n + 1 for n in lens]
+    assert len(calls) == 4 * 3  # every decode step, every DeltaNet layer
+    for a, b in zip(native.pool.states.ssm + native.pool.states.conv,
+                    stepwise.pool.states.ssm + stepwise.pool.states.conv):
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def test_the_one_call_decode_step_refuses_bad_slots_and_dtypes(pair):
+    from rvascend.ops.gated_delta_rule import deltanet_decode
+
+    model = pair[1]
+    layer = model.model.layers[0].linear_attn
+    states = RecurrentStatePool(model.config, 4, torch.float32)
+    mixed, _, b, a = layer.in_proj(torch.randn(2, 64)).split(layer.split, dim=-1)
+    args = (mixed, b, a, states.conv[0], layer.conv1d.weight[:, 0], layer.A_log, layer.dt_bias, states.ssm[0])
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="outside the state pool of 4 slots"):
+            deltanet_decode(*args, torch.tensor([1, 4]), layer.nk)
+        with pytest.raises(ValueError, match="used by two sequences"):
+            deltanet_decode(*args, torch.tensor([2, 2]), layer.nk)
+        with pytest.raises(TypeError, match="conv_state is torch.bfloat16"):
+            deltanet_decode(mixed, b, a, states.conv[0].bfloat16(), *args[4:], torch.tensor([0, 1]), layer.nk)
+        with pytest.raises(ValueError, match="slots"):
+            deltanet_decode(*args, torch.tensor([0, 1], dtype=torch.int32), layer.nk)
+
+
 def test_engine_greedy_equals_transformers_generate(pair):
     hf, ours, _ = pair
     g = torch.Generator().manual_seed(2)

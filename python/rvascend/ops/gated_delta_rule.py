@@ -204,6 +204,56 @@ def recurrent_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: to
                                                          ssm_state_indices, num_accepted_tokens, g, gk)
 
 
+def deltanet_decode(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
+                    conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, ssm_state: torch.Tensor,
+                    slots: torch.Tensor, num_key_heads: int) -> torch.Tensor:
+    """A Gated DeltaNet layer's decode step after its in_proj, one token per sequence, in one native
+    call (the conv, SiLU, q/k L2 norms, beta and decay, then the delta rule; cpu/deltanet_decode.h).
+
+    mixed [T, C] (C = 2 NK Dk + NV Dv), b and a [T, NV]: rows of the in_proj output, columns
+    contiguous. conv_state [S, C, K - 1] and ssm_state [S, NV, Dv, Dk] (FP32) are updated in place at
+    `slots` (int64 [T]). Returns the delta rule's output, FP32 [T, NV, Dv]."""
+    dtype = mixed.dtype
+    if dtype not in _ELEM:
+        raise TypeError(f"mixed must be bfloat16, float16 or float32, got {dtype}")
+    for name, t in (("b", b), ("a", a), ("conv_state", conv_state), ("conv_weight", conv_weight),
+                    ("a_log", a_log), ("dt_bias", dt_bias)):
+        if t.dtype != dtype:
+            raise TypeError(f"{name} is {t.dtype} but mixed is {dtype}: they must match")
+    if ssm_state.dtype != torch.float32 or ssm_state.dim() != 4 or not ssm_state.is_contiguous():
+        raise _shape_error("ssm_state", ssm_state, "contiguous float32 [S, NV, Dv, Dk]")
+    S, NV, Dv, Dk = ssm_state.shape
+    if num_key_heads < 1 or NV % num_key_heads:
+        raise ValueError(f"NV = {NV} is not a multiple of NK = {num_key_heads}")
+    if mixed.dim() != 2 or mixed.stride(1) != 1:
+        raise _shape_error("mixed", mixed, "[T, C] with contiguous columns")
+    T, C = mixed.shape
+    if C != 2 * num_key_heads * Dk + NV * Dv:
+        raise _shape_error("mixed", mixed, f"[T, {2 * num_key_heads * Dk + NV * Dv}] (q, k, v)")
+    if b.shape != (T, NV) or a.shape != (T, NV) or b.stride(1) != 1 or a.stride() != b.stride():
+        raise _shape_error("b and a", b, f"[{T}, {NV}] with contiguous columns and one row stride")
+    if conv_state.dim() != 3 or conv_state.shape[:2] != (S, C) or not conv_state.is_contiguous():
+        raise _shape_error("conv_state", conv_state, f"contiguous [{S}, {C}, K - 1]")
+    K = conv_state.shape[2] + 1
+    if conv_weight.shape != (C, K) or not conv_weight.is_contiguous():
+        raise _shape_error("conv_weight", conv_weight, f"contiguous [{C}, {K}]")
+    for name, t in (("a_log", a_log), ("dt_bias", dt_bias)):
+        if t.shape != (NV,) or not t.is_contiguous():
+            raise _shape_error(name, t, f"contiguous [{NV}]")
+    if slots.dtype != torch.int64 or slots.shape != (T,) or not slots.is_contiguous():
+        raise _shape_error("slots", slots, f"contiguous int64 [{T}]")
+    out = torch.empty((T, NV, Dv), dtype=torch.float32)
+    if T:
+        _rgdr.deltanet_decode({
+            "elem": _ELEM[dtype], "t": T, "nk": num_key_heads, "nv": NV, "dk": Dk, "dv": Dv, "kernel": K,
+            "num_slots": S, "mixed": mixed.data_ptr(), "mixed_stride": mixed.stride(0) if T > 1 else C,
+            "b": b.data_ptr(), "a": a.data_ptr(), "gate_stride": b.stride(0) if T > 1 else NV,
+            "conv_state": conv_state.data_ptr(), "conv_weight": conv_weight.data_ptr(),
+            "a_log": a_log.data_ptr(), "dt_bias": dt_bias.data_ptr(), "ssm_state": ssm_state.data_ptr(),
+            "slots": slots.data_ptr(), "out": out.data_ptr()}, torch.get_num_threads())
+    return out
+
+
 def tiling(query: torch.Tensor, value: torch.Tensor, state: torch.Tensor, batches: int, *, has_g: bool,
            gk: Optional[torch.Tensor], has_accepted: bool, seq_lens_int64: bool, indices_int64: bool, scale: float,
            platform: str = DEFAULT_SOC) -> dict[str, Any]:

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cpu/deltanet_decode.h"
 #include "cpu/rgdr_cpu.h"
 #include "cpu_twin/twin_launch.h"
 #include "op_host/recurrent_gated_delta_rule_tiling.h"
@@ -134,6 +135,36 @@ PYBIND11_MODULE(_rgdr, m) {
     py::gil_scoped_release release;
     rgdr::RecurrentGatedDeltaRuleCpu(a, threads == 0 ? 1 : threads, rows);
   }, py::arg("spec"), py::arg("threads"), py::arg("rows") = "");
+  m.def("deltanet_decode", [](const py::dict& d, size_t threads) {
+    rgdr::DeltaNetDecodeArgs a;
+    const std::string elem = Get<std::string>(d, "elem");
+    a.elem = elem == "float16" ? rgdr::Elem::kFloat16 : elem == "bfloat16" ? rgdr::Elem::kBFloat16 : rgdr::Elem::kFloat32;
+    a.t = Get<uint32_t>(d, "t");
+    a.nk = Get<uint32_t>(d, "nk");
+    a.nv = Get<uint32_t>(d, "nv");
+    a.dk = Get<uint32_t>(d, "dk");
+    a.dv = Get<uint32_t>(d, "dv");
+    a.kernel = Get<uint32_t>(d, "kernel");
+    a.num_slots = Get<uint32_t>(d, "num_slots");
+    a.mixed = Ptr(d, "mixed");
+    a.mixed_stride = Get<size_t>(d, "mixed_stride");
+    a.b = Ptr(d, "b");
+    a.a = Ptr(d, "a");
+    a.gate_stride = Get<size_t>(d, "gate_stride");
+    a.conv_state = const_cast<void*>(Ptr(d, "conv_state"));
+    a.conv_weight = Ptr(d, "conv_weight");
+    a.a_log = Ptr(d, "a_log");
+    a.dt_bias = Ptr(d, "dt_bias");
+    a.ssm_state = static_cast<float*>(const_cast<void*>(Ptr(d, "ssm_state")));
+    a.slots = static_cast<const int64_t*>(Ptr(d, "slots"));
+    a.out = static_cast<float*>(const_cast<void*>(Ptr(d, "out")));
+    if (!a.mixed || !a.b || !a.a || !a.conv_state || !a.conv_weight || !a.a_log || !a.dt_bias || !a.ssm_state ||
+        !a.slots || !a.out) {
+      throw std::invalid_argument("deltanet_decode: a required tensor pointer is null");
+    }
+    py::gil_scoped_release release;
+    rgdr::DeltaNetDecodeCpu(a, threads == 0 ? 1 : threads);
+  }, py::arg("spec"), py::arg("threads"));
   m.def("available_row_kernels", [](const std::string& elem) {
     return rgdr::AvailableRowKernels(elem == "float16" ? rgdr::Elem::kFloat16
                                      : elem == "bfloat16" ? rgdr::Elem::kBFloat16 : rgdr::Elem::kFloat32);
