@@ -100,8 +100,9 @@ def main(argv: list[str]) -> int:
                             "twin_vector_repeats_per_token_chunk": counters["vector_repeats"] / per_token_chunk,
                             "twin_scalar_syncs_per_token_chunk": counters["scalar_syncs"] / per_token_chunk,
                             "threads": torch.get_num_threads(), "row_kernels": rows})
-    print_table(records, [("batch", "batch", "d"), ("mtp", "MTP", "d"), ("hf_s", "HF s", ".6f"),
-                          ("op_s", "op s", ".6f"), ("speedup", "HF/op", ".1f"),
+    print_table(records, [("row_kernels", "rows", "s"), ("threads", "threads", "d"), ("batch", "batch", "d"),
+                          ("mtp", "MTP", "d"), ("hf_s", "HF s", ".6f"), ("op_s", "op s", ".6f"),
+                          ("speedup", "HF/op", ".1f"),
                           ("op_gbps", "op GB/s", ".1f"), ("copy_gbps", "copy GB/s", ".1f"),
                           ("bandwidth_fraction", "op/copy hot", ".2f"),
                           ("op_cold_gbps", "op GB/s cold", ".1f"), ("copy_cold_gbps", "copy GB/s cold", ".1f"),
