@@ -71,6 +71,7 @@ void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& a, size_t num_threads) {
       g[t * a.nv + h] = -std::exp(LoadElem(a.elem, a.a_log, h)) * softplus;
     }
   }
+  std::vector<float> o(a.t * value);
   std::vector<int64_t> lens(a.t, 1);
   RgdrArgs r;
   r.elem = Elem::kFloat32;
@@ -90,9 +91,26 @@ void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& a, size_t num_threads) {
   r.seq_lens_int64 = true;
   r.indices = a.slots;
   r.indices_int64 = true;
-  r.out = a.out;
+  r.out = o.data();
   r.scale = 1.0f;
   RecurrentGatedDeltaRuleCpu(r, num_threads);
+  for (uint32_t t = 0; t < a.t; ++t) {
+    for (uint32_t h = 0; h < a.nv; ++h) {
+      float* x = &o[t * value + h * a.dv];
+      float squares = 0.0f;
+      for (size_t i = 0; i < a.dv; ++i) {
+        x[i] = RoundToElem(a.elem, x[i]);
+        squares += x[i] * x[i];
+      }
+      const float rms = 1.0f / std::sqrt(squares / static_cast<float>(a.dv) + a.norm_eps);
+      for (size_t i = 0; i < a.dv; ++i) {
+        const float n = RoundToElem(a.elem, x[i] * rms);
+        const float w = RoundToElem(a.elem, LoadElem(a.elem, a.norm_weight, i) * n);
+        const float z = LoadElem(a.elem, a.z, t * a.z_stride + h * a.dv + i);
+        StoreElem(a.elem, a.out, t * value + h * a.dv + i, w * (z / (1.0f + std::exp(-z))));
+      }
+    }
+  }
 }
 
 }  // namespace rgdr

@@ -1,15 +1,17 @@
 // The decode step of a Gated DeltaNet layer (Qwen3.5) between its in_proj and
-// its gated norm, for T sequences of one token each, in one native call:
+// its out_proj, for T sequences of one token each, in one native call:
 //
 //   window = [conv_state[slot] (C x (K - 1)) | mixed[t] (C)]
 //   y = round(silu(sum_j window[:, j] * w[:, j]))      (to the model's dtype)
 //   conv_state[slot] = window[:, 1:]
 //   q = l2norm(y[:NK Dk], per head) / sqrt(Dk), k = l2norm(y[NK Dk:2 NK Dk]), v = y[2 NK Dk:]
 //   beta = round(sigmoid(b)), g = -exp(A_log) * softplus(a + dt_bias)
-//   out[t] = recurrent_gated_delta_rule(q, k, v, state[slot], beta, g)   (FP32)
+//   o = recurrent_gated_delta_rule(q, k, v, state[slot], beta, g)         (FP32)
+//   x = round(o), per head: n = round(x * rsqrt(mean(x^2) + eps))
+//   out[t] = round(round(norm_weight * n) * silu(z[t]))                  (gated RMSNorm)
 //
 // with l2norm(x) = x * rsqrt(sum(x^2) + 1e-6) and softplus(x) = x above 20,
-// as the PyTorch layer (python/rvascend/models/qwen3_5.py) computes them.
+// rounding where the PyTorch layer (python/rvascend/models/qwen3_5.py) does.
 // Arguments are validated by the caller, except the slots (checked here).
 #ifndef RGDR_CPU_DELTANET_DECODE_H_
 #define RGDR_CPU_DELTANET_DECODE_H_
@@ -29,13 +31,17 @@ struct DeltaNetDecodeArgs {
   const void* b = nullptr;       // [T, NV], rows `gate_stride` apart
   const void* a = nullptr;       // [T, NV], rows `gate_stride` apart
   size_t gate_stride = 0;
+  const void* z = nullptr;       // [T, NV Dv], rows `z_stride` apart: the output gate
+  size_t z_stride = 0;
+  const void* norm_weight = nullptr;  // [Dv]
+  float norm_eps = 0.0f;
   void* conv_state = nullptr;    // [S, C, K - 1]
   const void* conv_weight = nullptr;  // [C, K]
   const void* a_log = nullptr;   // [NV]
   const void* dt_bias = nullptr; // [NV]
   float* ssm_state = nullptr;    // [S, NV, Dv, Dk]
   const int64_t* slots = nullptr;  // [T], distinct, in [0, S)
-  float* out = nullptr;          // [T, NV, Dv]
+  void* out = nullptr;           // [T, NV Dv], elem
 };
 
 void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& args, size_t num_threads);

@@ -91,13 +91,12 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.in_proj(h).split(self.split, dim=-1)
         weight = self.conv1d.weight[:, 0]                                  # [C, K]
         if self._one_native_call(batch, mixed, conv_pool, weight):
-            # Every sequence decodes one token: the conv, norms, gates and delta rule in one call.
+            # Every sequence decodes one token: from the conv to the gated norm in one call.
             from rvascend.ops.gated_delta_rule import deltanet_decode
 
-            core = deltanet_decode(mixed, b, a, conv_pool, weight, self.A_log, self.dt_bias, ssm_pool,
-                                   torch.tensor(batch.state_slots, dtype=torch.int64), self.nk)
-            core = self.norm(core.to(h.dtype), z.reshape(t, self.nv, self.dv))
-            return self.out_proj(core.reshape(t, self.nv * self.dv))
+            return self.out_proj(deltanet_decode(
+                mixed, z, b, a, conv_pool, weight, self.A_log, self.dt_bias, self.norm.weight, self.norm.eps,
+                ssm_pool, torch.tensor(batch.state_slots, dtype=torch.int64), self.nk))
         beta = b.sigmoid().float()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         conv_out = torch.empty_like(mixed)
@@ -156,7 +155,7 @@ class GatedDeltaNet(nn.Module):
             return False
         if not all(n == 1 and prefix > 0 for n, prefix in zip(batch.new_lens, batch.prefix_lens)):
             return False
-        return all(x.dtype == mixed.dtype for x in (conv_pool, weight, self.A_log, self.dt_bias))
+        return all(x.dtype == mixed.dtype for x in (conv_pool, weight, self.A_log, self.dt_bias, self.norm.weight))
 
 
 class GatedAttention(Attention):

@@ -146,15 +146,16 @@ def test_the_one_call_decode_step_refuses_bad_slots_and_dtypes(pair):
     model = pair[1]
     layer = model.model.layers[0].linear_attn
     states = RecurrentStatePool(model.config, 4, torch.float32)
-    mixed, _, b, a = layer.in_proj(torch.randn(2, 64)).split(layer.split, dim=-1)
-    args = (mixed, b, a, states.conv[0], layer.conv1d.weight[:, 0], layer.A_log, layer.dt_bias, states.ssm[0])
+    mixed, z, b, a = layer.in_proj(torch.randn(2, 64)).split(layer.split, dim=-1)
+    args = (mixed, z, b, a, states.conv[0], layer.conv1d.weight[:, 0], layer.A_log, layer.dt_bias, layer.norm.weight,
+            layer.norm.eps, states.ssm[0])
     with torch.no_grad():
         with pytest.raises(ValueError, match="outside the state pool of 4 slots"):
             deltanet_decode(*args, torch.tensor([1, 4]), layer.nk)
         with pytest.raises(ValueError, match="used by two sequences"):
             deltanet_decode(*args, torch.tensor([2, 2]), layer.nk)
         with pytest.raises(TypeError, match="conv_state is torch.bfloat16"):
-            deltanet_decode(mixed, b, a, states.conv[0].bfloat16(), *args[4:], torch.tensor([0, 1]), layer.nk)
+            deltanet_decode(*args[:4], states.conv[0].bfloat16(), *args[5:], torch.tensor([0, 1]), layer.nk)
         with pytest.raises(ValueError, match="slots"):
             deltanet_decode(*args, torch.tensor([0, 1], dtype=torch.int32), layer.nk)
 

@@ -204,20 +204,22 @@ def recurrent_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: to
                                                          ssm_state_indices, num_accepted_tokens, g, gk)
 
 
-def deltanet_decode(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
-                    conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, ssm_state: torch.Tensor,
-                    slots: torch.Tensor, num_key_heads: int) -> torch.Tensor:
-    """A Gated DeltaNet layer's decode step after its in_proj, one token per sequence, in one native
-    call (the conv, SiLU, q/k L2 norms, beta and decay, then the delta rule; cpu/deltanet_decode.h).
+def deltanet_decode(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                    conv_state: torch.Tensor, conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
+                    norm_weight: torch.Tensor, norm_eps: float, ssm_state: torch.Tensor, slots: torch.Tensor,
+                    num_key_heads: int) -> torch.Tensor:
+    """A Gated DeltaNet layer's decode step from its in_proj output to its out_proj input, one token
+    per sequence, in one native call (the conv, SiLU, q/k L2 norms, beta and decay, the delta rule,
+    the gated RMSNorm; cpu/deltanet_decode.h).
 
-    mixed [T, C] (C = 2 NK Dk + NV Dv), b and a [T, NV]: rows of the in_proj output, columns
-    contiguous. conv_state [S, C, K - 1] and ssm_state [S, NV, Dv, Dk] (FP32) are updated in place at
-    `slots` (int64 [T]). Returns the delta rule's output, FP32 [T, NV, Dv]."""
+    mixed [T, C] (C = 2 NK Dk + NV Dv), z [T, NV Dv], b and a [T, NV]: parts of the in_proj output,
+    columns contiguous. conv_state [S, C, K - 1] and ssm_state [S, NV, Dv, Dk] (FP32) are updated in
+    place at `slots` (int64 [T]). Returns [T, NV Dv] in mixed's dtype."""
     dtype = mixed.dtype
     if dtype not in _ELEM:
         raise TypeError(f"mixed must be bfloat16, float16 or float32, got {dtype}")
-    for name, t in (("b", b), ("a", a), ("conv_state", conv_state), ("conv_weight", conv_weight),
-                    ("a_log", a_log), ("dt_bias", dt_bias)):
+    for name, t in (("z", z), ("b", b), ("a", a), ("conv_state", conv_state), ("conv_weight", conv_weight),
+                    ("a_log", a_log), ("dt_bias", dt_bias), ("norm_weight", norm_weight)):
         if t.dtype != dtype:
             raise TypeError(f"{name} is {t.dtype} but mixed is {dtype}: they must match")
     if ssm_state.dtype != torch.float32 or ssm_state.dim() != 4 or not ssm_state.is_contiguous():
@@ -230,6 +232,10 @@ def deltanet_decode(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_
     T, C = mixed.shape
     if C != 2 * num_key_heads * Dk + NV * Dv:
         raise _shape_error("mixed", mixed, f"[T, {2 * num_key_heads * Dk + NV * Dv}] (q, k, v)")
+    if z.shape != (T, NV * Dv) or z.stride(1) != 1:
+        raise _shape_error("z", z, f"[{T}, {NV * Dv}] with contiguous columns")
+    if norm_weight.shape != (Dv,) or not norm_weight.is_contiguous():
+        raise _shape_error("norm_weight", norm_weight, f"contiguous [{Dv}]")
     if b.shape != (T, NV) or a.shape != (T, NV) or b.stride(1) != 1 or a.stride() != b.stride():
         raise _shape_error("b and a", b, f"[{T}, {NV}] with contiguous columns and one row stride")
     if conv_state.dim() != 3 or conv_state.shape[:2] != (S, C) or not conv_state.is_contiguous():
@@ -242,12 +248,14 @@ def deltanet_decode(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_
             raise _shape_error(name, t, f"contiguous [{NV}]")
     if slots.dtype != torch.int64 or slots.shape != (T,) or not slots.is_contiguous():
         raise _shape_error("slots", slots, f"contiguous int64 [{T}]")
-    out = torch.empty((T, NV, Dv), dtype=torch.float32)
+    out = torch.empty((T, NV * Dv), dtype=dtype)
     if T:
         _rgdr.deltanet_decode({
             "elem": _ELEM[dtype], "t": T, "nk": num_key_heads, "nv": NV, "dk": Dk, "dv": Dv, "kernel": K,
             "num_slots": S, "mixed": mixed.data_ptr(), "mixed_stride": mixed.stride(0) if T > 1 else C,
             "b": b.data_ptr(), "a": a.data_ptr(), "gate_stride": b.stride(0) if T > 1 else NV,
+            "z": z.data_ptr(), "z_stride": z.stride(0) if T > 1 else NV * Dv, "norm_weight": norm_weight.data_ptr(),
+            "norm_eps": float(norm_eps),
             "conv_state": conv_state.data_ptr(), "conv_weight": conv_weight.data_ptr(),
             "a_log": a_log.data_ptr(), "dt_bias": dt_bias.data_ptr(), "ssm_state": ssm_state.data_ptr(),
             "slots": slots.data_ptr(), "out": out.data_ptr()}, torch.get_num_threads())

@@ -151,14 +151,18 @@ PYBIND11_MODULE(_rgdr, m) {
     a.b = Ptr(d, "b");
     a.a = Ptr(d, "a");
     a.gate_stride = Get<size_t>(d, "gate_stride");
+    a.z = Ptr(d, "z");
+    a.z_stride = Get<size_t>(d, "z_stride");
+    a.norm_weight = Ptr(d, "norm_weight");
+    a.norm_eps = Get<float>(d, "norm_eps");
     a.conv_state = const_cast<void*>(Ptr(d, "conv_state"));
     a.conv_weight = Ptr(d, "conv_weight");
     a.a_log = Ptr(d, "a_log");
     a.dt_bias = Ptr(d, "dt_bias");
     a.ssm_state = static_cast<float*>(const_cast<void*>(Ptr(d, "ssm_state")));
     a.slots = static_cast<const int64_t*>(Ptr(d, "slots"));
-    a.out = static_cast<float*>(const_cast<void*>(Ptr(d, "out")));
-    if (!a.mixed || !a.b || !a.a || !a.conv_state || !a.conv_weight || !a.a_log || !a.dt_bias || !a.ssm_state ||
+    a.out = const_cast<void*>(Ptr(d, "out"));
+    if (!a.mixed || !a.b || !a.a || !a.z || !a.norm_weight || !a.conv_state || !a.conv_weight || !a.a_log || !a.dt_bias || !a.ssm_state ||
         !a.slots || !a.out) {
       throw std::invalid_argument("deltanet_decode: a required tensor pointer is null");
     }
