@@ -19,56 +19,65 @@ void L2Norm(float* x, size_t n, float scale) {
   for (size_t i = 0; i < n; ++i) x[i] *= r;
 }
 
-}  // namespace
+float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
-void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& a, size_t num_threads) {
-  const size_t key = static_cast<size_t>(a.nk) * a.dk, value = static_cast<size_t>(a.nv) * a.dv;
-  const size_t c_dim = 2 * key + value, taps = a.kernel, kept = taps - 1;
-  if (taps < 2) throw std::invalid_argument("deltanet_decode: the conv kernel needs at least 2 taps");
-  std::vector<bool> used(a.num_slots, false);
-  for (uint32_t t = 0; t < a.t; ++t) {
-    const int64_t s = a.slots[t];
-    if (s < 0 || s >= static_cast<int64_t>(a.num_slots)) {
-      throw std::invalid_argument("deltanet_decode: slot " + std::to_string(s) + " of token " + std::to_string(t) +
-                                  " is outside the state pool of " + std::to_string(a.num_slots) + " slots");
-    }
-    if (used[static_cast<size_t>(s)]) {
-      throw std::invalid_argument("deltanet_decode: slot " + std::to_string(s) + " is used by two sequences");
-    }
-    used[static_cast<size_t>(s)] = true;
+// Channels [0, n) of one token: y = round(silu(conv)), and each channel's
+// window slides by one (the oldest input leaves, x enters).
+template <typename T>
+void ConvSilu(const T* x, T* state, const T* weight, size_t n, size_t kept, float* y) {
+  for (size_t c = 0; c < n; ++c) {
+    T* s = state + c * kept;
+    const T* w = weight + c * (kept + 1);
+    float sum = 0.0f;
+    for (size_t j = 0; j < kept; ++j) sum += ToFloat(s[j]) * ToFloat(w[j]);
+    sum += ToFloat(x[c]) * ToFloat(w[kept]);
+    for (size_t j = 0; j + 1 < kept; ++j) s[j] = s[j + 1];
+    s[kept - 1] = x[c];
+    y[c] = RoundTo<T>(Silu(sum));
   }
+}
+
+// One head of the delta rule's output: out = round(round(w * round(x * rms)) * silu(z)), x = round(o).
+template <typename T>
+void GatedNorm(float* o, const T* z, const T* weight, size_t n, float eps, T* out) {
+  float squares = 0.0f;
+  for (size_t i = 0; i < n; ++i) {
+    o[i] = RoundTo<T>(o[i]);
+    squares += o[i] * o[i];
+  }
+  const float rms = 1.0f / std::sqrt(squares / static_cast<float>(n) + eps);
+  for (size_t i = 0; i < n; ++i) {
+    const float scaled = RoundTo<T>(ToFloat(weight[i]) * RoundTo<T>(o[i] * rms));
+    out[i] = FromFloat<T>(scaled * Silu(ToFloat(z[i])));
+  }
+}
+
+template <typename T>
+void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
+  const size_t key = static_cast<size_t>(a.nk) * a.dk, value = static_cast<size_t>(a.nv) * a.dv;
+  const size_t c_dim = 2 * key + value, kept = a.kernel - 1;
+  const T* mixed = static_cast<const T*>(a.mixed);
+  const T* weight = static_cast<const T*>(a.conv_weight);
+  T* conv = static_cast<T*>(a.conv_state);
   std::vector<float> q(a.t * key), k(a.t * key), v(a.t * value), beta(a.t * a.nv), g(a.t * a.nv);
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(a.dk));
   for (uint32_t t = 0; t < a.t; ++t) {
-    const size_t row = t * a.mixed_stride, conv0 = static_cast<size_t>(a.slots[t]) * c_dim * kept;
-    for (size_t c = 0; c < c_dim; ++c) {
-      const size_t s0 = conv0 + c * kept, w0 = c * taps;
-      const float x = LoadElem(a.elem, a.mixed, row + c);
-      float sum = 0.0f;
-      for (size_t j = 0; j < kept; ++j) sum += LoadElem(a.elem, a.conv_state, s0 + j) * LoadElem(a.elem, a.conv_weight, w0 + j);
-      sum += x * LoadElem(a.elem, a.conv_weight, w0 + kept);
-      // The window slides by one: the oldest input leaves, this token's enters.
-      for (size_t j = 0; j + 1 < kept; ++j) StoreElem(a.elem, a.conv_state, s0 + j, LoadElem(a.elem, a.conv_state, s0 + j + 1));
-      StoreElem(a.elem, a.conv_state, s0 + kept - 1, x);
-      const float y = RoundToElem(a.elem, sum / (1.0f + std::exp(-sum)));
-      if (c < key) {
-        q[t * key + c] = y;
-      } else if (c < 2 * key) {
-        k[t * key + c - key] = y;
-      } else {
-        v[t * value + c - 2 * key] = y;
-      }
-    }
+    const T* x = mixed + t * a.mixed_stride;
+    T* state = conv + static_cast<size_t>(a.slots[t]) * c_dim * kept;
+    ConvSilu(x, state, weight, key, kept, &q[t * key]);
+    ConvSilu(x + key, state + key * kept, weight + key * a.kernel, key, kept, &k[t * key]);
+    ConvSilu(x + 2 * key, state + 2 * key * kept, weight + 2 * key * a.kernel, value, kept, &v[t * value]);
     for (uint32_t h = 0; h < a.nk; ++h) {
       L2Norm(&q[t * key + h * a.dk], a.dk, q_scale);
       L2Norm(&k[t * key + h * a.dk], a.dk, 1.0f);
     }
+    const T* b = static_cast<const T*>(a.b) + t * a.gate_stride;
+    const T* gate_a = static_cast<const T*>(a.a) + t * a.gate_stride;
     for (uint32_t h = 0; h < a.nv; ++h) {
-      const size_t i = t * a.gate_stride + h;
-      beta[t * a.nv + h] = RoundToElem(a.elem, 1.0f / (1.0f + std::exp(-LoadElem(a.elem, a.b, i))));
-      const float x = LoadElem(a.elem, a.a, i) + LoadElem(a.elem, a.dt_bias, h);
-      const float softplus = x > 20.0f ? x : std::log1p(std::exp(x));
-      g[t * a.nv + h] = -std::exp(LoadElem(a.elem, a.a_log, h)) * softplus;
+      beta[t * a.nv + h] = RoundTo<T>(1.0f / (1.0f + std::exp(-ToFloat(b[h]))));
+      const float s = ToFloat(gate_a[h]) + ToFloat(static_cast<const T*>(a.dt_bias)[h]);
+      const float softplus = s > 20.0f ? s : std::log1p(std::exp(s));
+      g[t * a.nv + h] = -std::exp(ToFloat(static_cast<const T*>(a.a_log)[h])) * softplus;
     }
   }
   std::vector<float> o(a.t * value);
@@ -96,21 +105,30 @@ void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& a, size_t num_threads) {
   RecurrentGatedDeltaRuleCpu(r, num_threads);
   for (uint32_t t = 0; t < a.t; ++t) {
     for (uint32_t h = 0; h < a.nv; ++h) {
-      float* x = &o[t * value + h * a.dv];
-      float squares = 0.0f;
-      for (size_t i = 0; i < a.dv; ++i) {
-        x[i] = RoundToElem(a.elem, x[i]);
-        squares += x[i] * x[i];
-      }
-      const float rms = 1.0f / std::sqrt(squares / static_cast<float>(a.dv) + a.norm_eps);
-      for (size_t i = 0; i < a.dv; ++i) {
-        const float n = RoundToElem(a.elem, x[i] * rms);
-        const float w = RoundToElem(a.elem, LoadElem(a.elem, a.norm_weight, i) * n);
-        const float z = LoadElem(a.elem, a.z, t * a.z_stride + h * a.dv + i);
-        StoreElem(a.elem, a.out, t * value + h * a.dv + i, w * (z / (1.0f + std::exp(-z))));
-      }
+      const size_t head = t * value + h * a.dv;
+      GatedNorm(&o[head], static_cast<const T*>(a.z) + t * a.z_stride + h * a.dv,
+                static_cast<const T*>(a.norm_weight), a.dv, a.norm_eps, static_cast<T*>(a.out) + head);
     }
   }
+}
+
+}  // namespace
+
+void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& a, size_t num_threads) {
+  if (a.kernel < 2) throw std::invalid_argument("deltanet_decode: the conv kernel needs at least 2 taps");
+  std::vector<bool> used(a.num_slots, false);
+  for (uint32_t t = 0; t < a.t; ++t) {
+    const int64_t s = a.slots[t];
+    if (s < 0 || s >= static_cast<int64_t>(a.num_slots)) {
+      throw std::invalid_argument("deltanet_decode: slot " + std::to_string(s) + " of token " + std::to_string(t) +
+                                  " is outside the state pool of " + std::to_string(a.num_slots) + " slots");
+    }
+    if (used[static_cast<size_t>(s)]) {
+      throw std::invalid_argument("deltanet_decode: slot " + std::to_string(s) + " is used by two sequences");
+    }
+    used[static_cast<size_t>(s)] = true;
+  }
+  WithElemType(a.elem, [&](auto type) { Run<decltype(type)>(a, num_threads); });
 }
 
 }  // namespace rgdr

@@ -1,5 +1,5 @@
-// One value of a tensor whose element type is known only at run time (Elem),
-// as FP32 and back; round-to-nearest-even into BF16 and FP16.
+// Element values as FP32 and back (round-to-nearest-even into BF16 and FP16),
+// for element types known at compile time or only at run time (Elem).
 #ifndef RGDR_CPU_ELEM_VALUES_H_
 #define RGDR_CPU_ELEM_VALUES_H_
 
@@ -11,29 +11,36 @@
 
 namespace rgdr {
 
+// Typed element values: float, _Float16, and uint16_t holding BF16 bits.
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(_Float16 x) { return static_cast<float>(x); }
+inline float ToFloat(uint16_t bf16) { return rvascend::Bf16ToFloat(bf16); }
+
+template <typename T>
+T FromFloat(float x);
+template <>
+inline float FromFloat<float>(float x) { return x; }
+template <>
+inline _Float16 FromFloat<_Float16>(float x) { return static_cast<_Float16>(x); }
+template <>
+inline uint16_t FromFloat<uint16_t>(float x) { return rvascend::FloatToBf16(x); }
+
+// x as a T holds it.
+template <typename T>
+float RoundTo(float x) { return ToFloat(FromFloat<T>(x)); }
+
+// Calls f(T{}) with the C++ type of e (f's argument only carries the type).
+template <typename F>
+auto WithElemType(Elem e, F&& f) {
+  switch (e) {
+    case Elem::kFloat32: return f(float{});
+    case Elem::kFloat16: return f(_Float16{});
+    default: return f(uint16_t{});
+  }
+}
+
 inline float LoadElem(Elem e, const void* p, size_t i) {
-  switch (e) {
-    case Elem::kFloat32: return static_cast<const float*>(p)[i];
-    case Elem::kFloat16: return static_cast<float>(static_cast<const _Float16*>(p)[i]);
-    default: return rvascend::Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
-  }
-}
-
-inline void StoreElem(Elem e, void* p, size_t i, float x) {
-  switch (e) {
-    case Elem::kFloat32: static_cast<float*>(p)[i] = x; break;
-    case Elem::kFloat16: static_cast<_Float16*>(p)[i] = static_cast<_Float16>(x); break;
-    default: static_cast<uint16_t*>(p)[i] = rvascend::FloatToBf16(x); break;
-  }
-}
-
-// x as a tensor of element type e holds it.
-inline float RoundToElem(Elem e, float x) {
-  switch (e) {
-    case Elem::kFloat32: return x;
-    case Elem::kFloat16: return static_cast<float>(static_cast<_Float16>(x));
-    default: return rvascend::Bf16ToFloat(rvascend::FloatToBf16(x));
-  }
+  return WithElemType(e, [&](auto t) { return ToFloat(static_cast<const decltype(t)*>(p)[i]); });
 }
 
 }  // namespace rgdr
