@@ -127,14 +127,11 @@ class GatedDeltaNet(nn.Module):
             # Imported here: the op's extension (_rgdr) is needed only by models that have these layers.
             from rvascend.ops.gated_delta_rule import recurrent_gated_delta_rule
 
-            # A batch of decode rows only (every step after the prompts) takes its tensors whole:
-            # each gather is one more ATen call, and on riscv64's scalar ATen a call is tens of
-            # thousands of instructions.
-            rows = slice(None) if len(decode_rows) == t else torch.tensor(decode_rows)
+            rows = torch.tensor(decode_rows)
             core[rows] = recurrent_gated_delta_rule(
                 q[rows].contiguous(), k[rows].contiguous(), v[rows].contiguous(), ssm_pool, beta[rows].contiguous(),
-                1.0, torch.ones(len(decode_rows), dtype=torch.int64),
-                torch.tensor(decode_slots, dtype=torch.int64), g=g[rows].contiguous())
+                1.0, torch.ones(len(rows), dtype=torch.int64), torch.tensor(decode_slots, dtype=torch.int64),
+                g=g[rows].contiguous())
         group = self.nv // self.nk
         for s, prefix, slot in prompts:
             state = ssm_pool[slot].transpose(-1, -2) if prefix > 0 else torch.zeros(self.nv, self.dk, self.dv)
@@ -145,7 +142,6 @@ class GatedDeltaNet(nn.Module):
             ssm_pool[slot] = state.transpose(-1, -2)
         core = self.norm(core.to(h.dtype), z.reshape(t, self.nv, self.dv))
         return self.out_proj(core.reshape(t, self.nv * self.dv))
-
 
     def _one_native_call(self, batch: ForwardBatch, mixed: torch.Tensor, conv_pool: torch.Tensor,
                          weight: torch.Tensor) -> bool:
