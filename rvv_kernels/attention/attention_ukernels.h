@@ -33,6 +33,14 @@ void bf16_attention_row__rvv(const float* q, size_t g, size_t d, const uint16_t*
                              const uint16_t* v_pool, size_t slot_stride, const int64_t* slots,
                              size_t n_keys, float* scratch, float* out);
 
+void bf16_attention_row__avx2(const float* q, size_t g, size_t d, const uint16_t* k_pool,
+                              const uint16_t* v_pool, size_t slot_stride, const int64_t* slots,
+                              size_t n_keys, float* scratch, float* out);
+
+void bf16_attention_row__avx512(const float* q, size_t g, size_t d, const uint16_t* k_pool,
+                                const uint16_t* v_pool, size_t slot_stride, const int64_t* slots,
+                                size_t n_keys, float* scratch, float* out);
+
 struct AttentionBlock {
   const uint16_t* q = nullptr;
   size_t q_stride = 0;

@@ -31,6 +31,10 @@ const Kernel kKernels[] = {
     // Every row by the decode kernel: the baseline the block kernel is counted against.
     {"rvv_rows", bf16_attention_row__rvv, nullptr, [](const CpuFeatures& f) { return f.rvv; }},
 #endif
+#if defined(RVASCEND_HAVE_X86_VARIANTS)
+    {"avx512", bf16_attention_row__avx512, nullptr, [](const CpuFeatures& f) { return f.avx512; }},
+    {"avx2", bf16_attention_row__avx2, nullptr, [](const CpuFeatures& f) { return f.avx2; }},
+#endif
     {"portable", bf16_attention_row__portable, nullptr, [](const CpuFeatures&) { return true; }},
 };
 
@@ -52,6 +56,8 @@ std::vector<std::string> AvailableAttentionKernels() {
   }
   return names;
 }
+
+bool AttentionKernelHasBlockForm(const std::string& kernel) { return Choose(kernel).block != nullptr; }
 
 void ValidateKvPoolAttention(const KvPoolAttentionArgs& a) {
   if (a.kv_heads == 0 || a.heads % a.kv_heads != 0) {

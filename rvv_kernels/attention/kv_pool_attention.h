@@ -51,6 +51,10 @@ void WriteKvPool(uint16_t* pool, size_t num_slots, size_t row_elements, const ui
 // Kernels this build has and this CPU runs, best first.
 std::vector<std::string> AvailableAttentionKernels();
 
+// Whether the kernel (empty: the default) runs prefill rows as blocks; without
+// a block form each prefill row rereads the sequence's K/V.
+bool AttentionKernelHasBlockForm(const std::string& kernel);
+
 }  // namespace rvascend
 
 #endif  // RVV_KERNELS_ATTENTION_KV_POOL_ATTENTION_H_

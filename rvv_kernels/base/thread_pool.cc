@@ -1,9 +1,64 @@
 #include "rvv_kernels/base/thread_pool.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <dlfcn.h>
+#endif
 
 namespace rvascend {
 namespace {
+
+// On x86 hosts, a process that has loaded libgomp (torch has, before any op of
+// ours runs) gets our parallel sections run by its OpenMP team instead of
+// this pool's threads. Two teams on the same cores fight: after a torch op,
+// its OpenMP workers spin for a while, and our workers then share their cores
+// with them (on a two-core host a SmolLM2 decode step spent 14 % of its
+// samples in libgomp's spin, and the measured shape gate timed that
+// contention instead of the kernels). The team is found at run time
+// (dlopen with RTLD_NOLOAD: never loads a libgomp of its own), so builds
+// without torch keep this pool. RVASCEND_THREAD_POOL=own keeps it too (A/B
+// measurements). riscv64 keeps this pool: its step profiles count
+// instructions by library, and the board's figures were measured with it.
+using GompParallelFn = void (*)(void (*)(void*), void*, unsigned, unsigned);
+
+GompParallelFn OpenMpTeam() {
+#if defined(__x86_64__)
+  static const GompParallelFn fn = []() -> GompParallelFn {
+    const char* choice = std::getenv("RVASCEND_THREAD_POOL");
+    if (choice != nullptr && std::strcmp(choice, "own") == 0) return nullptr;
+    void* gomp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return gomp == nullptr ? nullptr : reinterpret_cast<GompParallelFn>(dlsym(gomp, "GOMP_parallel"));
+  }();
+  return fn;
+#else
+  return nullptr;
+#endif
+}
+
+// One ParallelFor on the OpenMP team: tasks handed out as by the pool.
+struct TeamJob {
+  const std::function<void(size_t)>* fn;
+  size_t num_tasks;
+  std::atomic<size_t> next{0};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+
+  static void Run(void* self) {
+    auto* job = static_cast<TeamJob*>(self);
+    for (size_t task = job->next.fetch_add(1); task < job->num_tasks; task = job->next.fetch_add(1)) {
+      try {
+        (*job->fn)(task);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(job->error_mutex);
+        if (!job->error) job->error = std::current_exception();
+        job->next.store(job->num_tasks);
+      }
+    }
+  }
+};
 
 // How long a thread polls before it sleeps on a condition variable. A fused
 // decode step runs about five parallel sections per layer with microseconds
@@ -21,6 +76,8 @@ bool SpinUntil(Done done) {
 }
 
 }  // namespace
+
+const char* ThreadPool::Team() { return OpenMpTeam() != nullptr ? "openmp" : "own"; }
 
 ThreadPool& ThreadPool::Global() {
   // Leaked on purpose: joining threads from a static destructor at process
@@ -84,6 +141,14 @@ void ThreadPool::ParallelFor(size_t num_tasks, size_t num_threads,
   const size_t helpers = (num_threads < num_tasks ? num_threads : num_tasks) - 1;
   if (num_threads <= 1 || helpers == 0) {
     for (size_t t = 0; t < num_tasks; ++t) fn(t);
+    return;
+  }
+  if (const GompParallelFn team = OpenMpTeam()) {
+    TeamJob job;
+    job.fn = &fn;
+    job.num_tasks = num_tasks;
+    team(&TeamJob::Run, &job, static_cast<unsigned>(helpers + 1), 0);
+    if (job.error) std::rethrow_exception(job.error);
     return;
   }
   std::lock_guard<std::mutex> call(call_mutex_);

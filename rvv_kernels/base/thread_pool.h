@@ -19,6 +19,10 @@ class ThreadPool {
  public:
   static ThreadPool& Global();
 
+  // Which threads run parallel sections: "openmp" (the process's OpenMP team,
+  // on x86 once torch has loaded libgomp) or "own" (this pool's).
+  static const char* Team();
+
   // Runs fn(task) for task in [0, num_tasks) on up to num_threads threads
   // (the caller is one of them); returns when all tasks are done. If a task
   // throws (on any thread), no further task starts, every thread leaves fn,

@@ -18,6 +18,10 @@ const Entry kEntries[] = {
 #if defined(RVASCEND_HAVE_RVV)
     {&kElementwiseRvv, [](const CpuFeatures& f) { return f.rvv; }},
 #endif
+#if defined(RVASCEND_HAVE_X86_VARIANTS)
+    {&kElementwiseAvx512, [](const CpuFeatures& f) { return f.avx512; }},
+    {&kElementwiseAvx2, [](const CpuFeatures& f) { return f.avx2; }},
+#endif
     {&kElementwisePortable, [](const CpuFeatures&) { return true; }},
 };
 

@@ -33,6 +33,8 @@ struct ElementwiseKernels {
 
 extern const ElementwiseKernels kElementwisePortable;
 extern const ElementwiseKernels kElementwiseRvv;
+extern const ElementwiseKernels kElementwiseAvx2;
+extern const ElementwiseKernels kElementwiseAvx512;
 
 }  // namespace rvascend
 

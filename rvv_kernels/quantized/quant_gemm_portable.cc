@@ -1,12 +1,20 @@
 // The portable quantized kernels: plain loops over the runtime layout, the twin
 // of every vector kernel (the same integer sums, the same FP32 operations in the
-// same order) and the path of CPUs without a vector set.
+// same order) and the path of CPUs without a vector set. Columns are the inner
+// loops (the layout stores a tile's columns side by side), so the compiler
+// vectorises them: on x86 this file is also built with AVX2 and AVX-512 (BUILD),
+// bit-identical to the baseline build since the sums are integers and every
+// FP32 operation is the same.
 #include <cmath>
 #include <cstring>
 
 #include "rvv_kernels/base/bf16.h"
 #include "rvv_kernels/quantized/quant_activations.h"
 #include "rvv_kernels/quantized/quant_kernel_sets.h"
+
+#if !defined(RVASCEND_QUANT_SET_SYMBOL) || !defined(RVASCEND_QUANT_SET_NAME)
+#error "define RVASCEND_QUANT_SET_SYMBOL and RVASCEND_QUANT_SET_NAME (BUILD: one object per ISA level)"
+#endif
 
 namespace rvascend {
 namespace {
@@ -66,6 +74,7 @@ void Gemm32(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size
 
 void GemmQ4K(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c, size_t c_stride) {
   const size_t supers = a.k / 256;
+  int32_t isum[256], total[256], msum[256];
   for (size_t r = 0; r < m; ++r) {
     float* acc = c + r * c_stride;
     for (size_t j = 0; j < t; ++j) acc[j] = 0.0f;
@@ -78,19 +87,23 @@ void GemmQ4K(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, siz
       const uint8_t* mn = blk + 12 * t;
       const uint8_t* qs = blk + 20 * t;
       const int8_t* qa = q + 256 * s;
-      for (size_t j = 0; j < t; ++j) {
-        int32_t total = 0, msum = 0;
-        for (size_t sub = 0; sub < 8; ++sub) {
-          int32_t isum = 0;
-          for (size_t i = 0; i < 16; ++i) {
-            const uint8_t b = qs[(16 * sub + i) * t + j];
-            isum += (b & 0xF) * qa[32 * sub + i] + (b >> 4) * qa[32 * sub + 16 + i];
-          }
-          total += sc[sub * t + j] * isum;
-          msum += mn[sub * t + j] * asum[8 * s + sub];
+      // Columns innermost: the tile's bytes are column-contiguous, so the loops vectorise.
+      for (size_t j = 0; j < t; ++j) total[j] = msum[j] = 0;
+      for (size_t sub = 0; sub < 8; ++sub) {
+        for (size_t j = 0; j < t; ++j) isum[j] = 0;
+        for (size_t i = 0; i < 16; ++i) {
+          const uint8_t* row = qs + (16 * sub + i) * t;
+          const int32_t lo = qa[32 * sub + i], hi = qa[32 * sub + 16 + i];
+          for (size_t j = 0; j < t; ++j) isum[j] += (row[j] & 0xF) * lo + (row[j] >> 4) * hi;
         }
-        acc[j] = std::fma(static_cast<float>(total), ScaleProduct(U16(blk + 2 * j), ad[s]), acc[j]);
-        acc[j] = std::fma(static_cast<float>(msum), ScaleProduct(U16(blk + 2 * t + 2 * j), -ad[s]), acc[j]);
+        for (size_t j = 0; j < t; ++j) {
+          total[j] += sc[sub * t + j] * isum[j];
+          msum[j] += mn[sub * t + j] * asum[8 * s + sub];
+        }
+      }
+      for (size_t j = 0; j < t; ++j) {
+        acc[j] = std::fma(static_cast<float>(total[j]), ScaleProduct(U16(blk + 2 * j), ad[s]), acc[j]);
+        acc[j] = std::fma(static_cast<float>(msum[j]), ScaleProduct(U16(blk + 2 * t + 2 * j), -ad[s]), acc[j]);
       }
     }
   }
@@ -98,6 +111,7 @@ void GemmQ4K(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, siz
 
 void GemmQ6K(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c, size_t c_stride) {
   const size_t supers = a.k / 256;
+  int32_t sub_lo[256], sub_hi[256], total[256];
   for (size_t r = 0; r < m; ++r) {
     float* acc = c + r * c_stride;
     for (size_t j = 0; j < t; ++j) acc[j] = 0.0f;
@@ -109,21 +123,26 @@ void GemmQ6K(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, siz
       const uint8_t* ql = blk + 18 * t;
       const uint8_t* qh = blk + 146 * t;
       const int8_t* qa = q + 256 * s;
-      for (size_t j = 0; j < t; ++j) {
-        int32_t total = 0;
-        for (size_t p = 0; p < 8; ++p) {
-          int32_t sub_lo = 0, sub_hi = 0;  // sub-blocks 2p (k 32p..32p+15) and 2p+1
-          for (size_t i = 0; i < 16; ++i) {
-            const uint8_t l = ql[(16 * p + i) * t + j];
-            const uint8_t h = qh[(8 * p + i % 8) * t + j];
-            const int lo = ((l & 0xF) | (((h >> (2 * (i / 8))) & 3) << 4)) - 32;
-            const int hi = ((l >> 4) | (((h >> (2 * (2 + i / 8))) & 3) << 4)) - 32;
-            sub_lo += lo * qa[32 * p + i];
-            sub_hi += hi * qa[32 * p + 16 + i];
+      for (size_t j = 0; j < t; ++j) total[j] = 0;
+      for (size_t p = 0; p < 8; ++p) {
+        // Sub-blocks 2p (k 32p..32p+15) and 2p+1, columns innermost.
+        for (size_t j = 0; j < t; ++j) sub_lo[j] = sub_hi[j] = 0;
+        for (size_t i = 0; i < 16; ++i) {
+          const uint8_t* lrow = ql + (16 * p + i) * t;
+          const uint8_t* hrow = qh + (8 * p + i % 8) * t;
+          const int shift_lo = 2 * (i / 8), shift_hi = 2 * (2 + i / 8);
+          const int32_t alo = qa[32 * p + i], ahi = qa[32 * p + 16 + i];
+          for (size_t j = 0; j < t; ++j) {
+            const int lo = ((lrow[j] & 0xF) | (((hrow[j] >> shift_lo) & 3) << 4)) - 32;
+            const int hi = ((lrow[j] >> 4) | (((hrow[j] >> shift_hi) & 3) << 4)) - 32;
+            sub_lo[j] += lo * alo;
+            sub_hi[j] += hi * ahi;
           }
-          total += sc[(2 * p) * t + j] * sub_lo + sc[(2 * p + 1) * t + j] * sub_hi;
         }
-        acc[j] = std::fma(static_cast<float>(total), ScaleProduct(U16(blk + 2 * j), ad[s]), acc[j]);
+        for (size_t j = 0; j < t; ++j) total[j] += sc[(2 * p) * t + j] * sub_lo[j] + sc[(2 * p + 1) * t + j] * sub_hi[j];
+      }
+      for (size_t j = 0; j < t; ++j) {
+        acc[j] = std::fma(static_cast<float>(total[j]), ScaleProduct(U16(blk + 2 * j), ad[s]), acc[j]);
       }
     }
   }
@@ -135,8 +154,11 @@ void StoreBf16(const float* c, size_t n, uint16_t* out) {
 
 }  // namespace
 
-const QuantKernelSet kPortableQuantKernels = {
-    "portable", 64, 4,
+#define RVASCEND_STR_(x) #x
+#define RVASCEND_STR(x) RVASCEND_STR_(x)
+
+const QuantKernelSet RVASCEND_QUANT_SET_SYMBOL = {
+    RVASCEND_STR(RVASCEND_QUANT_SET_NAME), 64, 4,
     {Gemm32<QuantFormat::kQ8_0>, Gemm32<QuantFormat::kQ4_0>, Gemm32<QuantFormat::kQ4_1>, GemmQ4K, GemmQ6K},
     QuantizeRowPortable, StoreBf16};
 

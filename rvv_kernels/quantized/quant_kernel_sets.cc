@@ -12,6 +12,10 @@ std::vector<const QuantKernelSet*> AvailableQuantKernelSets() {
   // The RVV tile is one e8 m2 group: at least 32 columns (VLEN >= 128).
   if (GetCpuFeatures().rvv && GetCpuFeatures().vlen_bits >= 128) sets.push_back(&kRvvQuantKernels);
 #endif
+#if defined(RVASCEND_HAVE_X86_VARIANTS)
+  if (GetCpuFeatures().avx512) sets.push_back(&kPortableAvx512QuantKernels);
+  if (GetCpuFeatures().avx2) sets.push_back(&kPortableAvx2QuantKernels);
+#endif
   sets.push_back(&kPortableQuantKernels);
   return sets;
 }

@@ -10,6 +10,8 @@
 namespace rvascend {
 
 extern const QuantKernelSet kPortableQuantKernels;
+extern const QuantKernelSet kPortableAvx2QuantKernels;
+extern const QuantKernelSet kPortableAvx512QuantKernels;
 #if defined(RVASCEND_HAVE_RVV)
 extern const QuantKernelSet kRvvQuantKernels;
 #endif

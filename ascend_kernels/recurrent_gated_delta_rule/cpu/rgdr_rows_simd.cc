@@ -13,50 +13,32 @@
 
 #include "cpu/rgdr_units.h"
 #include "rvv_kernels/base/bf16.h"
-#include "rvv_kernels/base/bf16_vectors.h"
+#include "rvv_kernels/base/simd_vectors.h"
 
 namespace rgdr {
 namespace {
 
-#define RGDR_INLINE inline __attribute__((always_inline))
+#define RGDR_INLINE RVASCEND_SIMD_INLINE
 
-// One register of FP32 lanes with AVX-512, and with AVX2 (16 lanes there are
-// two registers per value: with 16 of them the row loop spilled to the stack and
-// ran slower than the SSE2 build); SSE2 runs 8 lanes as two registers.
-#if defined(__AVX512F__)
-constexpr size_t kLanes = 16;
-#else
-constexpr size_t kLanes = 8;
-#endif
-typedef float VF __attribute__((vector_size(4 * kLanes)));
-typedef uint32_t VU __attribute__((vector_size(4 * kLanes)));
-typedef uint16_t VH __attribute__((vector_size(2 * kLanes)));
+// One register of FP32 lanes (simd_vectors.h): with 16 lanes on AVX2 (two
+// registers per value) the row loop spilled to the stack and ran slower than
+// the SSE2 build; SSE2 runs 8 lanes as two registers.
+using rvascend::simd::kLanes;
+using rvascend::simd::LoadF;
+using rvascend::simd::StoreF;
+using rvascend::simd::Sum;
+using rvascend::simd::VF;
+using rvascend::simd::VH;
+using rvascend::simd::VU;
 typedef _Float16 VF16 __attribute__((vector_size(2 * kLanes)));
 
 struct Bf16 {
   uint16_t bits;
 };
 
-RGDR_INLINE VF LoadF(const float* p) {
-  VF v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-RGDR_INLINE void StoreF(float* p, VF v) { std::memcpy(p, &v, sizeof(v)); }
-
 // Element <-> FP32, kLanes at a time and one at a time (tails).
 RGDR_INLINE VF LoadV(const float* p) { return LoadF(p); }
-RGDR_INLINE VF LoadV(const Bf16* p) {
-#if defined(__AVX512F__)
-  // One zero-extending load and a shift (the generic form compiles to extracts and inserts).
-  const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
-  VF f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-#else
-  return rvascend::WidenBf16<VF, VU, VH>(&p->bits);
-#endif
-}
+RGDR_INLINE VF LoadV(const Bf16* p) { return rvascend::simd::LoadBf16(&p->bits); }
 RGDR_INLINE VF LoadV(const _Float16* p) {
   VF16 h;
   std::memcpy(&h, p, sizeof(h));
@@ -71,10 +53,7 @@ RGDR_INLINE void StoreV(Bf16* p, VF v) {
   std::memcpy(p, &h, sizeof(h));
 }
 #else
-RGDR_INLINE void StoreV(Bf16* p, VF v) {
-  const VH h = rvascend::NarrowBf16<VF, VU, VH>(v);
-  std::memcpy(p, &h, sizeof(h));
-}
+RGDR_INLINE void StoreV(Bf16* p, VF v) { rvascend::simd::StoreBf16(&p->bits, v); }
 #endif
 RGDR_INLINE void StoreV(_Float16* p, VF v) {
   const VF16 h = __builtin_convertvector(v, VF16);
@@ -86,21 +65,6 @@ RGDR_INLINE float Load1(const _Float16* p) { return static_cast<float>(*p); }
 RGDR_INLINE void Store1(float* p, float v) { *p = v; }
 RGDR_INLINE void Store1(Bf16* p, float v) { p->bits = rvascend::FloatToBf16(v); }
 RGDR_INLINE void Store1(_Float16* p, float v) { *p = static_cast<_Float16>(v); }
-
-typedef float V8 __attribute__((vector_size(32)));
-typedef float V4 __attribute__((vector_size(16)));
-
-RGDR_INLINE float Sum(VF v) {
-  // Halving tree in registers: fixed order, so a result does not depend on the call.
-#if defined(__AVX512F__)
-  const V8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-#else
-  const V8 a = v;
-#endif
-  const V4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
 
 // Rows are independent; kRows of them go through each pass together, so the
 // k and q chunks are loaded once for all and the reductions of one row

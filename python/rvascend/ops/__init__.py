@@ -8,7 +8,7 @@ importing `rvascend.ops.gated_delta_rule` registers recurrent_gated_delta_rule
 """
 
 from rvascend.ops import elementwise, quantized_linear
-from rvascend.ops.kv_pool_attention import available_attention_kernels, kv_pool_attention
+from rvascend.ops.kv_pool_attention import attention_kernel_has_block_form, available_attention_kernels, kv_pool_attention
 from rvascend.ops.packed_linear import (
     BLOCK_N,
     LAYOUT_VERSION,
@@ -29,6 +29,7 @@ __all__ = [
     "BLOCK_N",
     "LAYOUT_VERSION",
     "WIDE_BLOCK_N",
+    "attention_kernel_has_block_form",
     "available_attention_kernels",
     "available_kernel_sets",
     "cpu_features",

@@ -25,6 +25,12 @@ def available_attention_kernels() -> list[str]:
     return list(_native.available_attention_kernels())
 
 
+def attention_kernel_has_block_form(kernel: str = "") -> bool:
+    """Whether `kernel` (default: the one the op runs) computes a prefill's rows as
+    blocks; without one, every prefill row rereads its sequence's K/V."""
+    return bool(_native.attention_kernel_has_block_form(kernel))
+
+
 def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
            write_slots: torch.Tensor, kv_slots: torch.Tensor, kv_starts: torch.Tensor, q_starts: torch.Tensor) -> None:
     name = "kv_pool_attention"

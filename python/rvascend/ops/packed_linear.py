@@ -48,6 +48,12 @@ def cpu_features() -> str:
     return str(_native.cpu_features())
 
 
+def thread_team() -> str:
+    """Which threads run the kernels' parallel sections: "openmp" (torch's OpenMP
+    team, on x86) or "own" (the kernels' pool; riscv64, or RVASCEND_THREAD_POOL=own)."""
+    return str(_native.thread_team())
+
+
 @contextlib.contextmanager
 def use_kernel_set(name: str) -> Iterator[None]:
     """Runs packed_bf16_linear with the kernel set `name` inside the block."""

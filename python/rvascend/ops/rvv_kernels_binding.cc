@@ -17,6 +17,7 @@
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
 #include "rvv_kernels/attention/kv_pool_attention.h"
 #include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/base/thread_pool.h"
 #include "rvv_kernels/decoder/decoder_layers.h"
 #include "rvv_kernels/elementwise/elementwise.h"
 #include "rvv_kernels/linear/packed_layout.h"
@@ -566,6 +567,8 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         "from the [slots, kv_heads, head_dim] pools; every buffer comes with its element count.");
   m.def("available_attention_kernels", &AvailableAttentionKernels,
         "Attention kernels this build has and this CPU runs, best first.");
+  m.def("attention_kernel_has_block_form", &AttentionKernelHasBlockForm, py::arg("kernel") = "",
+        "Whether the kernel (default: the best this CPU runs) computes prefill rows as blocks.");
   m.def("rms_norm", &RmsNorm, py::arg("rows"), py::arg("d"), py::arg("x"), py::arg("x_stride"),
         py::arg("residual"), py::arg("residual_stride"), py::arg("weight"), py::arg("eps"), py::arg("out"),
         py::arg("residual_out"), py::arg("num_threads"), "RMSNorm of BF16 rows, optionally after a residual add.");
@@ -626,6 +629,8 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("quant_kernel_set_tile", [](const std::string& name) { return QuantKernelSetTile(FindQuantKernelSet(name)); },
         py::arg("name"), "The tile width a quantized kernel set reads ('' = the best).");
   m.def("count_marker", &rvascend_count_marker, "Marks a region for instruction counting under QEMU.");
+  m.def("thread_team", [] { return std::string(ThreadPool::Team()); },
+        "Which threads run the kernels' parallel sections: 'openmp' (the process's OpenMP team) or 'own'.");
   m.def("cpu_features", [] { return GetCpuFeatures().Describe(); },
         "What the CPU reported at first use.");
 }

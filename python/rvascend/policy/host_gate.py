@@ -38,7 +38,8 @@ def table_path() -> str:
 
     kernel_set = ops.packed_linear._kernel_set or ops.available_kernel_sets()[0]
     key = "-".join((ops.cpu_features().replace(" ", "_"), f"torch{torch.__version__.split('+')[0]}",
-                    kernel_set, f"layout{ops.LAYOUT_VERSION}", f"t{torch.get_num_threads()}"))
+                    kernel_set, f"layout{ops.LAYOUT_VERSION}", f"t{torch.get_num_threads()}",
+                    f"team_{ops.packed_linear.thread_team()}"))
     return os.path.join(model_cache.cache_root(), "shape_gate", f"{key}.json")
 
 

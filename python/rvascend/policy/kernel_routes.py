@@ -32,17 +32,17 @@ def bf16_cpu_inference(*tensors: torch.Tensor, prefill: bool = False) -> Optiona
 
 
 @functools.lru_cache(maxsize=None)
-def _attention_kernel_is_vectorized() -> bool:
-    from rvascend import ops
+def _attention_kernel_has_block_form() -> bool:
+    from rvascend.ops import attention_kernel_has_block_form
 
-    return ops.available_attention_kernels()[0] != "portable"
+    return attention_kernel_has_block_form()
 
 
 def _kv_pool_attention(*tensors: torch.Tensor, prefill: bool = False) -> Optional[str]:
     why = bf16_cpu_inference(*tensors)
-    if why is None and prefill and not _attention_kernel_is_vectorized():
-        # Many query rows per sequence: the portable kernel is scalar, SDPA's BLAS is not.
-        return "prefill_on_portable_kernel"
+    if why is None and prefill and not _attention_kernel_has_block_form():
+        # Many query rows per sequence: row by row, each rereads the K/V that SDPA's GEMMs read once.
+        return "prefill_without_block_kernel"
     return why
 
 

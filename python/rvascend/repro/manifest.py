@@ -113,6 +113,7 @@ def runtime() -> dict[str, Any]:
         info["extension_sha256"] = sha256_file(module.__file__)
         info["kernel_sets"] = list(module.available_kernel_sets())
         info["cpu_features"] = module.cpu_features()
+        info["thread_team"] = module.thread_team()
     except ImportError as e:
         info["extension_error"] = str(e)
     return info

@@ -1,10 +1,18 @@
 // The thread pool is exception-safe: a task that throws on a worker or on the
 // caller ends the job (no task starts after it), every thread leaves the
 // function before ParallelFor returns, the first exception reaches the caller
-// once, and the pool serves the next job.
+// once, and the pool serves the next job. Every task runs once, on more than
+// one thread. Built twice: without libgomp (the pool's own threads) and, on
+// x86, linked with libgomp (the OpenMP team runs the sections); the test is
+// told which to expect by RVASCEND_EXPECT_THREAD_TEAM.
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
 #include <stdexcept>
+#include <cstdio>
 #include <thread>
 #include <vector>
 
@@ -43,10 +51,31 @@ void ThrowingTask(size_t threads, size_t bad_task) {
   EXPECT(sum == 100, "threads %zu: the job after a failure ran %d of 100 tasks", threads, sum);
 }
 
+void EveryTaskOnceOnSeveralThreads() {
+  std::vector<std::atomic<int>> hits(1000);
+  std::mutex m;
+  std::set<std::thread::id> threads;
+  ThreadPool::Global().ParallelFor(1000, 2, [&](size_t t) {
+    hits[t].fetch_add(1);
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    std::lock_guard<std::mutex> lock(m);
+    threads.insert(std::this_thread::get_id());
+  });
+  int wrong = 0;
+  for (auto& h : hits) wrong += h.load() != 1;
+  EXPECT(wrong == 0, "%d of 1000 tasks did not run exactly once", wrong);
+  EXPECT(threads.size() == 2, "a 2-thread job ran on %zu threads", threads.size());
+}
+
 }  // namespace
 }  // namespace rvascend
 
 int main() {
+  const char* expect = std::getenv("RVASCEND_EXPECT_THREAD_TEAM");
+  std::printf("thread team: %s\n", rvascend::ThreadPool::Team());
+  EXPECT(expect == nullptr || std::strcmp(expect, rvascend::ThreadPool::Team()) == 0, "expected the %s team",
+         expect ? expect : "");
+  rvascend::EveryTaskOnceOnSeveralThreads();
   // Failures early and late in the job, serial and on 2 and 4 threads.
   for (size_t threads : {1, 2, 4}) {
     for (size_t bad : {0, 1, 40, 63}) rvascend::ThrowingTask(threads, bad);

@@ -5,6 +5,7 @@
 // Tolerances follow the contracts' BF16 roundings: rms_norm and silu_mul round
 // twice (2 BF16 ulps of the exact value); rope adds two rounded products
 // (1 ulp of each product and 1 of the sum, absolute); argmax is exact.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -162,6 +163,52 @@ void TestCopy(const ElementwiseKernels& k, std::mt19937& rng) {
   EXPECT(threw, "%s: an overlapping copy is refused", k.name);
 }
 
+// A vector set against its portable twin on the same inputs: within 2 BF16
+// ulps everywhere (the sums run in another order, exp is a polynomial, and
+// either may move a value across one of the two roundings) and bit-identical
+// for at least 99 % of the values; argmax identical.
+void TestAgainstPortable(const ElementwiseKernels& k, std::mt19937& rng) {
+  const ElementwiseKernels& p = ChooseElementwiseKernels("portable");
+  size_t values = 0, differ = 0, far = 0;
+  auto compare = [&](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      ++values;
+      if (a[i] == b[i]) continue;
+      ++differ;
+      const double x = F(a[i]), y = F(b[i]);
+      if (!(std::fabs(x - y) <= 2 * Bf16Ulp(std::max(std::fabs(x), std::fabs(y))))) ++far;
+    }
+  };
+  for (size_t d : {5, 64, 576, 1000, 2048}) {
+    const size_t rows = 4;
+    auto x = Random(rng, rows * 2 * d, 2.0f), r = Random(rng, rows * 2 * d, 1.0f), w = Random(rng, d, 0.5f, 1.0f);
+    std::vector<uint16_t> a(rows * d), b(rows * d), ra(rows * d), rb(rows * d);
+    RmsNormRows(k, rows, d, x.data(), 2 * d, r.data(), 2 * d, w.data(), 1e-6f, a.data(), ra.data(), 1);
+    RmsNormRows(p, rows, d, x.data(), 2 * d, r.data(), 2 * d, w.data(), 1e-6f, b.data(), rb.data(), 1);
+    compare(a, b);
+    compare(ra, rb);
+    SiluMulRows(k, rows, d, x.data(), 2 * d, a.data(), 1);
+    SiluMulRows(p, rows, d, x.data(), 2 * d, b.data(), 1);
+    compare(a, b);
+    std::vector<int64_t> ia(rows), ib(rows);
+    ArgmaxRows(k, rows, 2 * d, x.data(), 2 * d, ia.data(), 1);
+    ArgmaxRows(p, rows, 2 * d, x.data(), 2 * d, ib.data(), 1);
+    EXPECT(ia == ib, "%s argmax n=%zu differs from portable", k.name, 2 * d);
+  }
+  for (size_t d : {64, 128, 130}) {
+    const size_t heads = 6;
+    auto x = Random(rng, heads * d, 1.5f), w = Random(rng, d, 0.2f, 1.0f), cs = Random(rng, d, 0.7f),
+         sn = Random(rng, d, 0.7f);
+    std::vector<uint16_t> a(heads * d), b(heads * d);
+    RopeRows(k, 1, heads, d, x.data(), heads * d, w.data(), 1e-6f, cs.data(), sn.data(), a.data(), 1);
+    RopeRows(p, 1, heads, d, x.data(), heads * d, w.data(), 1e-6f, cs.data(), sn.data(), b.data(), 1);
+    compare(a, b);
+  }
+  EXPECT(far == 0, "%s against portable: %zu of %zu values more than 2 BF16 ulps apart", k.name, far, values);
+  EXPECT(differ * 100 <= values, "%s against portable: %zu of %zu values not bit-identical", k.name, differ, values);
+  std::printf("%s against portable: %zu of %zu values differ, none by more than 2 ulps\n", k.name, differ, values);
+}
+
 }  // namespace
 }  // namespace rvascend
 
@@ -177,6 +224,7 @@ int main() {
     TestRope(k, rng);
     TestArgmax(k, rng);
     TestCopy(k, rng);
+    if (std::string(k.name) != "portable") TestAgainstPortable(k, rng);
   }
   bool threw = false;
   try {
