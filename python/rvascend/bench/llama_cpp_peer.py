@@ -1,9 +1,11 @@
 """llama.cpp as the measured peer (`./dev bench --parts=llama_cpp`).
 
-The same BF16 GGUF files go to llama.cpp (llama-cpp-python built from its PyPI source by
+The same GGUF files go to llama.cpp (llama-cpp-python built from its PyPI source by
 `./dev setup`, rvascend/build/llama_cpp.py) and to this engine, each in a fresh process with
 the same thread count: SmolLM2-135M-Instruct (the default model, written back as BF16
-GGUF) and a random-weight Qwen3-0.6B-shaped checkpoint. Batch 1 and 4, 64 tokens in
+GGUF) and a random-weight Qwen3-0.6B-shaped checkpoint, each in BF16 and in Q8_0 and
+Q4_0 written from it by llama.cpp's quantizer (with the policy on, this engine keeps
+those weights quantized; off, it dequantizes them to BF16). Batch 1 and 4, 64 tokens in
 and 64 out, greedy: prefill tok/s, median decode tok/s, TTFT, peak RSS, and this
 engine's ratios to llama.cpp. Every step is timed by itself on both sides
 (llama_cpp_peer_guest.py; one_batch.py).
@@ -27,6 +29,8 @@ from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["smollm2-135m", "qwen3-0.6b"], "Which models (smollm2-135m, qwen3-0.6b).")
+flags.DEFINE_list("types", ["bf16", "q8_0", "q4_0"],
+                  "GGUF file types: bf16, and q8_0 / q4_0 written from it by llama.cpp's quantizer.")
 flags.DEFINE_list("batch-sizes", ["1", "4"], "Sequences per batch.")
 flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
 flags.DEFINE_integer("output-len", 64, "Generated tokens per sequence.")
@@ -39,8 +43,9 @@ flags.DEFINE_string("plot", "bench_results/llama_cpp.png", "PNG plot (empty: non
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def prepare_models(work: str, names: list[str]) -> dict[str, str]:
-    """name -> BF16 GGUF file, written once."""
+def prepare_models(work: str, names: list[str], types: list[str], python: str, threads: int) -> dict[str, str]:
+    """"name type" -> GGUF file, written once: BF16 by this project's exporter, the
+    quantized types from it by llama.cpp's quantizer (its default recipe)."""
     from rvascend.engine import default_model, random_checkpoint
     from rvascend.models import gguf_checkpoint, gguf_export
 
@@ -52,18 +57,27 @@ def prepare_models(work: str, names: list[str]) -> dict[str, str]:
         "smollm2-135m": smollm2,
         "qwen3-0.6b": lambda d: random_checkpoint.write("qwen3-0.6b", d),
     }
-    unknown = [n for n in names if n not in sources]
+    unknown = [n for n in names if n not in sources] + [t for t in types if t not in ("bf16", "q8_0", "q4_0")]
     if unknown:
-        raise ValueError(f"unknown model(s) {unknown}; known: {sorted(sources)}")
+        raise ValueError(f"unknown model(s) or type(s) {unknown}; models: {sorted(sources)}, "
+                         "types: bf16, q8_0, q4_0")
     files = {}
     for name in names:
-        path = os.path.join(work, f"{name}-bf16.gguf")
-        if not os.path.exists(path):
-            logging.info("%s: writing %s", name, path)
+        bf16 = os.path.join(work, f"{name}-bf16.gguf")
+        if not os.path.exists(bf16):
+            logging.info("%s: writing %s", name, bf16)
             with tempfile.TemporaryDirectory(dir=work) as tmp:
-                gguf_export.export(sources[name](os.path.join(tmp, "checkpoint")), path + ".part")
-            os.replace(path + ".part", path)
-        files[name] = path
+                gguf_export.export(sources[name](os.path.join(tmp, "checkpoint")), bf16 + ".part")
+            os.replace(bf16 + ".part", bf16)
+        for kind in types:
+            path = bf16 if kind == "bf16" else os.path.join(work, f"{name}-{kind}.gguf")
+            if not os.path.exists(path):
+                logging.info("%s: quantizing to %s with llama.cpp", name, kind)
+                subprocess.run([python, "-P", os.path.join(_HERE, "llama_cpp_peer_guest.py"),
+                                f"--quantize-from={bf16}", f"--ftype={kind}", f"--model={path}.part",
+                                f"--threads={threads}"], check=True, capture_output=True)
+                os.replace(path + ".part", path)
+            files[f"{name} {kind}"] = path
     return files
 
 
@@ -101,12 +115,12 @@ def main(argv: list[str]) -> int:
     os.makedirs(work, exist_ok=True)
     threads = FLAGS.threads or len(os.sched_getaffinity(0))
     python = llama_cpp.ensure_python(work)
-    models = prepare_models(work, FLAGS.models)
+    models = prepare_models(work, FLAGS.models, FLAGS.types, python, threads)
     keys = ("prefill_throughput", "median_decode_throughput", "ttft", "median_decode_latency", "peak_rss_mib")
     records = []
     for name, path in models.items():
         for batch in (int(b) for b in FLAGS["batch-sizes"].value):
-            base = {"model": name, "gguf": os.path.basename(path), "batch_size": batch, "threads": threads,
+            base = {"model": name, "type": name.split()[-1], "gguf": os.path.basename(path), "batch_size": batch, "threads": threads,
                     "input_len": FLAGS["input-len"].value, "output_len": FLAGS["output-len"].value}
             logging.info("%s bs %d: llama.cpp", name, batch)
             peer = run_llama_cpp(python, path, batch, threads)

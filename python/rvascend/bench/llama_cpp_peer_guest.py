@@ -44,8 +44,22 @@ def _greedy(ctx, index: int, n_vocab: int) -> int:
     return int(logits.argmax())
 
 
+_FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+
+
+def quantize(source: str, output: str, ftype: str, threads: int) -> None:
+    """llama.cpp's own quantizer with its default recipe (what `llama-quantize SRC OUT Q4_0` writes)."""
+    params = L.llama_model_quantize_default_params()
+    params.ftype = getattr(L, _FTYPES[ftype])
+    params.nthread = threads
+    if L.llama_model_quantize(source.encode(), output.encode(), ctypes.byref(params)) != 0:
+        raise SystemExit(f"llama.cpp could not quantize {source} to {ftype}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--quantize-from", help="Write --model from this GGUF in --ftype, then exit.")
+    ap.add_argument("--ftype", choices=sorted(_FTYPES))
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--input-len", type=int, default=64)
@@ -54,6 +68,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     a = ap.parse_args()
     B, n_in, n_out = a.batch_size, a.input_len, a.output_len
+    if a.quantize_from:
+        quantize(a.quantize_from, a.model, a.ftype, a.threads)
+        return
 
     L.llama_backend_init()
     t0 = time.perf_counter()

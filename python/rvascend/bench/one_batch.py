@@ -13,6 +13,7 @@ the copy bandwidth measured in the same run.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import time
@@ -23,7 +24,7 @@ from absl import app, flags, logging
 
 from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import print_table, write_jsonl
-from rvascend.bench.rss import peak_rss_mib
+from rvascend.bench.rss import peak_rss_mib, reset_peak_rss
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.bench.timing import copy_bandwidth
 from rvascend.engine import random_checkpoint
@@ -127,6 +128,9 @@ def main(argv: list[str]) -> int:
             "threads": torch.get_num_threads(), "dtype": "bfloat16", "copy_gbps": bandwidth / 1e9}
     records = []
     for mode in FLAGS.policy:
+        # Each run's peak RSS is its own: not the bandwidth probe's 2 GiB, not the previous run's model.
+        gc.collect()
+        reset_peak_rss()
         model = load_model(path)
         if mode == "on":
             install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode=FLAGS["cpu-compile-mode"].value))
@@ -137,6 +141,8 @@ def main(argv: list[str]) -> int:
                         "peak_rss_mib": peak_rss_mib()})
         del model
     if FLAGS.hf:
+        gc.collect()
+        reset_peak_rss()
         records.append({**base, "run_name": "hf-generate", "backend": "transformers", "policy": "n/a",
                         **run_hf(path, batch, input_len, output_len, FLAGS.warmup, bandwidth),
                         "peak_rss_mib": peak_rss_mib()})

@@ -15,6 +15,14 @@ def peak_rss_mib(pid: Optional[int] = None) -> float:
     raise RuntimeError(f"no VmHWM in {path}")
 
 
+def reset_peak_rss() -> None:
+    """Starts this process's peak (VmHWM) over from its current RSS (Linux >= 4.0:
+    "5" to /proc/self/clear_refs), so a bench's own large buffers (a bandwidth
+    probe) are not reported as the engine's peak."""
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")
+
+
 def current_rss_mib(pid: Optional[int] = None) -> float:
     with open(f"/proc/{pid or os.getpid()}/status", encoding="ascii") as f:
         for line in f:
