@@ -2,13 +2,15 @@
 
 load("@rules_python//python:defs.bzl", "py_binary", "py_test")
 
-def rvascend_py_test(src, size = "medium", data = [], **kwargs):
-    """A pytest file of the rvascend package as a Bazel test named after the file."""
+def rvascend_py_test(src, size = "medium", data = [], args = [], **kwargs):
+    """A pytest file of the rvascend package as a Bazel test named after the file,
+    run by pytest_runner.py (so every test in it runs, whatever the file's own main)."""
     py_test(
         name = src.rsplit("/", 1)[-1][:-len(".py")],
         size = size,
-        srcs = [src],
-        main = src,
+        srcs = [src, "pytest_runner.py"],
+        main = "pytest_runner.py",
+        args = ["$(rootpath %s)" % src] + args,
         data = data,
         deps = [":rvascend"],
         **kwargs
