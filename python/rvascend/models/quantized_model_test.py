@@ -239,3 +239,7 @@ def test_default_model_memory_holds_the_quantized_weights_once():
     # file resident beside the repacked weights.
     assert q["peak"] - q["base"] <= q["packed"] + q["dense"] + 0.8 * size
     assert d["after"] - d["base"] > 2 * (q["after"] - q["base"])  # the BF16 model is the big one
+    # Dequantized, the peak is the model plus one tensor in flight: converted a slab of rows
+    # at a time, never an FP32 copy of a whole tensor (1.59 x the BF16 model now, 1.71 when
+    # the embedding went through FP32 whole; for Qwen3-0.6B Q8_0: 1.48 against 1.81).
+    assert d["peak"] - d["base"] <= 1.65 * d["dense"]
