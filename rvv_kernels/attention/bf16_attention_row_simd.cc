@@ -21,17 +21,6 @@ using simd::VF;
 // Heads of a group whose accumulators stay in registers; larger groups go in rounds.
 constexpr size_t kHeadsAtOnce = 4;
 
-RVASCEND_SIMD_INLINE VF LoadPart(const float* p, size_t lanes) {
-  if (lanes == kLanes) return simd::LoadF(p);
-  VF v{};
-  for (size_t i = 0; i < lanes; ++i) v[i] = p[i];
-  return v;
-}
-
-RVASCEND_SIMD_INLINE VF LoadKey(const uint16_t* p, size_t lanes) {
-  return lanes == kLanes ? simd::LoadBf16(p) : simd::LoadBf16Part(p, lanes);
-}
-
 // Slots are scattered over the pool, which the hardware prefetcher cannot
 // follow: each row is requested this many keys ahead (a 4k-key decode row ran
 // at DRAM latency, 150 ns per row, without it).
@@ -51,8 +40,8 @@ void Scores(const float* q, size_t h0, size_t d, const uint16_t* k_pool, size_t 
     VF acc[hn] = {};
     for (size_t i = 0; i < d; i += kLanes) {
       const size_t lanes = d - i < kLanes ? d - i : kLanes;
-      const VF kv = LoadKey(k + i, lanes);
-      for (size_t h = 0; h < hn; ++h) acc[h] += LoadPart(q + (h0 + h) * d + i, lanes) * kv;
+      const VF kv = simd::LoadBf16N(k + i, lanes);
+      for (size_t h = 0; h < hn; ++h) acc[h] += simd::LoadFN(q + (h0 + h) * d + i, lanes) * kv;
     }
     for (size_t h = 0; h < hn; ++h) scores[(h0 + h) * n_keys + j] = simd::Sum(acc[h]);
   }
@@ -102,19 +91,12 @@ void Values(const float* p, size_t h0, size_t d, const uint16_t* v_pool, size_t 
     for (size_t i = 0; i < d; i += kLanes) {
       const size_t lanes = d - i < kLanes ? d - i : kLanes;
       VF acc[hn];
-      for (size_t h = 0; h < hn; ++h) acc[h] = LoadPart(out + (h0 + h) * d + i, lanes);
+      for (size_t h = 0; h < hn; ++h) acc[h] = simd::LoadFN(out + (h0 + h) * d + i, lanes);
       for (size_t j = j0; j < j1; ++j) {
-        const VF vv = LoadKey(v_pool + static_cast<size_t>(slots[j]) * slot_stride + i, lanes);
+        const VF vv = simd::LoadBf16N(v_pool + static_cast<size_t>(slots[j]) * slot_stride + i, lanes);
         for (size_t h = 0; h < hn; ++h) acc[h] += p[(h0 + h) * n_keys + j] * vv;
       }
-      for (size_t h = 0; h < hn; ++h) {
-        float* o = out + (h0 + h) * d + i;
-        if (lanes == kLanes) {
-          simd::StoreF(o, acc[h]);
-        } else {
-          for (size_t l = 0; l < lanes; ++l) o[l] = acc[h][l];
-        }
-      }
+      for (size_t h = 0; h < hn; ++h) simd::StoreFN(out + (h0 + h) * d + i, acc[h], lanes);
     }
   }
 }

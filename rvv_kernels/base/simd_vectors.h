@@ -57,11 +57,26 @@ RVASCEND_SIMD_INLINE VF LoadBf16(const uint16_t* p) {
 #endif
 }
 
-// The first n < kLanes values of p, the other lanes `fill` (BF16 bits): the tail of a row.
-RVASCEND_SIMD_INLINE VF LoadBf16Part(const uint16_t* p, size_t n, uint16_t fill = 0) {
+// The first n <= kLanes values of p (a whole vector, or the tail of a row), the
+// other lanes `fill` (BF16 bits).
+RVASCEND_SIMD_INLINE VF LoadBf16N(const uint16_t* p, size_t n, uint16_t fill = 0) {
+  if (n == kLanes) return LoadBf16(p);
   uint16_t lanes[kLanes];
   for (size_t i = 0; i < kLanes; ++i) lanes[i] = i < n ? p[i] : fill;
   return WidenBf16<VF, VU, VH>(lanes);
+}
+
+// The first n <= kLanes FP32 values of p, the other lanes 0.
+RVASCEND_SIMD_INLINE VF LoadFN(const float* p, size_t n) {
+  if (n == kLanes) return LoadF(p);
+  VF v{};
+  for (size_t i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+}
+
+RVASCEND_SIMD_INLINE void StoreFN(float* p, VF v, size_t n) {
+  if (n == kLanes) return StoreF(p, v);
+  for (size_t i = 0; i < n; ++i) p[i] = v[i];
 }
 
 // Round to nearest even, quiet NaNs (bf16.h's FloatToBf16 on every lane).
@@ -82,7 +97,9 @@ RVASCEND_SIMD_INLINE VF RoundBf16(VF x) {
   return f;
 }
 
-RVASCEND_SIMD_INLINE void StoreBf16Part(uint16_t* p, VF v, size_t n) {
+// The first n <= kLanes lanes, rounded to BF16.
+RVASCEND_SIMD_INLINE void StoreBf16N(uint16_t* p, VF v, size_t n) {
+  if (n == kLanes) return StoreBf16(p, v);
   const VH h = NarrowBf16<VF, VU, VH>(v);
   for (size_t i = 0; i < n; ++i) p[i] = h[i];
 }

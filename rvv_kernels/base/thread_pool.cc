@@ -38,28 +38,6 @@ GompParallelFn OpenMpTeam() {
 #endif
 }
 
-// One ParallelFor on the OpenMP team: tasks handed out as by the pool.
-struct TeamJob {
-  const std::function<void(size_t)>* fn;
-  size_t num_tasks;
-  std::atomic<size_t> next{0};
-  std::mutex error_mutex;
-  std::exception_ptr error;
-
-  static void Run(void* self) {
-    auto* job = static_cast<TeamJob*>(self);
-    for (size_t task = job->next.fetch_add(1); task < job->num_tasks; task = job->next.fetch_add(1)) {
-      try {
-        (*job->fn)(task);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(job->error_mutex);
-        if (!job->error) job->error = std::current_exception();
-        job->next.store(job->num_tasks);
-      }
-    }
-  }
-};
-
 // How long a thread polls before it sleeps on a condition variable. A fused
 // decode step runs about five parallel sections per layer with microseconds
 // between them; a futex sleep and wake costs tens of microseconds each time,
@@ -102,16 +80,16 @@ void ThreadPool::EnsureWorkers(size_t count) {
   }
 }
 
-void ThreadPool::RunTasks() {
-  for (size_t task = next_task_.fetch_add(1); task < num_tasks_; task = next_task_.fetch_add(1)) {
+void ThreadPool::Tasks::Run() {
+  for (size_t task = next.fetch_add(1); task < count; task = next.fetch_add(1)) {
     try {
-      (*fn_)(task);
+      (*fn)(task);
     } catch (...) {
       // The first failure is kept and rethrown by the caller once every thread
       // has left fn; no task is handed out after it.
-      std::lock_guard<std::mutex> lock(error_mutex_);
-      if (!error_) error_ = std::current_exception();
-      next_task_.store(num_tasks_);
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+      next.store(count);
     }
   }
 }
@@ -126,7 +104,7 @@ void ThreadPool::WorkerLoop(size_t index) {
       if (stop_) return;
       seen = generation_;
     }
-    RunTasks();
+    tasks_.Run();
     if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       // Under the lock, so the caller cannot miss it between its check and its wait.
       std::lock_guard<std::mutex> lock(mutex_);
@@ -144,26 +122,26 @@ void ThreadPool::ParallelFor(size_t num_tasks, size_t num_threads,
     return;
   }
   if (const GompParallelFn team = OpenMpTeam()) {
-    TeamJob job;
-    job.fn = &fn;
-    job.num_tasks = num_tasks;
-    team(&TeamJob::Run, &job, static_cast<unsigned>(helpers + 1), 0);
-    if (job.error) std::rethrow_exception(job.error);
+    Tasks tasks;
+    tasks.fn = &fn;
+    tasks.count = num_tasks;
+    team([](void* t) { static_cast<Tasks*>(t)->Run(); }, &tasks, static_cast<unsigned>(helpers + 1), 0);
+    if (tasks.error) std::rethrow_exception(tasks.error);
     return;
   }
   std::lock_guard<std::mutex> call(call_mutex_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     EnsureWorkers(helpers);
-    fn_ = &fn;
-    num_tasks_ = num_tasks;
-    next_task_.store(0);
+    tasks_.fn = &fn;
+    tasks_.count = num_tasks;
+    tasks_.next.store(0);
     participants_ = helpers;
     active_ = helpers;
     ++generation_;
   }
   wake_.notify_all();
-  RunTasks();
+  tasks_.Run();
   if (!SpinUntil([&] { return active_.load(std::memory_order_acquire) == 0; })) {
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return active_.load(std::memory_order_acquire) == 0; });
@@ -171,9 +149,9 @@ void ThreadPool::ParallelFor(size_t num_tasks, size_t num_threads,
   std::exception_ptr error;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    fn_ = nullptr;
-    std::lock_guard<std::mutex> error_lock(error_mutex_);
-    std::swap(error, error_);
+    tasks_.fn = nullptr;
+    std::lock_guard<std::mutex> error_lock(tasks_.error_mutex);
+    std::swap(error, tasks_.error);
   }
   if (error) std::rethrow_exception(error);
 }

@@ -32,9 +32,21 @@ class ThreadPool {
   ~ThreadPool();
 
  private:
+  // One job's tasks, handed out one at a time to whichever thread asks (this
+  // pool's or an OpenMP team's). If a task throws, no further task starts and
+  // the first exception is kept for the caller.
+  struct Tasks {
+    const std::function<void(size_t)>* fn = nullptr;
+    size_t count = 0;
+    std::atomic<size_t> next{0};
+    std::mutex error_mutex;
+    std::exception_ptr error;
+
+    void Run();
+  };
+
   void EnsureWorkers(size_t count);
   void WorkerLoop(size_t index);
-  void RunTasks();
 
   std::mutex call_mutex_;  // one ParallelFor at a time
   std::mutex mutex_;
@@ -45,11 +57,7 @@ class ThreadPool {
   std::atomic<size_t> generation_{0};  // written under mutex_, polled without it
   size_t participants_ = 0;            // workers taking part in the current job
   std::atomic<size_t> active_{0};      // workers still running the current job
-  const std::function<void(size_t)>* fn_ = nullptr;
-  size_t num_tasks_ = 0;
-  std::atomic<size_t> next_task_{0};
-  std::mutex error_mutex_;
-  std::exception_ptr error_;  // the current job's first failure
+  Tasks tasks_;  // the current job
 };
 
 }  // namespace rvascend

@@ -30,22 +30,13 @@ RVASCEND_SIMD_INLINE void Chunks(size_t n, F f) {
   if (i < n) f(i, n - i);
 }
 
-RVASCEND_SIMD_INLINE VF Load(const uint16_t* p, size_t lanes, uint16_t fill = 0) {
-  return lanes == kLanes ? simd::LoadBf16(p) : simd::LoadBf16Part(p, lanes, fill);
-}
-
-RVASCEND_SIMD_INLINE void Store(uint16_t* p, VF v, size_t lanes) {
-  if (lanes == kLanes) {
-    simd::StoreBf16(p, v);
-  } else {
-    simd::StoreBf16Part(p, v, lanes);
-  }
-}
+using simd::LoadBf16N;
+using simd::StoreBf16N;
 
 float SumSquares(const uint16_t* h, size_t d) {
   VF acc{};
   Chunks(d, [&](size_t i, size_t n) {
-    const VF v = Load(h + i, n);
+    const VF v = LoadBf16N(h + i, n);
     acc += v * v;
   });
   return simd::Sum(acc);
@@ -58,8 +49,8 @@ float Rinv(float sum_squares, size_t d, float eps) {
 // out = bf16(w * bf16(h * rinv)).
 void Scale(const uint16_t* h, const uint16_t* weight, size_t d, float rinv, uint16_t* out) {
   Chunks(d, [&](size_t i, size_t n) {
-    const VF t = simd::RoundBf16(Load(h + i, n) * rinv);
-    Store(out + i, Load(weight + i, n) * t, n);
+    const VF t = simd::RoundBf16(LoadBf16N(h + i, n) * rinv);
+    StoreBf16N(out + i, LoadBf16N(weight + i, n) * t, n);
   });
 }
 
@@ -68,7 +59,9 @@ void RmsNorm(const uint16_t* x, const uint16_t* residual, const uint16_t* weight
   const uint16_t* h = x;
   if (residual) {
     // The BF16 sum is the residual stream's next value and the norm's input: stored once, read back.
-    Chunks(d, [&](size_t i, size_t n) { Store(residual_out + i, Load(x + i, n) + Load(residual + i, n), n); });
+    Chunks(d, [&](size_t i, size_t n) {
+      StoreBf16N(residual_out + i, LoadBf16N(x + i, n) + LoadBf16N(residual + i, n), n);
+    });
     h = residual_out;
   }
   Scale(h, weight, d, Rinv(SumSquares(h, d), d, eps), out);
@@ -76,9 +69,9 @@ void RmsNorm(const uint16_t* x, const uint16_t* residual, const uint16_t* weight
 
 void SiluMul(const uint16_t* gate_up, size_t d, uint16_t* out) {
   Chunks(d, [&](size_t i, size_t n) {
-    const VF g = Load(gate_up + i, n);
+    const VF g = LoadBf16N(gate_up + i, n);
     const VF silu = simd::RoundBf16(g / (simd::Exp(-g) + 1.0f));
-    Store(out + i, silu * Load(gate_up + d + i, n), n);
+    StoreBf16N(out + i, silu * LoadBf16N(gate_up + d + i, n), n);
   });
 }
 
@@ -86,9 +79,9 @@ void SiluMul(const uint16_t* gate_up, size_t d, uint16_t* out) {
 void RotateHalf(const uint16_t* x_lo, const uint16_t* x_hi, float sign, const uint16_t* cos, const uint16_t* sin,
                 size_t n, uint16_t* out) {
   Chunks(n, [&](size_t i, size_t lanes) {
-    const VF a = simd::RoundBf16(Load(x_lo + i, lanes) * Load(cos + i, lanes));
-    const VF b = simd::RoundBf16(Load(x_hi + i, lanes) * sign * Load(sin + i, lanes));
-    Store(out + i, a + b, lanes);
+    const VF a = simd::RoundBf16(LoadBf16N(x_lo + i, lanes) * LoadBf16N(cos + i, lanes));
+    const VF b = simd::RoundBf16(LoadBf16N(x_hi + i, lanes) * sign * LoadBf16N(sin + i, lanes));
+    StoreBf16N(out + i, a + b, lanes);
   });
 }
 
@@ -116,7 +109,7 @@ int64_t Argmax(const uint16_t* row, size_t n) {
   simd::VI index{}, lane{}, nan{};
   for (size_t l = 0; l < kLanes; ++l) lane[l] = static_cast<int32_t>(l);
   Chunks(n, [&](size_t i, size_t lanes) {
-    const VF v = Load(row + i, lanes, kMinusInf);
+    const VF v = LoadBf16N(row + i, lanes, kMinusInf);
     nan |= (v != v);
     const simd::VI greater = v > m;
     index = greater ? lane + static_cast<int32_t>(i) : index;

@@ -203,7 +203,8 @@ class GgufCheckpoint:
 
     # -- tensors ----------------------------------------------------------------------
     def _dequantize(self, name: str, rows: slice = slice(None)) -> np.ndarray:
-        """FP32 values of a tensor (of `rows` of it, the first dimension), rows first."""
+        """FP32 values of a tensor (of `rows` of it, the first dimension), rows first: a new,
+        writable array (never a view of the read-only map)."""
         t = self._tensors[name]
         if t.type_name in ("I8", "I16", "I32", "I64"):
             raise GgufError(f"{self.path}: tensor {name} has type {t.type_name}, an integer type, not a weight's")
@@ -240,12 +241,12 @@ class GgufCheckpoint:
             values = np.array(self._file.raw(name)).view(np.int16).reshape(t.shape)
             return torch.from_numpy(values).view(torch.bfloat16)
         if len(t.shape) < 2:
-            return torch.from_numpy(np.array(self._dequantize(name), dtype=np.float32)).to(dtype)
+            return torch.from_numpy(np.ascontiguousarray(self._dequantize(name), dtype=np.float32)).to(dtype)
         out = torch.empty(t.shape, dtype=dtype)
         step = max(1, (16 << 20) // max(1, 4 * int(np.prod(t.shape[1:]))))  # 16 MiB of FP32 per slab
         for r0 in range(0, t.shape[0], step):
             rows = slice(r0, min(r0 + step, t.shape[0]))
-            out[rows] = torch.from_numpy(np.array(self._dequantize(name, rows), dtype=np.float32))
+            out[rows] = torch.from_numpy(np.ascontiguousarray(self._dequantize(name, rows), dtype=np.float32))
         return out
 
     def hf_name(self, name: str) -> Optional[str]:
