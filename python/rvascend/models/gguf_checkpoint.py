@@ -142,6 +142,12 @@ class GgufCheckpoint:
         if beyond:
             raise GgufError(f"{self.path}: {self.arch}.block_count = {layers} but the file has tensors of "
                             f"layer {beyond[0]} (blk.{beyond[0]}.*)")
+        # Checked before any module is built: a block_count the tensors do not back
+        # would otherwise cost the construction of up to 4096 layers before failing.
+        absent = sorted(set(range(layers)) - present)
+        if absent:
+            raise GgufError(f"{self.path}: {self.arch}.block_count = {layers} but the file has no tensors of "
+                            f"layer {absent[0]} (blk.{absent[0]}.*)")
         config: dict[str, Any] = {
             "architectures": [ARCHITECTURES[self.arch]],
             "model_type": self.arch,

@@ -156,6 +156,7 @@ def test_an_array_longer_than_the_file_is_refused_at_once(tmp_path, elem):
 @pytest.mark.parametrize("key,value,message", [
     ("llama.attention.head_count", (_U32, 0), "llama.attention.head_count = 0"),
     ("llama.block_count", (_U32, 1), "block_count = 1 but the file has tensors of layer 1"),
+    ("llama.block_count", (_U32, 4000), "block_count = 4000 but the file has no tensors of layer 2"),
     ("llama.embedding_length", (_U32, 96), "embedding_length = 96 but token_embd.weight has rows of 64"),
     ("llama.attention.head_count_kv", (_U32, 3), "do not split into 3 KV head groups"),
     ("llama.feed_forward_length", (_U32, 100), "ffn 100) implies"),
