@@ -93,7 +93,7 @@ CpuFeatures Detect() {
 #endif
 #elif defined(__x86_64__)
   __builtin_cpu_init();
-  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");
   f.avx512bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");

@@ -12,7 +12,7 @@ struct CpuFeatures {
   bool zvfbfwma = false;   // Zvfbfwma: hwprobe bit, else a trapped probe instruction
   const char* zvfbfwma_source = "not a riscv64 build";
   size_t vlen_bits = 0;    // 0 when there is no RVV
-  bool avx2 = false;       // x86-64: AVX2 + FMA
+  bool avx2 = false;       // x86-64: AVX2 + FMA + F16C (every AVX2 CPU has F16C)
   bool avx512 = false;     // x86-64: AVX-512 F/BW/VL
   bool avx512bf16 = false; // x86-64: AVX-512 F/BW/VL + BF16 (vdpbf16ps)
   std::string Describe() const;

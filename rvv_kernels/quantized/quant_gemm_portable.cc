@@ -1,20 +1,14 @@
 // The portable quantized kernels: plain loops over the runtime layout, the twin
 // of every vector kernel (the same integer sums, the same FP32 operations in the
 // same order) and the path of CPUs without a vector set. Columns are the inner
-// loops (the layout stores a tile's columns side by side), so the compiler
-// vectorises them: on x86 this file is also built with AVX2 and AVX-512 (BUILD),
-// bit-identical to the baseline build since the sums are integers and every
-// FP32 operation is the same.
+// loops (the layout stores a tile's columns side by side), so the compiler can
+// vectorise them in the baseline ISA.
 #include <cmath>
 #include <cstring>
 
 #include "rvv_kernels/base/bf16.h"
 #include "rvv_kernels/quantized/quant_activations.h"
 #include "rvv_kernels/quantized/quant_kernel_sets.h"
-
-#if !defined(RVASCEND_QUANT_SET_SYMBOL) || !defined(RVASCEND_QUANT_SET_NAME)
-#error "define RVASCEND_QUANT_SET_SYMBOL and RVASCEND_QUANT_SET_NAME (BUILD: one object per ISA level)"
-#endif
 
 namespace rvascend {
 namespace {
@@ -154,11 +148,8 @@ void StoreBf16(const float* c, size_t n, uint16_t* out) {
 
 }  // namespace
 
-#define RVASCEND_STR_(x) #x
-#define RVASCEND_STR(x) RVASCEND_STR_(x)
-
-const QuantKernelSet RVASCEND_QUANT_SET_SYMBOL = {
-    RVASCEND_STR(RVASCEND_QUANT_SET_NAME), 64, 4,
+const QuantKernelSet kPortableQuantKernels = {
+    "portable", 64, 4,
     {Gemm32<QuantFormat::kQ8_0>, Gemm32<QuantFormat::kQ4_0>, Gemm32<QuantFormat::kQ4_1>, GemmQ4K, GemmQ6K},
     QuantizeRowPortable, StoreBf16};
 

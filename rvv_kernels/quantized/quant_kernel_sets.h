@@ -10,8 +10,9 @@
 namespace rvascend {
 
 extern const QuantKernelSet kPortableQuantKernels;
-extern const QuantKernelSet kPortableAvx2QuantKernels;
-extern const QuantKernelSet kPortableAvx512QuantKernels;
+#if defined(RVASCEND_HAVE_X86_VARIANTS)
+extern const QuantKernelSet kAvx2QuantKernels;
+#endif
 #if defined(RVASCEND_HAVE_RVV)
 extern const QuantKernelSet kRvvQuantKernels;
 #endif

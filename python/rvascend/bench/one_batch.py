@@ -29,6 +29,7 @@ from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.bench.timing import copy_bandwidth
 from rvascend.engine import random_checkpoint
 from rvascend.models.loader import load_model
+from rvascend.models.quantized_layers import QuantizedLinear
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 
 FLAGS = flags.FLAGS
@@ -109,9 +110,14 @@ def run_hf(path: str, batch: int, input_len: int, output_len: int, warmup: int,
 def weight_bytes_per_step(model: torch.nn.Module) -> int:
     """Bytes of the weights one decode step reads: every matrix of the decoder
     layers and lm_head's (the embedding lookup reads a row per token)."""
-    layers = sum(p.numel() * p.element_size() for p in model.model.layers.parameters() if p.dim() == 2)
-    head = model.lm_head.weight
-    return layers + head.numel() * head.element_size()
+    def matrices(module: torch.nn.Module) -> int:
+        # A quantized projection's weight is its uint8 buffers (models/quantized_layers.py).
+        quantized = sum(b.numel() for n, b in module.named_buffers() if n.rpartition(".")[2].startswith("qweight"))
+        return quantized + sum(p.numel() * p.element_size() for p in module.parameters() if p.dim() == 2)
+
+    head = model.lm_head
+    return matrices(model.model.layers) + (matrices(head) if isinstance(head, QuantizedLinear) else
+                                           head.weight.numel() * head.weight.element_size())
 
 
 def main(argv: list[str]) -> int:
@@ -131,7 +137,9 @@ def main(argv: list[str]) -> int:
         # Each run's peak RSS is its own: not the bandwidth probe's 2 GiB, not the previous run's model.
         gc.collect()
         reset_peak_rss()
-        model = load_model(path)
+        # As the server loads it (server/launch.py): with the policy, a GGUF file's
+        # quantized projections stay quantized.
+        model = load_model(path, keep_quantized=mode == "on")
         if mode == "on":
             install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode=FLAGS["cpu-compile-mode"].value))
         logging.info("policy %s: running", mode)

@@ -243,3 +243,17 @@ def test_default_model_memory_holds_the_quantized_weights_once():
     # at a time, never an FP32 copy of a whole tensor (1.59 x the BF16 model now, 1.71 when
     # the embedding went through FP32 whole; for Qwen3-0.6B Q8_0: 1.48 against 1.81).
     assert d["peak"] - d["base"] <= 1.65 * d["dense"]
+
+
+def test_bench_counts_the_quantized_bytes_a_step_reads(tmp_path):
+    """one_batch's bytes per step (its GB/s and roofline) of a model kept quantized are
+    its quantized buffers, not the BF16 matrices it no longer has."""
+    from rvascend.bench.one_batch import weight_bytes_per_step
+
+    path = _write("llama", "Q8_0", tmp_path)
+    dense, kept = load_model(path), load_model(path, keep_quantized=True)
+    buffers = sum(b.numel() for _, module in quantized_modules(kept) for n, b in module.named_buffers()
+                  if n.startswith("qweight"))
+    assert weight_bytes_per_step(kept) == buffers
+    # Q8_0: 34 bytes per 32 weights (the runtime layout's tiles pad nothing at these widths).
+    assert weight_bytes_per_step(kept) == pytest.approx(weight_bytes_per_step(dense) * 34 / 64, rel=0.01)

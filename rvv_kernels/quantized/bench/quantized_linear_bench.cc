@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
                k = std::stoul(Arg(argc, argv, "k", "2048"));
   const int reps = std::stoi(Arg(argc, argv, "reps", "1"));
   const size_t threads = std::stoul(Arg(argc, argv, "threads", "1"));
-  const QuantKernelSet& set = FindQuantKernelSet(Arg(argc, argv, "kernel_set", ""));
+  const std::string set_name = Arg(argc, argv, "kernel_set", "");
+  const QuantKernelSet& set = FindQuantKernelSet(set_name);
   const size_t tile = QuantKernelSetTile(set);
   std::mt19937 rng(7);
   std::vector<uint8_t> ggml(GgmlWeightBytes(format, n, k));

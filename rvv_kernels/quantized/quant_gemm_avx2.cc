@@ -1,0 +1,355 @@
+// The AVX2 quantized kernels for the 32-blocks formats (Q8_0, Q4_0, Q4_1) and
+// Q4_K, on the runtime layout with tiles of 64 columns (quant_format.h).
+//
+// The layout keeps a tile's 64 columns side by side for each k, so one 32-byte
+// load holds one k of 32 columns, while the x86 integer dot products
+// (vpmaddubsw, vpmaddwd) sum adjacent lanes. Two k are therefore paired inside
+// the registers: 4-bit formats put a byte's low and high nibble (k = i and
+// i + 16) next to each other (vpunpck*bw of the two nibble vectors) and multiply
+// them with the pair (a[i], a[i+16]) in one vpmaddubsw; Q8_0 sign-extends the
+// rows k = i and i + 1 to 16 bits, interleaves them, and uses vpmaddwd. Every
+// product is summed exactly in integers (a 16-bit partial sum holds at most 8
+// rows of 4-bit products: 8 * 2 * 15 * 127 < 2^15), and the scales are applied
+// with the same FP32 operations in the same order as the portable twin, so the
+// results are bit-identical to it (the host test compares every output).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "rvv_kernels/base/simd_vectors.h"
+#include "rvv_kernels/quantized/quant_activations.h"
+#include "rvv_kernels/quantized/quant_kernel_sets.h"
+
+namespace rvascend {
+namespace {
+
+constexpr size_t kTile = 64;
+
+// Each kernel takes up to four rows of activations at once (R): the weights are
+// loaded and unpacked once for all of them (a decode batch or a prefill chunk).
+// The activation pairs of a block are laid out once per row (PairTable) and
+// broadcast from memory in the inner loop.
+struct alignas(32) PairTable {
+  int16_t v[32];
+};
+
+// Q8_0: the 32 activations of a block widened to int16; the int32 at 2j is the
+// (k = 2j, 2j + 1) pair of a vpmaddwd lane.
+inline void Q8Pairs(const int8_t* a, PairTable* t) {
+  const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
+  const __m256i y = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(t->v), x);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(t->v + 16), y);
+}
+
+// 4-bit formats: the bytes a[i], a[i + 16] side by side; the int16 at i is the
+// (low nibble, high nibble) pair of a vpmaddubsw lane.
+inline void NibblePairs(const int8_t* a, PairTable* t) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16));
+  _mm_store_si128(reinterpret_cast<__m128i*>(t->v), _mm_unpacklo_epi8(lo, hi));
+  _mm_store_si128(reinterpret_cast<__m128i*>(t->v + 8), _mm_unpackhi_epi8(lo, hi));
+}
+
+inline __m256i Broadcast32(const int16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Q8_0: q[32][64] int8 against a[r][0..31] -> isum[r][g] (columns 8g .. 8g+7).
+template <size_t R>
+inline void DotQ8Block(const int8_t* q, const int8_t* const a[R], __m256i isum[R][8]) {
+  PairTable pairs[R];
+  for (size_t r = 0; r < R; ++r) Q8Pairs(a[r], &pairs[r]);
+  for (size_t g = 0; g < 4; ++g) {  // 16 columns
+    __m256i s[R][2];
+    for (size_t r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm256_setzero_si256();
+    for (size_t i = 0; i < 32; i += 2) {
+      const int8_t* row = q + i * kTile + 16 * g;
+      const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+      const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + kTile)));
+      // Per 128-bit lane: columns 0-3 | 8-11 (lo) and 4-7 | 12-15 (hi) of the 16, as (k, k+1) pairs.
+      const __m256i lo = _mm256_unpacklo_epi16(w0, w1), hi = _mm256_unpackhi_epi16(w0, w1);
+      for (size_t r = 0; r < R; ++r) {
+        const __m256i pair = Broadcast32(pairs[r].v + i);
+        s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(lo, pair));
+        s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(hi, pair));
+      }
+    }
+    for (size_t r = 0; r < R; ++r) {
+      isum[r][2 * g] = _mm256_permute2x128_si256(s[r][0], s[r][1], 0x20);
+      isum[r][2 * g + 1] = _mm256_permute2x128_si256(s[r][0], s[r][1], 0x31);
+    }
+  }
+}
+
+// The 16-bit partial sums of 32 columns (x: columns 0-7 | 16-23, y: 8-15 | 24-31,
+// as vpunpck*bw leaves them) added to out[0..3], columns in order.
+inline void AddWidened(__m256i x, __m256i y, __m256i out[4]) {
+  out[0] = _mm256_add_epi32(out[0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(x)));
+  out[1] = _mm256_add_epi32(out[1], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(y)));
+  out[2] = _mm256_add_epi32(out[2], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(x, 1)));
+  out[3] = _mm256_add_epi32(out[3], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(y, 1)));
+}
+
+// 16 rows of nibble bytes qs[16][64] (low nibble k = i, high k = i + 16) against
+// a[r][0..31]: isum[r][g] += the integer sums of columns 8g .. 8g+7.
+template <size_t R>
+inline void DotNibbleRows(const uint8_t* qs, const int8_t* const a[R], __m256i isum[R][8]) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  PairTable pairs[R];
+  for (size_t r = 0; r < R; ++r) NibblePairs(a[r], &pairs[r]);
+  for (size_t g = 0; g < 2; ++g) {  // 32 columns
+    for (size_t half = 0; half < 2; ++half) {
+      __m256i s16[R][2];
+      for (size_t r = 0; r < R; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+      for (size_t i = 8 * half; i < 8 * half + 8; ++i) {
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + i * kTile + 32 * g));
+        const __m256i lo = _mm256_and_si256(b, low4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
+        // Per 128-bit lane: columns 0-7 | 16-23 (unpacklo) and 8-15 | 24-31 (unpackhi) of the 32.
+        const __m256i p0 = _mm256_unpacklo_epi8(lo, hi), p1 = _mm256_unpackhi_epi8(lo, hi);
+        for (size_t r = 0; r < R; ++r) {
+          const __m256i pair = _mm256_set1_epi16(pairs[r].v[i]);
+          s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(p0, pair));
+          s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(p1, pair));
+        }
+      }
+      for (size_t r = 0; r < R; ++r) AddWidened(s16[r][0], s16[r][1], isum[r] + 4 * g);
+    }
+  }
+}
+
+inline __m256 Halves(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline void Store(const __m256 acc[8], float* c) {
+  for (size_t g = 0; g < 8; ++g) _mm256_storeu_ps(c + 8 * g, acc[g]);
+}
+
+template <QuantFormat F, size_t R>
+void Gemm32Rows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
+  const size_t blocks = a.k / 32;
+  const size_t block_bytes = FormatInfo(F).tile_block_bytes * kTile;
+  __m256 acc[R][8];
+  for (size_t r = 0; r < R; ++r) {
+    for (auto& v : acc[r]) v = _mm256_setzero_ps();
+  }
+  for (size_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = tile + b * block_bytes;
+    const int8_t* q[R];
+    for (size_t r = 0; r < R; ++r) q[r] = a.q + (row0 + r) * a.k + 32 * b;
+    __m256i isum[R][8];
+    if constexpr (F == QuantFormat::kQ8_0) {
+      DotQ8Block<R>(reinterpret_cast<const int8_t*>(blk + 2 * kTile), q, isum);
+    } else {
+      for (size_t r = 0; r < R; ++r) {
+        for (auto& v : isum[r]) v = _mm256_setzero_si256();
+      }
+      DotNibbleRows<R>(blk + (F == QuantFormat::kQ4_1 ? 4 : 2) * kTile, q, isum);
+    }
+    for (size_t r = 0; r < R; ++r) {
+      const float ad = a.d[(row0 + r) * blocks + b];
+      const int32_t asum = a.sum32[(row0 + r) * blocks + b];
+      const __m256 s = _mm256_set1_ps(ad);
+      for (size_t g = 0; g < 8; ++g) {
+        __m256i v = isum[r][g];
+        if constexpr (F == QuantFormat::kQ4_0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(8 * asum));
+        acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(Halves(blk + 16 * g), s), acc[r][g]);
+        if constexpr (F == QuantFormat::kQ4_1) {
+          acc[r][g] = _mm256_fmadd_ps(Halves(blk + 2 * kTile + 16 * g), _mm256_set1_ps(ad * static_cast<float>(asum)),
+                                      acc[r][g]);
+        }
+      }
+    }
+  }
+  for (size_t r = 0; r < R; ++r) Store(acc[r], c + r * c_stride);
+}
+
+template <size_t R>
+void GemmQ4KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
+  const size_t supers = a.k / 256;
+  __m256 acc[R][8];
+  for (size_t r = 0; r < R; ++r) {
+    for (auto& v : acc[r]) v = _mm256_setzero_ps();
+  }
+  for (size_t s = 0; s < supers; ++s) {
+    const uint8_t* blk = tile + s * 148 * kTile;
+    const uint8_t* sc = blk + 4 * kTile;
+    const uint8_t* mn = blk + 12 * kTile;
+    __m256i total[R][8], msum[R][8];
+    for (size_t r = 0; r < R; ++r) {
+      for (size_t g = 0; g < 8; ++g) total[r][g] = msum[r][g] = _mm256_setzero_si256();
+    }
+    for (size_t sub = 0; sub < 8; ++sub) {
+      const int8_t* q[R];
+      for (size_t r = 0; r < R; ++r) q[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * sub;
+      __m256i isum[R][8];
+      for (size_t r = 0; r < R; ++r) {
+        for (auto& v : isum[r]) v = _mm256_setzero_si256();
+      }
+      DotNibbleRows<R>(blk + 20 * kTile + 16 * sub * kTile, q, isum);
+      for (size_t g = 0; g < 8; ++g) {
+        const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + sub * kTile + 8 * g)));
+        const __m256i mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + sub * kTile + 8 * g)));
+        for (size_t r = 0; r < R; ++r) {
+          const __m256i as = _mm256_set1_epi32(a.sum32[(row0 + r) * (a.k / 32) + 8 * s + sub]);
+          total[r][g] = _mm256_add_epi32(total[r][g], _mm256_mullo_epi32(scale, isum[r][g]));
+          msum[r][g] = _mm256_add_epi32(msum[r][g], _mm256_mullo_epi32(mins, as));
+        }
+      }
+    }
+    for (size_t r = 0; r < R; ++r) {
+      const float ad = a.d[(row0 + r) * supers + s];
+      const __m256 d = _mm256_set1_ps(ad), neg_d = _mm256_set1_ps(-ad);
+      for (size_t g = 0; g < 8; ++g) {
+        acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r][g]), _mm256_mul_ps(Halves(blk + 16 * g), d), acc[r][g]);
+        acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[r][g]), _mm256_mul_ps(Halves(blk + 2 * kTile + 16 * g), neg_d),
+                                    acc[r][g]);
+      }
+    }
+  }
+  for (size_t r = 0; r < R; ++r) Store(acc[r], c + r * c_stride);
+}
+
+// A QuantUkernel over up to 4 rows: Rows<R> for all of them at once.
+template <template <size_t> class Rows>
+void ByRows(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t, float* c, size_t c_stride) {
+  switch (m) {
+    case 1: return Rows<1>::Run(a, row0, tile, c, c_stride);
+    case 2: return Rows<2>::Run(a, row0, tile, c, c_stride);
+    case 3: return Rows<3>::Run(a, row0, tile, c, c_stride);
+    default:
+      for (size_t r = 0; r < m; r += 4) {
+        if (m - r >= 4) {
+          Rows<4>::Run(a, row0 + r, tile, c + r * c_stride, c_stride);
+        } else {
+          ByRows<Rows>(m - r, a, row0 + r, tile, kTile, c + r * c_stride, c_stride);
+        }
+      }
+  }
+}
+
+template <QuantFormat F>
+struct Gemm32 {
+  template <size_t R>
+  struct Rows {
+    static void Run(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
+      Gemm32Rows<F, R>(a, row0, tile, c, c_stride);
+    }
+  };
+};
+
+template <size_t R>
+struct Q4KRows {
+  static void Run(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
+    GemmQ4KRows<R>(a, row0, tile, c, c_stride);
+  }
+};
+
+inline __m256i BytePair(int8_t lo, int8_t hi) {  // two int8 as the byte pair of a vpmaddubsw lane
+  return _mm256_set1_epi16(static_cast<int16_t>(static_cast<uint8_t>(lo) |
+                                                (static_cast<uint16_t>(static_cast<uint8_t>(hi)) << 8)));
+}
+
+// Q6_K: the 6-bit quants are used unsigned (0..63) in vpmaddubsw against the
+// activations, and 32 times the activations' sum of each 16-value sub-block is
+// taken off: sum (q - 32) a = sum q a - 32 sum a, exactly. Rows i and i + 8 of a
+// pair of sub-blocks share their high-bits row (quant_format.h), so they are the
+// two k of each vpmaddubsw pair. A pair of products is at most 2 * 63 * 127, so a
+// 16-bit lane holds two before it is widened.
+void GemmQ6KAvx2(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c,
+                 size_t c_stride) {
+  const size_t supers = a.k / 256;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+  for (size_t r = 0; r < m; ++r) {
+    const int8_t* q = a.q + (row0 + r) * a.k;
+    const float* ad = a.d + (row0 + r) * supers;
+    __m256 acc[8];
+    for (auto& v : acc) v = _mm256_setzero_ps();
+    for (size_t s = 0; s < supers; ++s) {
+      const uint8_t* blk = tile + s * 210 * kTile;
+      const auto* sc = reinterpret_cast<const int8_t*>(blk + 2 * kTile);
+      const uint8_t* ql = blk + 18 * kTile;
+      const uint8_t* qh = blk + 146 * kTile;
+      const int8_t* qa = q + 256 * s;
+      __m256i total[8];
+      for (auto& v : total) v = _mm256_setzero_si256();
+      for (size_t p = 0; p < 8; ++p) {
+        const int8_t* a_lo = qa + 32 * p;  // sub-block 2p: k = 32p + i
+        const int8_t* a_hi = a_lo + 16;    // sub-block 2p + 1: k = 32p + 16 + i
+        int32_t sum_lo = 0, sum_hi = 0;
+        for (size_t i = 0; i < 16; ++i) {
+          sum_lo += a_lo[i];
+          sum_hi += a_hi[i];
+        }
+        __m256i sub_lo[8], sub_hi[8];
+        for (size_t g = 0; g < 8; ++g) {
+          sub_lo[g] = _mm256_set1_epi32(-32 * sum_lo);
+          sub_hi[g] = _mm256_set1_epi32(-32 * sum_hi);
+        }
+        for (size_t i0 = 0; i0 < 8; i0 += 2) {
+          __m256i s_lo[4], s_hi[4];
+          for (size_t g = 0; g < 4; ++g) s_lo[g] = s_hi[g] = _mm256_setzero_si256();
+          for (size_t i = i0; i < i0 + 2; ++i) {
+            const __m256i pair_lo = BytePair(a_lo[i], a_lo[i + 8]), pair_hi = BytePair(a_hi[i], a_hi[i + 8]);
+            for (size_t g = 0; g < 2; ++g) {
+              const auto load = [&](const uint8_t* p) {
+                return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * g));
+              };
+              const __m256i l0 = load(ql + (16 * p + i) * kTile), l8 = load(ql + (16 * p + i + 8) * kTile);
+              const __m256i h = load(qh + (8 * p + i) * kTile);
+              // Row i takes bits 0-1 (low nibble) and 4-5 (high) of h, row i + 8 bits 2-3 and 6-7.
+              const __m256i lo0 = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45));
+              const __m256i lo8 = _mm256_or_si256(_mm256_and_si256(l8, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45));
+              const __m256i hi0 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, bits45));
+              const __m256i hi8 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l8, 4), low4),
+                                                  _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45));
+              s_lo[2 * g] = _mm256_add_epi16(s_lo[2 * g], _mm256_maddubs_epi16(_mm256_unpacklo_epi8(lo0, lo8), pair_lo));
+              s_lo[2 * g + 1] = _mm256_add_epi16(s_lo[2 * g + 1], _mm256_maddubs_epi16(_mm256_unpackhi_epi8(lo0, lo8), pair_lo));
+              s_hi[2 * g] = _mm256_add_epi16(s_hi[2 * g], _mm256_maddubs_epi16(_mm256_unpacklo_epi8(hi0, hi8), pair_hi));
+              s_hi[2 * g + 1] = _mm256_add_epi16(s_hi[2 * g + 1], _mm256_maddubs_epi16(_mm256_unpackhi_epi8(hi0, hi8), pair_hi));
+            }
+          }
+          for (size_t g = 0; g < 2; ++g) {
+            AddWidened(s_lo[2 * g], s_lo[2 * g + 1], sub_lo + 4 * g);
+            AddWidened(s_hi[2 * g], s_hi[2 * g + 1], sub_hi + 4 * g);
+          }
+        }
+        for (size_t g = 0; g < 8; ++g) {
+          const auto scale = [&](size_t j) {
+            return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + j * kTile + 8 * g)));
+          };
+          total[g] = _mm256_add_epi32(total[g], _mm256_add_epi32(_mm256_mullo_epi32(scale(2 * p), sub_lo[g]),
+                                                                 _mm256_mullo_epi32(scale(2 * p + 1), sub_hi[g])));
+        }
+      }
+      const __m256 d = _mm256_set1_ps(ad[s]);
+      for (size_t g = 0; g < 8; ++g) {
+        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[g]), _mm256_mul_ps(Halves(blk + 16 * g), d), acc[g]);
+      }
+    }
+    Store(acc, c + r * c_stride);
+  }
+  (void)t;
+}
+
+void StoreBf16Avx2(const float* c, size_t n, uint16_t* out) {
+  for (size_t j = 0; j < n; j += simd::kLanes) {
+    const size_t lanes = std::min(simd::kLanes, n - j);
+    simd::StoreBf16N(out + j, simd::LoadFN(c + j, lanes), lanes);
+  }
+}
+
+}  // namespace
+
+const QuantKernelSet kAvx2QuantKernels = {
+    "avx2", kTile, 4,
+    {ByRows<Gemm32<QuantFormat::kQ8_0>::Rows>, ByRows<Gemm32<QuantFormat::kQ4_0>::Rows>,
+     ByRows<Gemm32<QuantFormat::kQ4_1>::Rows>, ByRows<Q4KRows>, GemmQ6KAvx2},
+    QuantizeRowPortable, StoreBf16Avx2};
+
+}  // namespace rvascend
