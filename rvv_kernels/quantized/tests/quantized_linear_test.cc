@@ -364,6 +364,11 @@ int main() {
     EXPECT(sets.front()->name == expected, "the best quantized kernel set is %s, expected %s", sets.front()->name,
            expected.c_str());
   }
+#if defined(__x86_64__)
+  // An AVX2 CPU runs the hand-written AVX2 set (its absence would fall back silently).
+  EXPECT(!GetCpuFeatures().avx2 || std::string(sets.front()->name) == "avx2",
+         "the best quantized kernel set on an AVX2 CPU is %s, expected avx2", sets.front()->name);
+#endif
   TestActivationQuantization(rng);
   for (const QuantKernelSet* set : sets) {
     const size_t t = QuantKernelSetTile(*set);
