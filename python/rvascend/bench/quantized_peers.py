@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tarfile
 from typing import Any
 
 from absl import app, flags, logging
@@ -63,13 +62,7 @@ def build_peer(work: str) -> str:
     repo = checkout.root()
     root = os.path.join(repo, ".deps", "toolchain_root")
     src = os.path.join(work, "src")
-    with tarfile.open(llama_cpp.sdist_path()) as tar:
-        prefix = tar.getnames()[0].split("/")[0] + "/vendor/llama.cpp/"
-        members = [m for m in tar.getmembers() if m.name.startswith(prefix)
-                   and any(m.name[len(prefix):].startswith(s) for s in _GGML_SOURCES)]
-        for m in members:
-            m.name = m.name[len(prefix):]
-        tar.extractall(src, members, filter="data")
+    llama_cpp.extract_vendored(src, _GGML_SOURCES)
     harness = os.path.join(work, "ggml_peer_gemv.cc")
     with open(os.path.join(repo, "rvv_kernels", "quantized", "bench", "ggml_peer_gemv.cc"), "rb") as f, \
             open(harness, "wb") as out:

@@ -16,7 +16,8 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+import tarfile
+from typing import Any, Sequence
 
 from absl import logging
 
@@ -91,3 +92,24 @@ def python_path() -> str:
     if not os.path.exists(python):
         raise FileNotFoundError(f"{python} is missing: run ./dev setup")
     return python
+
+
+def extract_vendored(dest: str, paths: Sequence[str], fetch: bool = True) -> str:
+    """The vendored llama.cpp's files under `paths` (prefixes relative to its root),
+    extracted from the pinned source distribution into `dest`; returns `dest`."""
+    with tarfile.open(sdist_path(fetch)) as tar:
+        prefix = tar.getnames()[0].split("/")[0] + "/vendor/llama.cpp/"
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix)
+                   and any(m.name[len(prefix):].startswith(p) for p in paths)]
+        for m in members:
+            m.name = m.name[len(prefix):]
+        tar.extractall(dest, members, filter="data")
+    return dest
+
+
+def converter_script(dest: str) -> str:
+    """llama.cpp's Hugging Face -> GGUF converter (with its `conversion` package and its
+    own gguf-py) extracted into `dest`; the script's path. It runs under this venv's
+    interpreter (torch, transformers)."""
+    extract_vendored(dest, ("convert_hf_to_gguf.py", "conversion/", "gguf-py/"), fetch=False)
+    return os.path.join(dest, "convert_hf_to_gguf.py")

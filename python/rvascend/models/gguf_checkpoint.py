@@ -4,7 +4,7 @@ tokenizer (gguf_tokenizer.py). `load_model` and `Tokenizer` take a `.gguf` path
 directly; `convert` writes the equivalent Hugging Face directory once, for machines
 without the `gguf` package (a board) and for fast starts.
 
-Supported: the Llama, Qwen2 and Qwen3 architectures; every tensor type the `gguf`
+Supported: the Llama, Qwen2, Qwen3 and Qwen3.5 (gguf_qwen35.py) architectures; every tensor type the `gguf`
 package can dequantize (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants,
 ...). llama.cpp's converter reorders the rows of Llama's Q and K projections for its
 interleaved rotary; that order is undone here (Qwen files are not reordered).
@@ -21,9 +21,10 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from rvascend.models import gguf_file, gguf_tokenizer
+from rvascend.models import gguf_file, gguf_qwen35, gguf_tokenizer
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen35": gguf_qwen35.ARCHITECTURE}
 
 # GGUF tensor name -> Hugging Face name ({} is the layer index).
 GLOBAL_NAMES = {
@@ -104,6 +105,10 @@ class GgufCheckpoint:
                             f"[{low}, {high}]")
         return value
 
+    def error(self, message: str) -> GgufError:
+        """A metadata error of this file (message starts with the key after the architecture)."""
+        return GgufError(f"{self.path}: metadata {self.arch}.{message}")
+
     def _float(self, name: str, default: float) -> float:
         value = self._key(name, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -131,7 +136,7 @@ class GgufCheckpoint:
         if self._int("attention.value_length", head_dim, high=4096) != head_dim:
             raise GgufError(f"{self.path}: attention.value_length differs from attention.key_length (not supported)")
         rope_dim = self._int("rope.dimension_count", head_dim, high=4096)
-        if rope_dim != head_dim:
+        if rope_dim != head_dim and self.arch != "qwen35":  # Qwen3.5's partial rotary: gguf_qwen35.py
             raise GgufError(f"{self.path}: partial rotary ({rope_dim} of {head_dim} dims) is not supported")
         scaling = self._key("rope.scaling.type")
         if scaling not in (None, "none"):
@@ -167,6 +172,8 @@ class GgufCheckpoint:
             "attention_bias": "blk.0.attn_q.bias" in self._tensors,
             "torch_dtype": "bfloat16",
         }
+        if self.arch == "qwen35":
+            config.update(gguf_qwen35.config_fields(self, layers, head_dim))
         if _ROPE_FREQS in self._tensors:
             # Llama 3.1+ files carry the per-frequency rope scaling factors as a tensor.
             factors = self._dequantize(_ROPE_FREQS).reshape(-1)
@@ -189,12 +196,18 @@ class GgufCheckpoint:
             "ffn_gate.weight": (ff, hidden), "ffn_up.weight": (ff, hidden), "ffn_down.weight": (hidden, ff),
         }
         m = _LAYER_TENSOR.match(name)
+        if self.arch == "qwen35":
+            return gguf_qwen35.expected_shape(c, m.group(2) if m else name, int(m.group(1)) if m else None)
         return shapes.get(m.group(2) if m else name)
 
     def _check_tensors(self) -> None:
         for name, t in self._tensors.items():
             self.hf_name(name)
             want = self._expected_shape(name)
+            if want == ():
+                m = _LAYER_TENSOR.match(name)
+                raise GgufError(f"{self.path}: tensor {name} does not belong in layer {m.group(1)}, a "
+                                f"{self.config['layer_types'][int(m.group(1))]} layer")
             if want is not None and t.shape != want:
                 raise GgufError(f"{self.path}: tensor {name} has shape {list(t.shape)}, the config "
                                 f"({self.arch}: hidden {self.config['hidden_size']}, heads "
@@ -262,8 +275,9 @@ class GgufCheckpoint:
         if name in GLOBAL_NAMES:
             return GLOBAL_NAMES[name]
         m = _LAYER_TENSOR.match(name)
-        if m and m.group(2) in LAYER_NAMES:
-            return f"model.layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
+        names = gguf_qwen35.LAYER_NAMES if self.arch == "qwen35" else LAYER_NAMES
+        if m and m.group(2) in names:
+            return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
         raise GgufError(f"{self.path}: tensor {name!r} has no place in a {self.arch} model")
 
     def tensors(self, dtype: torch.dtype = torch.bfloat16, skip: frozenset = frozenset()
@@ -274,9 +288,17 @@ class GgufCheckpoint:
             hf = self.hf_name(name)
             if hf is None or name in skip:
                 continue
-            tensor = self._converted(name, dtype)
+            m = _LAYER_TENSOR.match(name)
+            leaf = m.group(2) if m else name
+            if self.arch == "qwen35" and gguf_qwen35.needs_fp32(leaf):
+                try:
+                    tensor = gguf_qwen35.to_hf(self.config, leaf, self._converted(name, torch.float32)).to(dtype)
+                except ValueError as e:
+                    raise GgufError(f"{self.path}: tensor {name}: {e}") from None
+            else:
+                tensor = self._in_hf_row_order(name, self._converted(name, dtype))
             self.release(name)
-            yield hf, self._in_hf_row_order(name, tensor)
+            yield hf, tensor
 
     def kept_format(self, name: str) -> Optional[str]:
         """The quantized format a tensor can stay in (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), or None."""

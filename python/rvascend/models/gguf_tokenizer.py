@@ -22,6 +22,9 @@ _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen3.5's: Qwen2's with combining marks (\p{M}) kept inside words.
+_QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+           r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _EACH_DIGIT = r"\p{N}"
 
 # tokenizer.ggml.pre -> regexes applied one after the other before the byte mapping
@@ -29,7 +32,7 @@ _EACH_DIGIT = r"\p{N}"
 PRE_TOKENIZER_SPLITS: dict[str, tuple[Optional[str], ...]] = {
     "gpt-2": (_GPT2,),
     "llama3": (_LLAMA3,), "llama-v3": (_LLAMA3,), "llama-bpe": (_LLAMA3,), "smaug-bpe": (_LLAMA3,),
-    "qwen2": (_QWEN2,), "deepseek-r1-qwen": (_QWEN2,),
+    "qwen2": (_QWEN2,), "deepseek-r1-qwen": (_QWEN2,), "qwen35": (_QWEN35,),
     # SmolLM (and StarCoder-family vocabularies): every digit on its own, then GPT-2's split.
     "smollm": (_EACH_DIGIT, _GPT2), "starcoder": (_EACH_DIGIT, _GPT2), "refact": (_EACH_DIGIT, _GPT2),
 }

@@ -11,27 +11,17 @@ from rvascend.engine.sequence import Status
 from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
 from rvascend.models.state_pool import RecurrentStatePool
+from rvascend.models.testing import Runner, tiny_qwen3_5_config
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, shape_gate
 
 VOCAB = 256
-
-
-def _config(tie: bool) -> transformers.Qwen3_5TextConfig:
-    return transformers.Qwen3_5TextConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4,
-        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                         "mrope_section": [2, 1, 1]},
-        max_position_embeddings=512, tie_word_embeddings=tie, architectures=["Qwen3_5ForCausalLM"])
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
 def pair(request, tmp_path_factory):
     """(transformers' model, ours loaded from its checkpoint), FP32."""
     torch.manual_seed(0)
-    hf = transformers.Qwen3_5ForCausalLM(_config(request.param)).eval()
+    hf = transformers.Qwen3_5ForCausalLM(tiny_qwen3_5_config(VOCAB, tie=request.param)).eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():
             if p.dim() == 1:  # norms (zero-centred ones at 0 would hide a missing "1 +"), dt_bias, A_log
@@ -48,41 +38,12 @@ def _hf_logits(hf, tokens: list[int]) -> torch.Tensor:
         return hf(torch.tensor([tokens])).logits[0]
 
 
-class _Runner:
-    """Drives the model as the engine does: slots, chunked prefill, decode steps."""
-
-    def __init__(self, model, sequences: int, chunk: int) -> None:
-        self.model, self.chunk = model, chunk
-        dtype = next(model.parameters()).dtype
-        self.pool = KVPool(model.config, 1024, dtype)
-        self.pool.states = RecurrentStatePool(model.config, sequences + 2, dtype)
-        self.slots: list[list[int]] = [[] for _ in range(sequences)]
-        self.free = list(range(1024))
-        self.state_slots = [sequences + 1 - i for i in range(sequences)]  # not 0..B-1: slots are looked up
-
-    def step(self, rows: list[tuple[int, list[int], int]]) -> torch.Tensor:
-        """rows: (sequence, new tokens, tokens before them); logits of every new token."""
-        ids, positions, kv, write = [], [], [], []
-        for i, new, prefix in rows:
-            fresh = [self.free.pop() for _ in new]
-            ids += new
-            positions += range(prefix, prefix + len(new))
-            self.slots[i] += fresh
-            kv.append(torch.tensor(self.slots[i]))
-            write += fresh
-        batch = ForwardBatch(torch.tensor(ids), torch.tensor(positions), [len(n) for _, n, _ in rows],
-                             [p for _, _, p in rows], kv, torch.tensor(write),
-                             state_slots=[self.state_slots[i] for i, _, _ in rows])
-        with torch.inference_mode():
-            return self.model(batch, self.pool, all_logits=True)
-
-
 @pytest.mark.parametrize("chunk", [0, 5], ids=["whole_prompts", "chunked_prefill"])
 def test_logits_match_transformers_through_prefill_and_32_decode_steps(pair, chunk):
     hf, ours, _ = pair
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (7, 13, 3)]
-    runner = _Runner(ours, len(prompts), chunk)
+    runner = Runner(ours, len(prompts), chunk)
     tokens = [list(p) for p in prompts]
     # Prefill: whole prompts in one step, or chunks of `chunk` tokens over several steps.
     done = [0] * len(prompts)
@@ -119,7 +80,7 @@ def test_the_one_call_decode_step_equals_the_torch_layer(pair, dtype, tol, monke
     model = load_model(path, dtype)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 9, 2)]
-    native, stepwise = _Runner(model, 3, 0), _Runner(model, 3, 0)
+    native, stepwise = Runner(model, 3, 0), Runner(model, 3, 0)
     for r in (native, stepwise):
         r.step([(i, p, 0) for i, p in enumerate(prompts)])
     calls = []
@@ -246,7 +207,7 @@ def test_the_policy_packs_the_deltanet_projections_too(pair, monkeypatch):
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (6, 11)]
     runs = []
     for model in (off, on):
-        runner = _Runner(model, 2, 0)
+        runner = Runner(model, 2, 0)
         logits = [runner.step([(i, p, 0) for i, p in enumerate(prompts)])]
         for step in range(4):
             logits.append(runner.step([(i, [7 + step], len(p) + step) for i, p in enumerate(prompts)]))
@@ -265,8 +226,7 @@ def test_served_through_the_openai_client(tmp_path):
     from rvascend.server.testing import Server
 
     torch.manual_seed(0)
-    config = _config(tie=True)
-    config.vocab_size = 2048  # the test tokenizer's
+    config = tiny_qwen3_5_config(2048, tie=True)  # the test tokenizer's vocabulary
     transformers.Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(tmp_path))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(f"{ensure_random_model()}/{name}", tmp_path / name)

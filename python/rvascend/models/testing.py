@@ -8,6 +8,7 @@ import torch
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
+from rvascend.models.state_pool import RecurrentStatePool
 
 
 def all_logits(model: CausalLM, ids: torch.Tensor) -> torch.Tensor:
@@ -25,3 +26,48 @@ def greedy(model: CausalLM, ids: Union[list[int], torch.Tensor], n: int) -> list
     (seq,) = engine.generate([ids], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
     assert engine.stats()["kv_used_tokens"] == 0
     return seq.output_ids
+
+
+class Runner:
+    """Drives a model as the engine does (KV slots, recurrent state slots, chunked prefill,
+    decode steps), without the engine's scheduler."""
+
+    def __init__(self, model, sequences: int, chunk: int) -> None:
+        self.model, self.chunk = model, chunk
+        dtype = next(model.parameters()).dtype
+        self.pool = KVPool(model.config, 1024, dtype)
+        self.pool.states = RecurrentStatePool(model.config, sequences + 2, dtype)
+        self.slots: list[list[int]] = [[] for _ in range(sequences)]
+        self.free = list(range(1024))
+        self.state_slots = [sequences + 1 - i for i in range(sequences)]  # not 0..B-1: slots are looked up
+
+    def step(self, rows: list[tuple[int, list[int], int]]) -> torch.Tensor:
+        """rows: (sequence, new tokens, tokens before them); logits of every new token."""
+        ids, positions, kv, write = [], [], [], []
+        for i, new, prefix in rows:
+            fresh = [self.free.pop() for _ in new]
+            ids += new
+            positions += range(prefix, prefix + len(new))
+            self.slots[i] += fresh
+            kv.append(torch.tensor(self.slots[i]))
+            write += fresh
+        batch = ForwardBatch(torch.tensor(ids), torch.tensor(positions), [len(n) for _, n, _ in rows],
+                             [p for _, _, p in rows], kv, torch.tensor(write),
+                             state_slots=[self.state_slots[i] for i, _, _ in rows])
+        with torch.inference_mode():
+            return self.model(batch, self.pool, all_logits=True)
+
+
+def tiny_qwen3_5_config(vocab_size: int, tie: bool):
+    """A small Qwen3.5 text config that has every layer kind and fewer key than value
+    heads in its Gated DeltaNet layers (the case that reorders value heads)."""
+    import transformers
+
+    return transformers.Qwen3_5TextConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [2, 1, 1]},
+        max_position_embeddings=512, tie_word_embeddings=tie, architectures=["Qwen3_5ForCausalLM"])
