@@ -1,5 +1,5 @@
-// The AVX2 quantized kernels for the 32-blocks formats (Q8_0, Q4_0, Q4_1) and
-// Q4_K, on the runtime layout with tiles of 64 columns (quant_format.h).
+// The AVX2 quantized kernels for every kept format (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K),
+// on the runtime layout with tiles of 64 columns (quant_format.h).
 //
 // The layout keeps a tile's 64 columns side by side for each k, so one 32-byte
 // load holds one k of 32 columns, while the x86 integer dot products

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -155,7 +156,8 @@ def test_a_positive_decay_is_refused(converted, tmp_path):
     """A = -exp(A_log) is negative; a file with A >= 0 has no A_log and is refused."""
     import gguf
 
-    _, _, path = converted
+    path = str(tmp_path / "positive-decay.gguf")
+    shutil.copy(converted[2], path)  # the module's file stays as converted for the other tests
     reader = gguf.GGUFReader(path, "r+")
     (a,) = [t for t in reader.tensors if t.name == "blk.0.ssm_a"]
     a.data[0] = 0.5
