@@ -34,7 +34,8 @@ flags.DEFINE_list("types", ["bf16", "q8_0", "q4_0"],
 flags.DEFINE_list("batch-sizes", ["1", "4"], "Sequences per batch.")
 flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
 flags.DEFINE_integer("output-len", 64, "Generated tokens per sequence.")
-flags.DEFINE_list("policy", ["off", "on"], "This engine's runs: RVV policy off and/or on.")
+flags.DEFINE_list("policy", ["off", "on", "drop"],
+                  "This engine's runs: RVV policy off, on, and on with --cpu-rvv-drop-unpacked (drop).")
 flags.DEFINE_integer("threads", None, "Threads for both engines (default: the CPUs this process may use).")
 flags.DEFINE_string("work-dir", None, "Venv and GGUF files (default: .deps/llama_cpp of the checkout).")
 flags.DEFINE_string("output", "bench_results/llama_cpp.jsonl", "jsonl file to append to.")

@@ -27,10 +27,11 @@ from rvascend.bench.results import print_table, write_jsonl
 from rvascend.bench.rss import peak_rss_mib, reset_peak_rss
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.bench.timing import copy_bandwidth
-from rvascend.engine import random_checkpoint
+from rvascend.engine import allocator, random_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.models.quantized_layers import QuantizedLinear
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy.route import PACKED_BUFFER
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model-path", None, "Checkpoint directory (default: --shape).")
@@ -39,13 +40,17 @@ flags.DEFINE_enum("shape", "test", random_checkpoint.CHOICES,
 flags.DEFINE_integer("batch-size", 1, "Sequences in the batch.")
 flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
 flags.DEFINE_integer("output-len", 8, "Generated tokens per sequence.")
-flags.DEFINE_list("policy", ["off", "on"], "Runs: RVV policy off and/or on.")
+flags.DEFINE_list("policy", ["off", "on"], "Runs: RVV policy off, on, and/or drop (on, with the packed copies as "
+                  "the weights and eager routes: --cpu-rvv-drop-unpacked --cpu-compile-mode eager).")
 flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "Policy compile mode.")
 flags.DEFINE_bool("hf", False, "Also time transformers' generate on the same checkpoint.")
 flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
 flags.DEFINE_integer("warmup", 1, "Untimed runs first (compiles the buckets).")
 flags.DEFINE_string("output", "bench_results/one_batch.jsonl", "jsonl file to append to.")
 flags.DEFINE_string("plot", "bench_results/one_batch.png", "PNG plot (empty: none).")
+
+
+POLICY_MODES = ("off", "on", "drop")
 
 
 def run_engine(model, batch: int, input_len: int, output_len: int, warmup: int) -> dict[str, Any]:
@@ -113,10 +118,14 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
     def matrices(module: torch.nn.Module) -> int:
         # A quantized projection's weight is its uint8 buffers (models/quantized_layers.py).
         quantized = sum(b.numel() for n, b in module.named_buffers() if n.rpartition(".")[2].startswith("qweight"))
-        return quantized + sum(p.numel() * p.element_size() for p in module.parameters() if p.dim() == 2)
+        # With --cpu-rvv-drop-unpacked a packed buffer is the weight (padded rows included).
+        owned = sum(b.numel() * b.element_size() for m in module.modules() if "weight" not in m._parameters
+                    for n, b in m._buffers.items() if n == PACKED_BUFFER)
+        return quantized + owned + sum(p.numel() * p.element_size() for p in module.parameters() if p.dim() == 2)
 
     head = model.lm_head
-    return matrices(model.model.layers) + (matrices(head) if isinstance(head, QuantizedLinear) else
+    return matrices(model.model.layers) + (matrices(head) if isinstance(head, QuantizedLinear) or
+                                           "weight" not in head._parameters else
                                            head.weight.numel() * head.weight.element_size())
 
 
@@ -127,6 +136,7 @@ def main(argv: list[str]) -> int:
     path = FLAGS["model-path"].value or random_checkpoint.ensure(FLAGS.shape)
     from rvascend import ops
 
+    allocator.pin_mmap_threshold()  # as the server does (server/launch.py)
     bandwidth = copy_bandwidth()
     logging.info("host: %s; copy bandwidth %.1f GB/s", ops.cpu_features(), bandwidth / 1e9)
     batch, input_len, output_len = FLAGS["batch-size"].value, FLAGS["input-len"].value, FLAGS["output-len"].value
@@ -139,9 +149,15 @@ def main(argv: list[str]) -> int:
         reset_peak_rss()
         # As the server loads it (server/launch.py): with the policy, a GGUF file's
         # quantized projections stay quantized.
-        model = load_model(path, keep_quantized=mode == "on")
-        if mode == "on":
-            install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode=FLAGS["cpu-compile-mode"].value))
+        if mode not in POLICY_MODES:
+            raise ValueError(f"--policy {mode!r}: each run is one of {', '.join(POLICY_MODES)}")
+        model = load_model(path, keep_quantized=mode != "off")
+        if mode != "off":
+            # "drop" is the smallest footprint: the packed copies are the weights, and nothing
+            # compiles (torch._dynamo and Inductor alone are about 70 MiB of RSS).
+            install_rvv_policy(model, RvvPolicyConfig.from_flag(
+                compile_mode="eager" if mode == "drop" else FLAGS["cpu-compile-mode"].value,
+                drop_unpacked=mode == "drop"))
         logging.info("policy %s: running", mode)
         result = run_engine(model, batch, input_len, output_len, FLAGS.warmup)
         records.append({**base, "run_name": f"rvascend-policy-{mode}", "backend": "rvascend", "policy": mode,

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import warnings
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -249,7 +250,7 @@ class GgufCheckpoint:
             raise GgufError(f"{self.path}: tensor {name} has type {t.type_name}, which the gguf package "
                             "cannot dequantize") from None
 
-    def _converted(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+    def _converted(self, name: str, dtype: torch.dtype, view: bool = False) -> torch.Tensor:
         """A tensor in `dtype`, rows in file order. BF16 into BF16 is one copy of the
         bytes; anything else is converted a slab of rows at a time into the result, so
         no FP32 copy of a whole tensor exists (for Qwen3-0.6B's 152k x 1024 embedding the
@@ -257,8 +258,12 @@ class GgufCheckpoint:
         peak RSS was twice the model's)."""
         t = self._tensors[name]
         if t.type_name == "BF16" and dtype == torch.bfloat16:
-            values = np.array(self._file.raw(name)).view(np.int16).reshape(t.shape)
-            return torch.from_numpy(values).view(torch.bfloat16)
+            raw = self._file.raw(name)
+            if view:  # the file's bytes themselves, read-only (tensors(view=True))
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                    return torch.from_numpy(raw.view(np.int16).reshape(t.shape)).view(torch.bfloat16)
+            return torch.from_numpy(np.array(raw).view(np.int16).reshape(t.shape)).view(torch.bfloat16)
         if len(t.shape) < 2:
             return torch.from_numpy(np.ascontiguousarray(self._dequantize(name), dtype=np.float32)).to(dtype)
         out = torch.empty(t.shape, dtype=dtype)
@@ -280,10 +285,12 @@ class GgufCheckpoint:
             return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
         raise GgufError(f"{self.path}: tensor {name!r} has no place in a {self.arch} model")
 
-    def tensors(self, dtype: torch.dtype = torch.bfloat16, skip: frozenset = frozenset()
+    def tensors(self, dtype: torch.dtype = torch.bfloat16, skip: frozenset = frozenset(), view: bool = False
                 ) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, tensor in `dtype`) for every weight not in `skip` (GGUF
-        names), in file order."""
+        names), in file order. With `view`, a BF16 tensor asked for in BF16 is a read-only
+        view of the mapped file: the caller copies it (releasing each slab it copied with
+        release_view) before it asks for the next, and never writes to it."""
         for name in self._tensors:
             hf = self.hf_name(name)
             if hf is None or name in skip:
@@ -296,9 +303,13 @@ class GgufCheckpoint:
                 except ValueError as e:
                     raise GgufError(f"{self.path}: tensor {name}: {e}") from None
             else:
-                tensor = self._in_hf_row_order(name, self._converted(name, dtype))
-            self.release(name)
-            yield hf, tensor
+                tensor = self._in_hf_row_order(name, self._converted(name, dtype, view))
+            if view:
+                yield hf, tensor
+                self.release(name)
+            else:
+                self.release(name)
+                yield hf, tensor
 
     def kept_format(self, name: str) -> Optional[str]:
         """The quantized format a tensor can stay in (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), or None."""
@@ -326,6 +337,12 @@ class GgufCheckpoint:
     def release(self, name: str) -> None:
         """Drops a tensor's pages from memory once it has been copied (gguf_file.py)."""
         self._file.release(name)
+
+    def release_view(self, view: torch.Tensor) -> None:
+        """Drops the pages under a contiguous view of the file (a slab of tensors(view=True)'s
+        tensor, copied); anything else is left alone."""
+        if view.is_contiguous():
+            self._file.release_bytes(view.data_ptr(), view.numel() * view.element_size())
 
     def close(self) -> None:
         """Unmaps the file (no view of it may be alive)."""

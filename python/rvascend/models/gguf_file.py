@@ -86,6 +86,9 @@ class GgufFile:
             if self.size == 0:
                 raise GgufFormatError(f"{path} is empty")
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        probe = np.frombuffer(self._map, dtype=np.uint8, count=1)
+        self._address = probe.ctypes.data  # where the map starts (release_bytes)
+        del probe  # an exported buffer would keep close() from unmapping
         self._pos = 0
         try:
             self._parse()
@@ -233,6 +236,17 @@ class GgufFile:
         start = t.offset // page * page
         end = -(-(t.offset + t.n_bytes) // page) * page
         self._map.madvise(mmap.MADV_DONTNEED, start, min(end, self.size) - start)
+
+    def release_bytes(self, address: int, n_bytes: int) -> None:
+        """release() for the pages under [address, address + n_bytes), when they are this
+        file's (a view of it, copied): a loader copying a tensor a slab of rows at a time
+        releases each slab, so the file's pages of it are never all resident."""
+        start, end = address - self._address, address - self._address + n_bytes
+        if start < 0 or end > self.size or n_bytes <= 0:
+            return
+        page = mmap.PAGESIZE
+        start = start // page * page
+        self._map.madvise(mmap.MADV_DONTNEED, start, min(-(-end // page) * page, self.size) - start)
 
     def array(self, name: str) -> Optional[np.ndarray]:
         """A tensor of a plain numeric type (F32, F16, F64, I8..I64) as a read-only view, else None."""

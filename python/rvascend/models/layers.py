@@ -103,11 +103,13 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         dim = config.rotary_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        # On the CPU even while the model is built on meta (models/loader.py): math on meta
+        # tensors runs PyTorch's Python reference kernels, which import torch._dynamo.
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
         if config.rope_scaling is not None:
             inv_freq = _llama3_inv_freq(inv_freq, config.rope_scaling)
         if config.rope_freq_factors is not None:
-            factors = torch.tensor(config.rope_freq_factors, dtype=torch.float32)
+            factors = torch.tensor(config.rope_freq_factors, dtype=torch.float32, device="cpu")
             if factors.shape != inv_freq.shape:
                 raise ValueError(f"{factors.numel()} rope frequency factors for {inv_freq.numel()} frequencies")
             inv_freq = inv_freq / factors

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -61,17 +62,18 @@ def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16, keep_quanti
 def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool) -> CausalLM:
     config = ModelConfig.from_dict(gguf_file.config) if gguf_file else ModelConfig.from_dir(model_path)
     cls = model_class_for(config.architecture)
-    with torch.device("meta"):
+    with torch.device("meta"), _no_weight_init():
         model = cls(config)
     consumed, loaders = frozenset(), []
     if gguf_file is not None and keep_quantized:
         consumed, loaders = quantized_load.install_quantized_modules(model, gguf_file, dtype)
-    model = model.to_empty(device="cpu").to(dtype)
+    _materialize(model, dtype)
     model.rotary.__init__(config)  # buffers made on meta hold no values
     params = dict(model.named_parameters())
     loaded: set[str] = set(quantized_load.load_quantized_modules(gguf_file, loaders, dtype)) if loaders else set()
-    for name, tensor in gguf_file.tensors(dtype, skip=consumed) if gguf_file else _safetensors(model_path):
-        _load_tensor(model, params, name, tensor, loaded)
+    release = gguf_file.release_view if gguf_file else None
+    for name, tensor in gguf_file.tensors(dtype, skip=consumed, view=True) if gguf_file else _safetensors(model_path):
+        _load_tensor(model, params, name, tensor, loaded, release)
     expected = {n for n in params if not _is_quantized_bias(model, n)} | set(loaded)
     if config.tie_word_embeddings:
         expected.discard("lm_head.weight")
@@ -96,6 +98,42 @@ def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool) 
     return model.eval()
 
 
+def _materialize(model: nn.Module, dtype: torch.dtype) -> None:
+    """Gives every meta parameter and buffer uninitialised CPU memory, floating ones in
+    `dtype`: not `to_empty().to(dtype)`, which first made the default dtype's copy of every
+    weight, nor `to(dtype).to_empty()`, whose meta kernels import sympy (40 MiB)."""
+    made: dict[int, torch.Tensor] = {}  # a tensor shared by two modules stays one
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            data = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device="cpu")
+            made[id(t)] = nn.Parameter(data, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else data
+        return made[id(t)]
+
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is not None and t.is_meta:
+                    table[name] = empty(t)
+
+
+@contextlib.contextmanager
+def _no_weight_init() -> Iterator[None]:
+    """Module constructors without their weight initialisation, which the checkpoint
+    overwrites: on meta tensors it runs PyTorch's Python reference kernels, whose first
+    use imports torch._dynamo (70 MiB of RSS, in a server that may never compile)."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "xavier_uniform_", "trunc_normal_", "zeros_", "ones_",
+             "constant_")
+    saved = {name: getattr(nn.init, name) for name in names}
+    for name in names:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
 def _is_quantized_bias(model: CausalLM, name: str) -> bool:
     """A quantized module's bias is loaded with its module (named by its shards)."""
     module_path, _, leaf = name.rpartition(".")
@@ -103,7 +141,7 @@ def _is_quantized_bias(model: CausalLM, name: str) -> bool:
 
 
 def _load_tensor(model: CausalLM, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor,
-                 loaded: set[str]) -> None:
+                 loaded: set[str], release=None) -> None:
     if name.endswith("rotary_emb.inv_freq"):
         return
     if name == "lm_head.weight" and model.config.tie_word_embeddings:
@@ -125,5 +163,19 @@ def _load_tensor(model: CausalLM, params: dict[str, nn.Parameter], name: str, te
     if tuple(tensor.shape) != tuple(target.shape):
         raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(target.shape)}")
     with torch.no_grad():
-        target.copy_(tensor)
+        _copy_in_slabs(target, tensor, release)
     loaded.add(name)
+
+
+def _copy_in_slabs(target: torch.Tensor, tensor: torch.Tensor, release) -> None:
+    """target.copy_(tensor), 16 MiB of rows at a time, each slab's source released once
+    copied (`release`: a view of a GGUF file's map): the file's pages of a tensor and the
+    model's copy of it are never both resident whole (Qwen3-0.6B's embedding: 297 MiB of
+    the load's peak)."""
+    if release is None or tensor.dim() == 0 or tensor.shape[0] == 0:
+        target.copy_(tensor)
+        return
+    step = max(1, (16 << 20) // max(1, tensor[0].numel() * tensor.element_size()))
+    for r0 in range(0, tensor.shape[0], step):
+        target[r0:r0 + step].copy_(tensor[r0:r0 + step])
+        release(tensor[r0:r0 + step])

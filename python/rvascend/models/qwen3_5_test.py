@@ -198,15 +198,18 @@ def test_the_policy_packs_the_deltanet_projections_too(pair, monkeypatch):
     out_proj included) and the logits those of the unrouted BF16 model within BF16 rounding."""
     _, _, path = pair
     monkeypatch.setattr(shape_gate, "measured_packed_wins", lambda m, n, k: True)
-    off = load_model(path, torch.bfloat16)
-    on = load_model(path, torch.bfloat16)
+    off, on, drop = (load_model(path, torch.bfloat16) for _ in range(3))
     report = install_rvv_policy(on, RvvPolicyConfig(compile_mode="eager", shape_gate="measured"))
     kinds = sorted({kind for _, kind, _ in report.packed})
     assert kinds == ["down_proj", "gate_up_proj", "in_proj", "lm_head", "o_proj", "out_proj", "qkv_proj"]
+    # --cpu-rvv-drop-unpacked: the packed copies alone, the same logits bit for bit.
+    install_rvv_policy(drop, RvvPolicyConfig(compile_mode="eager", shape_gate="measured", drop_unpacked=True))
+    assert not any(n.endswith(("proj.weight", "in_proj_qkv.weight", "in_proj_z.weight")) for n, _ in
+                   drop.named_parameters())
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (6, 11)]
     runs = []
-    for model in (off, on):
+    for model in (off, on, drop):
         runner = Runner(model, 2, 0)
         logits = [runner.step([(i, p, 0) for i, p in enumerate(prompts)])]
         for step in range(4):
@@ -214,6 +217,7 @@ def test_the_policy_packs_the_deltanet_projections_too(pair, monkeypatch):
         runs.append(torch.cat(logits).float())
     scale = runs[0].abs().max()
     assert (runs[1] - runs[0]).abs().max() <= 0.03 * scale
+    assert torch.equal(runs[2], runs[1])
     counters = get_policy(on).counters
     assert counters.calls("in_proj", "packed") == 5 * 3 and counters.calls("out_proj", "packed") == 5 * 3
 

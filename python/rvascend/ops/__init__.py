@@ -17,8 +17,10 @@ from rvascend.ops.packed_linear import (
     cpu_features,
     kernel_set_layout_version,
     pack_bf16_weight,
+    pack_bf16_weight_in_place,
     packed_bf16_linear,
     packed_weight_bytes,
+    unpack_bf16_weight,
     use_kernel_set,
     weight_fingerprint,
 )
@@ -36,8 +38,10 @@ __all__ = [
     "kernel_set_layout_version",
     "kv_pool_attention",
     "pack_bf16_weight",
+    "pack_bf16_weight_in_place",
     "packed_bf16_linear",
     "packed_weight_bytes",
+    "unpack_bf16_weight",
     "use_kernel_set",
     "weight_fingerprint",
 ]

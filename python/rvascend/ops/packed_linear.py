@@ -244,3 +244,47 @@ def packed_bf16_linear(input: torch.Tensor, packed_weight: torch.Tensor, out_fea
     """input[..., K] x W^T -> [..., out_features] (BF16) over a packed weight."""
     return eager_call(torch.ops.rvascend.packed_bf16_linear, _linear_cpu, input, packed_weight, out_features,
                       layout_version)
+
+
+def pack_bf16_weight_in_place(weight: torch.Tensor, layout_version: int = LAYOUT_VERSION,
+                              scratch_bytes: int = 8 << 20) -> torch.Tensor:
+    """Packs a contiguous BF16 [N, K] weight, N a multiple of the layout's block, into its
+    own storage and returns the packed [N/B, K, B] view of it: blocks of rows go through a
+    scratch copy of at most `scratch_bytes`, so no second copy of the weight ever exists.
+    The weight's row-major contents are gone: only for a weight nothing else reads."""
+    _check_pack_args(weight, layout_version)
+    n, k = weight.shape
+    b = block_n(layout_version)
+    if n % b or not weight.is_contiguous() or weight.device.type != "cpu":
+        raise ValueError(f"pack_bf16_weight_in_place: needs a contiguous CPU weight whose {n} rows are a multiple "
+                         f"of the block {b}")
+    blocks = n // b
+    per = max(1, min(blocks, scratch_bytes // max(1, b * k * weight.element_size())))
+    scratch = torch.empty((per * b, k), dtype=torch.bfloat16)
+    rows_of = weight.view(blocks, b * k)
+    for start in range(0, blocks, per):
+        rows = (min(start + per, blocks) - start) * b
+        scratch[:rows].copy_(weight[start * b:start * b + rows])
+        _native.pack_bf16_weight(scratch.data_ptr(), rows, k, k, scratch.numel(), rows_of[start].data_ptr(), b)
+    return weight.view(blocks, k, b)
+
+
+def unpack_bf16_weight(packed_weight: torch.Tensor, out_features: int,
+                       layout_version: int = LAYOUT_VERSION) -> torch.Tensor:
+    """The row-major [out_features, K] weight a packed one was made from (exact: packing
+    only moves elements). A new contiguous tensor; the policy's drop-unpacked mode
+    serves state_dict() and the calls no packed kernel takes with it."""
+    _check_layout_version(layout_version)
+    if packed_weight.dtype != torch.bfloat16 or packed_weight.dim() != 3:
+        raise ValueError(f"unpack_bf16_weight: needs a packed BF16 [blocks, K, B] weight, got {packed_weight.dtype} "
+                         f"{tuple(packed_weight.shape)}")
+    blocks, k, b = packed_weight.shape
+    if not (blocks - 1) * b < out_features <= blocks * b:
+        raise ValueError(f"unpack_bf16_weight: out_features = {out_features} does not match the packed weight's "
+                         f"{blocks} blocks of {b} rows")
+    if layout_version == 1:
+        rows = packed_weight.permute(0, 2, 1)
+    else:
+        # P[b, k, 2t] holds row b*B + t, P[b, k, 2t + 1] row b*B + B/2 + t.
+        rows = packed_weight.reshape(blocks, k, b // 2, 2).permute(0, 3, 2, 1)
+    return rows.reshape(blocks * b, k)[:out_features].contiguous()

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rvascend import ops
+from rvascend.policy.testing import pack_reference
 
 
 def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
@@ -31,16 +32,6 @@ def _reference(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 VERSIONS = [1] + ([2] if ops.WIDE_BLOCK_N else [])
 
 
-def _pack_reference(w: torch.Tensor, layout_version: int = 1) -> torch.Tensor:
-    n, k = w.shape
-    b = 32 if layout_version == 1 else ops.WIDE_BLOCK_N
-    padded = -(-n // b) * b
-    blocks = F.pad(w, (0, 0, 0, padded - n)).reshape(padded // b, b, k)
-    if layout_version == 2:  # lanes 2t, 2t+1 hold columns t and B/2 + t
-        blocks = torch.stack([blocks[:, : b // 2], blocks[:, b // 2:]], dim=2).reshape(padded // b, b, k)
-    return blocks.permute(0, 2, 1).contiguous()
-
-
 @pytest.mark.parametrize("layout_version", VERSIONS)
 @pytest.mark.parametrize("n,k", [(1, 7), (31, 64), (33, 64), (100, 7), (300, 64), (1024, 2048), (3072, 1024)])
 def test_pack_matches_layout_definition(n, k, layout_version):
@@ -48,7 +39,31 @@ def test_pack_matches_layout_definition(n, k, layout_version):
     packed = ops.pack_bf16_weight(w, layout_version)
     b = 32 if layout_version == 1 else ops.WIDE_BLOCK_N
     assert packed.shape == (-(-n // b), k, b)
-    assert torch.equal(packed, _pack_reference(w, layout_version))
+    assert torch.equal(packed, pack_reference(w, layout_version))
+
+
+@pytest.mark.parametrize("n,k", [(1, 7), (33, 64), (300, 64), (1024, 96)])
+def test_unpack_is_the_exact_inverse_of_pack(n, k):
+    w = torch.randn(n, k).bfloat16()
+    assert torch.equal(ops.unpack_bf16_weight(ops.pack_bf16_weight(w, 1), n, 1), w)
+    # Version 2 at every wide block the kernels read, whether or not this CPU packs it.
+    for b in (64, 128, 256, 512):
+        assert torch.equal(ops.unpack_bf16_weight(pack_reference(w, 2, b), n, 2), w), b
+    with pytest.raises(ValueError, match="does not match the packed weight"):
+        ops.unpack_bf16_weight(ops.pack_bf16_weight(w, 1), -(-n // 32) * 32 + 1, 1)
+
+
+@pytest.mark.parametrize("layout_version", VERSIONS)
+@pytest.mark.parametrize("blocks,k,scratch", [(1, 7, 1), (5, 64, 1), (7, 96, 3 * 512 * 96 * 2), (12, 33, 1 << 20)])
+def test_pack_in_place_equals_pack_and_reuses_the_storage(layout_version, blocks, k, scratch):
+    b = 32 if layout_version == 1 else ops.WIDE_BLOCK_N
+    w = torch.randn(blocks * b, k).bfloat16()
+    want = ops.pack_bf16_weight(w, layout_version)
+    ptr = w.data_ptr()
+    got = ops.pack_bf16_weight_in_place(w, layout_version, scratch_bytes=scratch)
+    assert got.data_ptr() == ptr and torch.equal(got, want)
+    with pytest.raises(ValueError, match="multiple of the block"):
+        ops.pack_bf16_weight_in_place(torch.zeros(b + 1, k, dtype=torch.bfloat16), layout_version)
 
 
 def test_pack_example_shape_from_the_contract():
@@ -79,7 +94,7 @@ def test_layout_version_2_is_this_machines_or_refused():
 def test_pack_non_contiguous_weight():
     w = torch.randn(64, 96).bfloat16()
     assert torch.equal(ops.pack_bf16_weight(w.T.contiguous().T), ops.pack_bf16_weight(w))
-    assert torch.equal(ops.pack_bf16_weight(w[:, ::2]), _pack_reference(w[:, ::2].contiguous(), ops.LAYOUT_VERSION))
+    assert torch.equal(ops.pack_bf16_weight(w[:, ::2]), pack_reference(w[:, ::2].contiguous(), ops.LAYOUT_VERSION))
 
 
 @pytest.mark.parametrize("make", [
@@ -91,7 +106,7 @@ def test_pack_non_contiguous_weight():
 ])
 def test_pack_any_strided_weight_like_its_contiguous_copy(make):
     w = make()
-    assert torch.equal(ops.pack_bf16_weight(w), _pack_reference(w.contiguous(), ops.LAYOUT_VERSION))
+    assert torch.equal(ops.pack_bf16_weight(w), pack_reference(w.contiguous(), ops.LAYOUT_VERSION))
     x = torch.randn(3, w.shape[1]).bfloat16()
     got = ops.packed_bf16_linear(x, ops.pack_bf16_weight(w), w.shape[0])
     assert torch.isfinite(got.float()).all()

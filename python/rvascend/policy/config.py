@@ -26,9 +26,12 @@ class RvvPolicyConfig:
     # "seed": the seed's contract (N, K >= 1024, ...); "measured": this ISA's measured table
     # (shape_gate.py). None: measured.
     shape_gate: Optional[ShapeGate] = None
+    # --cpu-rvv-drop-unpacked: a packed projection's row-major weight is freed and the packed
+    # copy is the weight (route.py, ProjectionRoute.take_weight); a tied lm_head keeps both.
+    drop_unpacked: bool = False
 
     @classmethod
     def from_flag(cls, memory_budget_mib: Optional[int] = None, compile_mode: CompileMode = "regional",
-                  shape_gate: Optional[ShapeGate] = None) -> "RvvPolicyConfig":
+                  shape_gate: Optional[ShapeGate] = None, drop_unpacked: bool = False) -> "RvvPolicyConfig":
         return cls(packed_weights=True, small_batch=True, compile_mode=compile_mode,
-                   memory_budget_mib=memory_budget_mib, shape_gate=shape_gate)
+                   memory_budget_mib=memory_budget_mib, shape_gate=shape_gate, drop_unpacked=drop_unpacked)

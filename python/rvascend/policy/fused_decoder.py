@@ -29,6 +29,7 @@ import torch
 from rvascend import ops
 from rvascend.ops.packed_linear import _native
 from rvascend.policy import kernel_routes, shape_gate
+from rvascend.policy.route import PACKED_BUFFER
 
 if TYPE_CHECKING:
     from rvascend.policy.install import RvvPolicy
@@ -143,6 +144,7 @@ class _Plan:
         self.norms: list[tuple] = []        # (module, weight, data_ptr)
         self.fingerprints: Optional[torch.Tensor] = None  # int64 [weights, 7] for weight_fingerprints_match
         self.quantized: list[tuple] = []    # (module, part, weight buffer, data_ptr)
+        self.owned: list[tuple] = []        # (module, packed weight of record, data_ptr)
         self.quant_tables: list[torch.Tensor] = []
         self.quant_tile = 0
 
@@ -165,18 +167,21 @@ class _Plan:
                     row += plan._add_quantized(module)
                     kinds.append(1)
                     continue
+                if route.owned is not None:
+                    # The packed buffer is the weight: only its replacement matters.
+                    packed = route.owned_packed()
+                    why = plan._add_packed(module, packed, row, kinds)
+                    if why is not None:
+                        return None, why
+                    plan.owned.append((module, packed, packed.data_ptr()))
+                    continue
                 weight = module._parameters["weight"]
                 packed, why = route.packed_weight(weight)
                 if packed is None:
                     return None, why
-                if module._parameters.get("bias") is not None:
-                    return None, "bias"
-                if not plan.block_n:
-                    plan.block_n = packed.shape[2]
-                if packed.shape[2] != plan.block_n or not packed.is_contiguous():
-                    return None, "packed_layout"
-                row += [packed.data_ptr(), packed.numel()]
-                kinds.append(0)
+                why = plan._add_packed(module, packed, row, kinds)
+                if why is not None:
+                    return None, why
                 source = route.source
                 plan.projections.append((module, weight, weight._version, weight.data_ptr(), weight.stride(), route,
                                          source))
@@ -200,6 +205,17 @@ class _Plan:
         plan.fingerprints = torch.tensor(fingerprints or [[0] * 7], dtype=torch.int64)[:len(fingerprints)]
         plan.pool_ref = weakref.ref(pool)
         return plan, None
+
+    def _add_packed(self, module, packed: torch.Tensor, row: list[int], kinds: list[int]) -> Optional[str]:
+        if module._parameters.get("bias") is not None:
+            return "bias"
+        if not self.block_n:
+            self.block_n = packed.shape[2]
+        if packed.shape[2] != self.block_n or not packed.is_contiguous():
+            return "packed_layout"
+        row += [packed.data_ptr(), packed.numel()]
+        kinds.append(0)
+        return None
 
     def _add_quantized(self, module) -> list[int]:
         """The (table pointer, elements) pair of a quantized projection: an int64 table
@@ -227,11 +243,14 @@ class _Plan:
         if self.pool_ref() is not pool or self.layout_version != ops.LAYOUT_VERSION:
             return False
         for module, weight, version, ptr, stride, route, source in self.projections:
-            if (module._parameters["weight"] is not weight or weight._version != version
+            if (module._parameters.get("weight") is not weight or weight._version != version
                     or route.source is not source or weight.data_ptr() != ptr or weight.stride() != stride):
                 return False
         for norm, weight, ptr in self.norms:
             if norm._parameters["weight"] is not weight or weight.data_ptr() != ptr:
+                return False
+        for module, packed, ptr in self.owned:
+            if module._buffers.get(PACKED_BUFFER) is not packed or packed.data_ptr() != ptr:
                 return False
         for module, i, data, ptr in self.quantized:
             # The kernels read the quantized buffer itself: only its replacement matters.

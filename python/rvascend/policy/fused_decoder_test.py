@@ -255,3 +255,29 @@ def test_smollm2_shaped_fused_step_under_the_measured_gate(tmp_path, monkeypatch
     assert get_policy(m).kernels.counters.calls("decoder_layers", "kernel") == 1
     assert torch.equal(got, want)
     assert all(torch.equal(a, b) for a, b in zip(ops_pool.k + ops_pool.v, fused_pool.k + fused_pool.v))
+
+
+def test_fused_step_with_the_packed_copy_as_the_weight(tmp_path):
+    """--cpu-rvv-drop-unpacked: the fused step reads the packed weights of record, bit-identical
+    to the mode that keeps both copies, and a reload reaches the next step."""
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(
+        transformers.LlamaConfig(**COMMON, tie_word_embeddings=False)).save_pretrained(tmp_path / "b")
+    keep, drop = load_model(str(tmp_path / "b"), torch.bfloat16), load_model(str(tmp_path / "b"), torch.bfloat16)
+    install_rvv_policy(keep, RvvPolicyConfig(compile_mode="eager", shape_gate="seed"))
+    install_rvv_policy(drop, RvvPolicyConfig(compile_mode="eager", shape_gate="seed", drop_unpacked=True))
+    assert "weight" not in drop.model.layers[0].mlp.down_proj._parameters
+    pool = _pool(keep)
+    batch = _decode_batch([9, 57, 23])
+    kernels = get_policy(drop).kernels.counters
+    got, want = _forward(drop, batch, _clone(pool), fused=True), _forward(keep, batch, _clone(pool), fused=True)
+    assert kernels.calls("decoder_layers", "kernel") == 1
+    assert torch.equal(got, want)
+    # The step's plan is kept between calls; a reload replaces the packed weights it points at.
+    state = {k: (-v if k.endswith("down_proj.weight") else v) for k, v in keep.state_dict().items()}
+    drop.load_state_dict(state)
+    keep.load_state_dict(state)
+    repack(keep)
+    got, want = _forward(drop, batch, _clone(pool), fused=True), _forward(keep, batch, _clone(pool), fused=True)
+    assert kernels.calls("decoder_layers", "kernel") == 2
+    assert torch.equal(got, want)

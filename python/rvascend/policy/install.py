@@ -70,11 +70,14 @@ class RvvPolicy:
                 r.drop("packing_off")
                 not_packed.append((r.name, r.projection, "packing_off"))
         else:
-            # Quantized weights are already in their kernels' layout: reported, not budgeted.
+            # Quantized weights are already in their kernels' layout, and a packed weight of
+            # record (drop_unpacked) has nothing to re-derive: reported, not budgeted.
             for r in routes:
                 if isinstance(r, QuantizedRoute):
                     packed.append((r.name, r.projection, r.pack()))
-            routes = [r for r in routes if not isinstance(r, QuantizedRoute)]
+                elif r.owned is not None:
+                    packed.append((r.name, r.projection, r.packed_bytes()))
+            routes = [r for r in routes if not isinstance(r, QuantizedRoute) and r.owned is None]
             eligible = [r for r in routes if _packable(r, self.shape_gate)]
             fits = budget.plan([tuple(r._module().weight.shape) for r in eligible], budget_bytes)
             for r in routes:
@@ -83,7 +86,10 @@ class RvvPolicy:
                     not_packed.append((r.name, r.projection, "not_packable"))
             for r, ok in zip(eligible, fits):
                 if ok:
-                    packed.append((r.name, r.projection, r.pack()))
+                    in_place = r.pack_in_place() if self.config.drop_unpacked else None
+                    packed.append((r.name, r.projection, r.pack() if in_place is None else in_place))
+                    if in_place is None and self.config.drop_unpacked and r.can_take_weight():
+                        r.take_weight()  # one at a time: the peak is the model plus one weight
                 else:
                     r.drop("not_packed_budget")
                     not_packed.append((r.name, r.projection, "not_packed_budget"))
@@ -121,6 +127,9 @@ def _validate_config(config: RvvPolicyConfig) -> None:
         raise ValueError(f"compile_mode must be 'regional' or 'eager', got {config.compile_mode!r}")
     shape_gate.resolve(config.shape_gate)  # raises on an unknown gate
     budget.derive_budget_bytes(config.memory_budget_mib)  # raises on a bad budget
+    if config.drop_unpacked and not config.packed_weights:
+        raise ValueError("drop_unpacked frees the row-major weights the packed copies replace: it needs "
+                         "packed_weights")
 
 
 def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = None,
@@ -149,6 +158,8 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
             route = kind(policy, module, name, projection)
             policy.routes[name] = route
             route.attach(forward=module is not embed)
+            route.shares_embedding_weight = (module is not embed and embed is not None
+                                             and getattr(module, "weight", None) is getattr(embed, "weight", False))
         policy.kernel_modules = kernel_routes.attach(model, policy.kernels)
         fused_decoder.attach(model, policy)
         _attach_regional_compile(model, policy)

@@ -12,7 +12,9 @@ real weight: a stale packed copy can never be baked into a graph.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import sys
 import types
 import weakref
 from typing import TYPE_CHECKING, Optional
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from rvascend.policy.install import RvvPolicy
 
 PACKED_BUFFER = "_rvv_packed_weight"
+SHAPE_BUFFER = "_rvv_weight_shape"  # while the packed copy is the weight (take_weight)
 ROUTE_ID_BUFFER = "_rvv_route_id"
 ROUTE_ATTR = "_rvv_route"
 
@@ -50,6 +53,11 @@ class ProjectionRoute:
         self.projection = projection
         self.source: Optional[PackedWeightSource] = None
         self.unpacked_reason: Optional[str] = "not_packed"
+        self.tied = False  # the module is the embedding, doubling as a tied lm_head
+        self.shares_embedding_weight = False  # an lm_head module holding the embedding's weight object
+        # Set while the packed buffer is the weight of record (take_weight): the row-major
+        # weight's shape, requires_grad, the packed layout, the hooks' handles.
+        self.owned: Optional[_OwnedWeight] = None
         self.id = next(_ids)
         _routes[self.id] = self
 
@@ -63,8 +71,11 @@ class ProjectionRoute:
         module.__dict__[ROUTE_ATTR] = self
         if forward:
             module.forward = types.MethodType(_routed_forward, module)
+        self.tied = not forward
 
     def detach(self) -> None:
+        if self.owned is not None:
+            self.give_back_weight()
         self.drop("uninstalled")
         module = self._module()
         if module is None:
@@ -87,12 +98,138 @@ class ProjectionRoute:
         return packed.numel() * packed.element_size()
 
     def drop(self, reason: str) -> None:
-        """Frees the packed buffer; calls run row-major until an explicit repack."""
+        """Frees the packed buffer; calls run row-major until an explicit repack.
+        A packed buffer that is the weight of record is kept: there is nothing to re-derive."""
+        if self.owned is not None:
+            return
         module = self._module()
         if module is not None and PACKED_BUFFER in module._buffers:
             del module._buffers[PACKED_BUFFER]
         self.source = None
         self.unpacked_reason = reason
+
+    def packed_bytes(self) -> int:
+        packed = self._module()._buffers[PACKED_BUFFER]
+        return packed.numel() * packed.element_size()
+
+    # -- the packed copy as the weight (RvvPolicyConfig.drop_unpacked) ------------
+    def take_weight(self) -> None:
+        """Frees the module's row-major weight: the fresh packed buffer becomes the weight of
+        record. `module.weight` is gone (reading it raises, writing through it cannot
+        happen), state_dict() unpacks it exactly, and load_state_dict() packs what it is
+        given in its place; invalidate_packed_weights and repack keep it."""
+        module = self._module()
+        weight = module._parameters["weight"]
+        if not self.can_take_weight() or self.source is None or self.source.mismatch(weight) is not None:
+            raise RuntimeError(f"{self.name}: only a freshly packed weight no other module reads can be dropped")
+        self._own(module, tuple(weight.shape), weight.requires_grad, self.source.layout_version)
+
+    def pack_in_place(self) -> Optional[int]:
+        """pack() and take_weight() at once, the packed copy written over the weight's own
+        storage: no moment with both copies (Qwen3-0.6B's tied embedding is 297 MiB). None,
+        and nothing done, unless the module's parameter is the only reader of that storage
+        (then pack() and take_weight() serve)."""
+        module = self._module()
+        weight = module._parameters.get("weight")
+        use_count = getattr(torch._C, "_storage_Use_Count", None)
+        if (weight is None or not self.can_take_weight() or use_count is None or not weight.is_contiguous()
+                or weight.dtype != torch.bfloat16 or weight.shape[0] % ops.packed_linear.block_n() or weight.storage_offset()
+                or weight.untyped_storage().nbytes() != weight.numel() * weight.element_size()):
+            return None
+        # References: the module's parameter dict, `weight`, getrefcount's argument; the
+        # storage: the parameter and the storage object asked.
+        if sys.getrefcount(weight) > 3 or use_count(weight.untyped_storage()._cdata) > 2:
+            return None
+        shape, requires_grad = tuple(weight.shape), weight.requires_grad
+        with torch.inference_mode(False), torch.no_grad():
+            packed = ops.pack_bf16_weight_in_place(weight.detach(), ops.LAYOUT_VERSION)
+        del weight
+        module.register_buffer(PACKED_BUFFER, packed, persistent=False)
+        self.unpacked_reason = None
+        try:
+            self._own(module, shape, requires_grad, ops.LAYOUT_VERSION)
+        except BaseException:
+            # The parameter's storage holds the packed layout now: never leave it so.
+            if self.owned is not None:
+                self.give_back_weight()
+            else:
+                with torch.inference_mode(False), torch.no_grad():
+                    module._parameters["weight"].detach().copy_(
+                        ops.unpack_bf16_weight(packed, shape[0], ops.LAYOUT_VERSION))
+            raise
+        return packed.numel() * packed.element_size()
+
+    def _own(self, module: nn.Module, shape: tuple[int, int], requires_grad: bool, layout_version: int) -> None:
+        n, k = shape
+        self.owned = _OwnedWeight(
+            (n, k), requires_grad, layout_version,
+            (module.register_state_dict_post_hook(_owned_state_dict),
+             module.register_load_state_dict_pre_hook(_owned_load_state_dict)))
+        # A CPU BF16 tensor of the weight's shape with one element behind it: what the gate
+        # reads, and what a traced call hands rvascend::routed_linear for its output shape.
+        module.register_buffer(SHAPE_BUFFER, torch.zeros((), dtype=torch.bfloat16).expand(n, k), persistent=False)
+        del module._parameters["weight"]
+        self.source = None
+        if self.tied:  # the embedding's lookups read their rows from the packed copy
+            module.forward = types.MethodType(_packed_embedding_forward, module)
+
+    def can_take_weight(self) -> bool:
+        """Whether the packed copy can be the only weight: not when another module reads
+        the same weight object (a Hugging Face lm_head tied to its embedding by weight),
+        nor for an embedding whose lookups write to it (max_norm)."""
+        if self.shares_embedding_weight:
+            return False
+        module = self._module()
+        return not self.tied or (isinstance(module, nn.Embedding) and module.max_norm is None)
+
+    def give_back_weight(self) -> None:
+        """Undoes take_weight: the module gets a row-major weight (unpacked) again."""
+        module, owned = self._module(), self.owned
+        for handle in owned.hooks:
+            handle.remove()
+        self.owned = None
+        if module is None:
+            return
+        module._buffers.pop(SHAPE_BUFFER, None)
+        if getattr(module.__dict__.get("forward"), "__func__", None) is _packed_embedding_forward:
+            del module.__dict__["forward"]
+        weight = nn.Parameter(self.unpacked_weight(module, owned), requires_grad=owned.requires_grad)
+        module._parameters["weight"] = weight
+        self.source = PackedWeightSource.capture(weight, owned.layout_version)
+
+    @staticmethod
+    def unpacked_weight(module: nn.Module, owned: "_OwnedWeight") -> torch.Tensor:
+        return ops.unpack_bf16_weight(module._buffers[PACKED_BUFFER], owned.shape[0], owned.layout_version)
+
+    def load_owned(self, value: torch.Tensor) -> None:
+        """Packs a loaded weight as the new weight of record (load_state_dict)."""
+        with torch.inference_mode(False), torch.no_grad():
+            packed = ops.pack_bf16_weight(value.detach().to(torch.bfloat16), ops.LAYOUT_VERSION)
+        self._module().register_buffer(PACKED_BUFFER, packed, persistent=False)
+        self.owned = dataclasses.replace(self.owned, layout_version=ops.LAYOUT_VERSION)
+
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The weight's rows `ids` (an embedding lookup), gathered from the packed copy."""
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{self.name}: token ids must be int64 or int32, got {ids.dtype}")
+        n = self.owned.shape[0]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            raise IndexError(f"{self.name}: token id out of range [0, {n}): got "
+                             f"{int(ids.min()) if int(ids.min()) < 0 else int(ids.max())}")
+        packed = self.owned_packed()
+        b = packed.shape[2]
+        ids = ids.long()
+        lane = ids % b
+        if self.owned.layout_version == 2:  # row t of a block sits in lane 2t, row B/2 + t in lane 2t + 1
+            lane = lane % (b // 2) * 2 + lane // (b // 2)
+        return packed[ids // b, :, lane]
+
+    def owned_packed(self) -> torch.Tensor:
+        """The weight of record, in this machine's packed layout."""
+        module = self._module()
+        if self.owned.layout_version != ops.LAYOUT_VERSION:
+            self.load_owned(self.unpacked_weight(module, self.owned))
+        return module._buffers[PACKED_BUFFER]
 
     def packed_weight(self, weight: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[str]]:
         """The packed buffer if it still matches `weight`, else (None, why not)."""
@@ -107,10 +244,13 @@ class ProjectionRoute:
 
     # -- calls ----------------------------------------------------------------
     # Never traced: the staleness check reads the weight's storage pointer,
-    # version and content, which are only real when the call runs (traced calls
-    # go through rvascend::routed_linear, which lands here at run time).
-    @torch.compiler.disable
+    # version and content, which are only real when the call runs. Traced calls
+    # go through rvascend::routed_linear, which lands here at run time (so this
+    # needs no torch.compiler.disable, whose import of torch._dynamo alone is
+    # 70 MiB of RSS in a process that never compiles).
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.owned is not None:
+            return self._call_owned(x)
         module = self._module()
         policy = self._policy()
         weight = module.weight
@@ -131,16 +271,78 @@ class ProjectionRoute:
         if packed is None:
             policy.counters.record(self.projection, "row_major", rows, unpacked)
             return F.linear(x, weight)
-        n = weight.shape[0]
-        bucket = shape_gate.bucket_rows(rows, config.small_batch, which)
-        x2 = x.reshape(rows, k)
-        if bucket != rows:
-            x2 = F.pad(x2, (0, 0, 0, bucket - rows))
-        out = ops.packed_bf16_linear(x2, packed, n)
         policy.counters.record(self.projection, "packed", rows)
-        if bucket != rows:
-            out = out[:rows]
-        return out.reshape(*x.shape[:-1], n)
+        return _packed_call(x, packed, weight.shape[0], shape_gate.bucket_rows(rows, config.small_batch, which))
+
+    def _call_owned(self, x: torch.Tensor) -> torch.Tensor:
+        """A call whose only weight is the packed one: every call the packed kernel can take
+        runs it, whatever rows the shape gate would send to F.linear; the others (input not
+        BF16 or not on the CPU, autograd) take F.linear over a transient unpacked copy."""
+        module, policy, owned = self._module(), self._policy(), self.owned
+        config = policy.config
+        n, k = owned.shape
+        rows = x.numel() // k if k and x.shape[-1] == k else 0
+        why = shape_gate.gate(self.projection, x, module._buffers[SHAPE_BUFFER], None, config.small_batch, "seed")
+        if why in _TYPE_REASONS:
+            policy.counters.record(self.projection, "fallback", rows, why)
+            return F.linear(x, self.unpacked_weight(module, owned))
+        policy.counters.record(self.projection, "packed", rows)
+        return _packed_call(x, self.owned_packed(), n,
+                            shape_gate.bucket_rows(rows, config.small_batch, policy.shape_gate) if why is None else rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class _OwnedWeight:
+    shape: tuple[int, int]
+    requires_grad: bool
+    layout_version: int
+    hooks: tuple
+
+
+# Gate reasons that mean the packed kernel cannot take the call at all (shape reasons only
+# say F.linear would be faster).
+_TYPE_REASONS = ("non_cpu", "input_dtype", "weight_dtype", "rank", "bias", "grad_required")
+
+
+def _packed_call(x: torch.Tensor, packed: torch.Tensor, n: int, bucket: int) -> torch.Tensor:
+    k = packed.shape[1]
+    rows = x.numel() // k
+    x2 = x.reshape(rows, k)
+    if bucket != rows:
+        x2 = F.pad(x2, (0, 0, 0, bucket - rows))
+    out = ops.packed_bf16_linear(x2, packed, n)
+    if bucket != rows:
+        out = out[:rows]
+    return out.reshape(*x.shape[:-1], n)
+
+
+def _packed_embedding_forward(module: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The forward of an embedding whose packed copy (as a tied lm_head) is its weight."""
+    return module.__dict__[ROUTE_ATTR].embedding_rows(ids)
+
+
+def _owned_state_dict(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
+    del local_metadata
+    route = module.__dict__[ROUTE_ATTR]
+    state_dict[prefix + "weight"] = route.unpacked_weight(module, route.owned)
+
+
+def _owned_load_state_dict(module: nn.Module, state_dict: dict, prefix: str, local_metadata, strict: bool,
+                           missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+    del local_metadata, unexpected_keys
+    route = module.__dict__[ROUTE_ATTR]
+    key = prefix + "weight"
+    if key not in state_dict:
+        if strict:
+            missing_keys.append(key)
+        return
+    value = state_dict.pop(key)  # the module has no parameter to copy it into
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != route.owned.shape:
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        error_msgs.append(f"size mismatch for {key}: copying a param with shape {shape} from checkpoint, the "
+                          f"packed weight of record has shape {route.owned.shape}")
+        return
+    route.load_owned(value)
 
 
 @torch.library.custom_op("rvascend::routed_linear", mutates_args=())
@@ -148,10 +350,15 @@ def _routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
                    route_id: torch.Tensor) -> torch.Tensor:
     route = _routes.get(int(route_id))
     module = route._module() if route is not None else None
-    if module is None or module.weight is not weight or getattr(module, "bias", None) is not bias:
+    held = module._buffers.get(SHAPE_BUFFER) if route is not None and route.owned is not None else \
+        module._parameters.get("weight") if module is not None else None
+    if module is None or held is not weight or getattr(module, "bias", None) is not bias:
         # The graph was handed another weight than the route's module holds
         # (the policy was uninstalled, or the module's weight swapped while a
         # compiled graph still runs): the plain product of what it was given.
+        if weight.dim() == 2 and weight.numel() > 1 and weight.stride() == (0, 0):
+            raise RuntimeError("rvascend::routed_linear was handed the shape buffer of a weight the packed copy "
+                               "replaced (--cpu-rvv-drop-unpacked), but its route no longer holds it: recompile")
         return F.linear(x, weight, bias)
     return route(x)
 
@@ -164,8 +371,10 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], route
 def _routed_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The forward of a routed module."""
     if torch.compiler.is_compiling():
-        return torch.ops.rvascend.routed_linear(x, module.weight, getattr(module, "bias", None),
-                                                module._buffers[ROUTE_ID_BUFFER])
+        # A route whose packed copy is the weight hands the op its shape buffer instead.
+        weight = module._buffers.get(SHAPE_BUFFER)
+        return torch.ops.rvascend.routed_linear(x, module.weight if weight is None else weight,
+                                                getattr(module, "bias", None), module._buffers[ROUTE_ID_BUFFER])
     return module.__dict__[ROUTE_ATTR](x)
 
 

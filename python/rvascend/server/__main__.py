@@ -30,6 +30,9 @@ flags.DEFINE_enum("cpu-rvv-shape-gate", None, ["seed", "measured"],
                   "Which Linears the policy packs: the seed's contract (N, K >= 1024), or where the packed kernel "
                   "measured faster than ATen here: instruction counts on riscv64, timed once on other hosts "
                   "(default: measured).")
+flags.DEFINE_bool("cpu-rvv-drop-unpacked", False,
+                  "Free each packed projection's row-major weight: the packed copy is the weight (a tied lm_head "
+                  "keeps both; state_dict() unpacks).")
 flags.DEFINE_string("host", "127.0.0.1", "Address to bind.")
 flags.DEFINE_integer("port", 30000, "Port to bind.")
 flags.DEFINE_string("api-key", None, "Require `Authorization: Bearer KEY` on every endpoint but /health and "
@@ -60,6 +63,7 @@ def main(argv: list[str]) -> int:
         cpu_rvv_memory_budget_mib=FLAGS["cpu-rvv-memory-budget-mib"].value,
         cpu_compile_mode=FLAGS["cpu-compile-mode"].value,
         cpu_rvv_shape_gate=FLAGS["cpu-rvv-shape-gate"].value,
+        cpu_rvv_drop_unpacked=FLAGS["cpu-rvv-drop-unpacked"].value,
         max_running_requests=FLAGS["max-running-requests"].value,
         max_total_tokens=FLAGS["max-total-tokens"].value,
         max_queued_requests=FLAGS["max-queued-requests"].value,

@@ -13,7 +13,7 @@ import torch
 from absl import logging
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine import default_model
+from rvascend.engine import allocator, default_model
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import KVPool
 from rvascend.models.loader import load_model
@@ -35,6 +35,7 @@ class ServeOptions:
     cpu_rvv_memory_budget_mib: Optional[int] = None
     cpu_compile_mode: str = "regional"
     cpu_rvv_shape_gate: Optional[str] = None  # seed | measured; None: measured
+    cpu_rvv_drop_unpacked: bool = False
     max_running_requests: int = 8
     max_total_tokens: Optional[int] = None
     max_queued_requests: int = 64
@@ -74,9 +75,13 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         raise ValueError(f"--device {opts.device!r} is not supported: this engine serves on the CPU")
     if opts.attention_backend != "torch_native":
         raise ValueError(f"--attention-backend {opts.attention_backend!r} is not supported (torch_native only)")
+    if opts.cpu_rvv_drop_unpacked and not opts.enable_cpu_rvv_inductor:
+        raise ValueError("--cpu-rvv-drop-unpacked frees the weights the policy's packed copies replace: it needs "
+                         "--enable-cpu-rvv-inductor")
     if opts.dtype not in _DTYPES:
         raise ValueError(f"--dtype {opts.dtype!r} is not supported ({', '.join(_DTYPES)})")
     _log_cpu()
+    allocator.pin_mmap_threshold()  # before any weight is allocated
     path = opts.model_path or default_model.ensure_default_model()
     name = os.path.basename(opts.model_path.rstrip("/")).removesuffix(".gguf") if opts.model_path \
         else default_model.served_name()
@@ -90,7 +95,8 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         # Without a C++ compiler for Inductor (a board, the riscv64 image) the
         # policy itself falls back to eager routes, logged and counted.
         config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib,
-                                           compile_mode=opts.cpu_compile_mode, shape_gate=opts.cpu_rvv_shape_gate)
+                                           compile_mode=opts.cpu_compile_mode, shape_gate=opts.cpu_rvv_shape_gate,
+                                           drop_unpacked=opts.cpu_rvv_drop_unpacked)
         report = install_rvv_policy(model, config)
         policy = get_policy(model)
         if not report.packed and not any(getattr(r, "quantized", False) for r in policy.routes.values()):

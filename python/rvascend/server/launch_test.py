@@ -7,6 +7,7 @@ import platform
 import pytest
 
 from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.testing import greedy
 from rvascend.server import launch
 
 
@@ -22,3 +23,17 @@ def test_the_engine_gets_the_flag_or_the_machine_default(monkeypatch, given, wan
     engine, _, _ = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(),
                                                            chunked_prefill_size=given, max_total_tokens=256))
     assert engine.config.chunked_prefill_size == want
+
+
+def test_drop_unpacked_serves_the_same_tokens_from_the_packed_weights_alone():
+    opts = dict(model_path=ensure_random_model(), enable_cpu_rvv_inductor=True, cpu_compile_mode="eager",
+                cpu_rvv_shape_gate="seed", max_total_tokens=256)
+    keep, _, _ = launch.build_engine(launch.ServeOptions(**opts))
+    drop, _, policy = launch.build_engine(launch.ServeOptions(**opts, cpu_rvv_drop_unpacked=True))
+    assert policy.config.drop_unpacked
+    layer = drop.model.model.layers[0]
+    assert "weight" not in layer.mlp.down_proj._parameters and "weight" not in layer.self_attn.qkv_proj._parameters
+    prompt = list(range(5, 40))
+    assert greedy(drop.model, prompt, 8) == greedy(keep.model, prompt, 8)
+    with pytest.raises(ValueError, match="--cpu-rvv-drop-unpacked .* needs --enable-cpu-rvv-inductor"):
+        launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), cpu_rvv_drop_unpacked=True))
