@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Optional
+import subprocess
+import sys
+from typing import Any, Optional
 
 
 def peak_rss_mib(pid: Optional[int] = None) -> float:
@@ -29,3 +32,11 @@ def current_rss_mib(pid: Optional[int] = None) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS")
+
+
+def fresh_process_json(code: str, *args: str, timeout: float = 300) -> dict[str, Any]:
+    """Runs `code` in a new Python process (its own VmHWM: memory tests measure a load
+    there) and returns the JSON object it printed last."""
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
+                          timeout=timeout)
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -232,10 +232,7 @@ class GgufFile:
         come back if read again): a loader that has copied a tensor calls it, so the
         file is never resident beside what was made of it."""
         t = self.tensors[name]
-        page = mmap.PAGESIZE
-        start = t.offset // page * page
-        end = -(-(t.offset + t.n_bytes) // page) * page
-        self._map.madvise(mmap.MADV_DONTNEED, start, min(end, self.size) - start)
+        self.release_bytes(self._address + t.offset, t.n_bytes)
 
     def release_bytes(self, address: int, n_bytes: int) -> None:
         """release() for the pages under [address, address + n_bytes), when they are this

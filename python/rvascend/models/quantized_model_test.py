@@ -27,6 +27,7 @@ import pytest
 import torch
 import transformers
 
+from rvascend.bench.rss import fresh_process_json
 from rvascend.build import llama_cpp
 from rvascend.engine import Engine, EngineConfig, SamplingParams, default_model
 from rvascend.engine.random_model import ensure_random_model
@@ -222,11 +223,7 @@ def test_default_model_memory_holds_the_quantized_weights_once():
     (no dequantized copy, the file's pages released as each tensor is repacked)."""
     path = default_model.ensure_default_model()
     size = os.path.getsize(path)
-    runs = {}
-    for keep in ("1", "0"):
-        done = subprocess.run([sys.executable, "-c", _MEMORY_GUEST, path, keep], capture_output=True, text=True,
-                              check=True, timeout=300)
-        runs[keep] = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = {keep: fresh_process_json(_MEMORY_GUEST, path, keep) for keep in ("1", "0")}
     q, d = runs["1"], runs["0"]
     mib = 2 ** 20
     print(f"GGUF {size / mib:.0f} MiB; kept quantized: {q['packed'] / mib:.0f} MiB packed + {q['dense'] / mib:.1f} "

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-import sys
 
 import pytest
 import torch
@@ -281,19 +279,14 @@ def test_a_served_gguf_holds_each_weight_once_with_drop_unpacked(tmp_path):
     packed copies come on top of the model; dropped, RSS stays the model's: every weight,
     the embedding included, is packed over its own storage. The load's peak is the model
     plus 16 MiB (it was the model plus the embedding twice, file pages and copy)."""
-    import subprocess
-
+    from rvascend.bench.rss import fresh_process_json
     from rvascend.engine import random_checkpoint
     from rvascend.models import gguf_export
 
     hf = random_checkpoint.write("qwen3-0.6b", str(tmp_path / "hf"), layers=2)
     path = str(tmp_path / "model.gguf")
     gguf_export.export(hf, path)
-    runs = {}
-    for mode in ("drop", "keep"):
-        done = subprocess.run([sys.executable, "-c", _MEMORY_GUEST, path, mode], capture_output=True, text=True,
-                              check=True, timeout=300)
-        runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = {mode: fresh_process_json(_MEMORY_GUEST, path, mode) for mode in ("drop", "keep")}
     drop, keep = runs["drop"], runs["keep"]
     print({m: {k: round(v) for k, v in r.items()} for m, r in runs.items()})
     assert drop["packed"] >= 0.95 * keep["dense"]  # every matrix packed, the embedding too

@@ -282,8 +282,10 @@ class ProjectionRoute:
         config = policy.config
         n, k = owned.shape
         rows = x.numel() // k if k and x.shape[-1] == k else 0
+        # The seed's gate: cheap, and where it passes the rows fit its buckets (the measured
+        # gate buckets nothing).
         why = shape_gate.gate(self.projection, x, module._buffers[SHAPE_BUFFER], None, config.small_batch, "seed")
-        if why in _TYPE_REASONS:
+        if why in shape_gate.UNSUPPORTED:
             policy.counters.record(self.projection, "fallback", rows, why)
             return F.linear(x, self.unpacked_weight(module, owned))
         policy.counters.record(self.projection, "packed", rows)
@@ -297,11 +299,6 @@ class _OwnedWeight:
     requires_grad: bool
     layout_version: int
     hooks: tuple
-
-
-# Gate reasons that mean the packed kernel cannot take the call at all (shape reasons only
-# say F.linear would be faster).
-_TYPE_REASONS = ("non_cpu", "input_dtype", "weight_dtype", "rank", "bias", "grad_required")
 
 
 def _packed_call(x: torch.Tensor, packed: torch.Tensor, n: int, bucket: int) -> torch.Tensor:

@@ -70,6 +70,11 @@ def gate(projection: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
     return why
 
 
+# The gate's reasons that mean the packed kernel cannot take the call at all (_type_gate's,
+# and autograd); the others only say F.linear measured or was contracted faster.
+UNSUPPORTED = ("non_cpu", "input_dtype", "weight_dtype", "rank", "bias", "grad_required")
+
+
 def _type_gate(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Optional[str]:
     if x.device.type != "cpu" or weight.device.type != "cpu":
         return "non_cpu"
