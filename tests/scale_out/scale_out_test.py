@@ -25,8 +25,12 @@ from rvascend.server import scale_out
 from rvascend.server.loopback import free_port, wait_healthy
 from rvascend.server.testing import API_KEY, Server, slow_steps
 
-# A board-sized KV pool: four 300-token system prompts do not all fit in one worker's.
+# A board-sized KV pool: it holds two of the test's 375-token system prompts, not three.
 POOL_TOKENS = 1024
+# The in-process worker's watchdog: short, so a stuck step is reported soon, and still long
+# enough that no ordinary step on a loaded CI machine trips it (a 503 takes the worker out of
+# the routers' rotation, and round robin over two workers hits the cache like cache-aware).
+WATCHDOG_SECONDS = 5.0
 # The seed's shape gate: every worker routes alike (the measured gate times each worker's host
 # on its own, and workers that differ in speed make the router balance load instead of prefixes).
 WORKER_ARGS = [f"--model-path={ensure_random_model()}", "--enable-cpu-rvv-inductor", "--cpu-compile-mode=eager",
@@ -54,7 +58,7 @@ def _complete(client: httpx.Client, prompt: str, max_tokens: int = 4) -> httpx.R
 def cluster():
     logs = tempfile.mkdtemp(prefix="scale_out_")
     c = scale_out.Cluster(2, WORKER_ARGS, api_key=API_KEY, log_dir=logs, startup_timeout=300)
-    local = Server(app_options={"watchdog_timeout": 1.0}, max_total_tokens=POOL_TOKENS)
+    local = Server(app_options={"watchdog_timeout": WATCHDOG_SECONDS}, max_total_tokens=POOL_TOKENS)
     try:
         r = httpx.post(c.url + "/workers", json={"url": local.url, "api_key": API_KEY}, headers=HEADERS, timeout=30)
         assert r.status_code < 300, r.text
@@ -123,9 +127,13 @@ def _hit_rate(url: str, workers: list[str], systems: list[str]) -> float:
 
 
 def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin(cluster):
+    # Five system prompts, two per worker's pool: round robin sends each worker every prompt in
+    # turn, five apart, whether it has three workers or a worker drops out and it has two, so
+    # a worker's pool has dropped a prompt before it comes again. Cache-aware routing keeps a
+    # prompt on the worker that holds it.
     rng = random.Random(0)
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
-    systems = [" ".join(rng.choice(words) for _ in range(120)) for _ in range(4)]
+    systems = [" ".join(rng.choice(words) for _ in range(120)) for _ in range(5)]
     workers = [*cluster.urls, cluster.local.url]
     port = free_port()
     with open(f"{cluster.logs}/round_robin.log", "w") as log:
@@ -222,12 +230,12 @@ def test_a_worker_whose_watchdog_reports_503_is_taken_out_and_back(cluster):
     local = cluster.local
     _until_used(cluster, local.url, "control: in rotation")
     # One step (a one-token request's prefill) that outlasts the checks below: the
-    # watchdog reports 503 from its first second on.
+    # watchdog reports 503 once WATCHDOG_SECONDS have passed.
     undo = slow_steps(local.engine, 30.0)
     stuck = threading.Thread(target=lambda: _complete(local.http, "slow", max_tokens=1))
     try:
         stuck.start()
-        time.sleep(1.5)
+        time.sleep(WATCHDOG_SECONDS + 0.5)
         assert local.http.get("/health").status_code == 503
         time.sleep(3)  # a health check of the router's
         before = _requests_served(local.url)
