@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -52,6 +52,12 @@ RVASCEND_SIMD_INLINE VF LoadBf16(const uint16_t* p) {
   VF f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
+#elif defined(__AVX2__)
+  // The same with AVX2 (the generic form compiles to two 128-bit extensions and an insert).
+  const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+  VF f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
 #else
   return WidenBf16<VF, VU, VH>(p);
 #endif
@@ -81,8 +87,25 @@ RVASCEND_SIMD_INLINE void StoreFN(float* p, VF v, size_t n) {
 
 // Round to nearest even, quiet NaNs (bf16.h's FloatToBf16 on every lane).
 RVASCEND_SIMD_INLINE void StoreBf16(uint16_t* p, VF v) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  // NarrowBf16's lanes with AVX2: every lane already fits 16 bits (no finite or
+  // infinite value carries out of the add), so the generic form's truncating mask
+  // is not needed before the saturating pack, and NaN lanes take one blend.
+  __m256i bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  const __m256i high = _mm256_srli_epi32(bits, 16);
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(high, _mm256_set1_epi32(1)))),
+      16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i h = _mm256_blendv_epi8(rounded, _mm256_or_si256(high, _mm256_set1_epi32(0x40)), nan);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+#else
   const VH h = NarrowBf16<VF, VU, VH>(v);
   std::memcpy(p, &h, sizeof(h));
+#endif
 }
 
 // Each lane rounded to BF16 and widened back (torch's intermediate roundings).

@@ -7,9 +7,11 @@
 // written once per token to that token's slot. Per token and row:
 //   r *= exp(gk) (per-dimension gk);  kv = r . k
 //   d = (value[v] - c * kv) * beta;   r = c * r + d * k;  out[v] = r . q
-// with c = exp(g) * exp(gk) for a scalar decay. Two passes over a row that
-// stays in L1 per token; the state crosses memory once each way, so the op
-// runs at memory speed (one read and one write of every state row).
+// with c = exp(g) * exp(gk) for a scalar decay. The rows stay in L1 (FP32
+// scratch): one pass for the first token's dot products, then one per token
+// for its update, which goes on with the next token's dot products; the state
+// crosses memory once each way, so the op runs at memory speed (one read and
+// one write of every state row).
 #ifndef RGDR_CPU_RGDR_UNITS_H_
 #define RGDR_CPU_RGDR_UNITS_H_
 
