@@ -25,8 +25,9 @@ from rvascend.server import scale_out
 from rvascend.server.loopback import free_port, wait_healthy
 from rvascend.server.testing import API_KEY, Server, slow_steps
 
-# A board-sized KV pool: it holds two of the test's 375-token system prompts, not three.
-POOL_TOKENS = 1024
+# A board-sized KV pool: it holds three of the test's six system prompts (about 375 tokens
+# each) with room for the requests in flight, not four.
+POOL_TOKENS = 1280
 # The in-process worker's watchdog: short, so a stuck step is reported soon, and still long
 # enough that no ordinary step on a loaded CI machine trips it (a 503 takes the worker out of
 # the routers' rotation, and round robin over two workers hits the cache like cache-aware).
@@ -127,13 +128,17 @@ def _hit_rate(url: str, workers: list[str], systems: list[str]) -> float:
 
 
 def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin(cluster):
-    # Five system prompts, two per worker's pool: round robin sends each worker every prompt in
-    # turn, five apart, whether it has three workers or a worker drops out and it has two, so
-    # a worker's pool has dropped a prompt before it comes again. Cache-aware routing keeps a
-    # prompt on the worker that holds it.
+    # Six system prompts, three per worker's pool. Cache-aware routing keeps each prompt on the
+    # worker that holds it: two per worker, or three if a worker drops out of its rotation.
+    # Round robin sends each worker the prompts in turn; four chats run at once and reach the
+    # router in any order, so it still hits at times: 0.35 of tokens in a simulation of this
+    # schedule with least-recently-used pools (0.32 over two workers), against 0.85 at best
+    # for cache-aware (each prompt's first chat misses). Measured with five prompts: pools of
+    # two prompts let a 3/1/1 split thrash one worker under load (0.47 against 0.35), pools of
+    # three let round robin hit 0.45-0.50.
     rng = random.Random(0)
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
-    systems = [" ".join(rng.choice(words) for _ in range(120)) for _ in range(5)]
+    systems = [" ".join(rng.choice(words) for _ in range(120)) for _ in range(6)]
     workers = [*cluster.urls, cluster.local.url]
     port = free_port()
     with open(f"{cluster.logs}/round_robin.log", "w") as log:
