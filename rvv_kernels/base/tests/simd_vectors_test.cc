@@ -28,7 +28,6 @@ int main() {
       {"avx512", f.avx512, CheckSimdBf16Avx512},
 #endif
   };
-  (void)f;
   for (const Level& level : levels) {
     if (!level.usable) {
       std::printf("%s: not run, this CPU lacks it (%s)\n", level.name, f.Describe().c_str());
