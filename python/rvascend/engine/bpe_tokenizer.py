@@ -39,7 +39,7 @@ class UnsupportedTokenizer(ValueError):
 
 
 @functools.lru_cache(maxsize=1)
-def _byte_to_unicode() -> dict[int, str]:
+def byte_to_unicode() -> dict[int, str]:
     """Byte-level BPE's reversible byte -> printable character map: printable
     Latin-1 bytes stand for themselves, the others take code points from 256 up."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
@@ -52,6 +52,11 @@ def _byte_to_unicode() -> dict[int, str]:
             table[b] = chr(256 + extra)
             extra += 1
     return table
+
+
+@functools.lru_cache(maxsize=1)
+def unicode_to_byte() -> dict[str, int]:
+    return {c: b for b, c in byte_to_unicode().items()}
 
 
 @dataclasses.dataclass
@@ -117,9 +122,9 @@ class BpeTokenizer:
         self.special_ids = {t["id"] for t in added_tokens if t.get("special")}
         for content, i in self.added.items():
             self.vocab.setdefault(content, i)
-        self.id_to_token = {i: t for t, i in self.vocab.items()}
+        self.by_id = {i: t for t, i in self.vocab.items()}
         for t in added_tokens:
-            self.id_to_token[t["id"]] = t["content"]
+            self.by_id[t["id"]] = t["content"]
         # Matched in the raw text first, then (normalized: true) in the normalized rest.
         self._raw_added = _AddedTokenMatcher([t for t in added_tokens if not t.get("normalized")])
         self._normalized_added = _AddedTokenMatcher([t for t in added_tokens if t.get("normalized")])
@@ -129,8 +134,8 @@ class BpeTokenizer:
         decoder = spec.get("decoder")
         if decoder is not None and decoder.get("type") != "ByteLevel":
             raise UnsupportedTokenizer(f"decoder {decoder.get('type')!r} (only ByteLevel)")
-        self.b2u = _byte_to_unicode()
-        self.u2b = {c: b for b, c in self.b2u.items()}
+        self.b2u = byte_to_unicode()
+        self.u2b = unicode_to_byte()
         self._cache: dict[str, list[int]] = {}
 
     @classmethod
@@ -256,18 +261,21 @@ class BpeTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         buf = bytearray()
         for i in ids:
-            token = self.id_to_token.get(i)
+            token = self.by_id.get(i)
             if token is None or (skip_special_tokens and i in self.special_ids):
                 continue
             mapped = [self.u2b.get(c) for c in token]
             buf.extend(token.encode("utf-8") if None in mapped else bytes(mapped))
         return buf.decode("utf-8", errors="replace")
 
+    def id_to_token(self, i: int) -> Optional[str]:
+        return self.by_id.get(i)
+
     def token_to_id(self, token: str) -> Optional[int]:
         return self.vocab.get(token)
 
     def get_vocab_size(self) -> int:
-        return max(self.id_to_token) + 1 if self.id_to_token else 0
+        return max(self.by_id) + 1 if self.by_id else 0
 
     def get_vocab(self, with_added_tokens: bool = True) -> dict[str, int]:
         return dict(self.vocab)

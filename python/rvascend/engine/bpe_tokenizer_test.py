@@ -10,8 +10,9 @@ import time
 import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from rvascend.engine.bpe_tokenizer import BpeTokenizer, UnsupportedTokenizer
+from rvascend.engine.bpe_tokenizer import BpeTokenizer, UnsupportedTokenizer, byte_to_unicode
 from rvascend.engine.random_model import ensure_random_model
+from rvascend.engine.tokenizer import Tokenizer as EngineTokenizer
 
 CORPUS = [
     "plain ASCII text, with punctuation! 12345 and don't we'll THEY'RE", "accents: café, naïve, Ångström, Ωμέγα",
@@ -76,6 +77,27 @@ def test_vocabulary_and_speed(pair):
     rate = n / (time.perf_counter() - start)
     print(f"pure-Python BPE: {rate:,.0f} tokens/s ({n} tokens of repeated text; the word cache fills as it goes)")
     assert rate > 20_000  # a 4k-token prompt in well under a second, even with a cold cache
+
+
+def test_same_pieces_as_tokenizers(pair):
+    ref, ours = pair
+    assert all(ours.id_to_token(i) == ref.id_to_token(i) for i in range(ref.get_vocab_size()))
+
+
+def test_a_token_holding_part_of_a_character_is_named_by_its_bytes():
+    # "–" is e2 80 93: the byte-level alphabet's tokens for e2 and 80 each decode to U+FFFD
+    # alone, so log-probabilities that named tokens by their text gave both one name.
+    model = ensure_random_model()
+    tok = EngineTokenizer(model)
+    vocab = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
+    ids = [vocab.token_to_id(byte_to_unicode()[b]) for b in (0xE2, 0x80)]
+    assert [tok.decode([i]) for i in ids] == ["\ufffd", "\ufffd"]
+    assert [tok.token_bytes(i) for i in ids] == [b"\xe2", b"\x80"]
+    assert [tok.token_text(i) for i in ids] == ["bytes:\\xe2", "bytes:\\x80"]
+    whole = tok.encode("a – b", add_special_tokens=False)
+    assert b"".join(tok.token_bytes(i) for i in whole) == "a – b".encode()
+    assert [tok.token_text(i) for i in tok.encode("plain", add_special_tokens=False)] == \
+        [tok.decode([i]) for i in tok.encode("plain", add_special_tokens=False)]
 
 
 def test_unsupported_formats_are_refused_by_name(tmp_path):

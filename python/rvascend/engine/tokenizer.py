@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Optional
 
 from absl import logging
 
+from rvascend.engine.bpe_tokenizer import unicode_to_byte
 from rvascend.engine.chat_template import ChatTemplate
 
 # The special tokens transformers hands a chat template (its SPECIAL_TOKENS_ATTRIBUTES).
@@ -47,7 +49,7 @@ class Tokenizer:
         # Every token covers at most this many UTF-8 bytes of text, so a prompt
         # longer than context * this cannot fit and is refused before tokenizing.
         self.max_token_bytes = max(len(t.encode("utf-8")) for t in self._tok.get_vocab(with_added_tokens=True))
-        self._token_text: dict[int, str] = {}
+        self._token_bytes: dict[int, bytes] = {}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
@@ -55,12 +57,27 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for. A byte-level token can hold part of a
+        character, which decoding alone turns into U+FFFD."""
+        data = self._token_bytes.get(token)
+        if data is None:
+            text = self._tok.decode([token], skip_special_tokens=False)
+            data = text.encode("utf-8")
+            if "\ufffd" in text:
+                data = _piece_bytes(self._tok.id_to_token(token)) or data
+            self._token_bytes[token] = data
+        return data
+
     def token_text(self, token: int) -> str:
-        """One token's text on its own (logprobs), special tokens included."""
-        text = self._token_text.get(token)
-        if text is None:
-            text = self._token_text[token] = self._tok.decode([token], skip_special_tokens=False)
-        return text
+        """One token's text on its own (logprobs), special tokens included. A token
+        that is not whole UTF-8 is named by its bytes, "bytes:\\xe2\\x80" as OpenAI's
+        API names them, so that two such tokens never share a name."""
+        data = self.token_bytes(token)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             continue_final_message: bool = False,
@@ -92,6 +109,19 @@ def _load_tokenizer_json(text: str, source: str):
         return make()
     except Exception as e:  # noqa: BLE001 - `tokenizers` raises a bare Exception on a bad vocabulary
         raise ValueError(f"{source}: the tokenizer is invalid: {e}") from None
+
+
+def _piece_bytes(piece: Optional[str]) -> Optional[bytes]:
+    """A vocabulary entry's bytes: a byte-fallback token (<0xE2>) or a byte-level
+    BPE token (each character one byte of byte_to_unicode's alphabet)."""
+    if piece is None:
+        return None
+    match = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+    if match:
+        return bytes([int(match.group(1), 16)])
+    to_byte = unicode_to_byte()
+    mapped = [to_byte.get(c) for c in piece]
+    return None if None in mapped else bytes(mapped)
 
 
 def _token_text(token: Any) -> Optional[str]:

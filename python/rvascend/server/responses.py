@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 from typing import Any, Optional
@@ -70,14 +71,15 @@ class LogprobFormat:
         texts = [self.tok.token_text(t) for t in tokens]
         if self.chat:
             return {"content": [
-                {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8")),
+                {"token": s, "logprob": lp, "bytes": list(self.tok.token_bytes(t)),
                  "top_logprobs": [{"token": self.tok.token_text(i), "logprob": v,
-                                   "bytes": list(self.tok.token_text(i).encode("utf-8"))} for i, v in (tp or ())]}
-                for s, lp, tp in zip(texts, logprobs, top)]}
-        offsets, pos = [], offset
-        for s in texts:
-            offsets.append(pos)
-            pos += len(s)
+                                   "bytes": list(self.tok.token_bytes(i))} for i, v in (tp or ())]}
+                for t, s, lp, tp in zip(tokens, texts, logprobs, top)]}
+        # Offsets count characters of the text the tokens' bytes decode to.
+        offsets, decoder = [], codecs.getincrementaldecoder("utf-8")(errors="replace")
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(decoder.decode(self.tok.token_bytes(t)))
         return {"tokens": texts, "token_logprobs": logprobs, "text_offset": offsets,
                 "top_logprobs": [{self.tok.token_text(i): v for i, v in tp} if tp is not None else None
                                  for tp in top]}

@@ -16,6 +16,7 @@ import torch
 
 from rvascend.engine import SamplingParams, sampler
 from rvascend.engine.random_model import ensure_random_model
+from rvascend.server import responses
 from rvascend.server.loopback import free_port
 from rvascend.server.testing import Server, slow_steps
 
@@ -269,7 +270,36 @@ def test_completion_logprobs(server):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
     for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert len(top) == 3 and chosen <= 0 and abs(chosen - max(top.values())) < 1e-5  # greedy = best
-    assert "".join(lp.tokens) == r.choices[0].text
+    # A token holding part of a character is named "bytes:\\xe2..." (OpenAI's form).
+    data = b"".join(bytes.fromhex(t[len("bytes:"):].replace("\\x", "")) if t.startswith("bytes:")
+                    else t.encode() for t in lp.tokens)
+    assert data.decode(errors="replace") == r.choices[0].text
+
+
+def test_logprobs_name_byte_tokens_apart(server):
+    # The byte-level tokens e2 and 80 both decode to U+FFFD alone; keyed by that text, a
+    # top-3 dictionary kept two entries (seen on a host whose numbers put both in the top 3).
+    tok = server.engine.tokenizer
+    e2, x80 = [next(i for i in range(tok.vocab_size) if tok.token_bytes(i) == bytes([b])) for b in (0xE2, 0x80)]
+    other = tok.encode("a", add_special_tokens=False)[0]
+    top = [(e2, -1.0), (x80, -2.0), (other, -3.0)]
+    completions = responses.LogprobFormat(tok, chat=False).format([e2, x80], [-1.0, -2.0], [top, top])
+    assert completions["tokens"] == ["bytes:\\xe2", "bytes:\\x80"]
+    assert completions["top_logprobs"][0] == {"bytes:\\xe2": -1.0, "bytes:\\x80": -2.0, "a": -3.0}
+    chat = responses.LogprobFormat(tok, chat=True).format([e2], [-1.0], [top])["content"][0]
+    assert (chat["token"], chat["bytes"]) == ("bytes:\\xe2", [0xE2])
+    assert [(t["token"], t["bytes"]) for t in chat["top_logprobs"]] == [
+        ("bytes:\\xe2", [0xE2]), ("bytes:\\x80", [0x80]), ("a", [ord("a")])]
+    # Offsets count characters: "–" (e2 80 93) is one, complete after its third byte.
+    dash = [next(i for i in range(tok.vocab_size) if tok.token_bytes(i) == bytes([0x93]))]
+    offsets = responses.LogprobFormat(tok, chat=False).format([other, e2, x80] + dash + [other], [0.0] * 5,
+                                                              [None] * 5, offset=4)["text_offset"]
+    assert offsets == [4, 5, 5, 5, 6]
+    # Through the server: tokens forced by logit_bias come back under their byte names.
+    r = server.http.post("/v1/completions", json={"prompt": "bytes", "max_tokens": 2, "temperature": 0,
+                                                  "ignore_eos": True, "logit_bias": {str(e2): 100},
+                                                  "logprobs": 1}).json()
+    assert r["choices"][0]["logprobs"]["tokens"] == ["bytes:\\xe2", "bytes:\\xe2"]
 
 
 def test_chat_logprobs_and_top_logprobs(server):
