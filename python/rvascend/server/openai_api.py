@@ -104,6 +104,7 @@ def _stream(ctx: ServerContext, endpoint: str, sub: Submission, head: dict[str, 
             include_usage: bool, fmt: Optional[LogprobFormat], echo: Optional[list[str]]):
     kind = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
     started: set[int] = set()
+    offsets: dict[int, responses.TextOffsets] = {}
 
     def event(index: int, out) -> Optional[dict[str, Any]]:
         first = index not in started
@@ -114,7 +115,10 @@ def _stream(ctx: ServerContext, endpoint: str, sub: Submission, head: dict[str, 
         if out.token_id is None and not out.finished and not first:
             return None
         prefix = echo[index // n] if echo and first else ""
-        return {**kind, "choices": [responses.chunk_choice(index, out, chat, fmt, first=first, prefix=prefix)]}
+        if fmt and first:
+            offsets[index] = responses.TextOffsets(ctx.tokenizer, len(prefix))
+        return {**kind, "choices": [responses.chunk_choice(index, out, chat, fmt, first=first, prefix=prefix,
+                                                           offsets=offsets.get(index))]}
 
     def usage() -> Optional[dict[str, Any]]:
         return {**kind, "choices": [], "usage": responses.usage(sub.seqs, n)} if include_usage else None

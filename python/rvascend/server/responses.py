@@ -60,6 +60,21 @@ class ChoiceState:
             self.error = out.error
 
 
+class TextOffsets:
+    """Completions' text_offset: where each token starts, in characters of the text
+    its bytes decode to (a character split over tokens starts after its last byte)."""
+
+    def __init__(self, tokenizer: Tokenizer, start: int = 0) -> None:
+        self.tok = tokenizer
+        self.pos = start
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def advance(self, token: int) -> int:
+        at = self.pos
+        self.pos += len(self.decoder.decode(self.tok.token_bytes(token)))
+        return at
+
+
 class LogprobFormat:
     """Log-probabilities in the completions or the chat shape."""
 
@@ -67,7 +82,8 @@ class LogprobFormat:
         self.tok = tokenizer
         self.chat = chat
 
-    def format(self, tokens: list[int], logprobs: list[float], top: list, offset: int = 0) -> dict[str, Any]:
+    def format(self, tokens: list[int], logprobs: list[float], top: list, offset: int = 0,
+               counter: Optional["TextOffsets"] = None) -> dict[str, Any]:
         texts = [self.tok.token_text(t) for t in tokens]
         if self.chat:
             return {"content": [
@@ -75,12 +91,8 @@ class LogprobFormat:
                  "top_logprobs": [{"token": self.tok.token_text(i), "logprob": v,
                                    "bytes": list(self.tok.token_bytes(i))} for i, v in (tp or ())]}
                 for t, s, lp, tp in zip(tokens, texts, logprobs, top)]}
-        # Offsets count characters of the text the tokens' bytes decode to.
-        offsets, decoder = [], codecs.getincrementaldecoder("utf-8")(errors="replace")
-        for t in tokens:
-            offsets.append(offset)
-            offset += len(decoder.decode(self.tok.token_bytes(t)))
-        return {"tokens": texts, "token_logprobs": logprobs, "text_offset": offsets,
+        counter = counter or TextOffsets(self.tok, offset)
+        return {"tokens": texts, "token_logprobs": logprobs, "text_offset": [counter.advance(t) for t in tokens],
                 "top_logprobs": [{self.tok.token_text(i): v for i, v in tp} if tp is not None else None
                                  for tp in top]}
 
@@ -105,10 +117,10 @@ def choice(index: int, state: ChoiceState, chat: bool, logprobs: Optional[Logpro
 
 
 def chunk_choice(index: int, out: Output, chat: bool, logprobs: Optional[LogprobFormat],
-                 first: bool = False, prefix: str = "") -> dict[str, Any]:
+                 first: bool = False, prefix: str = "", offsets: Optional[TextOffsets] = None) -> dict[str, Any]:
     lp = None
     if logprobs and out.logprob is not None and out.token_id is not None:
-        lp = logprobs.format([out.token_id], [out.logprob], [out.top_logprobs])
+        lp = logprobs.format([out.token_id], [out.logprob], [out.top_logprobs], counter=offsets)
     reason = openai_reason(out.finish_reason) if out.finished else None
     if chat:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
 import subprocess
@@ -274,6 +275,19 @@ def test_completion_logprobs(server):
     data = b"".join(bytes.fromhex(t[len("bytes:"):].replace("\\x", "")) if t.startswith("bytes:")
                     else t.encode() for t in lp.tokens)
     assert data.decode(errors="replace") == r.choices[0].text
+
+
+def test_streamed_text_offsets_match_the_whole_response(server):
+    body = {"prompt": "offsets", "max_tokens": 5, "temperature": 0, "ignore_eos": True, "logprobs": 1}
+    whole = server.http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    streamed = []
+    with server.http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[len("data: "):])
+                lp = chunk["choices"][0]["logprobs"] if chunk["choices"] else None
+                streamed += lp["text_offset"] if lp else []
+    assert streamed == whole["text_offset"] and streamed[0] == 0 and streamed[-1] > 0
 
 
 def test_logprobs_name_byte_tokens_apart(server):
