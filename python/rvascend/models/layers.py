@@ -114,8 +114,24 @@ class RotaryEmbedding(nn.Module):
                 raise ValueError(f"{factors.numel()} rope frequency factors for {inv_freq.numel()} frequencies")
             inv_freq = inv_freq / factors
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # dtype -> (cos, sin) [positions, dim] of positions 0..n-1, grown on demand: a
+        # decode step gathers its rows (two ops) instead of computing them (seven).
+        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        tables = self._tables.get(dtype)
+        if tables is not None:
+            try:
+                return tables[0][positions], tables[1][positions]
+            except IndexError:  # a position past the table: grow it
+                pass
+        seen = 0 if tables is None else tables[0].shape[0]
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        if need > seen:
+            tables = self._tables[dtype] = self.cos_sin(torch.arange(max(need, 2 * seen, 256)), dtype)
+        return tables[0][positions], tables[1][positions]
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)

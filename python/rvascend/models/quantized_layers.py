@@ -42,11 +42,15 @@ class QuantizedLinear(nn.Module):
         self.parts = list(parts)
         self.out_features = sum(p.rows for p in parts)
         for i in range(len(parts)):
-            self.register_buffer(f"qweight{i}", torch.empty(0, dtype=torch.uint8), persistent=False)
+            self.register_buffer(self.qweight_key(i), torch.empty(0, dtype=torch.uint8), persistent=False)
         self.bias = nn.Parameter(torch.zeros(self.out_features)) if bias else None
 
+    @staticmethod
+    def qweight_key(i: int) -> str:
+        return f"qweight{i}"
+
     def qweight(self, i: int) -> torch.Tensor:
-        return self._buffers[f"qweight{i}"]
+        return self._buffers[self.qweight_key(i)]
 
     def set_part(self, i: int, data: torch.Tensor) -> None:
         """Installs part i's weight in the runtime layout (checked against its shape)."""
@@ -55,7 +59,7 @@ class QuantizedLinear(nn.Module):
         if data.dtype != torch.uint8 or data.dim() != 1 or data.numel() != want:
             raise ValueError(f"part {i} ({p.fmt} [{p.rows}, {self.in_features}], tiles of {p.tile}) takes {want} "
                              f"bytes of uint8, got {data.dtype} {tuple(data.shape)}")
-        self._buffers[f"qweight{i}"] = data
+        self._buffers[self.qweight_key(i)] = data
 
     @property
     def packed_bytes(self) -> int:

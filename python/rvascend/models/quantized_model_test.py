@@ -35,7 +35,7 @@ from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models import gguf_export
 from rvascend.models.loader import load_model
 from rvascend.models.quantized_layers import QuantizedEmbedding, quantized_modules
-from rvascend.models.testing import all_logits
+from rvascend.models.testing import all_logits, decode_batch, decode_logits, random_pool
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
 
 Q = gguf.GGMLQuantizationType
@@ -113,6 +113,32 @@ def test_kept_quantized_matches_transformers_on_the_same_file(family, kind, tmp_
     top2 = want.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.05 * want.abs().max()
     assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+def test_the_fused_step_reads_a_replaced_quantized_weight_or_norm(tmp_path):
+    """The fused decode step keeps its table of buffer pointers between steps: a part
+    replaced through set_part, or a new norm weight, reaches the very next step."""
+    model = load_model(_write("llama", "Q8_0", tmp_path), keep_quantized=True)
+    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="seed"))
+    kernels = get_policy(model).kernels.counters
+    batch, pool = decode_batch([30]), random_pool(model)  # one pool: the plan is kept
+    fresh = decode_logits(model, batch, pool, fused=True)
+    assert torch.equal(decode_logits(model, batch, pool, fused=True), fresh)
+    assert kernels.calls("decoder_layers", "kernel") == 2
+    first, second = model.model.layers[0].mlp.down_proj, model.model.layers[1].mlp.down_proj
+    a, b = first.qweight(0), second.qweight(0)
+    first.set_part(0, b.clone())
+    second.set_part(0, a.clone())
+    swapped = decode_logits(model, batch, pool, fused=True)
+    assert kernels.calls("decoder_layers", "kernel") == 3
+    assert not torch.equal(swapped, fresh)
+    assert torch.equal(swapped, decode_logits(model, batch, pool, fused=False))
+    norm = model.model.layers[1].post_attention_layernorm
+    norm.weight = torch.nn.Parameter(norm.weight.detach() * 2)
+    scaled = decode_logits(model, batch, pool, fused=True)
+    assert kernels.calls("decoder_layers", "kernel") == 4
+    assert not torch.equal(scaled, swapped)
+    assert torch.equal(scaled, decode_logits(model, batch, pool, fused=False))
 
 
 _LLAMA_GUEST = r"""

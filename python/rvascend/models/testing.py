@@ -9,6 +9,7 @@ import torch
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
 from rvascend.models.state_pool import RecurrentStatePool
+from rvascend.policy.fused_decoder import FUSED_ATTR
 
 
 def all_logits(model: CausalLM, ids: torch.Tensor) -> torch.Tensor:
@@ -17,6 +18,40 @@ def all_logits(model: CausalLM, ids: torch.Tensor) -> torch.Tensor:
     batch = ForwardBatch(ids, torch.arange(n), [n], [0], [torch.arange(n)], torch.arange(n))
     with torch.inference_mode():
         return model(batch, KVPool(model.config, n, next(model.parameters()).dtype), all_logits=True).float()
+
+
+def decode_batch(contexts: list[int], vocab: int = 2048) -> ForwardBatch:
+    """One new token per sequence; sequence i's slots are a disjoint range of the pool."""
+    slots, start = [], 0
+    for n in contexts:
+        slots.append(torch.arange(start, start + n))
+        start += n + 3
+    ids = torch.randint(0, vocab, (len(contexts),), generator=torch.Generator().manual_seed(sum(contexts)))
+    return ForwardBatch(ids, torch.tensor([n - 1 for n in contexts]), [1] * len(contexts),
+                        [n - 1 for n in contexts], slots, torch.stack([s[-1] for s in slots]))
+
+
+def random_pool(model: CausalLM, slots: int = 256) -> KVPool:
+    """A BF16 KV pool of seeded random K/V."""
+    pool = KVPool(model.config, slots, torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    for k, v in zip(pool.k, pool.v):
+        k.copy_(torch.randn(k.shape, generator=g))
+        v.copy_(torch.randn(v.shape, generator=g))
+    return pool
+
+
+def decode_logits(model: CausalLM, batch: ForwardBatch, pool: KVPool, fused: bool) -> torch.Tensor:
+    """A decode step's logits, through the policy's fused step or (fused=False) op by op."""
+    saved = model.__dict__.get(FUSED_ATTR)
+    if not fused:
+        model.__dict__.pop(FUSED_ATTR, None)
+    try:
+        with torch.inference_mode():
+            return model(batch, pool)
+    finally:
+        if saved is not None:
+            model.__dict__[FUSED_ATTR] = saved
 
 
 def greedy(model: CausalLM, ids: Union[list[int], torch.Tensor], n: int) -> list[int]:

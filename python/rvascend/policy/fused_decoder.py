@@ -141,10 +141,10 @@ class _Plan:
         self.pool_ref: Optional[weakref.ReferenceType] = None
         self.layout_version = ops.LAYOUT_VERSION
         self.projections: list[tuple] = []  # (module, weight, version, data_ptr, stride, route, source)
-        self.norms: list[tuple] = []        # (module, weight, data_ptr)
+        self.norms: list[tuple] = []        # (module's parameters, weight, data_ptr)
         self.fingerprints: Optional[torch.Tensor] = None  # int64 [weights, 7] for weight_fingerprints_match
-        self.quantized: list[tuple] = []    # (module, part, weight buffer, data_ptr)
-        self.owned: list[tuple] = []        # (module, packed weight of record, data_ptr)
+        self.quantized: list[tuple] = []    # (module's buffers, part's key, weight buffer, data_ptr)
+        self.owned: list[tuple] = []        # (module's buffers, packed weight of record, data_ptr)
         self.quant_tables: list[torch.Tensor] = []
         self.quant_tile = 0
 
@@ -173,7 +173,7 @@ class _Plan:
                     why = plan._add_packed(module, packed, row, kinds)
                     if why is not None:
                         return None, why
-                    plan.owned.append((module, packed, packed.data_ptr()))
+                    plan.owned.append((module._buffers, packed, packed.data_ptr()))
                     continue
                 weight = module._parameters["weight"]
                 packed, why = route.packed_weight(weight)
@@ -224,7 +224,7 @@ class _Plan:
         for i, part in enumerate(module.parts):
             data = module.qweight(i)
             table += [ops.quantized_linear.FORMATS.index(part.fmt), part.rows, data.data_ptr(), data.numel()]
-            self.quantized.append((module, i, data, data.data_ptr()))
+            self.quantized.append((module._buffers, module.qweight_key(i), data, data.data_ptr()))
             self.quant_tile = part.tile
         t = torch.tensor(table, dtype=torch.int64)
         self.quant_tables.append(t)
@@ -235,7 +235,7 @@ class _Plan:
         if w.dtype != torch.bfloat16 or not w.is_contiguous() or w.device.type != "cpu":
             return False
         row += [w.data_ptr(), w.numel()]
-        self.norms.append((norm, w, w.data_ptr()))
+        self.norms.append((norm._parameters, w, w.data_ptr()))
         return True
 
     def holds(self, pool) -> bool:
@@ -246,16 +246,16 @@ class _Plan:
             if (module._parameters.get("weight") is not weight or weight._version != version
                     or route.source is not source or weight.data_ptr() != ptr or weight.stride() != stride):
                 return False
-        for norm, weight, ptr in self.norms:
-            if norm._parameters["weight"] is not weight or weight.data_ptr() != ptr:
-                return False
-        for module, packed, ptr in self.owned:
-            if module._buffers.get(PACKED_BUFFER) is not packed or packed.data_ptr() != ptr:
-                return False
-        for module, i, data, ptr in self.quantized:
-            # The kernels read the quantized buffer itself: only its replacement matters.
-            if module.qweight(i) is not data or data.data_ptr() != ptr:
-                return False
+        # Comprehensions over dicts held directly: this check runs every step, and a
+        # method call per buffer cost a SmolLM2 step 0.26 ms (3 %) on a two-core host.
+        if any(params.get("weight") is not weight or weight.data_ptr() != ptr for params, weight, ptr in self.norms):
+            return False
+        if any(buffers.get(PACKED_BUFFER) is not packed or packed.data_ptr() != ptr
+               for buffers, packed, ptr in self.owned):
+            return False
+        # The kernels read the quantized buffer itself: only its replacement matters.
+        if any(buffers.get(key) is not data or data.data_ptr() != ptr for buffers, key, data, ptr in self.quantized):
+            return False
         if not self.projections:
             return True
         return _native.weight_fingerprints_match(self.fingerprints.data_ptr(), self.fingerprints.shape[0],

@@ -11,6 +11,7 @@ import transformers
 
 from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
+from rvascend.models.testing import decode_batch, decode_logits, random_pool
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, repack
 from rvascend.policy.fused_decoder import FUSED_ATTR
 
@@ -51,38 +52,6 @@ def fusing_model(request, tmp_path_factory):
     return _model(request.param, tmp_path_factory)
 
 
-def _decode_batch(contexts: list[int]) -> ForwardBatch:
-    """One new token per sequence; sequence i's slots are a disjoint range of the pool."""
-    slots, start = [], 0
-    for n in contexts:
-        slots.append(torch.arange(start, start + n))
-        start += n + 3
-    ids = torch.randint(0, 2048, (len(contexts),), generator=torch.Generator().manual_seed(sum(contexts)))
-    return ForwardBatch(ids, torch.tensor([n - 1 for n in contexts]), [1] * len(contexts),
-                        [n - 1 for n in contexts], slots, torch.stack([s[-1] for s in slots]))
-
-
-def _pool(m, slots: int = 256) -> KVPool:
-    pool = KVPool(m.config, slots, torch.bfloat16)
-    g = torch.Generator().manual_seed(5)
-    for k, v in zip(pool.k, pool.v):
-        k.copy_(torch.randn(k.shape, generator=g))
-        v.copy_(torch.randn(v.shape, generator=g))
-    return pool
-
-
-def _forward(m, batch: ForwardBatch, pool: KVPool, fused: bool) -> torch.Tensor:
-    saved = m.__dict__.get(FUSED_ATTR)
-    if not fused:
-        m.__dict__.pop(FUSED_ATTR, None)
-    try:
-        with torch.inference_mode():
-            return m(batch, pool)
-    finally:
-        if saved is not None:
-            m.__dict__[FUSED_ATTR] = saved
-
-
 def _clone(pool: KVPool) -> KVPool:
     copy = KVPool.__new__(KVPool)
     copy.k, copy.v, copy.num_slots = [k.clone() for k in pool.k], [v.clone() for v in pool.v], pool.num_slots
@@ -93,16 +62,16 @@ def _clone(pool: KVPool) -> KVPool:
 def test_fused_step_is_bit_identical_to_the_op_by_op_step(model, contexts):
     family, m = model
     policy = get_policy(m)
-    batch = _decode_batch(contexts)
-    pool = _pool(m)
+    batch = decode_batch(contexts)
+    pool = random_pool(m)
     ops_pool, fused_pool = _clone(pool), _clone(pool)
     policy.counters.reset()
     policy.kernels.counters.reset()
-    want = _forward(m, batch, ops_pool, fused=False)
+    want = decode_logits(m, batch, ops_pool, fused=False)
     op_counts = (policy.counters.snapshot(), policy.kernels.counters.snapshot())
     policy.counters.reset()
     policy.kernels.counters.reset()
-    got = _forward(m, batch, fused_pool, fused=True)
+    got = decode_logits(m, batch, fused_pool, fused=True)
     kernels = policy.kernels.counters
     if family == "qwen2":  # q/k/v bias: qkv_proj is not packed, so the layers run op by op
         assert kernels.calls("decoder_layers", "fallback", "not_packable") == 1
@@ -120,18 +89,18 @@ def test_fused_step_is_bit_identical_to_the_op_by_op_step(model, contexts):
 def test_a_stale_packed_weight_is_never_used(fusing_model):
     family, m = fusing_model
     policy = get_policy(m)
-    batch = _decode_batch([30])
-    pool = _pool(m)
+    batch = decode_batch([30])
+    pool = random_pool(m)
     # One pool throughout: the step's plan is kept between calls and must see the write.
-    fresh = _forward(m, _decode_batch([30]), pool, fused=True)
-    assert torch.equal(_forward(m, _decode_batch([30]), pool, fused=True), fresh)
+    fresh = decode_logits(m, decode_batch([30]), pool, fused=True)
+    assert torch.equal(decode_logits(m, decode_batch([30]), pool, fused=True), fresh)
     down = m.model.layers[1].mlp.down_proj
     before = down.weight.detach().clone()
     policy.kernels.counters.reset()
     policy.counters.reset()
     try:
         down.weight.data.mul_(-1)  # a weight loader's write: bypasses the version counter
-        got = _forward(m, batch, pool, fused=True)
+        got = decode_logits(m, batch, pool, fused=True)
     finally:
         with torch.no_grad():
             down.weight.copy_(before)
@@ -142,13 +111,13 @@ def test_a_stale_packed_weight_is_never_used(fusing_model):
     assert not torch.equal(got, fresh)
     # The weight restored bit for bit (a new version, content as packed): fused again.
     repack(m)
-    again = _forward(m, _decode_batch([30]), pool, fused=True)
+    again = decode_logits(m, decode_batch([30]), pool, fused=True)
     assert policy.kernels.counters.calls("decoder_layers", "kernel") == 1
     assert torch.equal(again, fresh)
     # A write through the version counter is caught as well.
     with torch.no_grad():
         down.weight.mul_(1)
-    _forward(m, _decode_batch([30]), pool, fused=True)
+    decode_logits(m, decode_batch([30]), pool, fused=True)
     assert policy.kernels.counters.calls("decoder_layers", "fallback", "weight_mutated_in_place") == 1
     repack(m)
 
@@ -160,12 +129,12 @@ def test_prefill_and_kernels_off_run_op_by_op(fusing_model):
     kernels.reset()
     n = 12
     prefill = ForwardBatch(torch.arange(n), torch.arange(n), [n], [0], [torch.arange(n)], torch.arange(n))
-    _forward(m, prefill, _pool(m), fused=True)
+    decode_logits(m, prefill, random_pool(m), fused=True)
     assert kernels.calls("decoder_layers", "fallback", "prefill") == 1
     assert kernels.calls("decoder_layers", "kernel") == 0
     policy.kernels.enabled = False
     try:
-        _forward(m, _decode_batch([20]), _pool(m), fused=True)
+        decode_logits(m, decode_batch([20]), random_pool(m), fused=True)
         assert kernels.calls("decoder_layers", "fallback", "kernels_off") == 1
     finally:
         policy.kernels.enabled = True
@@ -173,12 +142,12 @@ def test_prefill_and_kernels_off_run_op_by_op(fusing_model):
 
 def test_a_bad_slot_is_an_error_before_anything_is_written(fusing_model):
     family, m = fusing_model
-    batch = _decode_batch([20])
+    batch = decode_batch([20])
     batch.kv_slots[0][3] = 10_000
-    pool = _pool(m)
+    pool = random_pool(m)
     before = _clone(pool)
     with pytest.raises(ValueError, match="outside the KV pool"):
-        _forward(m, batch, pool, fused=True)
+        decode_logits(m, batch, pool, fused=True)
     for a, b in zip(pool.k + pool.v, before.k + before.v):
         assert torch.equal(a, b)
 
@@ -195,8 +164,8 @@ def test_native_step_checks_every_extent_and_the_kernel_sets_layout(fusing_model
     from rvascend.ops.packed_linear import _native
 
     _, m = fusing_model
-    batch, pool = _decode_batch([5, 9]), _pool(m)
-    _forward(m, batch, pool, fused=True)
+    batch, pool = decode_batch([5, 9]), random_pool(m)
+    decode_logits(m, batch, pool, fused=True)
     fused = m.__dict__[FUSED_ATTR]
     plan = fused._plan
     c = m.config
@@ -247,11 +216,11 @@ def test_smollm2_shaped_fused_step_under_the_measured_gate(tmp_path, monkeypatch
     m = load_model(str(tmp_path), torch.bfloat16)
     report = install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", shape_gate="measured"))
     assert len(report.packed) == 4 * 2 + 1 and report.shape_gate == "measured"
-    batch, pool = _decode_batch([17, 40]), _pool(m)
+    batch, pool = decode_batch([17, 40]), random_pool(m)
     ops_pool, fused_pool = _clone(pool), _clone(pool)
-    want = _forward(m, batch, ops_pool, fused=False)
+    want = decode_logits(m, batch, ops_pool, fused=False)
     get_policy(m).kernels.counters.reset()
-    got = _forward(m, batch, fused_pool, fused=True)
+    got = decode_logits(m, batch, fused_pool, fused=True)
     assert get_policy(m).kernels.counters.calls("decoder_layers", "kernel") == 1
     assert torch.equal(got, want)
     assert all(torch.equal(a, b) for a, b in zip(ops_pool.k + ops_pool.v, fused_pool.k + fused_pool.v))
@@ -267,10 +236,10 @@ def test_fused_step_with_the_packed_copy_as_the_weight(tmp_path):
     install_rvv_policy(keep, RvvPolicyConfig(compile_mode="eager", shape_gate="seed"))
     install_rvv_policy(drop, RvvPolicyConfig(compile_mode="eager", shape_gate="seed", drop_unpacked=True))
     assert "weight" not in drop.model.layers[0].mlp.down_proj._parameters
-    pool = _pool(keep)
-    batch = _decode_batch([9, 57, 23])
+    pool = random_pool(keep)
+    batch = decode_batch([9, 57, 23])
     kernels = get_policy(drop).kernels.counters
-    got, want = _forward(drop, batch, _clone(pool), fused=True), _forward(keep, batch, _clone(pool), fused=True)
+    got, want = decode_logits(drop, batch, _clone(pool), fused=True), decode_logits(keep, batch, _clone(pool), fused=True)
     assert kernels.calls("decoder_layers", "kernel") == 1
     assert torch.equal(got, want)
     # The step's plan is kept between calls; a reload replaces the packed weights it points at.
@@ -278,6 +247,6 @@ def test_fused_step_with_the_packed_copy_as_the_weight(tmp_path):
     drop.load_state_dict(state)
     keep.load_state_dict(state)
     repack(keep)
-    got, want = _forward(drop, batch, _clone(pool), fused=True), _forward(keep, batch, _clone(pool), fused=True)
+    got, want = decode_logits(drop, batch, _clone(pool), fused=True), decode_logits(keep, batch, _clone(pool), fused=True)
     assert kernels.calls("decoder_layers", "kernel") == 2
     assert torch.equal(got, want)
