@@ -1,6 +1,9 @@
 // One quantized GEMV/GEMM call per run, for instruction counting under QEMU
 // (bench/count_instructions.py) and timing on a board:
 //   quantized_linear_bench --format=Q4_0 --m=1 --n=2048 --k=2048 [--kernel_set=rvv] [--reps=1] [--threads=1]
+//                          [--copies=1]
+// --copies=N cycles through N copies of the weight: with more bytes than the
+// last-level cache, each call reads its weight from memory, as in a decode step.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +37,7 @@ int main(int argc, char** argv) {
   const int reps = std::stoi(Arg(argc, argv, "reps", "1"));
   const size_t threads = std::stoul(Arg(argc, argv, "threads", "1"));
   const std::string set_name = Arg(argc, argv, "kernel_set", "");
+  const size_t copies = std::stoul(Arg(argc, argv, "copies", "1"));
   const QuantKernelSet& set = FindQuantKernelSet(set_name);
   const size_t tile = QuantKernelSetTile(set);
   std::mt19937 rng(7);
@@ -47,8 +51,9 @@ int main(int argc, char** argv) {
       if (off + 1 < info.ggml_block_bytes) p[off + 1] &= 0x3b;
     }
   }
-  std::vector<uint8_t> packed(QuantLayoutBytes(format, n, k, tile));
-  RepackGgmlWeight(format, ggml.data(), n, k, tile, packed.data(), threads);
+  const size_t layout_bytes = QuantLayoutBytes(format, n, k, tile);
+  std::vector<uint8_t> packed(layout_bytes * copies);
+  for (size_t c = 0; c < copies; ++c) RepackGgmlWeight(format, ggml.data(), n, k, tile, packed.data() + c * layout_bytes, threads);
   std::vector<uint16_t> x(m * k), y(m * n);
   std::normal_distribution<float> normal;
   for (auto& v : x) v = FloatToBf16(normal(rng));
@@ -64,9 +69,12 @@ int main(int argc, char** argv) {
   args.output = y.data();
   args.output_stride = n;
   const auto start = std::chrono::steady_clock::now();
-  for (int r = 0; r < reps; ++r) QuantizedLinear(set, args, threads);
+  for (int r = 0; r < reps; ++r) {
+    args.weight = packed.data() + (r % copies) * layout_bytes;
+    QuantizedLinear(set, args, threads);
+  }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
-  std::printf("%s %s tile=%zu m=%zu n=%zu k=%zu: %.3f ms/call, weight %.1f GB/s\n", set.name, info.name, tile, m, n,
-              k, s * 1e3, packed.size() / s / 1e9);
+  std::printf("%s %s tile=%zu m=%zu n=%zu k=%zu copies=%zu: %.3f ms/call, weight %.1f GB/s\n", set.name, info.name,
+              tile, m, n, k, copies, s * 1e3, layout_bytes / s / 1e9);
   return 0;
 }
