@@ -38,6 +38,8 @@ const Entry kEntries[] = {
     {{"portable_avx512", true, bf16_gemv_packed_ukernel_1x64__portable_avx512, 64,
       bf16_gemm_packed_ukernel_4x32__portable_avx512, 4, 32},
      [](const CpuFeatures& f) { return f.avx512; }},
+    {{"avx2", true, bf16_gemv_packed_ukernel_1x64__portable_avx2, 64, bf16_gemm_packed_ukernel_6x32__avx2, 6, 32},
+     [](const CpuFeatures& f) { return f.avx2; }},
     {{"portable_avx2", true, bf16_gemv_packed_ukernel_1x64__portable_avx2, 64,
       bf16_gemm_packed_ukernel_4x32__portable_avx2, 4, 32},
      [](const CpuFeatures& f) { return f.avx2; }},

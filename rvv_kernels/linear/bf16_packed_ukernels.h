@@ -24,6 +24,9 @@ RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_4x32__portable_avx2)
 RVASCEND_DECLARE_UKERNEL(bf16_gemv_packed_ukernel_1x64__portable_avx512)
 RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_4x32__portable_avx512)
 
+// x86-64 AVX2 + FMA: six rows in registers (the portable 4x32 tile spills there).
+RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_6x32__avx2)
+
 // x86-64 AVX512-BF16 (vdpbf16ps) host kernels.
 RVASCEND_DECLARE_UKERNEL(bf16_gemv_packed_ukernel_1x64__avx512bf16)
 RVASCEND_DECLARE_UKERNEL(bf16_gemm_packed_ukernel_8x32__avx512bf16)
