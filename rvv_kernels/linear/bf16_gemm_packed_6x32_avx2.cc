@@ -23,10 +23,7 @@ namespace {
 
 constexpr size_t kHalf = 16;
 
-inline __m256 Widen(const uint16_t* p) {
-  return _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-}
+inline __m256 Widen(const uint16_t* p) { return static_cast<__m256>(simd::LoadBf16(p)); }
 
 // Columns [0, cols) (cols <= 16) of rows [0, R) from the 16 packed columns at w.
 // Twelve named accumulators, not an array: GCC kept an array of them in memory

@@ -360,13 +360,12 @@ void QuantizeRowAvx2(const uint16_t* x, size_t k, size_t block, int8_t* q, float
       finite = _mm256_and_ps(finite, _mm256_cmp_ps(a, inf, _CMP_LT_OQ));  // false for NaN and infinity
       vmax = _mm256_max_ps(vmax, a);
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    const float amax = simd::MaxOf(static_cast<simd::VF>(vmax));
+    const bool all_finite = _mm256_movemask_ps(finite) == 0xff;
     float scale = 0.0f;  // what x is multiplied by
-    if (_mm256_movemask_ps(finite) != 0xff || amax == 0.0f) {
+    if (!all_finite || amax == 0.0f) {
       std::memset(qb, 0, block);
-      d[b] = _mm256_movemask_ps(finite) != 0xff ? NAN : 0.0f;
+      d[b] = all_finite ? 0.0f : NAN;
     } else if (block == 256) {
       // q8_K: the signed value of largest magnitude, its first occurrence.
       size_t at = 0;

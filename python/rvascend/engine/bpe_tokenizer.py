@@ -55,8 +55,16 @@ def byte_to_unicode() -> dict[int, str]:
 
 
 @functools.lru_cache(maxsize=1)
-def unicode_to_byte() -> dict[str, int]:
+def _unicode_to_byte() -> dict[str, int]:
     return {c: b for b, c in byte_to_unicode().items()}
+
+
+def byte_level_bytes(piece: str) -> Optional[bytes]:
+    """A byte-level BPE vocabulary entry's bytes (each character one byte of the
+    alphabet above), or None when a character is outside the alphabet."""
+    to_byte = _unicode_to_byte()
+    mapped = [to_byte.get(c) for c in piece]
+    return None if None in mapped else bytes(mapped)
 
 
 @dataclasses.dataclass
@@ -135,7 +143,6 @@ class BpeTokenizer:
         if decoder is not None and decoder.get("type") != "ByteLevel":
             raise UnsupportedTokenizer(f"decoder {decoder.get('type')!r} (only ByteLevel)")
         self.b2u = byte_to_unicode()
-        self.u2b = unicode_to_byte()
         self._cache: dict[str, list[int]] = {}
 
     @classmethod
@@ -264,8 +271,8 @@ class BpeTokenizer:
             token = self.by_id.get(i)
             if token is None or (skip_special_tokens and i in self.special_ids):
                 continue
-            mapped = [self.u2b.get(c) for c in token]
-            buf.extend(token.encode("utf-8") if None in mapped else bytes(mapped))
+            data = byte_level_bytes(token)
+            buf.extend(token.encode("utf-8") if data is None else data)
         return buf.decode("utf-8", errors="replace")
 
     def id_to_token(self, i: int) -> Optional[str]:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from absl import logging
 
-from rvascend.engine.bpe_tokenizer import unicode_to_byte
+from rvascend.engine.bpe_tokenizer import byte_level_bytes
 from rvascend.engine.chat_template import ChatTemplate
 
 # The special tokens transformers hands a chat template (its SPECIAL_TOKENS_ATTRIBUTES).
@@ -112,16 +112,13 @@ def _load_tokenizer_json(text: str, source: str):
 
 
 def _piece_bytes(piece: Optional[str]) -> Optional[bytes]:
-    """A vocabulary entry's bytes: a byte-fallback token (<0xE2>) or a byte-level
-    BPE token (each character one byte of byte_to_unicode's alphabet)."""
+    """A vocabulary entry's bytes: a byte-fallback token (<0xE2>) or a byte-level BPE token."""
     if piece is None:
         return None
     match = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
     if match:
         return bytes([int(match.group(1), 16)])
-    to_byte = unicode_to_byte()
-    mapped = [to_byte.get(c) for c in piece]
-    return None if None in mapped else bytes(mapped)
+    return byte_level_bytes(piece)
 
 
 def _token_text(token: Any) -> Optional[str]:

@@ -82,8 +82,10 @@ class LogprobFormat:
         self.tok = tokenizer
         self.chat = chat
 
-    def format(self, tokens: list[int], logprobs: list[float], top: list, offset: int = 0,
-               counter: Optional["TextOffsets"] = None) -> dict[str, Any]:
+    def format(self, tokens: list[int], logprobs: list[float], top: list,
+               offsets: Optional[TextOffsets] = None) -> dict[str, Any]:
+        """`offsets` carries text_offset across calls (a stream's chunks); by default
+        the offsets start at 0."""
         texts = [self.tok.token_text(t) for t in tokens]
         if self.chat:
             return {"content": [
@@ -91,8 +93,8 @@ class LogprobFormat:
                  "top_logprobs": [{"token": self.tok.token_text(i), "logprob": v,
                                    "bytes": list(self.tok.token_bytes(i))} for i, v in (tp or ())]}
                 for t, s, lp, tp in zip(tokens, texts, logprobs, top)]}
-        counter = counter or TextOffsets(self.tok, offset)
-        return {"tokens": texts, "token_logprobs": logprobs, "text_offset": [counter.advance(t) for t in tokens],
+        offsets = offsets or TextOffsets(self.tok)
+        return {"tokens": texts, "token_logprobs": logprobs, "text_offset": [offsets.advance(t) for t in tokens],
                 "top_logprobs": [{self.tok.token_text(i): v for i, v in tp} if tp is not None else None
                                  for tp in top]}
 
@@ -107,7 +109,8 @@ def choice(index: int, state: ChoiceState, chat: bool, logprobs: Optional[Logpro
     text = prefix + "".join(state.text)
     c: dict[str, Any] = {"index": index, "finish_reason": openai_reason(state.reason),
                          "matched_stop": state.matched_stop,
-                         "logprobs": logprobs.format(state.tokens, state.logprobs, state.top, len(prefix))
+                         "logprobs": logprobs.format(state.tokens, state.logprobs, state.top,
+                                                      TextOffsets(logprobs.tok, len(prefix)))
                          if logprobs else None}
     if chat:
         c["message"] = {"role": "assistant", "content": text}
@@ -120,7 +123,7 @@ def chunk_choice(index: int, out: Output, chat: bool, logprobs: Optional[Logprob
                  first: bool = False, prefix: str = "", offsets: Optional[TextOffsets] = None) -> dict[str, Any]:
     lp = None
     if logprobs and out.logprob is not None and out.token_id is not None:
-        lp = logprobs.format([out.token_id], [out.logprob], [out.top_logprobs], counter=offsets)
+        lp = logprobs.format([out.token_id], [out.logprob], [out.top_logprobs], offsets)
     reason = openai_reason(out.finish_reason) if out.finished else None
     if chat:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}

@@ -307,7 +307,7 @@ def test_logprobs_name_byte_tokens_apart(server):
     # Offsets count characters: "–" (e2 80 93) is one, complete after its third byte.
     dash = [next(i for i in range(tok.vocab_size) if tok.token_bytes(i) == bytes([0x93]))]
     offsets = responses.LogprobFormat(tok, chat=False).format([other, e2, x80] + dash + [other], [0.0] * 5,
-                                                              [None] * 5, offset=4)["text_offset"]
+                                                              [None] * 5, responses.TextOffsets(tok, 4))["text_offset"]
     assert offsets == [4, 5, 5, 5, 6]
     # Through the server: tokens forced by logit_bias come back under their byte names.
     r = server.http.post("/v1/completions", json={"prompt": "bytes", "max_tokens": 2, "temperature": 0,
