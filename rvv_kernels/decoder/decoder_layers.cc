@@ -132,11 +132,11 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
     const DecoderLayerWeights& w = layers[l];
     mark(0);
     if (l == 0) {  // the stream starts as the first layer's input
-      RmsNormRows(ew, t, s.hidden, layer_in, s.hidden, nullptr, 0, w.input_norm, s.norm_eps, x, nullptr,
+      RmsNormRows(ew, t, s.hidden, layer_in, s.hidden, nullptr, 0, w.input_norm, s.norm_eps, false, x, nullptr,
                   num_threads);
       std::memcpy(res, layer_in, bytes);
     } else {
-      RmsNormRows(ew, t, s.hidden, layer_in, s.hidden, res, s.hidden, w.input_norm, s.norm_eps, x, res_tmp,
+      RmsNormRows(ew, t, s.hidden, layer_in, s.hidden, res, s.hidden, w.input_norm, s.norm_eps, false, x, res_tmp,
                   num_threads);
       std::swap(res, res_tmp);
     }
@@ -156,7 +156,7 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
     mark(4);
     Project(kernels, w.o, s.hidden, q_n, attn, t, o, num_threads);
     mark(5);
-    RmsNormRows(ew, t, s.hidden, o, s.hidden, res, s.hidden, w.post_attention_norm, s.norm_eps, x, res_tmp,
+    RmsNormRows(ew, t, s.hidden, o, s.hidden, res, s.hidden, w.post_attention_norm, s.norm_eps, false, x, res_tmp,
                 num_threads);
     std::swap(res, res_tmp);
     mark(6);

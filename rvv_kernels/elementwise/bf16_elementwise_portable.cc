@@ -11,23 +11,28 @@ namespace {
 
 float R(float x) { return Bf16ToFloat(FloatToBf16(x)); }
 
-// out[i] = bf16(w[i] * bf16(h[i] * rinv)) over h (BF16 values held in FP32).
-void NormRow(const float* h, const uint16_t* weight, size_t d, float eps, uint16_t* out) {
+// out[i] = bf16(w[i] * bf16(h[i] * rinv)), or zero-centred bf16(h[i] * rinv * (1 + w[i]))
+// over h (BF16 values held in FP32).
+void NormRow(const float* h, const uint16_t* weight, size_t d, float eps, bool zero_centred, uint16_t* out) {
   float sq = 0.0f;
   for (size_t i = 0; i < d; ++i) sq += h[i] * h[i];
   const float rinv = 1.0f / std::sqrt(sq / static_cast<float>(d) + eps);
+  if (zero_centred) {
+    for (size_t i = 0; i < d; ++i) out[i] = FloatToBf16(h[i] * rinv * (1.0f + Bf16ToFloat(weight[i])));
+    return;
+  }
   for (size_t i = 0; i < d; ++i) out[i] = FloatToBf16(Bf16ToFloat(weight[i]) * R(h[i] * rinv));
 }
 
 void RmsNorm(const uint16_t* x, const uint16_t* residual, const uint16_t* weight, size_t d, float eps,
-             uint16_t* out, uint16_t* residual_out) {
+             bool zero_centred, uint16_t* out, uint16_t* residual_out) {
   float h[4096];
   float* buf = d <= 4096 ? h : new float[d];
   for (size_t i = 0; i < d; ++i) {
     buf[i] = residual ? R(Bf16ToFloat(x[i]) + Bf16ToFloat(residual[i])) : Bf16ToFloat(x[i]);
     if (residual) residual_out[i] = FloatToBf16(buf[i]);
   }
-  NormRow(buf, weight, d, eps, out);
+  NormRow(buf, weight, d, eps, zero_centred, out);
   if (buf != h) delete[] buf;
 }
 
@@ -47,7 +52,7 @@ void Rope(const uint16_t* x, size_t heads, size_t d, const uint16_t* norm_weight
     const uint16_t* row = x + h * d;
     if (norm_weight) {
       for (size_t i = 0; i < d; ++i) v[i] = Bf16ToFloat(row[i]);
-      NormRow(v, norm_weight, d, eps, normed);
+      NormRow(v, norm_weight, d, eps, false, normed);
       row = normed;
     }
     for (size_t i = 0; i < d; ++i) v[i] = Bf16ToFloat(row[i]);

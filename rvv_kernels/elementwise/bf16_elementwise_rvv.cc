@@ -38,12 +38,23 @@ void Scale(const uint16_t* h, const uint16_t* weight, size_t d, float rinv, uint
   }
 }
 
+// out = bf16(h * rinv * (1 + w)), one rounding (Qwen3.5's zero-centred norms).
+void ScaleZeroCentred(const uint16_t* h, const uint16_t* weight, size_t d, float rinv, uint16_t* out) {
+  for (size_t i = 0; i < d;) {
+    const size_t vl = V::SetVl(d - i);
+    const vfloat32m4_t t = __riscv_vfmul_vf_f32m4(V::LoadBf16(h + i, vl), rinv, vl);
+    V::StoreBf16(out + i, __riscv_vfmul_vv_f32m4(t, __riscv_vfadd_vf_f32m4(V::LoadBf16(weight + i, vl), 1.0f, vl), vl),
+                 vl);
+    i += vl;
+  }
+}
+
 float Rinv(float sum_squares, size_t d, float eps) {
   return 1.0f / std::sqrt(sum_squares / static_cast<float>(d) + eps);
 }
 
 void RmsNorm(const uint16_t* x, const uint16_t* residual, const uint16_t* weight, size_t d, float eps,
-             uint16_t* out, uint16_t* residual_out) {
+             bool zero_centred, uint16_t* out, uint16_t* residual_out) {
   const uint16_t* h = x;
   if (residual) {
     for (size_t i = 0; i < d;) {
@@ -54,7 +65,7 @@ void RmsNorm(const uint16_t* x, const uint16_t* residual, const uint16_t* weight
     }
     h = residual_out;
   }
-  Scale(h, weight, d, Rinv(SumSquares(h, d), d, eps), out);
+  (zero_centred ? ScaleZeroCentred : Scale)(h, weight, d, Rinv(SumSquares(h, d), d, eps), out);
 }
 
 void SiluMul(const uint16_t* gate_up, size_t d, uint16_t* out) {

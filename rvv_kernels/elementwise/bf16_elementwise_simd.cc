@@ -54,8 +54,15 @@ void Scale(const uint16_t* h, const uint16_t* weight, size_t d, float rinv, uint
   });
 }
 
+// out = bf16(h * rinv * (1 + w)), one rounding (Qwen3.5's zero-centred norms).
+void ScaleZeroCentred(const uint16_t* h, const uint16_t* weight, size_t d, float rinv, uint16_t* out) {
+  Chunks(d, [&](size_t i, size_t n) {
+    StoreBf16N(out + i, LoadBf16N(h + i, n) * rinv * (LoadBf16N(weight + i, n) + 1.0f), n);
+  });
+}
+
 void RmsNorm(const uint16_t* x, const uint16_t* residual, const uint16_t* weight, size_t d, float eps,
-             uint16_t* out, uint16_t* residual_out) {
+             bool zero_centred, uint16_t* out, uint16_t* residual_out) {
   const uint16_t* h = x;
   if (residual) {
     // The BF16 sum is the residual stream's next value and the norm's input: stored once, read back.
@@ -64,7 +71,7 @@ void RmsNorm(const uint16_t* x, const uint16_t* residual, const uint16_t* weight
     });
     h = residual_out;
   }
-  Scale(h, weight, d, Rinv(SumSquares(h, d), d, eps), out);
+  (zero_centred ? ScaleZeroCentred : Scale)(h, weight, d, Rinv(SumSquares(h, d), d, eps), out);
 }
 
 void SiluMul(const uint16_t* gate_up, size_t d, uint16_t* out) {

@@ -49,12 +49,12 @@ std::vector<std::string> AvailableElementwiseKernels() {
 }
 
 void RmsNormRows(const ElementwiseKernels& k, size_t rows, size_t d, const uint16_t* x, size_t x_stride,
-                 const uint16_t* residual, size_t residual_stride, const uint16_t* weight, float eps, uint16_t* out,
-                 uint16_t* residual_out, size_t num_threads) {
+                 const uint16_t* residual, size_t residual_stride, const uint16_t* weight, float eps,
+                 bool zero_centred, uint16_t* out, uint16_t* residual_out, size_t num_threads) {
   Require(d > 0, "rms_norm: the row length must be positive");
   ThreadPool::Global().ParallelFor(rows, num_threads, [&](size_t r) {
-    k.rms_norm(x + r * x_stride, residual ? residual + r * residual_stride : nullptr, weight, d, eps, out + r * d,
-               residual ? residual_out + r * d : nullptr);
+    k.rms_norm(x + r * x_stride, residual ? residual + r * residual_stride : nullptr, weight, d, eps, zero_centred,
+               out + r * d, residual ? residual_out + r * d : nullptr);
   });
 }
 

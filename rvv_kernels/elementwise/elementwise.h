@@ -18,10 +18,11 @@ const ElementwiseKernels& ChooseElementwiseKernels(const std::string& name);
 std::vector<std::string> AvailableElementwiseKernels();
 
 // out[r] = rms_norm(x[r] (+ residual[r])); residual_out[r] = x[r] + residual[r]
-// (residual may be null; then residual_out is not written).
+// (residual may be null; then residual_out is not written). zero_centred scales
+// by (1 + weight) (elementwise_ukernels.h).
 void RmsNormRows(const ElementwiseKernels& k, size_t rows, size_t d, const uint16_t* x, size_t x_stride,
-                 const uint16_t* residual, size_t residual_stride, const uint16_t* weight, float eps, uint16_t* out,
-                 uint16_t* residual_out, size_t num_threads);
+                 const uint16_t* residual, size_t residual_stride, const uint16_t* weight, float eps,
+                 bool zero_centred, uint16_t* out, uint16_t* residual_out, size_t num_threads);
 
 // out[r, :d] = silu(x[r, :d]) * x[r, d:2d]
 void SiluMulRows(const ElementwiseKernels& k, size_t rows, size_t d, const uint16_t* x, size_t x_stride,

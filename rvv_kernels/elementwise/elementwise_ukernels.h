@@ -4,6 +4,8 @@
 //
 // rms_norm:  h = bf16(x + residual) (or x), t = bf16(h * rsqrt(mean(h^2) + eps)),
 //            out = bf16(weight * t); residual_out = h when a residual is given.
+//            zero_centred (Qwen3.5, Qwen3-Next): out = bf16(h * rsqrt(...) * (1 + weight)),
+//            FP32 throughout and rounded once, as their torch code computes it.
 // silu_mul:  out = bf16(bf16(silu(gate)) * up) for a row [gate | up] of 2d.
 // rope:      per head of d (rotate-half RoPE), after an optional per-head RMSNorm
 //            as above: out = bf16(bf16(x * cos) + bf16(rot(x) * sin)),
@@ -22,7 +24,7 @@ namespace rvascend {
 struct ElementwiseKernels {
   const char* name;
   void (*rms_norm)(const uint16_t* x, const uint16_t* residual, const uint16_t* weight, size_t d, float eps,
-                   uint16_t* out, uint16_t* residual_out);
+                   bool zero_centred, uint16_t* out, uint16_t* residual_out);
   void (*silu_mul)(const uint16_t* gate_up, size_t d, uint16_t* out);
   // One token: `heads` rows of d at x (rows d apart), cos/sin rows of d.
   void (*rope)(const uint16_t* x, size_t heads, size_t d, const uint16_t* norm_weight, float eps,

@@ -17,6 +17,7 @@ from rvascend.policy.kernel_routes import routes_of
 
 class RMSNorm(nn.Module):
     rvv_kernels = ("rms_norm", "add_rms_norm")
+    zero_centred = False  # the kernels' scale: weight, or 1 + weight (ZeroCenteredRMSNorm)
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -26,7 +27,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         routes = routes_of(self)
         if routes is not None and routes.use("rms_norm", x, self.weight, rows=x.numel() // x.shape[-1]):
-            return ops.elementwise.rms_norm(x, self.weight, self.eps)
+            return ops.elementwise.rms_norm(x, self.weight, self.eps, self.zero_centred)
+        return self.torch_forward(x)
+
+    def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
         # FP32 statistics, as the reference implementations compute them.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -40,7 +44,7 @@ class RMSNorm(nn.Module):
         routes = routes_of(self)
         if routes is not None and routes.use("add_rms_norm", x, residual, self.weight,
                                              rows=x.numel() // x.shape[-1]):
-            return ops.elementwise.add_rms_norm(x, residual, self.weight, self.eps)
+            return ops.elementwise.add_rms_norm(x, residual, self.weight, self.eps, self.zero_centred)
         h = x + residual
         return self(h), h
 

@@ -25,25 +25,23 @@ from torch import nn
 from rvascend.models.chunked_delta_rule import chunked_gated_delta_rule
 from rvascend.models.config import ModelConfig
 from rvascend.models.decoder import MLP, Attention, CausalLM, DecoderModel, ForwardBatch, KVPool
-from rvascend.models.layers import FusedLinear, RotaryEmbedding, apply_rotary
+from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, apply_rotary
 
 
-class ZeroCenteredRMSNorm(nn.Module):
-    """RMSNorm scaling by (1 + w), in FP32, rounded once at the end (Qwen3.5, Qwen3-Next)."""
+class ZeroCenteredRMSNorm(RMSNorm):
+    """RMSNorm scaling by (1 + w), in FP32, rounded once at the end (Qwen3.5, Qwen3-Next);
+    routed to the elementwise kernels' zero-centred form."""
+
+    zero_centred = True
 
     def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
+        super().__init__(dim, eps)
+        nn.init.zeros_(self.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * (1.0 + self.weight.float())).to(x.dtype)
-
-    def add_forward(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        h = x if residual is None else x + residual
-        return self(h), h
 
 
 class GatedRMSNorm(nn.Module):

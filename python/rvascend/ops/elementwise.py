@@ -1,6 +1,7 @@
 """Per-layer elementwise torch ops over BF16 rows (the elementwise kernel family).
 
-- `rms_norm(x, weight, eps)` and `add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)`
+- `rms_norm(x, weight, eps)` and `add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)`;
+  with `zero_centred=True` they scale by (1 + weight) in FP32 and round once (Qwen3.5's norms)
 - `silu_mul(x[..., 2d]) -> silu(x[..., :d]) * x[..., d:]`
 - `rope(x[T, heads * D] (rows may be a slice of a wider row), heads, norm_weight, eps, cos, sin)`
   -> [T, heads, D]: per-head RMSNorm (optional, Qwen3's q/k norm) then rotate-half RoPE
@@ -20,8 +21,8 @@ import torch
 from rvascend.ops.packed_linear import _native, eager_call, register_fake
 
 for schema in (
-        "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
-        "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+        "rms_norm(Tensor x, Tensor weight, float eps, bool zero_centred=False) -> Tensor",
+        "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, bool zero_centred=False) -> (Tensor, Tensor)",
         "silu_mul(Tensor x) -> Tensor",
         "rope(Tensor x, int heads, Tensor? norm_weight, float eps, Tensor cos, Tensor sin) -> Tensor",
         "argmax(Tensor x) -> Tensor"):
@@ -58,7 +59,7 @@ def _check_norm(name: str, x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"{name}: rows must not be empty")
 
 
-def _norm(name: str, x, residual, weight, eps):
+def _norm(name: str, x, residual, weight, eps, zero_centred):
     """rms_norm of x (after adding residual when given): (normed, x + residual or None)."""
     _bf16(name, x=x, weight=weight, **({"residual": residual} if residual is not None else {}))
     _check_norm(name, x, weight)
@@ -74,19 +75,19 @@ def _norm(name: str, x, residual, weight, eps):
         res_out = torch.empty((rows, d), dtype=torch.bfloat16)
     _native.rms_norm(rows, d, x2.data_ptr(), x2.stride(0) if rows > 1 else d,
                      r2.data_ptr() if r2 is not None else 0, r2.stride(0) if r2 is not None and rows > 1 else d,
-                     w.data_ptr(), float(eps), out.data_ptr(), res_out.data_ptr() if res_out is not None else 0,
+                     w.data_ptr(), float(eps), bool(zero_centred), out.data_ptr(), res_out.data_ptr() if res_out is not None else 0,
                      torch.get_num_threads())
     if x.dim() == 2:
         return out, res_out
     return out.reshape(x.shape), res_out.reshape(x.shape) if res_out is not None else None
 
 
-def _rms_norm_cpu(x, weight, eps):
-    return _norm("rms_norm", x, None, weight, eps)[0]
+def _rms_norm_cpu(x, weight, eps, zero_centred=False):
+    return _norm("rms_norm", x, None, weight, eps, zero_centred)[0]
 
 
-def _add_rms_norm_cpu(x, residual, weight, eps):
-    return _norm("add_rms_norm", x, residual, weight, eps)
+def _add_rms_norm_cpu(x, residual, weight, eps, zero_centred=False):
+    return _norm("add_rms_norm", x, residual, weight, eps, zero_centred)
 
 
 def _silu_mul_cpu(x):
@@ -141,12 +142,12 @@ torch.library.impl("rvascend::argmax", "CPU")(_argmax_cpu)
 
 
 @register_fake("rvascend::rms_norm")
-def _rms_norm_fake(x, weight, eps):
+def _rms_norm_fake(x, weight, eps, zero_centred=False):
     return torch.empty_like(x)
 
 
 @register_fake("rvascend::add_rms_norm")
-def _add_rms_norm_fake(x, residual, weight, eps):
+def _add_rms_norm_fake(x, residual, weight, eps, zero_centred=False):
     return torch.empty_like(x), torch.empty_like(x)
 
 
@@ -165,14 +166,14 @@ def _argmax_fake(x):
     return x.new_empty((x.shape[0],), dtype=torch.int64)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return eager_call(torch.ops.rvascend.rms_norm, _rms_norm_cpu, x, weight, eps)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool = False) -> torch.Tensor:
+    return eager_call(torch.ops.rvascend.rms_norm, _rms_norm_cpu, x, weight, eps, zero_centred)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 zero_centred: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual), the sum rounded to BF16 once."""
-    return eager_call(torch.ops.rvascend.add_rms_norm, _add_rms_norm_cpu, x, residual, weight, eps)
+    return eager_call(torch.ops.rvascend.add_rms_norm, _add_rms_norm_cpu, x, residual, weight, eps, zero_centred)
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:

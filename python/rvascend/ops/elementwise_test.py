@@ -49,6 +49,31 @@ def test_rms_norm_and_add_rms_norm_match_the_torch_layer(rows, d):
     assert _ulps(got, exact).max() <= 2
 
 
+@pytest.mark.parametrize("rows,d", [(1, 1024), (4, 576), (3, 7), (2, 3000)])
+def test_zero_centred_norm_matches_transformers_qwen3_5(rows, d):
+    """Qwen3.5's norms scale by 1 + w in FP32 and round once: transformers' own layer is the reference."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+
+    g = torch.Generator().manual_seed(d)
+    x = (torch.randn(rows, d, generator=g) * 3).bfloat16()
+    r = torch.randn(rows, d, generator=g).bfloat16()
+    w = (0.3 * torch.randn(d, generator=g)).bfloat16()
+    theirs = Qwen3_5RMSNorm(d, 1e-6).bfloat16()
+    with torch.no_grad():
+        theirs.weight.copy_(w)
+        want, want_add = theirs(x), theirs(x + r)
+    got = E.rms_norm(x, w, 1e-6, zero_centred=True)
+    got_add, got_sum = E.add_rms_norm(x, r, w, 1e-6, zero_centred=True)
+    assert torch.equal(got_sum, x + r)
+    # One rounding: at most 1 ulp from theirs where the FP32 statistics differ in the last bit.
+    assert _ulps(got, want).max() <= 1 and _ulps(got_add, want_add).max() <= 1
+    assert (got != want).float().mean() < 0.01 and (got_add != want_add).float().mean() < 0.01
+    exact = (1 + w.double()) * x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert _ulps(got, exact).max() <= 0.51
+    plain = E.rms_norm(x, w, 1e-6)  # the flag changes the answer
+    assert not torch.equal(plain, got)
+
+
 def test_silu_mul_matches_torch():
     g = torch.Generator().manual_seed(1)
     x = (torch.randn(3, 2 * 3072, generator=g) * 4).bfloat16()

@@ -233,7 +233,8 @@ void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, size
 // The elementwise ops: shapes, strides and dtypes are checked by the torch ops
 // (elementwise.py) and the row drivers; only pointers cross here.
 void RmsNorm(size_t rows, size_t d, uintptr_t x, size_t x_stride, uintptr_t residual, size_t residual_stride,
-             uintptr_t weight, float eps, uintptr_t out, uintptr_t residual_out, size_t num_threads) {
+             uintptr_t weight, float eps, bool zero_centred, uintptr_t out, uintptr_t residual_out,
+             size_t num_threads) {
   if (rows == 0) return;
   const ElementwiseKernels& k = ChooseElementwiseKernels("");
   const uint16_t* res = residual ? Pointer<const uint16_t>(residual, "residual") : nullptr;
@@ -242,7 +243,8 @@ void RmsNorm(size_t rows, size_t d, uintptr_t x, size_t x_stride, uintptr_t resi
   const uint16_t* wp = Pointer<const uint16_t>(weight, "weight");
   uint16_t* op = Pointer<uint16_t>(out, "out");
   py::gil_scoped_release release;
-  RmsNormRows(k, rows, d, xp, x_stride, res, residual_stride, wp, eps, op, res_out, num_threads ? num_threads : 1);
+  RmsNormRows(k, rows, d, xp, x_stride, res, residual_stride, wp, eps, zero_centred, op, res_out,
+              num_threads ? num_threads : 1);
 }
 
 void SiluMul(size_t rows, size_t d, uintptr_t x, size_t x_stride, uintptr_t out, size_t num_threads) {
@@ -570,8 +572,9 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("attention_kernel_has_block_form", &AttentionKernelHasBlockForm, py::arg("kernel") = "",
         "Whether the kernel (default: the best this CPU runs) computes prefill rows as blocks.");
   m.def("rms_norm", &RmsNorm, py::arg("rows"), py::arg("d"), py::arg("x"), py::arg("x_stride"),
-        py::arg("residual"), py::arg("residual_stride"), py::arg("weight"), py::arg("eps"), py::arg("out"),
-        py::arg("residual_out"), py::arg("num_threads"), "RMSNorm of BF16 rows, optionally after a residual add.");
+        py::arg("residual"), py::arg("residual_stride"), py::arg("weight"), py::arg("eps"),
+        py::arg("zero_centred"), py::arg("out"), py::arg("residual_out"), py::arg("num_threads"),
+        "RMSNorm of BF16 rows (scaled by 1 + weight when zero_centred), optionally after a residual add.");
   m.def("silu_mul", &SiluMul, py::arg("rows"), py::arg("d"), py::arg("x"), py::arg("x_stride"), py::arg("out"),
         py::arg("num_threads"), "silu(x[:, :d]) * x[:, d:] of BF16 rows.");
   m.def("rope", &Rope, py::arg("tokens"), py::arg("heads"), py::arg("d"), py::arg("x"), py::arg("x_stride"),

@@ -67,7 +67,9 @@ int main(int argc, char** argv) {
   for (const std::string& name : order) {
     const rvascend::ElementwiseKernels& k = rvascend::ChooseElementwiseKernels(name);
     const std::pair<const char*, std::function<void()>> ops[] = {
-        {"add_rms_norm", [&] { k.rms_norm(x.data(), r.data(), w.data(), width, 1e-6f, out.data(), res.data()); }},
+        {"add_rms_norm", [&] { k.rms_norm(x.data(), r.data(), w.data(), width, 1e-6f, false, out.data(), res.data()); }},
+        {"add_rms_norm_zero_centred",
+         [&] { k.rms_norm(x.data(), r.data(), w.data(), width, 1e-6f, true, out.data(), res.data()); }},
         {"silu_mul", [&] { k.silu_mul(gate_up.data(), mlp, out.data()); }},
         {"qk_norm_rope", [&] { k.rope(q.data(), heads, d, qn.data(), 1e-6f, cs.data(), sn.data(), out.data()); }},
         {"argmax", [&] { index += k.argmax(logits.data(), vocab); }},

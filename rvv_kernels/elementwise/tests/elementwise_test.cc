@@ -34,12 +34,15 @@ std::vector<uint16_t> Random(std::mt19937& rng, size_t n, float scale, float mea
 
 void TestRmsNorm(const ElementwiseKernels& k, std::mt19937& rng) {
   for (size_t d : {1, 7, 64, 100, 576, 1024, 3000}) {
-    for (bool with_residual : {false, true}) {
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool with_residual = mode & 1, zero_centred = mode & 2;
       const size_t rows = 3;
-      auto x = Random(rng, rows * d, 2.0f), r = Random(rng, rows * d, 1.0f), w = Random(rng, d, 0.5f, 1.0f);
+      // Zero-centred weights sit near 0 (the scale is 1 + w); plain ones near 1.
+      auto x = Random(rng, rows * d, 2.0f), r = Random(rng, rows * d, 1.0f),
+           w = Random(rng, d, 0.5f, zero_centred ? 0.0f : 1.0f);
       std::vector<uint16_t> out(rows * d), res(rows * d, 0);
-      RmsNormRows(k, rows, d, x.data(), d, with_residual ? r.data() : nullptr, d, w.data(), 1e-6f, out.data(),
-                  res.data(), 2);
+      RmsNormRows(k, rows, d, x.data(), d, with_residual ? r.data() : nullptr, d, w.data(), 1e-6f, zero_centred,
+                  out.data(), res.data(), 2);
       int bad = 0;
       for (size_t row = 0; row < rows; ++row) {
         std::vector<double> h(d);
@@ -52,11 +55,16 @@ void TestRmsNorm(const ElementwiseKernels& k, std::mt19937& rng) {
         }
         const double rinv = 1.0 / std::sqrt(sq / d + 1e-6);
         for (size_t i = 0; i < d; ++i) {
-          const double want = F(w[i]) * h[i] * rinv;
-          if (!(std::fabs(F(out[row * d + i]) - want) <= 2 * Bf16Ulp(want) + 1e-6)) ++bad;
+          const double want = (zero_centred ? 1.0 + F(w[i]) : F(w[i])) * h[i] * rinv;
+          // Zero-centred rounds once: half an ulp of the exact value plus FP32 slack (a second
+          // rounding, or 1 + w taken in BF16, exceeds it); the plain norm rounds twice.
+          const double tolerance =
+              zero_centred ? 0.5 * Bf16Ulp(want) + 1e-5 * std::fabs(want) + 1e-30 : 2 * Bf16Ulp(want) + 1e-6;
+          if (!(std::fabs(F(out[row * d + i]) - want) <= tolerance)) ++bad;
         }
       }
-      EXPECT(bad == 0, "%s rms_norm d=%zu residual=%d: %d bad", k.name, d, with_residual, bad);
+      EXPECT(bad == 0, "%s rms_norm d=%zu residual=%d zero_centred=%d: %d bad", k.name, d, with_residual,
+             zero_centred, bad);
     }
   }
 }
@@ -183,10 +191,12 @@ void TestAgainstPortable(const ElementwiseKernels& k, std::mt19937& rng) {
     const size_t rows = 4;
     auto x = Random(rng, rows * 2 * d, 2.0f), r = Random(rng, rows * 2 * d, 1.0f), w = Random(rng, d, 0.5f, 1.0f);
     std::vector<uint16_t> a(rows * d), b(rows * d), ra(rows * d), rb(rows * d);
-    RmsNormRows(k, rows, d, x.data(), 2 * d, r.data(), 2 * d, w.data(), 1e-6f, a.data(), ra.data(), 1);
-    RmsNormRows(p, rows, d, x.data(), 2 * d, r.data(), 2 * d, w.data(), 1e-6f, b.data(), rb.data(), 1);
-    compare(a, b);
-    compare(ra, rb);
+    for (bool zero_centred : {false, true}) {
+      RmsNormRows(k, rows, d, x.data(), 2 * d, r.data(), 2 * d, w.data(), 1e-6f, zero_centred, a.data(), ra.data(), 1);
+      RmsNormRows(p, rows, d, x.data(), 2 * d, r.data(), 2 * d, w.data(), 1e-6f, zero_centred, b.data(), rb.data(), 1);
+      compare(a, b);
+      compare(ra, rb);
+    }
     SiluMulRows(k, rows, d, x.data(), 2 * d, a.data(), 1);
     SiluMulRows(p, rows, d, x.data(), 2 * d, b.data(), 1);
     compare(a, b);
