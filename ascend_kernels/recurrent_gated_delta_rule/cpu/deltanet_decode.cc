@@ -5,52 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "cpu/deltanet_pieces.h"
 #include "cpu/elem_values.h"
 #include "cpu/rgdr_cpu.h"
 
 namespace rgdr {
 namespace {
-
-// x * rsqrt(sum(x^2) + 1e-6) * scale over n values.
-void L2Norm(float* x, size_t n, float scale) {
-  float sum = 0.0f;
-  for (size_t i = 0; i < n; ++i) sum += x[i] * x[i];
-  const float r = scale / std::sqrt(sum + 1e-6f);
-  for (size_t i = 0; i < n; ++i) x[i] *= r;
-}
-
-float Silu(float x) { return x / (1.0f + std::exp(-x)); }
-
-// Channels [0, n) of one token: y = round(silu(conv)), and each channel's
-// window slides by one (the oldest input leaves, x enters).
-template <typename T>
-void ConvSilu(const T* x, T* state, const T* weight, size_t n, size_t kept, float* y) {
-  for (size_t c = 0; c < n; ++c) {
-    T* s = state + c * kept;
-    const T* w = weight + c * (kept + 1);
-    float sum = 0.0f;
-    for (size_t j = 0; j < kept; ++j) sum += ToFloat(s[j]) * ToFloat(w[j]);
-    sum += ToFloat(x[c]) * ToFloat(w[kept]);
-    for (size_t j = 0; j + 1 < kept; ++j) s[j] = s[j + 1];
-    s[kept - 1] = x[c];
-    y[c] = RoundTo<T>(Silu(sum));
-  }
-}
-
-// One head of the delta rule's output: out = round(round(w * round(x * rms)) * silu(z)), x = round(o).
-template <typename T>
-void GatedNorm(float* o, const T* z, const T* weight, size_t n, float eps, T* out) {
-  float squares = 0.0f;
-  for (size_t i = 0; i < n; ++i) {
-    o[i] = RoundTo<T>(o[i]);
-    squares += o[i] * o[i];
-  }
-  const float rms = 1.0f / std::sqrt(squares / static_cast<float>(n) + eps);
-  for (size_t i = 0; i < n; ++i) {
-    const float scaled = RoundTo<T>(ToFloat(weight[i]) * RoundTo<T>(o[i] * rms));
-    out[i] = FromFloat<T>(scaled * Silu(ToFloat(z[i])));
-  }
-}
 
 template <typename T>
 void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
@@ -61,15 +21,16 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
   T* conv = static_cast<T*>(a.conv_state);
   std::vector<float> q(a.t * key), k(a.t * key), v(a.t * value), beta(a.t * a.nv), g(a.t * a.nv);
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(a.dk));
+  const DeltaNetPieces<T>& pieces = ChooseDeltaNetPieces<T>();
   for (uint32_t t = 0; t < a.t; ++t) {
     const T* x = mixed + t * a.mixed_stride;
     T* state = conv + static_cast<size_t>(a.slots[t]) * c_dim * kept;
-    ConvSilu(x, state, weight, key, kept, &q[t * key]);
-    ConvSilu(x + key, state + key * kept, weight + key * a.kernel, key, kept, &k[t * key]);
-    ConvSilu(x + 2 * key, state + 2 * key * kept, weight + 2 * key * a.kernel, value, kept, &v[t * value]);
+    pieces.conv_silu(x, state, weight, key, kept, &q[t * key]);
+    pieces.conv_silu(x + key, state + key * kept, weight + key * a.kernel, key, kept, &k[t * key]);
+    pieces.conv_silu(x + 2 * key, state + 2 * key * kept, weight + 2 * key * a.kernel, value, kept, &v[t * value]);
     for (uint32_t h = 0; h < a.nk; ++h) {
-      L2Norm(&q[t * key + h * a.dk], a.dk, q_scale);
-      L2Norm(&k[t * key + h * a.dk], a.dk, 1.0f);
+      pieces.l2norm(&q[t * key + h * a.dk], a.dk, q_scale);
+      pieces.l2norm(&k[t * key + h * a.dk], a.dk, 1.0f);
     }
     const T* b = static_cast<const T*>(a.b) + t * a.gate_stride;
     const T* gate_a = static_cast<const T*>(a.a) + t * a.gate_stride;
@@ -106,7 +67,7 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
   for (uint32_t t = 0; t < a.t; ++t) {
     for (uint32_t h = 0; h < a.nv; ++h) {
       const size_t head = t * value + h * a.dv;
-      GatedNorm(&o[head], static_cast<const T*>(a.z) + t * a.z_stride + h * a.dv,
+      pieces.gated_norm(&o[head], static_cast<const T*>(a.z) + t * a.z_stride + h * a.dv,
                 static_cast<const T*>(a.norm_weight), a.dv, a.norm_eps, static_cast<T*>(a.out) + head);
     }
   }

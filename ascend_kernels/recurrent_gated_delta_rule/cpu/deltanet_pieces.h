@@ -1,0 +1,44 @@
+// The per-token pieces of a Gated DeltaNet decode step (deltanet_decode.h)
+// around the delta rule, for one element type T: float, _Float16, or BF16
+// bits in uint16_t. Rounding ("round") is to T, where the PyTorch layer rounds.
+//
+//   conv_silu:  channels [0, n) of one token, state [n, kept] and weight
+//               [n, kept + 1]: y[c] = round(silu(s[c] . w[c][:kept] + x[c] w[c][kept]))
+//               in FP32, then each channel's window slides by one (x enters).
+//   l2norm:     x *= scale / sqrt(sum(x^2) + 1e-6) over n values.
+//   gated_norm: one head of n: o = round(o); out = round(round(w * round(o * rms)) * silu(z)),
+//               rms = 1 / sqrt(mean(o^2) + eps).
+//
+// The portable pieces are the scalar statement of these contracts; the RVV
+// ones (float and BF16) run the same steps over channels / values in vectors.
+#ifndef RGDR_CPU_DELTANET_PIECES_H_
+#define RGDR_CPU_DELTANET_PIECES_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rgdr {
+
+template <typename T>
+struct DeltaNetPieces {
+  const char* name;
+  void (*conv_silu)(const T* x, T* state, const T* weight, size_t n, size_t kept, float* y);
+  void (*l2norm)(float* x, size_t n, float scale);
+  void (*gated_norm)(float* o, const T* z, const T* weight, size_t n, float eps, T* out);
+};
+
+template <typename T>
+const DeltaNetPieces<T>& PortableDeltaNetPieces();
+
+#if defined(RVASCEND_HAVE_RVV)
+extern const DeltaNetPieces<float> kDeltaNetPiecesRvvF32;
+extern const DeltaNetPieces<uint16_t> kDeltaNetPiecesRvvBf16;
+#endif
+
+// The fastest pieces this CPU runs for T.
+template <typename T>
+const DeltaNetPieces<T>& ChooseDeltaNetPieces();
+
+}  // namespace rgdr
+
+#endif  // RGDR_CPU_DELTANET_PIECES_H_
