@@ -29,6 +29,10 @@ struct RgdrArgs {
   const int32_t* accepted = nullptr;    // optional [B]
   void* out = nullptr;
   float scale = 1.0f;
+  // CPU only, for prompts: a sequence's tokens before its last write no state
+  // (its slot's state is read once and the last token's written once), and
+  // sequences may be longer than kMaxMtp.
+  bool last_state_only = false;
 };
 
 }  // namespace rgdr

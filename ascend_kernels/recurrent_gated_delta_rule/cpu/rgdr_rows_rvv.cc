@@ -115,9 +115,9 @@ void Dots(size_t dk, const void* src, size_t a, size_t b, const float* k, const 
 }
 
 // Rows a (and b) of `src` (S elements) become c r + d k, written at the same
-// offsets of `dst` (E elements), and of the FP32 buffer `keep` when the
-// sequence has a next token.
-template <class S, class E, bool kTwo, bool kKeep>
+// offsets of `dst` (E elements) when kStore, and of the FP32 buffer `keep`
+// when the sequence has a next token.
+template <class S, class E, bool kTwo, bool kKeep, bool kStore = true>
 void Update(size_t dk, const void* src, size_t a, size_t b, float c, float da, float db, const float* k, void* dst,
             size_t dst_a, size_t dst_b, float* keep) {
   using V = typename E::Update;
@@ -126,11 +126,11 @@ void Update(size_t dk, const void* src, size_t a, size_t b, float c, float da, f
     const typename V::F kk = V::Load(k + i, vl);
     const typename V::F x = V::Fmacc(V::Scale(S::template Load<V>(src, a + i, vl), c, vl), da, kk, vl);
     if constexpr (kKeep) V::Store(keep + i, x, vl);
-    E::template Store<V>(dst, dst_a + i, x, vl);
+    if constexpr (kStore) E::template Store<V>(dst, dst_a + i, x, vl);
     if constexpr (kTwo) {
       const typename V::F y = V::Fmacc(V::Scale(S::template Load<V>(src, b + i, vl), c, vl), db, kk, vl);
       if constexpr (kKeep) V::Store(keep + dk + i, y, vl);
-      E::template Store<V>(dst, dst_b + i, y, vl);
+      if constexpr (kStore) E::template Store<V>(dst, dst_b + i, y, vl);
     }
     i += vl;
   }
@@ -139,7 +139,9 @@ void Update(size_t dk, const void* src, size_t a, size_t b, float c, float da, f
 template <class S, class E, bool kTwo>
 void UpdateRows(bool keep, size_t dk, const void* src, size_t a, size_t b, float c, float da, float db,
                 const float* k, void* dst, size_t dst_a, size_t dst_b, float* buffer) {
-  if (keep) {
+  if (keep && dst == nullptr) {  // a prompt's token before its last: the rows stay in the buffer only
+    Update<S, E, kTwo, true, false>(dk, src, a, b, c, da, db, k, dst, dst_a, dst_b, buffer);
+  } else if (keep) {
     Update<S, E, kTwo, true>(dk, src, a, b, c, da, db, k, dst, dst_a, dst_b, buffer);
   } else {
     Update<S, E, kTwo, false>(dk, src, a, b, c, da, db, k, dst, dst_a, dst_b, buffer);

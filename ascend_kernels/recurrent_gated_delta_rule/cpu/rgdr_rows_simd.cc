@@ -132,14 +132,14 @@ RGDR_INLINE void Update(size_t dk, size_t v, const TokenInputs& tok, const Token
   const float* __restrict nk = kNext ? next->k : nullptr;
   const float* __restrict nq = kNext ? next->q : nullptr;
   const float* __restrict egk = kNext && kEgk ? next->egk : nullptr;
-  T* dst = static_cast<T*>(tok.state_row0) + v * dk;
+  T* dst = tok.state_row0 != nullptr ? static_cast<T*>(tok.state_row0) + v * dk : nullptr;  // null: no store
   VF acc_k[R] = {}, acc_q[R] = {};
   float kv[R] = {}, rq[R] = {};
   for (size_t i = 0; i < body; i += kLanes) {
     const VF k = LoadF(tk + i);
     for (size_t r = 0; r < R; ++r) {
       VF x = c * LoadF(row + r * dk + i) + d[r] * k;
-      StoreV(dst + r * dk + i, x);
+      if (dst != nullptr) StoreV(dst + r * dk + i, x);
       if (kNext) {
         if (kEgk) x *= LoadF(egk + i);
         StoreF(row + r * dk + i, x);
@@ -151,7 +151,7 @@ RGDR_INLINE void Update(size_t dk, size_t v, const TokenInputs& tok, const Token
   for (size_t r = 0; r < R; ++r) {
     for (size_t i = body; i < dk; ++i) {
       float x = c * row[r * dk + i] + d[r] * tk[i];
-      Store1(dst + r * dk + i, x);
+      if (dst != nullptr) Store1(dst + r * dk + i, x);
       if (kNext) {
         if (kEgk) x *= egk[i];
         row[r * dk + i] = x;
@@ -203,12 +203,12 @@ RGDR_INLINE void RowBlockInRegisters(const T* in, size_t v, const TokenInputs* t
       d[j] = (Load1(static_cast<const T*>(tok.value) + v + j) - c * Sum(acc_k[j])) * tok.beta;
       Store1(static_cast<T*>(tok.out) + v + j, c * Sum(acc_q[j]) + d[j] * tok.kq);
     }
-    T* dst = static_cast<T*>(tok.state_row0) + v * dk;
+    T* dst = tok.state_row0 != nullptr ? static_cast<T*>(tok.state_row0) + v * dk : nullptr;
     for (size_t i = 0; i < kChunks; ++i) {
       const VF k = LoadF(tk + i * kLanes);
       for (size_t j = 0; j < R; ++j) {
         r[j][i] = c * r[j][i] + d[j] * k;
-        StoreV(dst + j * dk + i * kLanes, r[j][i]);
+        if (dst != nullptr) StoreV(dst + j * dk + i * kLanes, r[j][i]);
       }
     }
   }

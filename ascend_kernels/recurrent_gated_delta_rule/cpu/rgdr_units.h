@@ -40,7 +40,7 @@ struct TokenInputs {
   float kq;          // k . q
   const void* value;  // value[t, h, :] (elem type)
   void* out;          // out[t, h, :]
-  void* state_row0;   // state[slot of token t, h, 0, :]
+  void* state_row0;   // state[slot of token t, h, 0, :]; null: this token writes no state
 };
 
 // Rows a kernel may hold at once; `row` scratch is kMaxRowsAtOnce * dk floats.

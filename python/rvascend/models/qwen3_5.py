@@ -10,12 +10,14 @@ ordinary rotate-half RoPE). Every RMSNorm but the one inside the DeltaNet
 layer is zero-centred: it scales by (1 + w).
 
 Decode tokens run the delta rule through `torch.ops.rvascend.recurrent_gated_delta_rule`
-on the state pool; prompts run the chunked form (chunked_delta_rule.py),
-starting from the sequence's state when a chunked prefill continues.
+on the state pool; prompts run the chunked form (chunked_delta_rule.py), or on
+riscv64 the op's prompt form (token by token on its row kernels), starting from
+the sequence's state when a chunked prefill continues.
 """
 
 from __future__ import annotations
 
+import platform
 from typing import Optional
 
 import torch
@@ -26,6 +28,11 @@ from rvascend.models.chunked_delta_rule import chunked_gated_delta_rule
 from rvascend.models.config import ModelConfig
 from rvascend.models.decoder import MLP, Attention, CausalLM, DecoderModel, ForwardBatch, KVPool
 from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, apply_rotary
+
+# Prompts through the recurrence (the op's row kernels, token by token) instead of the
+# chunked form's matrix products: on riscv64 ATen's GEMMs are scalar, and the products
+# cost more than the per-token update in RVV rows.
+RECURRENT_PROMPTS = platform.machine() == "riscv64"
 
 
 class ZeroCenteredRMSNorm(RMSNorm):
@@ -130,6 +137,9 @@ class GatedDeltaNet(nn.Module):
                 q[rows].contiguous(), k[rows].contiguous(), v[rows].contiguous(), ssm_pool, beta[rows].contiguous(),
                 1.0, torch.ones(len(rows), dtype=torch.int64), torch.tensor(decode_slots, dtype=torch.int64),
                 g=g[rows].contiguous())
+        if prompts and RECURRENT_PROMPTS:
+            self._prompts_through_the_recurrence(prompts, q, k, v, beta, g, ssm_pool, core)
+            prompts = []
         group = self.nv // self.nk
         for s, prefix, slot in prompts:
             state = ssm_pool[slot].transpose(-1, -2) if prefix > 0 else torch.zeros(self.nv, self.dk, self.dv)
@@ -140,6 +150,23 @@ class GatedDeltaNet(nn.Module):
             ssm_pool[slot] = state.transpose(-1, -2)
         core = self.norm(core.to(h.dtype), z.reshape(t, self.nv, self.dv))
         return self.out_proj(core.reshape(t, self.nv * self.dv))
+
+    @staticmethod
+    def _prompts_through_the_recurrence(prompts: list, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                        beta: torch.Tensor, g: torch.Tensor, ssm_pool: torch.Tensor,
+                                        core: torch.Tensor) -> None:
+        """Every prompt (chunk) of the step in one call of the op's prompt form, from and into
+        each sequence's state slot (zeroed first for a prompt's first chunk)."""
+        from rvascend.ops.gated_delta_rule import gated_delta_rule_prompts
+
+        for _, prefix, slot in prompts:
+            if prefix == 0:
+                ssm_pool[slot].zero_()
+        rows = torch.cat([torch.arange(s.start, s.stop) for s, _, _ in prompts])
+        lengths = torch.tensor([s.stop - s.start for s, _, _ in prompts], dtype=torch.int64)
+        slots = torch.tensor([slot for _, _, slot in prompts], dtype=torch.int64)
+        core[rows] = gated_delta_rule_prompts(q[rows], k[rows], v[rows], ssm_pool, beta[rows].contiguous(),
+                                              g[rows].contiguous(), lengths, slots)
 
     def _one_native_call(self, batch: ForwardBatch, mixed: torch.Tensor, conv_pool: torch.Tensor,
                          weight: torch.Tensor) -> bool:

@@ -8,6 +8,7 @@ import transformers
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.engine.sequence import Status
+from rvascend.models import qwen3_5
 from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
 from rvascend.models.state_pool import RecurrentStatePool
@@ -38,8 +39,11 @@ def _hf_logits(hf, tokens: list[int]) -> torch.Tensor:
         return hf(torch.tensor([tokens])).logits[0]
 
 
+@pytest.mark.parametrize("recurrent", [False, True], ids=["chunked_form", "recurrent_prompts"])
 @pytest.mark.parametrize("chunk", [0, 5], ids=["whole_prompts", "chunked_prefill"])
-def test_logits_match_transformers_through_prefill_and_32_decode_steps(pair, chunk):
+def test_logits_match_transformers_through_prefill_and_32_decode_steps(pair, chunk, recurrent, monkeypatch):
+    """Prompts in either form: the chunked matrix products, or the op's recurrence (riscv64's)."""
+    monkeypatch.setattr(qwen3_5, "RECURRENT_PROMPTS", recurrent)
     hf, ours, _ = pair
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (7, 13, 3)]

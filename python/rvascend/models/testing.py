@@ -72,6 +72,9 @@ class Runner:
         dtype = next(model.parameters()).dtype
         self.pool = KVPool(model.config, 1024, dtype)
         self.pool.states = RecurrentStatePool(model.config, sequences + 2, dtype)
+        stale = torch.Generator().manual_seed(0)  # the same in every Runner
+        for state in (*self.pool.states.conv, *self.pool.states.ssm):
+            state.normal_(generator=stale)  # stale slots, as a freed slot holds: a prompt's first chunk must not read them
         self.slots: list[list[int]] = [[] for _ in range(sequences)]
         self.free = list(range(1024))
         self.state_slots = [sequences + 1 - i for i in range(sequences)]  # not 0..B-1: slots are looked up

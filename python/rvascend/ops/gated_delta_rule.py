@@ -47,8 +47,9 @@ def _shape_error(name: str, t: torch.Tensor, expected: str) -> ValueError:
 def validate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: torch.Tensor, beta: torch.Tensor,
              actual_seq_lengths: torch.Tensor, ssm_state_indices: torch.Tensor,
              num_accepted_tokens: Optional[torch.Tensor], g: Optional[torch.Tensor], gk: Optional[torch.Tensor],
-             kernel_dtypes_only: bool = False) -> dict[str, int]:
-    """Checks every input against the op definition; returns T, B, NK, NV, Dk, Dv, S."""
+             kernel_dtypes_only: bool = False, max_tokens: Optional[int] = MAX_MTP) -> dict[str, int]:
+    """Checks every input against the op definition; returns T, B, NK, NV, Dk, Dv, S.
+    max_tokens: the longest sequence allowed (None: any, for prompts on the CPU)."""
     if query.dtype not in _ELEM or (kernel_dtypes_only and query.dtype == torch.float32):
         raise TypeError(f"query must be float16 or bfloat16{'' if kernel_dtypes_only else ' (or float32 on the CPU)'}, "
                         f"got {query.dtype}")
@@ -101,8 +102,8 @@ def validate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state:
             raise _shape_error("num_accepted_tokens", num_accepted_tokens, f"[{B}]")
     lengths = actual_seq_lengths.tolist()
     for b, n in enumerate(lengths):
-        if n > MAX_MTP:
-            raise ValueError(f"actual_seq_lengths[{b}] = {n} exceeds MAX_MTP = {MAX_MTP} tokens per sequence")
+        if max_tokens is not None and n > max_tokens:
+            raise ValueError(f"actual_seq_lengths[{b}] = {n} exceeds MAX_MTP = {max_tokens} tokens per sequence")
     total = sum(max(n, 0) for n in lengths)
     if total != T:
         raise ValueError(f"actual_seq_lengths add up to {total} tokens but query has T = {T}")
@@ -202,6 +203,31 @@ def recurrent_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: to
     """Runs the op (state updated in place); returns out [T, NV, Dv]."""
     return torch.ops.rvascend.recurrent_gated_delta_rule(query, key, value, state, beta, scale, actual_seq_lengths,
                                                          ssm_state_indices, num_accepted_tokens, g, gk)
+
+
+def gated_delta_rule_prompts(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: torch.Tensor,
+                             beta: torch.Tensor, g: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor,
+                             scale: float = 1.0) -> torch.Tensor:
+    """Prompts (or prompt chunks) through the recurrence, on the CPU op's row kernels: sequence b's
+    lengths[b] tokens start from state[slots[b]], and its state after its last token is written back
+    there (state updated in place; nothing stored for the tokens before). Any length. Inputs as for
+    recurrent_gated_delta_rule, T = sum(lengths); returns out [T, NV, Dv].
+
+    Per token this is the decode step's rank-one update, O(Dk Dv) per head: where ATen has no
+    vector GEMMs (riscv64) it costs far less than the chunked form's matrix products."""
+    if lengths.dtype != torch.int64 or slots.dtype != torch.int64 or lengths.shape != slots.shape:
+        raise ValueError(f"lengths and slots must be int64 of one shape [B], got {lengths.dtype} "
+                         f"{tuple(lengths.shape)} and {slots.dtype} {tuple(slots.shape)}")
+    if (lengths < 0).any():
+        raise ValueError(f"lengths must not be negative, got {lengths.tolist()}")
+    indices = torch.repeat_interleave(slots, lengths)  # one slot per token: the sequence's
+    shapes = validate(query, key, value, state, beta, lengths, indices, None, g, None, max_tokens=None)
+    out = torch.empty((shapes["t"], shapes["nv"], shapes["dv"]), dtype=query.dtype)
+    if shapes["t"]:
+        spec, _keep = _spec(shapes, query, key, value, state, beta, scale, lengths, indices, None, g, None, out)
+        spec["last_state_only"] = True
+        _rgdr.run_cpu(spec, torch.get_num_threads())
+    return out
 
 
 def deltanet_decode(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,

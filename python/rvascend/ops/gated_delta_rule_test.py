@@ -140,6 +140,46 @@ def test_agrees_with_transformers_torch_recurrent_gated_delta_rule():
         assert torch.allclose(pool.float().transpose(-1, -2), want_state.float(), atol=tol, rtol=tol)
 
 
+def test_prompt_form_agrees_with_transformers_and_writes_only_each_sequences_slot():
+    """Prompts longer than MAX_MTP through the recurrence: outputs and final states those of
+    transformers' torch_recurrent_gated_delta_rule; every other slot bit-identical."""
+    pytest.importorskip("transformers")
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule as hf
+    NK, NV, Dk, Dv, lens, slots = 2, 4, 64, 48, (21, 9), (3, 0)
+    gen = torch.Generator().manual_seed(5)
+    pool = torch.randn(5, NV, Dv, Dk, generator=gen) * 0.1
+    before = pool.clone()
+    qs, ks, vs, betas, gs, want_out = [], [], [], [], [], []
+    for n, slot in zip(lens, slots):
+        q, k = torch.randn(1, n, NK, Dk, generator=gen), torch.randn(1, n, NK, Dk, generator=gen)
+        v, beta, g = torch.randn(1, n, NV, Dv, generator=gen), torch.rand(1, n, NV, generator=gen), \
+            -torch.rand(1, n, NV, generator=gen)
+        out, state = hf(q, k, v, g=g, beta=beta, initial_state=before[slot:slot + 1].transpose(-1, -2),
+                        output_final_state=True, use_qk_l2norm_in_kernel=True)
+        want_out.append(out[0])
+        qs.append(torch.nn.functional.normalize(q[0], dim=-1, eps=1e-6))
+        ks.append(torch.nn.functional.normalize(k[0], dim=-1, eps=1e-6))
+        vs.append(v[0]), betas.append(beta[0]), gs.append(g[0])
+        assert n > R.MAX_MTP
+        with pytest.raises(ValueError, match="exceeds MAX_MTP"):  # the decode form refuses it
+            R.validate(qs[-1], ks[-1], v[0], pool, beta[0], torch.tensor([n]), torch.full((n,), slot), None, g[0],
+                       None)
+        want_state = state[0].transpose(-1, -2)
+        if slot == 3:
+            want_state_3 = want_state
+        else:
+            want_state_0 = want_state
+    got = R.gated_delta_rule_prompts(torch.cat(qs), torch.cat(ks), torch.cat(vs), pool, torch.cat(betas),
+                                     torch.cat(gs), torch.tensor(lens), torch.tensor(slots), scale=Dk ** -0.5)
+    torch.testing.assert_close(got, torch.cat(want_out), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(pool[3], want_state_3, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(pool[0], want_state_0, atol=1e-4, rtol=1e-4)
+    assert torch.equal(pool[[1, 2, 4]], before[[1, 2, 4]])
+    with pytest.raises(ValueError, match="distinct state slots"):
+        R.gated_delta_rule_prompts(torch.cat(qs), torch.cat(ks), torch.cat(vs), pool, torch.cat(betas),
+                                   torch.cat(gs), torch.tensor(lens), torch.tensor([2, 2]))
+
+
 def _bad(name, **change):
     def build():
         args = make(lens=(1, 2))

@@ -131,7 +131,8 @@ PYBIND11_MODULE(_rgdr, m) {
   m.attr("SOCS") = socs;
   py::register_exception<twin::TwinError>(m, "TwinError");
   m.def("run_cpu", [](const py::dict& spec, size_t threads, const std::string& rows) {
-    const rgdr::RgdrArgs a = ArgsFrom(spec);
+    rgdr::RgdrArgs a = ArgsFrom(spec);
+    a.last_state_only = spec.contains("last_state_only") && Get<bool>(spec, "last_state_only");
     py::gil_scoped_release release;
     rgdr::RecurrentGatedDeltaRuleCpu(a, threads == 0 ? 1 : threads, rows);
   }, py::arg("spec"), py::arg("threads"), py::arg("rows") = "");

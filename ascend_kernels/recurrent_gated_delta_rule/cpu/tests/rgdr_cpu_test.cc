@@ -29,6 +29,7 @@ struct Case {
   std::vector<int32_t> accepted;   // empty: none
   bool g, gk, gk_per_dim;
   uint32_t slots;
+  bool last_state_only = false;  // a prompt: only each sequence's last token writes its slot
 };
 
 double ToD(Elem e, const std::vector<uint16_t>& h, const std::vector<float>& f, size_t i) {
@@ -121,6 +122,7 @@ void Run(const Case& c, Elem e, const std::string& rows, std::mt19937& rng) {
           }
           ref_out[th * c.dv + r] = o;
         }
+        if (c.last_state_only && tt + 1 < len) continue;
         for (size_t i = 0; i < row; ++i) ref_state[(static_cast<size_t>(idx[tok]) * c.nv + h) * row + i] = S[i];
         written[idx[tok]] = true;
       }
@@ -141,6 +143,7 @@ void Run(const Case& c, Elem e, const std::string& rows, std::mt19937& rng) {
   a.accepted = c.accepted.empty() ? nullptr : c.accepted.data();
   a.out = out.data();
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dk)));
+  a.last_state_only = c.last_state_only;
   RecurrentGatedDeltaRuleCpu(a, 2, rows);
 
   const char* en = e == Elem::kFloat32 ? "f32" : e == Elem::kFloat16 ? "f16" : "bf16";
@@ -192,6 +195,10 @@ int main() {
       {"MTP 2 + 3, Dk 128, scalar gk, odd Dv", 2, 4, 128, 33, {2, 3}, {}, true, true, false, 10},
       {"MTP 4, Dk 128, per-dim gk, accepted 3", 1, 2, 128, 16, {4}, {3}, true, true, true, 6},
       {"empty sequence in the batch", 1, 1, 16, 16, {2, 0, 1}, {}, true, false, false, 6},
+      // Prompts through the recurrence: longer than kMaxMtp, the state written once at the end
+      // (the other tokens' slots stay untouched).
+      {"prompts of 20 and 11, last state only", 2, 4, 128, 32, {20, 11}, {}, true, false, false, 33, true},
+      {"prompt of 13, per-dim gk, odd dims, last state only", 1, 2, 37, 9, {13, 1}, {}, true, true, true, 15, true},
   };
   std::mt19937 rng(7);
   std::printf("cpu: %s\n", rvascend::GetCpuFeatures().Describe().c_str());
