@@ -353,7 +353,7 @@ class Engine:
             positions.extend(range(start, start + len(new)))
             new_lens.append(len(new))
             prefix_lens.append(start)
-            kv_slots.append(torch.tensor(seq.slots + row.fresh, dtype=torch.long))
+            kv_slots.append(seq.kv_slot_tensor(row.fresh))
             if prefill and seq.params.logprob_start_len >= 0:
                 # Row p's logits give the log-probability of prompt token p + 1.
                 first = max(start, seq.params.logprob_start_len - 1)

@@ -58,6 +58,24 @@ def _prompt() -> torch.Tensor:
     return torch.randint(0, 2048, (PROMPT,), generator=torch.Generator().manual_seed(1))
 
 
+def test_kv_slot_tensor_follows_the_slot_list():
+    """The per-step slot tensor is a mirror of seq.slots + the step's fresh slots, through
+    extends, buffer growth, a new list (prefix-cache insert, admission) and a cleared one."""
+    from rvascend.engine.sequence import Sequence
+
+    seq = Sequence([1, 2, 3], SamplingParams(max_tokens=4))
+    for fresh in ([5, 6, 7], [9], [], list(range(100, 190))):
+        assert seq.kv_slot_tensor(fresh).tolist() == seq.slots + fresh
+        seq.slots.extend(fresh)
+    assert seq.kv_slot_tensor([1]).tolist() == seq.slots + [1]   # the fresh slot is not kept
+    seq.slots = [40, 41] + seq.slots[2:]                          # reassigned, same length
+    assert seq.kv_slot_tensor([2]).tolist() == seq.slots + [2]
+    seq.slots = [3]
+    assert seq.kv_slot_tensor([4, 5]).tolist() == [3, 4, 5]
+    seq.slots = []
+    assert seq.kv_slot_tensor([8]).tolist() == [8]
+
+
 @pytest.mark.parametrize("policy", [False, True])
 def test_bf16_logits_match_transformers(checkpoint, policy):
     _, path = checkpoint
