@@ -22,9 +22,15 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
   std::vector<float> q(a.t * key), k(a.t * key), v(a.t * value), beta(a.t * a.nv), g(a.t * a.nv);
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(a.dk));
   const DeltaNetPieces<T>& pieces = ChooseDeltaNetPieces<T>();
+  // Token t's sequence: each token slides its sequence's conv window in order.
+  std::vector<int64_t> lens(a.sequences), token_slots(a.t);
+  for (uint32_t s = 0, t = 0; s < a.sequences; ++s) {
+    lens[s] = a.lens != nullptr ? a.lens[s] : 1;
+    for (int64_t j = 0; j < lens[s]; ++j) token_slots[t++] = a.slots[s];
+  }
   for (uint32_t t = 0; t < a.t; ++t) {
     const T* x = mixed + t * a.mixed_stride;
-    T* state = conv + static_cast<size_t>(a.slots[t]) * c_dim * kept;
+    T* state = conv + static_cast<size_t>(token_slots[t]) * c_dim * kept;
     pieces.conv_silu(x, state, weight, key, kept, &q[t * key]);
     pieces.conv_silu(x + key, state + key * kept, weight + key * a.kernel, key, kept, &k[t * key]);
     pieces.conv_silu(x + 2 * key, state + 2 * key * kept, weight + 2 * key * a.kernel, value, kept, &v[t * value]);
@@ -42,10 +48,10 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
     }
   }
   std::vector<float> o(a.t * value);
-  std::vector<int64_t> lens(a.t, 1);
   RgdrArgs r;
   r.elem = Elem::kFloat32;
-  r.t = r.b = a.t;
+  r.t = a.t;
+  r.b = a.sequences;
   r.nk = a.nk;
   r.nv = a.nv;
   r.dk = a.dk;
@@ -59,10 +65,11 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
   r.state = a.ssm_state;
   r.seq_lens = lens.data();
   r.seq_lens_int64 = true;
-  r.indices = a.slots;
+  r.indices = token_slots.data();
   r.indices_int64 = true;
   r.out = o.data();
   r.scale = 1.0f;
+  r.last_state_only = true;  // a prompt's state is written once, after its last token
   RecurrentGatedDeltaRuleCpu(r, num_threads);
   for (uint32_t t = 0; t < a.t; ++t) {
     for (uint32_t h = 0; h < a.nv; ++h) {
@@ -77,17 +84,29 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
 
 void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& a, size_t num_threads) {
   if (a.kernel < 2) throw std::invalid_argument("deltanet_decode: the conv kernel needs at least 2 taps");
+  if (a.lens == nullptr && a.sequences != a.t) {
+    throw std::invalid_argument("deltanet_decode: without lengths every sequence has one token, but there are " +
+                                std::to_string(a.sequences) + " sequences for " + std::to_string(a.t) + " tokens");
+  }
   std::vector<bool> used(a.num_slots, false);
-  for (uint32_t t = 0; t < a.t; ++t) {
-    const int64_t s = a.slots[t];
+  int64_t tokens = 0;
+  for (uint32_t i = 0; i < a.sequences; ++i) {
+    const int64_t s = a.slots[i], n = a.lens != nullptr ? a.lens[i] : 1;
+    if (n < 0) throw std::invalid_argument("deltanet_decode: sequence " + std::to_string(i) + " has length " +
+                                           std::to_string(n));
+    tokens += n;
     if (s < 0 || s >= static_cast<int64_t>(a.num_slots)) {
-      throw std::invalid_argument("deltanet_decode: slot " + std::to_string(s) + " of token " + std::to_string(t) +
+      throw std::invalid_argument("deltanet_decode: slot " + std::to_string(s) + " of sequence " + std::to_string(i) +
                                   " is outside the state pool of " + std::to_string(a.num_slots) + " slots");
     }
     if (used[static_cast<size_t>(s)]) {
       throw std::invalid_argument("deltanet_decode: slot " + std::to_string(s) + " is used by two sequences");
     }
     used[static_cast<size_t>(s)] = true;
+  }
+  if (tokens != static_cast<int64_t>(a.t)) {
+    throw std::invalid_argument("deltanet_decode: the lengths add up to " + std::to_string(tokens) + " tokens, not " +
+                                std::to_string(a.t));
   }
   WithElemType(a.elem, [&](auto type) { Run<decltype(type)>(a, num_threads); });
 }

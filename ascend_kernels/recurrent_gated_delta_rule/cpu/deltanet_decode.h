@@ -1,12 +1,14 @@
-// The decode step of a Gated DeltaNet layer (Qwen3.5) between its in_proj and
-// its out_proj, for T sequences of one token each, in one native call:
+// The step of a Gated DeltaNet layer (Qwen3.5) between its in_proj and its
+// out_proj, for B sequences of lens[b] tokens each (one each without lens:
+// decode), in one native call; per token, in order within its sequence:
 //
 //   window = [conv_state[slot] (C x (K - 1)) | mixed[t] (C)]
 //   y = round(silu(sum_j window[:, j] * w[:, j]))      (to the model's dtype)
 //   conv_state[slot] = window[:, 1:]
 //   q = l2norm(y[:NK Dk], per head) / sqrt(Dk), k = l2norm(y[NK Dk:2 NK Dk]), v = y[2 NK Dk:]
 //   beta = round(sigmoid(b)), g = -exp(A_log) * softplus(a + dt_bias)
-//   o = recurrent_gated_delta_rule(q, k, v, state[slot], beta, g)         (FP32)
+//   o = recurrent_gated_delta_rule(q, k, v, state[slot], beta, g)         (FP32;
+//       the slot's state is written once, after the sequence's last token)
 //   x = round(o), per head: n = round(x * rsqrt(mean(x^2) + eps))
 //   out[t] = round(round(norm_weight * n) * silu(z[t]))                  (gated RMSNorm)
 //
@@ -25,7 +27,8 @@ namespace rgdr {
 
 struct DeltaNetDecodeArgs {
   Elem elem = Elem::kBFloat16;  // mixed, b, a, conv_state, conv_weight, a_log, dt_bias
-  uint32_t t = 0, nk = 0, nv = 0, dk = 0, dv = 0, kernel = 0, num_slots = 0;
+  uint32_t t = 0, sequences = 0, nk = 0, nv = 0, dk = 0, dv = 0, kernel = 0, num_slots = 0;
+  const int64_t* lens = nullptr;  // [B] tokens per sequence (in order; they add up to T), or null: one each
   const void* mixed = nullptr;   // [T, C] rows `mixed_stride` elements apart, C = 2 NK Dk + NV Dv
   size_t mixed_stride = 0;
   const void* b = nullptr;       // [T, NV], rows `gate_stride` apart
@@ -40,7 +43,7 @@ struct DeltaNetDecodeArgs {
   const void* a_log = nullptr;   // [NV]
   const void* dt_bias = nullptr; // [NV]
   float* ssm_state = nullptr;    // [S, NV, Dv, Dk]
-  const int64_t* slots = nullptr;  // [T], distinct, in [0, S)
+  const int64_t* slots = nullptr;  // [B], distinct, in [0, S): each sequence's conv and delta-rule slot
   void* out = nullptr;           // [T, NV Dv], elem
 };
 

@@ -11,8 +11,8 @@ layer is zero-centred: it scales by (1 + w).
 
 Decode tokens run the delta rule through `torch.ops.rvascend.recurrent_gated_delta_rule`
 on the state pool; prompts run the chunked form (chunked_delta_rule.py), or on
-riscv64 the op's prompt form (token by token on its row kernels), starting from
-the sequence's state when a chunked prefill continues.
+riscv64 the decode call's prompt form (token by token on the op's row kernels),
+starting from the sequence's state when a chunked prefill continues.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from rvascend.models.config import ModelConfig
 from rvascend.models.decoder import MLP, Attention, CausalLM, DecoderModel, ForwardBatch, KVPool
 from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, apply_rotary
 
-# Prompts through the recurrence (the op's row kernels, token by token) instead of the
-# chunked form's matrix products: on riscv64 ATen's GEMMs are scalar, and the products
-# cost more than the per-token update in RVV rows.
+# Prompts through the one native call (the conv, norms and the delta rule's rows token by
+# token) instead of ATen and the chunked form's matrix products: on riscv64 ATen is scalar,
+# and the products cost more than the per-token update in RVV rows.
 RECURRENT_PROMPTS = platform.machine() == "riscv64"
 
 
@@ -96,12 +96,20 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.in_proj(h).split(self.split, dim=-1)
         weight = self.conv1d.weight[:, 0]                                  # [C, K]
         if self._one_native_call(batch, mixed, conv_pool, weight):
-            # Every sequence decodes one token: from the conv to the gated norm in one call.
+            # From the conv to the gated norm in one call: every sequence decodes one token, or
+            # (RECURRENT_PROMPTS) prompts too, from zeroed slots for a prompt's first chunk.
             from rvascend.ops.gated_delta_rule import deltanet_decode
 
+            lengths = None
+            if any(n != 1 or prefix == 0 for n, prefix in zip(batch.new_lens, batch.prefix_lens)):
+                for prefix, slot in zip(batch.prefix_lens, batch.state_slots):
+                    if prefix == 0:
+                        conv_pool[slot].zero_()
+                        ssm_pool[slot].zero_()
+                lengths = torch.tensor(batch.new_lens, dtype=torch.int64)
             return self.out_proj(deltanet_decode(
                 mixed, z, b, a, conv_pool, weight, self.A_log, self.dt_bias, self.norm.weight, self.norm.eps,
-                ssm_pool, torch.tensor(batch.state_slots, dtype=torch.int64), self.nk))
+                ssm_pool, torch.tensor(batch.state_slots, dtype=torch.int64), self.nk, lengths))
         beta = b.sigmoid().float()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         conv_out = torch.empty_like(mixed)
@@ -137,9 +145,6 @@ class GatedDeltaNet(nn.Module):
                 q[rows].contiguous(), k[rows].contiguous(), v[rows].contiguous(), ssm_pool, beta[rows].contiguous(),
                 1.0, torch.ones(len(rows), dtype=torch.int64), torch.tensor(decode_slots, dtype=torch.int64),
                 g=g[rows].contiguous())
-        if prompts and RECURRENT_PROMPTS:
-            self._prompts_through_the_recurrence(prompts, q, k, v, beta, g, ssm_pool, core)
-            prompts = []
         group = self.nv // self.nk
         for s, prefix, slot in prompts:
             state = ssm_pool[slot].transpose(-1, -2) if prefix > 0 else torch.zeros(self.nv, self.dk, self.dv)
@@ -151,30 +156,15 @@ class GatedDeltaNet(nn.Module):
         core = self.norm(core.to(h.dtype), z.reshape(t, self.nv, self.dv))
         return self.out_proj(core.reshape(t, self.nv * self.dv))
 
-    @staticmethod
-    def _prompts_through_the_recurrence(prompts: list, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                        beta: torch.Tensor, g: torch.Tensor, ssm_pool: torch.Tensor,
-                                        core: torch.Tensor) -> None:
-        """Every prompt (chunk) of the step in one call of the op's prompt form, from and into
-        each sequence's state slot (zeroed first for a prompt's first chunk)."""
-        from rvascend.ops.gated_delta_rule import gated_delta_rule_prompts
-
-        for _, prefix, slot in prompts:
-            if prefix == 0:
-                ssm_pool[slot].zero_()
-        rows = torch.cat([torch.arange(s.start, s.stop) for s, _, _ in prompts])
-        lengths = torch.tensor([s.stop - s.start for s, _, _ in prompts], dtype=torch.int64)
-        slots = torch.tensor([slot for _, _, slot in prompts], dtype=torch.int64)
-        core[rows] = gated_delta_rule_prompts(q[rows], k[rows], v[rows], ssm_pool, beta[rows].contiguous(),
-                                              g[rows].contiguous(), lengths, slots)
-
     def _one_native_call(self, batch: ForwardBatch, mixed: torch.Tensor, conv_pool: torch.Tensor,
                          weight: torch.Tensor) -> bool:
-        """Whether this step can take deltanet_decode: one token after a prefix for every sequence,
-        no autograd, and one dtype for the inputs, the conv state and the layer's parameters."""
+        """Whether this step can take deltanet_decode: one token after a prefix for every sequence
+        (any tokens with RECURRENT_PROMPTS), no autograd, and one dtype for the inputs, the conv
+        state and the layer's parameters."""
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             return False
-        if not all(n == 1 and prefix > 0 for n, prefix in zip(batch.new_lens, batch.prefix_lens)):
+        if not RECURRENT_PROMPTS and not all(n == 1 and prefix > 0
+                                             for n, prefix in zip(batch.new_lens, batch.prefix_lens)):
             return False
         return all(x.dtype == mixed.dtype for x in (conv_pool, weight, self.A_log, self.dt_bias, self.norm.weight))
 

@@ -123,6 +123,16 @@ def test_the_one_call_decode_step_refuses_bad_slots_and_dtypes(pair):
             deltanet_decode(*args[:4], states.conv[0].bfloat16(), *args[5:], torch.tensor([0, 1]), layer.nk)
         with pytest.raises(ValueError, match="slots"):
             deltanet_decode(*args, torch.tensor([0, 1], dtype=torch.int32), layer.nk)
+        # Prompts: the lengths must cover the tokens exactly, one slot per sequence.
+        with pytest.raises(ValueError, match="add up to 3 tokens, not 2"):
+            deltanet_decode(*args, torch.tensor([0, 1]), layer.nk, torch.tensor([2, 1]))
+        with pytest.raises(ValueError, match="has length -1"):
+            deltanet_decode(*args, torch.tensor([0, 1]), layer.nk, torch.tensor([3, -1]))
+        with pytest.raises(ValueError, match=r"slots has shape \(2,\), expected contiguous int64 \[1\]"):
+            deltanet_decode(*args, torch.tensor([0, 1]), layer.nk, torch.tensor([2]))
+        before = states.ssm[0].clone()
+        deltanet_decode(*args, torch.tensor([3]), layer.nk, torch.tensor([2]))  # one prompt of two tokens
+        assert torch.equal(states.ssm[0][:3], before[:3]) and not torch.equal(states.ssm[0][3], before[3])
 
 
 def test_engine_greedy_equals_transformers_generate(pair):

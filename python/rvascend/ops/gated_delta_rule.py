@@ -233,14 +233,15 @@ def gated_delta_rule_prompts(query: torch.Tensor, key: torch.Tensor, value: torc
 def deltanet_decode(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
                     conv_state: torch.Tensor, conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
                     norm_weight: torch.Tensor, norm_eps: float, ssm_state: torch.Tensor, slots: torch.Tensor,
-                    num_key_heads: int) -> torch.Tensor:
-    """A Gated DeltaNet layer's decode step from its in_proj output to its out_proj input, one token
-    per sequence, in one native call (the conv, SiLU, q/k L2 norms, beta and decay, the delta rule,
-    the gated RMSNorm; cpu/deltanet_decode.h).
+                    num_key_heads: int, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A Gated DeltaNet layer's step from its in_proj output to its out_proj input in one native
+    call (the conv, SiLU, q/k L2 norms, beta and decay, the delta rule, the gated RMSNorm;
+    cpu/deltanet_decode.h): one token per sequence (decode), or with `lengths` (int64 [B])
+    sequences of any length, tokens in order (prompts and their chunks through the recurrence).
 
     mixed [T, C] (C = 2 NK Dk + NV Dv), z [T, NV Dv], b and a [T, NV]: parts of the in_proj output,
     columns contiguous. conv_state [S, C, K - 1] and ssm_state [S, NV, Dv, Dk] (FP32) are updated in
-    place at `slots` (int64 [T]). Returns [T, NV Dv] in mixed's dtype."""
+    place at `slots` (int64, one per sequence). Returns [T, NV Dv] in mixed's dtype."""
     dtype = mixed.dtype
     if dtype not in _ELEM:
         raise TypeError(f"mixed must be bfloat16, float16 or float32, got {dtype}")
@@ -272,12 +273,16 @@ def deltanet_decode(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: to
     for name, t in (("a_log", a_log), ("dt_bias", dt_bias)):
         if t.shape != (NV,) or not t.is_contiguous():
             raise _shape_error(name, t, f"contiguous [{NV}]")
-    if slots.dtype != torch.int64 or slots.shape != (T,) or not slots.is_contiguous():
-        raise _shape_error("slots", slots, f"contiguous int64 [{T}]")
+    B = T if lengths is None else lengths.shape[0]
+    if lengths is not None and (lengths.dtype != torch.int64 or lengths.dim() != 1 or not lengths.is_contiguous()):
+        raise _shape_error("lengths", lengths, "contiguous int64 [B]")
+    if slots.dtype != torch.int64 or slots.shape != (B,) or not slots.is_contiguous():
+        raise _shape_error("slots", slots, f"contiguous int64 [{B}] (one per sequence)")
     out = torch.empty((T, NV * Dv), dtype=dtype)
     if T:
         _rgdr.deltanet_decode({
-            "elem": _ELEM[dtype], "t": T, "nk": num_key_heads, "nv": NV, "dk": Dk, "dv": Dv, "kernel": K,
+            "elem": _ELEM[dtype], "t": T, "sequences": B, "lens": lengths.data_ptr() if lengths is not None else 0,
+            "nk": num_key_heads, "nv": NV, "dk": Dk, "dv": Dv, "kernel": K,
             "num_slots": S, "mixed": mixed.data_ptr(), "mixed_stride": mixed.stride(0) if T > 1 else C,
             "b": b.data_ptr(), "a": a.data_ptr(), "gate_stride": b.stride(0) if T > 1 else NV,
             "z": z.data_ptr(), "z_stride": z.stride(0) if T > 1 else NV * Dv, "norm_weight": norm_weight.data_ptr(),

@@ -141,6 +141,8 @@ PYBIND11_MODULE(_rgdr, m) {
     const std::string elem = Get<std::string>(d, "elem");
     a.elem = elem == "float16" ? rgdr::Elem::kFloat16 : elem == "bfloat16" ? rgdr::Elem::kBFloat16 : rgdr::Elem::kFloat32;
     a.t = Get<uint32_t>(d, "t");
+    a.sequences = Get<uint32_t>(d, "sequences");
+    a.lens = static_cast<const int64_t*>(Ptr(d, "lens"));
     a.nk = Get<uint32_t>(d, "nk");
     a.nv = Get<uint32_t>(d, "nv");
     a.dk = Get<uint32_t>(d, "dk");
