@@ -1,8 +1,9 @@
-"""Inside the riscv64 image: small Llama- and Qwen3-architecture models generate
-the same greedy tokens with the RVV policy on and off, and every RVV kernel ran
-(packed Linears, pool attention, RMSNorm with the residual add, q/k norm +
-RoPE, SiLU*mul, argmax, and the decode steps' layers in one native call) with
-no fallback.
+"""Inside the riscv64 image: small Llama-, Qwen3- and Qwen3.5-architecture
+models generate the same greedy tokens with the RVV policy on and off, and
+every RVV kernel ran (packed Linears, pool attention, RMSNorm with the
+residual add, q/k norm + RoPE, SiLU*mul, argmax, and the decode steps' layers
+in one native call; for the Qwen3.5 hybrid its zero-centred norms, and its
+DeltaNet layers' one native call, prompts included) with no fallback.
 
 Runs with the image's python3.13 and torch 2.6 (no tokenizers there: token ids
 in, token ids out). The checkpoint is written here with random weights.
@@ -16,7 +17,7 @@ import tempfile
 import torch
 from safetensors.torch import save_file
 
-from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine import Engine, EngineConfig, SamplingParams, random_checkpoint
 from rvascend.engine.random_model import random_weights
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
@@ -26,10 +27,18 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermedia
          "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 256,
          "tie_word_embeddings": True, "eos_token_id": 1}
 QWEN3 = dict(LLAMA, architectures=["Qwen3ForCausalLM"], num_hidden_layers=2, rope_theta=1000000.0)
+# Qwen3.5's layer pattern (three Gated DeltaNet layers, then gated full attention), narrow.
+QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=1024, intermediate_size=1024,
+               num_hidden_layers=4, head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
+               vocab_size=1024, max_position_embeddings=256,
+               layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
 KERNELS = ("kv_pool_attention", "rope", "silu_mul", "add_rms_norm", "argmax", "decoder_layers")
+# The hybrid's kernels: its attention's partial RoPE and the DeltaNet layers stay in torch or
+# in the DeltaNet call (counted below), and there is no fused decode step.
+HYBRID_KERNELS = ("kv_pool_attention", "silu_mul", "add_rms_norm", "rms_norm", "argmax")
 
 
-def check(name: str, config: dict) -> bool:
+def check(name: str, config: dict, kernels_expected: tuple = KERNELS) -> bool:
     path = tempfile.mkdtemp()
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
@@ -47,7 +56,7 @@ def check(name: str, config: dict) -> bool:
         if mode == "on":
             policy = get_policy(model)
             packed = policy.counters.calls(route="packed")
-            kernels = {k: policy.kernels.counters.calls(k, "kernel") for k in KERNELS}
+            kernels = {k: policy.kernels.counters.calls(k, "kernel") for k in kernels_expected}
             # Prefill steps run the layers module by module (the fused decode step says so).
             fallbacks = (policy.kernels.counters.calls(route="fallback")
                          - policy.kernels.counters.calls("decoder_layers", "fallback", "prefill"))
@@ -59,8 +68,34 @@ def check(name: str, config: dict) -> bool:
     return ok
 
 
+def check_hybrid() -> bool:
+    """Qwen3.5: check() with its kernels, and every DeltaNet layer's step (prefill and decode)
+    in its one native call."""
+    from rvascend.models import qwen3_5
+    from rvascend.ops import gated_delta_rule
+
+    calls = []
+    real = gated_delta_rule.deltanet_decode
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+
+    gated_delta_rule.deltanet_decode = counted
+    try:
+        ok = check("qwen3.5", QWEN3_5, HYBRID_KERNELS)
+    finally:
+        gated_delta_rule.deltanet_decode = real
+    # Two runs (policy off and on) of one prefill and 5 decode steps, 3 DeltaNet layers each.
+    print(f"qwen3.5: prompts through the DeltaNet call: {qwen3_5.RECURRENT_PROMPTS}, {len(calls)} calls")
+    if len(calls) != 2 * 6 * 3 or not qwen3_5.RECURRENT_PROMPTS:
+        print("FAILED qwen3.5: a DeltaNet step did not take its native call")
+        return False
+    return ok
+
+
 def main() -> int:
-    results = [check("llama", LLAMA), check("qwen3", QWEN3)]
+    results = [check("llama", LLAMA), check("qwen3", QWEN3), check_hybrid()]
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 

@@ -16,6 +16,7 @@ def _image_py_test_impl(ctx):
             "%IMAGE%": IMAGE_ROOT,
             "%IMAGE_READY%": ctx.file._image_ready.short_path,
             "%EXTENSION%": extension.short_path,
+            "%EXTRA_EXTENSIONS%": " ".join([f.short_path for f in ctx.files.extra_extensions]),
             "%MAIN%": ctx.file.main.short_path,
             "%PYTEST%": "1" if ctx.attr.pytest else "0",
             "%VLENS%": " ".join([str(v) for v in ctx.attr.vlens]),
@@ -23,7 +24,7 @@ def _image_py_test_impl(ctx):
         },
         is_executable = True,
     )
-    files = [ctx.file._qemu, ctx.file._image_ready, extension, ctx.file.main]
+    files = [ctx.file._qemu, ctx.file._image_ready, extension, ctx.file.main] + ctx.files.extra_extensions
     runfiles = ctx.runfiles(files = files).merge(ctx.attr.package[DefaultInfo].default_runfiles)
     return [DefaultInfo(executable = runner, runfiles = runfiles)]
 
@@ -36,6 +37,9 @@ image_py_test = rule(
         "vlens": attr.int_list(default = [256, 128]),
         "env": attr.string_dict(),
         "extension": attr.label(default = "//python:rvv_kernels_extension_riscv64_image"),
+        # More of the package's extensions built for the image (the gated-delta-rule op's
+        # _rgdr.so, for hybrid models), staged into rvascend/ops/ under their own names.
+        "extra_extensions": attr.label_list(),
         "package": attr.label(default = "//python:rvascend"),
         "_template": attr.label(
             default = "//toolchains/riscv64_image:image_py_test_runner.sh.tpl",

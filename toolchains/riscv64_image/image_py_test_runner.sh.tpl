@@ -20,6 +20,9 @@ cp -rL python/rvascend "${STAGE}/"
 find "${STAGE}" -name '*.so' -delete
 rm -rf "${STAGE}/rvascend/_native"
 cp "${EXTENSION}" "${STAGE}/rvascend/ops/_rvv_kernels.so"
+for extra in %EXTRA_EXTENSIONS%; do
+  cp "${extra}" "${STAGE}/rvascend/ops/"
+done
 cp "${MAIN}" "${STAGE}/main.py"
 
 failures=0
