@@ -36,11 +36,23 @@ class ForwardBatch:
     logit_rows: Optional[torch.Tensor] = None  # rows whose logits forward returns (default: each sequence's last)
     state_slots: Optional[list[int]] = None  # hybrid models: each sequence's recurrent-state slot
     _flat: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+    _recurrent: Optional[tuple[torch.Tensor, Optional[torch.Tensor], list[int]]] = None
 
     @property
     def prefill(self) -> bool:
         """Whether some sequence has more than one new token (a prompt or a chunk of one)."""
         return self.input_ids.shape[0] > len(self.new_lens)
+
+    def recurrent_index(self) -> tuple[torch.Tensor, Optional[torch.Tensor], list[int]]:
+        """(state_slots as int64, new_lens as int64 or None when every sequence decodes one
+        token after a prefix, the slots of sequences that start here) for the hybrid models'
+        recurrent layers; built once per batch, shared by every layer."""
+        if self._recurrent is None:
+            decode = all(n == 1 and p > 0 for n, p in zip(self.new_lens, self.prefix_lens))
+            self._recurrent = (torch.tensor(self.state_slots, dtype=torch.int64),
+                               None if decode else torch.tensor(self.new_lens, dtype=torch.int64),
+                               [s for s, p in zip(self.state_slots, self.prefix_lens) if p == 0])
+        return self._recurrent
 
     def flat_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(all sequences' slots concatenated, kv_starts [B+1], q_starts [B+1]) for

@@ -100,16 +100,13 @@ class GatedDeltaNet(nn.Module):
             # (RECURRENT_PROMPTS) prompts too, from zeroed slots for a prompt's first chunk.
             from rvascend.ops.gated_delta_rule import deltanet_decode
 
-            lengths = None
-            if any(n != 1 or prefix == 0 for n, prefix in zip(batch.new_lens, batch.prefix_lens)):
-                for prefix, slot in zip(batch.prefix_lens, batch.state_slots):
-                    if prefix == 0:
-                        conv_pool[slot].zero_()
-                        ssm_pool[slot].zero_()
-                lengths = torch.tensor(batch.new_lens, dtype=torch.int64)
+            slots, lengths, starting = batch.recurrent_index()
+            for slot in starting:
+                conv_pool[slot].zero_()
+                ssm_pool[slot].zero_()
             return self.out_proj(deltanet_decode(
                 mixed, z, b, a, conv_pool, weight, self.A_log, self.dt_bias, self.norm.weight, self.norm.eps,
-                ssm_pool, torch.tensor(batch.state_slots, dtype=torch.int64), self.nk, lengths))
+                ssm_pool, slots, self.nk, lengths))
         beta = b.sigmoid().float()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         conv_out = torch.empty_like(mixed)
@@ -163,8 +160,7 @@ class GatedDeltaNet(nn.Module):
         state and the layer's parameters."""
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             return False
-        if not RECURRENT_PROMPTS and not all(n == 1 and prefix > 0
-                                             for n, prefix in zip(batch.new_lens, batch.prefix_lens)):
+        if not RECURRENT_PROMPTS and batch.recurrent_index()[1] is not None:
             return False
         return all(x.dtype == mixed.dtype for x in (conv_pool, weight, self.A_log, self.dt_bias, self.norm.weight))
 
