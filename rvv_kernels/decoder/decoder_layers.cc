@@ -143,9 +143,17 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
     mark(1);
     Project(kernels, w.qkv, qkv_n, s.hidden, x, t, qkv, num_threads);
     mark(2);
-    RopeRows(ew, t, s.heads, d, qkv, qkv_n, w.q_norm, s.qk_norm_eps, batch.cos, batch.sin, q, num_threads);
-    RopeRows(ew, t, s.kv_heads, d, qkv + q_n, qkv_n, w.k_norm, s.qk_norm_eps, batch.cos, batch.sin, k,
-             num_threads);
+    RopeHeads q_heads, k_heads;
+    q_heads.heads = s.heads;
+    k_heads.heads = s.kv_heads;
+    for (RopeHeads* r : {&q_heads, &k_heads}) {
+      r->d = r->stride = r->rotary_dim = d;
+      r->eps = s.qk_norm_eps;
+    }
+    q_heads.norm_weight = w.q_norm;
+    k_heads.norm_weight = w.k_norm;
+    RopeRows(ew, t, q_heads, qkv, qkv_n, batch.cos, batch.sin, q, num_threads);
+    RopeRows(ew, t, k_heads, qkv + q_n, qkv_n, batch.cos, batch.sin, k, num_threads);
     mark(3);
     for (size_t i = 0; i < t; ++i) std::memcpy(v + i * kv_n, qkv + i * qkv_n + q_n + kv_n, kv_n * sizeof(uint16_t));
     WriteKvPool(w.k_pool, s.num_slots, kv_n, k, batch.write_slots, t);

@@ -43,23 +43,23 @@ void SiluMul(const uint16_t* gate_up, size_t d, uint16_t* out) {
   }
 }
 
-void Rope(const uint16_t* x, size_t heads, size_t d, const uint16_t* norm_weight, float eps, const uint16_t* cos,
-          const uint16_t* sin, uint16_t* out) {
-  const size_t half = d / 2;
+void Rope(const uint16_t* x, const RopeHeads& p, const uint16_t* cos, const uint16_t* sin, uint16_t* out) {
+  const size_t d = p.d, r = p.rotary_dim, half = r / 2;
   float v[1024];
   uint16_t normed[1024];
-  for (size_t h = 0; h < heads; ++h) {
-    const uint16_t* row = x + h * d;
-    if (norm_weight) {
+  for (size_t h = 0; h < p.heads; ++h) {
+    const uint16_t* row = x + h * p.stride;
+    if (p.norm_weight) {
       for (size_t i = 0; i < d; ++i) v[i] = Bf16ToFloat(row[i]);
-      NormRow(v, norm_weight, d, eps, false, normed);
+      NormRow(v, p.norm_weight, d, p.eps, p.zero_centred, normed);
       row = normed;
     }
     for (size_t i = 0; i < d; ++i) v[i] = Bf16ToFloat(row[i]);
-    for (size_t i = 0; i < d; ++i) {
+    for (size_t i = 0; i < r; ++i) {
       const float rot = i < half ? -v[i + half] : v[i - half];
       out[h * d + i] = FloatToBf16(R(v[i] * Bf16ToFloat(cos[i])) + R(rot * Bf16ToFloat(sin[i])));
     }
+    std::memcpy(out + h * d + r, row + r, (d - r) * sizeof(uint16_t));
   }
 }
 

@@ -92,18 +92,23 @@ void RotateHalf(const uint16_t* x_lo, const uint16_t* x_hi, float sign, const ui
   }
 }
 
-void Rope(const uint16_t* x, size_t heads, size_t d, const uint16_t* norm_weight, float eps, const uint16_t* cos,
-          const uint16_t* sin, uint16_t* out) {
-  const size_t half = d / 2;
+void Rope(const uint16_t* x, const RopeHeads& p, const uint16_t* cos, const uint16_t* sin, uint16_t* out) {
+  const size_t d = p.d, r = p.rotary_dim, half = r / 2;
   uint16_t normed[1024];
-  for (size_t h = 0; h < heads; ++h) {
-    const uint16_t* row = x + h * d;
-    if (norm_weight) {
-      Scale(row, norm_weight, d, Rinv(SumSquares(row, d), d, eps), normed);
+  for (size_t h = 0; h < p.heads; ++h) {
+    const uint16_t* row = x + h * p.stride;
+    if (p.norm_weight) {
+      (p.zero_centred ? ScaleZeroCentred : Scale)(row, p.norm_weight, d, Rinv(SumSquares(row, d), d, p.eps), normed);
       row = normed;
     }
-    RotateHalf(row, row + half, -1.0f, cos, sin, half, out + h * d);
-    RotateHalf(row + half, row, 1.0f, cos + half, sin + half, d - half, out + h * d + half);
+    uint16_t* o = out + h * d;
+    RotateHalf(row, row + half, -1.0f, cos, sin, half, o);
+    RotateHalf(row + half, row, 1.0f, cos + half, sin + half, r - half, o + half);
+    for (size_t i = r; i < d;) {  // partial RoPE: the rest as is (vector copy: libc's is bytewise here)
+      const size_t vl = __riscv_vsetvl_e16m8(d - i);
+      __riscv_vse16_v_u16m8(o + i, __riscv_vle16_v_u16m8(row + i, vl), vl);
+      i += vl;
+    }
   }
 }
 

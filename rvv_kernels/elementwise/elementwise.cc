@@ -65,13 +65,18 @@ void SiluMulRows(const ElementwiseKernels& k, size_t rows, size_t d, const uint1
                                    [&](size_t r) { k.silu_mul(x + r * x_stride, d, out + r * d); });
 }
 
-void RopeRows(const ElementwiseKernels& k, size_t tokens, size_t heads, size_t d, const uint16_t* x, size_t x_stride,
-              const uint16_t* norm_weight, float eps, const uint16_t* cos, const uint16_t* sin, uint16_t* out,
-              size_t num_threads) {
-  Require(d > 0 && d % 2 == 0 && d <= kMaxRopeDim,
-          "rope: head_dim must be even and at most " + std::to_string(kMaxRopeDim) + ", got " + std::to_string(d));
+void RopeRows(const ElementwiseKernels& k, size_t tokens, const RopeHeads& h, const uint16_t* x, size_t x_stride,
+              const uint16_t* cos, const uint16_t* sin, uint16_t* out, size_t num_threads) {
+  Require(h.d > 0 && h.d <= kMaxRopeDim,
+          "rope: head_dim must be positive and at most " + std::to_string(kMaxRopeDim) + ", got " + std::to_string(h.d));
+  Require(h.rotary_dim > 0 && h.rotary_dim % 2 == 0 && h.rotary_dim <= h.d,
+          "rope: rotary_dim must be even and in [2, head_dim = " + std::to_string(h.d) + "], got " +
+              std::to_string(h.rotary_dim));
+  Require(h.heads < 2 || h.stride >= h.d,
+          "rope: heads overlap (stride " + std::to_string(h.stride) + " < head_dim " + std::to_string(h.d) + ")");
+  const size_t r = h.rotary_dim;
   ThreadPool::Global().ParallelFor(tokens, num_threads, [&](size_t t) {
-    k.rope(x + t * x_stride, heads, d, norm_weight, eps, cos + t * d, sin + t * d, out + t * heads * d);
+    k.rope(x + t * x_stride, h, cos + t * r, sin + t * r, out + t * h.heads * h.d);
   });
 }
 

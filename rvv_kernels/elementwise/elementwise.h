@@ -28,10 +28,11 @@ void RmsNormRows(const ElementwiseKernels& k, size_t rows, size_t d, const uint1
 void SiluMulRows(const ElementwiseKernels& k, size_t rows, size_t d, const uint16_t* x, size_t x_stride,
                  uint16_t* out, size_t num_threads);
 
-// out[t] ([heads, d], contiguous) = rope(norm(x[t])) with cos[t], sin[t] (rows of d).
-void RopeRows(const ElementwiseKernels& k, size_t tokens, size_t heads, size_t d, const uint16_t* x, size_t x_stride,
-              const uint16_t* norm_weight, float eps, const uint16_t* cos, const uint16_t* sin, uint16_t* out,
-              size_t num_threads);
+// out[t] ([heads, d], contiguous) = rope(norm(x[t])) with cos[t], sin[t] (rows of
+// h.rotary_dim). Throws std::invalid_argument for a head_dim, rotary_dim or head
+// stride the kernels cannot take.
+void RopeRows(const ElementwiseKernels& k, size_t tokens, const RopeHeads& h, const uint16_t* x, size_t x_stride,
+              const uint16_t* cos, const uint16_t* sin, uint16_t* out, size_t num_threads);
 
 // out[r] = argmax(x[r, :n]) (first index on ties), -1 for a row holding a NaN.
 void ArgmaxRows(const ElementwiseKernels& k, size_t rows, size_t n, const uint16_t* x, size_t x_stride, int64_t* out,

@@ -7,9 +7,10 @@
 //            zero_centred (Qwen3.5, Qwen3-Next): out = bf16(h * rsqrt(...) * (1 + weight)),
 //            FP32 throughout and rounded once, as their torch code computes it.
 // silu_mul:  out = bf16(bf16(silu(gate)) * up) for a row [gate | up] of 2d.
-// rope:      per head of d (rotate-half RoPE), after an optional per-head RMSNorm
-//            as above: out = bf16(bf16(x * cos) + bf16(rot(x) * sin)),
-//            rot(x) = [-x[d/2:], x[:d/2]].
+// rope:      per head of d, after an optional per-head RMSNorm as above (plain or
+//            zero-centred): rotate-half RoPE on the first r = rotary_dim values,
+//            out = bf16(bf16(x * cos) + bf16(rot(x) * sin)), rot(x) = [-x[r/2:r], x[:r/2]];
+//            the other d - r values pass through (partial RoPE, Qwen3.5).
 // argmax:    the index of the largest value of a row (first on ties), -1 if any
 //            value is NaN.
 // copy:      `bytes` bytes from src to dst (not overlapping), any alignment.
@@ -21,14 +22,22 @@
 
 namespace rvascend {
 
+// One token's heads for rope: `heads` rows of d values, `stride` apart in x (a
+// gated query's heads sit 2d apart, each beside its gate); cos/sin hold rotary_dim.
+struct RopeHeads {
+  size_t heads = 0, d = 0, stride = 0, rotary_dim = 0;
+  const uint16_t* norm_weight = nullptr;  // the per-head RMSNorm's weight [d], or null: no norm
+  float eps = 0;
+  bool zero_centred = false;
+};
+
 struct ElementwiseKernels {
   const char* name;
   void (*rms_norm)(const uint16_t* x, const uint16_t* residual, const uint16_t* weight, size_t d, float eps,
                    bool zero_centred, uint16_t* out, uint16_t* residual_out);
   void (*silu_mul)(const uint16_t* gate_up, size_t d, uint16_t* out);
-  // One token: `heads` rows of d at x (rows d apart), cos/sin rows of d.
-  void (*rope)(const uint16_t* x, size_t heads, size_t d, const uint16_t* norm_weight, float eps,
-               const uint16_t* cos, const uint16_t* sin, uint16_t* out);
+  // One token: out [heads, d] contiguous.
+  void (*rope)(const uint16_t* x, const RopeHeads& h, const uint16_t* cos, const uint16_t* sin, uint16_t* out);
   int64_t (*argmax)(const uint16_t* row, size_t n);
   void (*copy)(void* dst, const void* src, size_t bytes);
 };

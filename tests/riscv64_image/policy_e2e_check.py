@@ -33,9 +33,10 @@ QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=1024, inter
                vocab_size=1024, max_position_embeddings=256,
                layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
 KERNELS = ("kv_pool_attention", "rope", "silu_mul", "add_rms_norm", "argmax", "decoder_layers")
-# The hybrid's kernels: its attention's partial RoPE and the DeltaNet layers stay in torch or
-# in the DeltaNet call (counted below), and there is no fused decode step.
-HYBRID_KERNELS = ("kv_pool_attention", "silu_mul", "add_rms_norm", "rms_norm", "argmax")
+# The hybrid's kernels: its gated attention's zero-centred q/k norms and partial RoPE on the
+# rope kernel, the DeltaNet layers' work in their own call (counted below), and no fused
+# decode step.
+HYBRID_KERNELS = ("kv_pool_attention", "rope", "silu_mul", "add_rms_norm", "rms_norm", "argmax")
 
 
 def check(name: str, config: dict, kernels_expected: tuple = KERNELS) -> bool:

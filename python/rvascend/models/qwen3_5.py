@@ -24,10 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rvascend import ops
 from rvascend.models.chunked_delta_rule import chunked_gated_delta_rule
 from rvascend.models.config import ModelConfig
 from rvascend.models.decoder import MLP, Attention, CausalLM, DecoderModel, ForwardBatch, KVPool
 from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, apply_rotary
+from rvascend.policy.kernel_routes import routes_of
 
 # Prompts through the one native call (the conv, norms and the delta rule's rows token by
 # token) instead of ATen and the chunked form's matrix products: on riscv64 ATen is scalar,
@@ -168,7 +170,7 @@ class GatedDeltaNet(nn.Module):
 class GatedAttention(Attention):
     """Full attention with an output gate and partial RoPE; K/V in the pool's layer `index`."""
 
-    rvv_kernels = ("kv_pool_attention",)
+    rvv_kernels = ("kv_pool_attention", "rope")
 
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__(config, index)
@@ -184,9 +186,18 @@ class GatedAttention(Attention):
         t, d = h.shape[0], self.head_dim
         qg, k, v = self.qkv_proj(h).split(
             [2 * self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-        q, gate = qg.reshape(t, self.heads, 2 * d).split([d, d], dim=-1)
-        q = self._rope(self.q_norm(q), cos, sin)
-        k = self._rope(self.k_norm(k.reshape(t, self.kv_heads, d)), cos, sin)
+        gate = qg.reshape(t, self.heads, 2 * d)[..., d:]
+        routes = routes_of(self)
+        if routes is not None and routes.use("rope", qg, k, cos, self.q_norm.weight, self.k_norm.weight, rows=t):
+            # The zero-centred q/k norms and the partial RoPE in one pass each, the query
+            # read in place beside its gate.
+            q = ops.elementwise.rope(qg, self.heads, self.q_norm.weight, self.q_norm.eps, cos, sin,
+                                     zero_centred=True, head_dim=d)
+            k = ops.elementwise.rope(k, self.kv_heads, self.k_norm.weight, self.k_norm.eps, cos, sin,
+                                     zero_centred=True)
+        else:
+            q = self._rope(self.q_norm(qg.reshape(t, self.heads, 2 * d)[..., :d]), cos, sin)
+            k = self._rope(self.k_norm(k.reshape(t, self.kv_heads, d)), cos, sin)
         out = self.attend(q.contiguous(), k.contiguous(), v.reshape(t, self.kv_heads, d).contiguous(), batch, pool)
         return self.o_proj(out * torch.sigmoid(gate.reshape(t, self.heads * d)))
 

@@ -235,10 +235,13 @@ def test_the_policy_packs_the_deltanet_projections_too(pair, monkeypatch):
     counters = get_policy(on).counters
     assert counters.calls("in_proj", "packed") == 5 * 3 and counters.calls("out_proj", "packed") == 5 * 3
     # The zero-centred norms run the elementwise kernels: per step the first layer's input
-    # norm and the one attention layer's q and k norms; the other 7 and the final norm add a residual.
+    # norm; the other 7 and the final norm add a residual; the one attention layer's q and k
+    # norms go with the partial RoPE (rope kernel, zero-centred).
     kernels = get_policy(on).kernels.counters
-    assert kernels.calls("rms_norm", "kernel") == 5 * 3 and kernels.calls("add_rms_norm", "kernel") == 5 * 8
+    assert kernels.calls("rms_norm", "kernel") == 5 * 1 and kernels.calls("add_rms_norm", "kernel") == 5 * 8
+    assert kernels.calls("rope", "kernel") == 5  # one routed call per layer and step covers q and k
     assert kernels.calls("rms_norm", "fallback") == kernels.calls("add_rms_norm", "fallback") == 0
+    assert kernels.calls("rope", "fallback") == 0
 
 
 def test_served_through_the_openai_client(tmp_path):

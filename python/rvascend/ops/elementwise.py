@@ -3,8 +3,11 @@
 - `rms_norm(x, weight, eps)` and `add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)`;
   with `zero_centred=True` they scale by (1 + weight) in FP32 and round once (Qwen3.5's norms)
 - `silu_mul(x[..., 2d]) -> silu(x[..., :d]) * x[..., d:]`
-- `rope(x[T, heads * D] (rows may be a slice of a wider row), heads, norm_weight, eps, cos, sin)`
-  -> [T, heads, D]: per-head RMSNorm (optional, Qwen3's q/k norm) then rotate-half RoPE
+- `rope(x[T, heads * S] (rows may be a slice of a wider row), heads, norm_weight, eps, cos, sin,
+  zero_centred=False, head_dim=0)` -> [T, heads, D]: per-head RMSNorm (optional, Qwen3's q/k norm;
+  zero-centred for Qwen3.5) then rotate-half RoPE on the first cos.shape[1] values of each head
+  (partial RoPE), the rest passed through. D = head_dim, or S when 0; heads sit S apart
+  (Qwen3.5's gated query: S = 2D, each head beside its gate)
 - `argmax(x[M, V]) -> int64[M]`, -1 for a row holding a NaN
 
 Each reproduces the intermediate BF16 roundings of the torch code it replaces
@@ -24,7 +27,8 @@ for schema in (
         "rms_norm(Tensor x, Tensor weight, float eps, bool zero_centred=False) -> Tensor",
         "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, bool zero_centred=False) -> (Tensor, Tensor)",
         "silu_mul(Tensor x) -> Tensor",
-        "rope(Tensor x, int heads, Tensor? norm_weight, float eps, Tensor cos, Tensor sin) -> Tensor",
+        "rope(Tensor x, int heads, Tensor? norm_weight, float eps, Tensor cos, Tensor sin, bool zero_centred=False, "
+        "int head_dim=0) -> Tensor",
         "argmax(Tensor x) -> Tensor"):
     torch.library.define("rvascend::" + schema.split("(")[0], "(" + schema.split("(", 1)[1])
 
@@ -102,24 +106,28 @@ def _silu_mul_cpu(x):
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], d)
 
 
-def _rope_cpu(x, heads, norm_weight, eps, cos, sin):
+def _rope_cpu(x, heads, norm_weight, eps, cos, sin, zero_centred=False, head_dim=0):
     _bf16("rope", x=x, cos=cos, sin=sin, **({"norm_weight": norm_weight} if norm_weight is not None else {}))
     if x.dim() != 2 or heads < 1 or x.shape[1] % heads:
-        raise ValueError(f"rope: x must be [tokens, heads * head_dim], got {tuple(x.shape)} for {heads} heads")
-    t, d = x.shape[0], x.shape[1] // heads
-    if cos.shape != (t, d) or sin.shape != (t, d):
-        raise ValueError(f"rope: cos/sin must be [{t}, {d}], got {tuple(cos.shape)} and {tuple(sin.shape)}")
+        raise ValueError(f"rope: x must be [tokens, heads * head stride], got {tuple(x.shape)} for {heads} heads")
+    t, stride = x.shape[0], x.shape[1] // heads
+    d = head_dim or stride
+    if not 0 < d <= stride:
+        raise ValueError(f"rope: head_dim {head_dim} must be in [1, {stride}] (x's row holds {heads} heads of {stride})")
+    r = cos.shape[-1] if cos.dim() == 2 else -1
+    if cos.dim() != 2 or cos.shape != (t, r) or sin.shape != (t, r) or not (0 < r <= d and r % 2 == 0):
+        raise ValueError(f"rope: cos/sin must be [{t}, rotary_dim] with rotary_dim even and at most head_dim {d}, "
+                         f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
     if norm_weight is not None and norm_weight.shape != (d,):
         raise ValueError(f"rope: norm_weight must be [{d}], got {tuple(norm_weight.shape)}")
-    if d % 2:
-        raise ValueError(f"rope: head_dim must be even, got {d}")
-    if x.stride(1) != 1 or (t > 1 and x.stride(0) < heads * d):
+    if x.stride(1) != 1 or (t > 1 and x.stride(0) < heads * stride):
         x = x.contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
     w = norm_weight.contiguous() if norm_weight is not None else None
     out = torch.empty((t, heads, d), dtype=torch.bfloat16)
-    _native.rope(t, heads, d, x.data_ptr(), x.stride(0) if t > 1 else heads * d, w.data_ptr() if w is not None else 0,
-                 float(eps), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    _native.rope(t, heads, d, stride, r, x.data_ptr(), x.stride(0) if t > 1 else heads * stride,
+                 w.data_ptr() if w is not None else 0, float(eps), bool(zero_centred), cos.data_ptr(), sin.data_ptr(),
+                 out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -157,8 +165,8 @@ def _silu_mul_fake(x):
 
 
 @register_fake("rvascend::rope")
-def _rope_fake(x, heads, norm_weight, eps, cos, sin):
-    return x.new_empty((x.shape[0], heads, x.shape[1] // heads))
+def _rope_fake(x, heads, norm_weight, eps, cos, sin, zero_centred=False, head_dim=0):
+    return x.new_empty((x.shape[0], heads, head_dim or x.shape[1] // heads))
 
 
 @register_fake("rvascend::argmax")
@@ -181,8 +189,9 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def rope(x: torch.Tensor, heads: int, norm_weight: Optional[torch.Tensor], eps: float, cos: torch.Tensor,
-         sin: torch.Tensor) -> torch.Tensor:
-    return eager_call(torch.ops.rvascend.rope, _rope_cpu, x, heads, norm_weight, eps, cos, sin)
+         sin: torch.Tensor, zero_centred: bool = False, head_dim: int = 0) -> torch.Tensor:
+    return eager_call(torch.ops.rvascend.rope, _rope_cpu, x, heads, norm_weight, eps, cos, sin, zero_centred,
+                      head_dim)
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:

@@ -256,17 +256,25 @@ void SiluMul(size_t rows, size_t d, uintptr_t x, size_t x_stride, uintptr_t out,
   SiluMulRows(k, rows, d, xp, x_stride, op, num_threads ? num_threads : 1);
 }
 
-void Rope(size_t tokens, size_t heads, size_t d, uintptr_t x, size_t x_stride, uintptr_t norm_weight, float eps,
-          uintptr_t cos, uintptr_t sin, uintptr_t out, size_t num_threads) {
+void Rope(size_t tokens, size_t heads, size_t d, size_t head_stride, size_t rotary_dim, uintptr_t x, size_t x_stride,
+          uintptr_t norm_weight, float eps, bool zero_centred, uintptr_t cos, uintptr_t sin, uintptr_t out,
+          size_t num_threads) {
   if (tokens == 0) return;
   const ElementwiseKernels& k = ChooseElementwiseKernels("");
-  const uint16_t* w = norm_weight ? Pointer<const uint16_t>(norm_weight, "norm_weight") : nullptr;
+  RopeHeads h;
+  h.heads = heads;
+  h.d = d;
+  h.stride = head_stride;
+  h.rotary_dim = rotary_dim;
+  h.norm_weight = norm_weight ? Pointer<const uint16_t>(norm_weight, "norm_weight") : nullptr;
+  h.eps = eps;
+  h.zero_centred = zero_centred;
   const uint16_t* xp = Pointer<const uint16_t>(x, "x");
   const uint16_t* cp = Pointer<const uint16_t>(cos, "cos");
   const uint16_t* sp = Pointer<const uint16_t>(sin, "sin");
   uint16_t* op = Pointer<uint16_t>(out, "out");
   py::gil_scoped_release release;
-  RopeRows(k, tokens, heads, d, xp, x_stride, w, eps, cp, sp, op, num_threads ? num_threads : 1);
+  RopeRows(k, tokens, h, xp, x_stride, cp, sp, op, num_threads ? num_threads : 1);
 }
 
 void Argmax(size_t rows, size_t n, uintptr_t x, size_t x_stride, uintptr_t out, size_t num_threads) {
@@ -577,9 +585,10 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         "RMSNorm of BF16 rows (scaled by 1 + weight when zero_centred), optionally after a residual add.");
   m.def("silu_mul", &SiluMul, py::arg("rows"), py::arg("d"), py::arg("x"), py::arg("x_stride"), py::arg("out"),
         py::arg("num_threads"), "silu(x[:, :d]) * x[:, d:] of BF16 rows.");
-  m.def("rope", &Rope, py::arg("tokens"), py::arg("heads"), py::arg("d"), py::arg("x"), py::arg("x_stride"),
-        py::arg("norm_weight"), py::arg("eps"), py::arg("cos"), py::arg("sin"), py::arg("out"), py::arg("num_threads"),
-        "Rotate-half RoPE of BF16 heads, after an optional per-head RMSNorm.");
+  m.def("rope", &Rope, py::arg("tokens"), py::arg("heads"), py::arg("d"), py::arg("head_stride"),
+        py::arg("rotary_dim"), py::arg("x"), py::arg("x_stride"), py::arg("norm_weight"), py::arg("eps"),
+        py::arg("zero_centred"), py::arg("cos"), py::arg("sin"), py::arg("out"), py::arg("num_threads"),
+        "Rotate-half RoPE on the first rotary_dim of each BF16 head, after an optional per-head RMSNorm.");
   m.def("argmax", &Argmax, py::arg("rows"), py::arg("n"), py::arg("x"), py::arg("x_stride"), py::arg("out"),
         py::arg("num_threads"), "First index of the maximum of each BF16 row; -1 for a row with a NaN.");
   m.def("copy_bytes", &CopyBytesOp, py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("num_threads"),

@@ -57,6 +57,11 @@ int main(int argc, char** argv) {
   auto logits = Random(rng, vocab);
   std::vector<uint16_t> out(2 * mlp), res(width);
   int64_t index = 0;
+  rvascend::RopeHeads rope;
+  rope.heads = heads;
+  rope.d = rope.stride = rope.rotary_dim = d;
+  rope.norm_weight = qn.data();
+  rope.eps = 1e-6f;
   std::map<std::string, double> portable;
   const std::vector<std::string> names = rvascend::AvailableElementwiseKernels();
   // Portable first, so every other set's line can give its ratio.
@@ -71,7 +76,7 @@ int main(int argc, char** argv) {
         {"add_rms_norm_zero_centred",
          [&] { k.rms_norm(x.data(), r.data(), w.data(), width, 1e-6f, true, out.data(), res.data()); }},
         {"silu_mul", [&] { k.silu_mul(gate_up.data(), mlp, out.data()); }},
-        {"qk_norm_rope", [&] { k.rope(q.data(), heads, d, qn.data(), 1e-6f, cs.data(), sn.data(), out.data()); }},
+        {"qk_norm_rope", [&] { k.rope(q.data(), rope, cs.data(), sn.data(), out.data()); }},
         {"argmax", [&] { index += k.argmax(logits.data(), vocab); }},
     };
     for (const auto& [op, call] : ops) {

@@ -11,6 +11,8 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "rvv_kernels/base/bf16.h"
@@ -89,43 +91,87 @@ void TestSiluMul(const ElementwiseKernels& k, std::mt19937& rng) {
   }
 }
 
+// Every head layout the models use: whole-head RoPE (Llama, Qwen3), partial RoPE
+// on a quarter of the head with zero-centred q/k norms (Qwen3.5), heads 2d apart
+// (Qwen3.5's query beside its gate), and an odd head_dim past an even rotary_dim.
 void TestRope(const ElementwiseKernels& k, std::mt19937& rng) {
-  for (size_t d : {2, 64, 128, 130}) {
+  struct Case {
+    size_t d, rotary_dim, stride_heads;  // heads sit stride_heads * d apart
+    bool zero_centred;
+  };
+  const Case cases[] = {{2, 2, 1, false}, {64, 64, 1, false}, {128, 128, 1, false}, {130, 130, 1, false},
+                        {256, 64, 2, true}, {64, 16, 1, true},  {130, 130, 2, true},   {67, 34, 1, false}};
+  for (const Case& c : cases) {
     for (bool norm : {false, true}) {
-      const size_t tokens = 3, heads = 5, stride = heads * d + 17;  // rows inside a wider qkv row
-      auto x = Random(rng, tokens * stride, 1.5f), w = Random(rng, d, 0.2f, 1.0f);
-      std::vector<uint16_t> cs(tokens * d), sn(tokens * d), out(tokens * heads * d);
+      const size_t d = c.d, r = c.rotary_dim, tokens = 3, heads = 5, hs = c.stride_heads * d;
+      const size_t stride = heads * hs + 17;  // rows inside a wider qkv row
+      auto x = Random(rng, tokens * stride, 1.5f), w = Random(rng, d, 0.2f, c.zero_centred ? 0.0f : 1.0f);
+      std::vector<uint16_t> cs(tokens * r), sn(tokens * r), out(tokens * heads * d);
       std::uniform_real_distribution<float> angle(-3.0f, 3.0f);
-      for (size_t i = 0; i < tokens * d; ++i) {
+      for (size_t i = 0; i < tokens * r; ++i) {
         const float a = angle(rng);
         cs[i] = FloatToBf16(std::cos(a));
         sn[i] = FloatToBf16(std::sin(a));
       }
-      RopeRows(k, tokens, heads, d, x.data(), stride, norm ? w.data() : nullptr, 1e-6f, cs.data(), sn.data(),
-               out.data(), 2);
+      RopeHeads spec;
+      spec.heads = heads;
+      spec.d = d;
+      spec.stride = hs;
+      spec.rotary_dim = r;
+      spec.norm_weight = norm ? w.data() : nullptr;
+      spec.eps = 1e-6f;
+      spec.zero_centred = c.zero_centred;
+      RopeRows(k, tokens, spec, x.data(), stride, cs.data(), sn.data(), out.data(), 2);
       int bad = 0;
       for (size_t t = 0; t < tokens; ++t) {
         for (size_t h = 0; h < heads; ++h) {
-          std::vector<double> v(d);
+          const uint16_t* row = x.data() + t * stride + h * hs;
+          std::vector<double> v(d), exact(d);
           double sq = 0;
-          for (size_t i = 0; i < d; ++i) sq += F(x[t * stride + h * d + i]) * F(x[t * stride + h * d + i]);
+          for (size_t i = 0; i < d; ++i) sq += F(row[i]) * F(row[i]);
           const double rinv = 1.0 / std::sqrt(sq / d + 1e-6);
           for (size_t i = 0; i < d; ++i) {
-            const double xi = F(x[t * stride + h * d + i]);
-            v[i] = norm ? F(FloatToBf16(static_cast<float>(F(w[i]) * F(FloatToBf16(static_cast<float>(xi * rinv))))))
-                        : xi;
+            const double xi = F(row[i]);
+            exact[i] = !norm ? xi : c.zero_centred ? xi * rinv * (1.0 + F(w[i])) : F(w[i]) * xi * rinv;
+            // The kernel's normed head is BF16: the reference rounds it the same way.
+            v[i] = !norm ? xi
+                         : c.zero_centred ? F(FloatToBf16(static_cast<float>(exact[i])))
+                                          : F(FloatToBf16(static_cast<float>(F(w[i]) * F(FloatToBf16(static_cast<float>(xi * rinv))))));
           }
-          for (size_t i = 0; i < d; ++i) {
-            const double rot = i < d / 2 ? -v[i + d / 2] : v[i - d / 2];
-            const double a = v[i] * F(cs[t * d + i]), b = rot * F(sn[t * d + i]);
+          const uint16_t* got = out.data() + (t * heads + h) * d;
+          for (size_t i = 0; i < r; ++i) {
+            const double rot = i < r / 2 ? -v[i + r / 2] : v[i - r / 2];
+            const double a = v[i] * F(cs[t * r + i]), b = rot * F(sn[t * r + i]);
             const double want = a + b;
             const double tol = Bf16Ulp(a) + Bf16Ulp(b) + Bf16Ulp(want) + (norm ? 2 * Bf16Ulp(v[i]) + 2 * Bf16Ulp(rot) : 0.0);
-            if (!(std::fabs(F(out[(t * heads + h) * d + i]) - want) <= tol)) ++bad;
+            if (!(std::fabs(F(got[i]) - want) <= tol)) ++bad;
+          }
+          for (size_t i = r; i < d; ++i) {  // passed through: the (normed) value itself
+            const double tol = !norm ? 0.0 : c.zero_centred ? 0.5 * Bf16Ulp(exact[i]) + 1e-5 * std::fabs(exact[i]) + 1e-30
+                                                             : 2 * Bf16Ulp(exact[i]) + 1e-6;
+            if (!(std::fabs(F(got[i]) - exact[i]) <= tol)) ++bad;
           }
         }
       }
-      EXPECT(bad == 0, "%s rope d=%zu norm=%d: %d bad", k.name, d, norm, bad);
+      EXPECT(bad == 0, "%s rope d=%zu rotary_dim=%zu head stride %zu zero_centred=%d norm=%d: %d bad", k.name, d, r,
+             hs, c.zero_centred, norm, bad);
     }
+  }
+  RopeHeads bad;
+  bad.heads = 2;
+  bad.d = 64;
+  bad.stride = 64;
+  std::vector<uint16_t> buf(256);
+  for (auto [rotary_dim, stride] : {std::pair<size_t, size_t>{0, 64}, {66, 64}, {31, 64}, {64, 32}}) {
+    bad.rotary_dim = rotary_dim;
+    bad.stride = stride;
+    bool threw = false;
+    try {
+      RopeRows(k, 1, bad, buf.data(), 128, buf.data(), buf.data(), buf.data(), 1);
+    } catch (const std::invalid_argument&) {
+      threw = true;
+    }
+    EXPECT(threw, "%s rope: rotary_dim %zu, head stride %zu refused", k.name, rotary_dim, stride);
   }
 }
 
@@ -205,13 +251,22 @@ void TestAgainstPortable(const ElementwiseKernels& k, std::mt19937& rng) {
     ArgmaxRows(p, rows, 2 * d, x.data(), 2 * d, ib.data(), 1);
     EXPECT(ia == ib, "%s argmax n=%zu differs from portable", k.name, 2 * d);
   }
-  for (size_t d : {64, 128, 130}) {
+  for (auto [d, r, zero_centred] : {std::tuple<size_t, size_t, bool>{64, 64, false}, {128, 128, false},
+                                     {130, 130, false}, {256, 64, true}}) {
     const size_t heads = 6;
-    auto x = Random(rng, heads * d, 1.5f), w = Random(rng, d, 0.2f, 1.0f), cs = Random(rng, d, 0.7f),
-         sn = Random(rng, d, 0.7f);
+    auto x = Random(rng, heads * 2 * d, 1.5f), w = Random(rng, d, 0.2f, zero_centred ? 0.0f : 1.0f),
+         cs = Random(rng, r, 0.7f), sn = Random(rng, r, 0.7f);
+    RopeHeads spec;
+    spec.heads = heads;
+    spec.d = d;
+    spec.stride = zero_centred ? 2 * d : d;
+    spec.rotary_dim = r;
+    spec.norm_weight = w.data();
+    spec.eps = 1e-6f;
+    spec.zero_centred = zero_centred;
     std::vector<uint16_t> a(heads * d), b(heads * d);
-    RopeRows(k, 1, heads, d, x.data(), heads * d, w.data(), 1e-6f, cs.data(), sn.data(), a.data(), 1);
-    RopeRows(p, 1, heads, d, x.data(), heads * d, w.data(), 1e-6f, cs.data(), sn.data(), b.data(), 1);
+    RopeRows(k, 1, spec, x.data(), heads * 2 * d, cs.data(), sn.data(), a.data(), 1);
+    RopeRows(p, 1, spec, x.data(), heads * 2 * d, cs.data(), sn.data(), b.data(), 1);
     compare(a, b);
   }
   EXPECT(far == 0, "%s against portable: %zu of %zu values more than 2 BF16 ulps apart", k.name, far, values);
