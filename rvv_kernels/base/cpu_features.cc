@@ -97,6 +97,7 @@ CpuFeatures Detect() {
   f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");
   f.avx512bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+  f.avx512vnni = f.avx512 && __builtin_cpu_supports("avx512vnni");
 #endif
   return f;
 }
@@ -109,7 +110,7 @@ std::string CpuFeatures::Describe() const {
   out << "riscv64 rvv=" << rvv << " vlen=" << vlen_bits << " zvfbfwma=" << zvfbfwma << " ("
       << zvfbfwma_source << ")";
 #elif defined(__x86_64__)
-  out << "x86-64 avx2=" << avx2 << " avx512=" << avx512 << " avx512bf16=" << avx512bf16;
+  out << "x86-64 avx2=" << avx2 << " avx512=" << avx512 << " avx512bf16=" << avx512bf16 << " avx512vnni=" << avx512vnni;
 #else
   out << "generic CPU";
 #endif

@@ -15,6 +15,7 @@ struct CpuFeatures {
   bool avx2 = false;       // x86-64: AVX2 + FMA + F16C (every AVX2 CPU has F16C)
   bool avx512 = false;     // x86-64: AVX-512 F/BW/VL
   bool avx512bf16 = false; // x86-64: AVX-512 F/BW/VL + BF16 (vdpbf16ps)
+  bool avx512vnni = false; // x86-64: AVX-512 F/BW/VL + VNNI (vpdpbusd)
   std::string Describe() const;
 };
 

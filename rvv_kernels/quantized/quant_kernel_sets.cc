@@ -13,6 +13,7 @@ std::vector<const QuantKernelSet*> AvailableQuantKernelSets() {
   if (GetCpuFeatures().rvv && GetCpuFeatures().vlen_bits >= 128) sets.push_back(&kRvvQuantKernels);
 #endif
 #if defined(RVASCEND_HAVE_X86_VARIANTS)
+  if (GetCpuFeatures().avx512vnni && GetCpuFeatures().avx2) sets.push_back(&Avx512VnniQuantKernels());
   if (GetCpuFeatures().avx2) sets.push_back(&kAvx2QuantKernels);
 #endif
   sets.push_back(&kPortableQuantKernels);

@@ -178,8 +178,10 @@ QUESTIONS = ["What is the capital of France? Answer in one sentence.", "Write a 
 # Its logits are not exact either: on this file they differ from an exact FP32 product of
 # the same dequantized weights by 0.63 at the median position (the largest difference
 # over the vocabulary, measured on 512 tokens of the GPL-3); this engine, with BF16
-# activations, by 0.79.
-NEAR_TIE = 0.5
+# activations, by 0.79. They also move with the host: llama.cpp runs other kernels on an
+# AVX-512 VNNI host than on an AVX2 one, and there one choice with a gap of 0.503 parted
+# (this engine's answer was the same with its AVX2 and its VNNI kernels, which give the same bits).
+NEAR_TIE = 0.75
 
 
 def test_default_model_greedy_and_perplexity_match_llama_cpp():
