@@ -1,5 +1,5 @@
-// AVX-512 VNNI kernels for Q8_0 and Q4_0 on the runtime layout (tiles of 64
-// columns, quant_format.h); the other formats keep the AVX2 kernels.
+// AVX-512 VNNI kernels for Q8_0, Q4_0 and Q4_K on the runtime layout (tiles of
+// 64 columns, quant_format.h); Q4_1 and Q6_K keep the AVX2 kernels.
 //
 // vpdpbusd multiplies four unsigned bytes by four signed bytes and adds the
 // four products to an int32 lane, so a lane must hold four k of one column
@@ -7,8 +7,8 @@
 // tile are transposed in registers (two rounds of in-lane unpacks), which
 // leaves the columns of each 128-bit lane in four groups of four
 // (Transpose4). The activations are signed; the weights are made unsigned:
-// Q4_0's nibbles are 0..15 already (the 8 is taken off as 8 x the block's
-// activation sum, as in the other sets), Q8_0's bytes are flipped to q + 128
+// Q4_0's and Q4_K's nibbles are 0..15 already (Q4_0's 8 is taken off as 8 x
+// the block's activation sum, as in the other sets), Q8_0's bytes are flipped to q + 128
 // and 128 x the activation sum is taken off. Both corrections are exact, and
 // the scales are applied with the portable twin's FP32 operations in its
 // order, so the results are bit-identical to it (the host test compares).
@@ -53,13 +53,54 @@ inline void Scales(const uint8_t* p, __m512 s[4]) {
   s[3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(g23, 1));
 }
 
+// 16 rows of nibble bytes qs[16][64] (low nibble k = i, high k = i + 16) against
+// x[r][0..31], added to isum[r][g] (Transpose4's column order).
+template <size_t R>
+inline void NibbleDot(const uint8_t* qs, const int8_t* const x[R], __m512i isum[R][4]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (size_t i = 0; i < 16; i += 4) {
+    const uint8_t* row = qs + i * kTile;
+    __m512i bytes[4], lo[4], hi[4];
+    for (size_t j = 0; j < 4; ++j) bytes[j] = Load(row + j * kTile);
+    Transpose4(_mm512_and_si512(bytes[0], low4), _mm512_and_si512(bytes[1], low4),
+               _mm512_and_si512(bytes[2], low4), _mm512_and_si512(bytes[3], low4), lo);
+    Transpose4(_mm512_and_si512(_mm512_srli_epi16(bytes[0], 4), low4),
+               _mm512_and_si512(_mm512_srli_epi16(bytes[1], 4), low4),
+               _mm512_and_si512(_mm512_srli_epi16(bytes[2], 4), low4),
+               _mm512_and_si512(_mm512_srli_epi16(bytes[3], 4), low4), hi);
+    for (size_t r = 0; r < R; ++r) {
+      const __m512i al = Dword(x[r] + i), ah = Dword(x[r] + 16 + i);
+      for (size_t g = 0; g < 4; ++g) {
+        isum[r][g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(isum[r][g], lo[g], al), hi[g], ah);
+      }
+    }
+  }
+}
+
+// The 64 u8 at p as int32 in Transpose4's order: group g.
+inline __m512i Bytes32(const uint8_t* p, size_t g) {
+  const __m512i all = Load(p);  // dword n = columns 4n .. 4n+3
+  const __m512i pick = _mm512_permutexvar_epi32(
+      _mm512_setr_epi32(g, 4 + g, 8 + g, 12 + g, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), all);
+  return _mm512_cvtepu8_epi32(_mm512_castsi512_si128(pick));
+}
+
+// acc (Transpose4's order) -> out[0..63] in column order.
+inline void StoreColumns(const __m512 acc[4], float* out) {
+  for (size_t g = 0; g < 4; ++g) {
+    for (size_t lane = 0; lane < 4; ++lane) {
+      _mm_storeu_ps(out + 16 * lane + 4 * g, _mm512_extractf32x4_ps(acc[g], lane));
+    }
+  }
+}
+
 // R rows of activations against one tile; F is Q8_0 or Q4_0.
 template <QuantFormat F, size_t R>
 void GemmRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
   constexpr bool kQ8 = F == QuantFormat::kQ8_0;
   const size_t blocks = a.k / 32;
   const size_t block_bytes = (kQ8 ? 34 : 18) * kTile;
-  const __m512i low4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[R][4];
   for (size_t r = 0; r < R; ++r) {
     for (auto& v : acc[r]) v = _mm512_setzero_ps();
@@ -85,23 +126,7 @@ void GemmRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, si
         }
       }
     } else {
-      for (size_t i = 0; i < 16; i += 4) {  // byte (i, column): k = i in the low nibble, i + 16 in the high
-        const uint8_t* row = q + i * kTile;
-        __m512i bytes[4], lo[4], hi[4];
-        for (size_t j = 0; j < 4; ++j) bytes[j] = Load(row + j * kTile);
-        Transpose4(_mm512_and_si512(bytes[0], low4), _mm512_and_si512(bytes[1], low4),
-                   _mm512_and_si512(bytes[2], low4), _mm512_and_si512(bytes[3], low4), lo);
-        Transpose4(_mm512_and_si512(_mm512_srli_epi16(bytes[0], 4), low4),
-                   _mm512_and_si512(_mm512_srli_epi16(bytes[1], 4), low4),
-                   _mm512_and_si512(_mm512_srli_epi16(bytes[2], 4), low4),
-                   _mm512_and_si512(_mm512_srli_epi16(bytes[3], 4), low4), hi);
-        for (size_t r = 0; r < R; ++r) {
-          const __m512i al = Dword(x[r] + i), ah = Dword(x[r] + 16 + i);
-          for (size_t g = 0; g < 4; ++g) {
-            isum[r][g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(isum[r][g], lo[g], al), hi[g], ah);
-          }
-        }
-      }
+      NibbleDot<R>(q, x, isum);
     }
     __m512 scale[4];
     Scales(blk, scale);
@@ -115,23 +140,81 @@ void GemmRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, si
       }
     }
   }
+  for (size_t r = 0; r < R; ++r) StoreColumns(acc[r], c + r * c_stride);
+}
+
+// Q4_K: per sub-block of 32 the nibble dot, times the column's 6-bit scale; the
+// mins' term sum_j mn_j * (the activations' sum over sub-block j) after the
+// super-block. The FP32 steps are the AVX2 and portable kernels'.
+template <size_t R>
+void GemmQ4KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
+  const size_t supers = a.k / 256;
+  __m512 acc[R][4];
   for (size_t r = 0; r < R; ++r) {
-    float* out = c + r * c_stride;
-    for (size_t g = 0; g < 4; ++g) {
-      _mm_storeu_ps(out + 4 * g, _mm512_extractf32x4_ps(acc[r][g], 0));
-      _mm_storeu_ps(out + 16 + 4 * g, _mm512_extractf32x4_ps(acc[r][g], 1));
-      _mm_storeu_ps(out + 32 + 4 * g, _mm512_extractf32x4_ps(acc[r][g], 2));
-      _mm_storeu_ps(out + 48 + 4 * g, _mm512_extractf32x4_ps(acc[r][g], 3));
+    for (auto& v : acc[r]) v = _mm512_setzero_ps();
+  }
+  for (size_t s = 0; s < supers; ++s) {
+    const uint8_t* blk = tile + s * 148 * kTile;
+    const uint8_t* sc = blk + 4 * kTile;
+    const uint8_t* mn = blk + 12 * kTile;
+    __m512i total[R][4];
+    for (size_t r = 0; r < R; ++r) {
+      for (auto& v : total[r]) v = _mm512_setzero_si512();
+    }
+    for (size_t sub = 0; sub < 8; ++sub) {
+      const int8_t* x[R];
+      for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * sub;
+      __m512i isum[R][4];
+      for (size_t r = 0; r < R; ++r) {
+        for (auto& v : isum[r]) v = _mm512_setzero_si512();
+      }
+      NibbleDot<R>(blk + 20 * kTile + 16 * sub * kTile, x, isum);
+      for (size_t g = 0; g < 4; ++g) {
+        const __m512i scale = Bytes32(sc + sub * kTile, g);
+        for (size_t r = 0; r < R; ++r) total[r][g] = _mm512_add_epi32(total[r][g], _mm512_mullo_epi32(scale, isum[r][g]));
+      }
+    }
+    __m512 d[4], dmin[4];
+    Scales(blk, d);
+    Scales(blk + 2 * kTile, dmin);
+    for (size_t r = 0; r < R; ++r) {
+      const int32_t* asum = a.sum32 + (row0 + r) * (a.k / 32) + 8 * s;
+      const float ad = a.d[(row0 + r) * supers + s];
+      for (size_t g = 0; g < 4; ++g) {
+        __m512i msum = _mm512_setzero_si512();
+        for (size_t sub = 0; sub < 8; ++sub) {
+          msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(Bytes32(mn + sub * kTile, g), _mm512_set1_epi32(asum[sub])));
+        }
+        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][g]), _mm512_mul_ps(d[g], _mm512_set1_ps(ad)), acc[r][g]);
+        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin[g], _mm512_set1_ps(-ad)), acc[r][g]);
+      }
     }
   }
+  for (size_t r = 0; r < R; ++r) StoreColumns(acc[r], c + r * c_stride);
 }
 
 template <QuantFormat F>
-void Gemm(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t, float* c, size_t c_stride) {
+struct Gemm32 {
+  template <size_t R>
+  static void Rows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
+    GemmRows<F, R>(a, row0, tile, c, c_stride);
+  }
+};
+
+struct Q4K {
+  template <size_t R>
+  static void Rows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
+    GemmQ4KRows<R>(a, row0, tile, c, c_stride);
+  }
+};
+
+// A QuantUkernel over any number of rows: four at a time, then two, then one.
+template <typename K>
+void ByRows(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t, float* c, size_t c_stride) {
   size_t r = 0;
-  for (; r + 4 <= m; r += 4) GemmRows<F, 4>(a, row0 + r, tile, c + r * c_stride, c_stride);
-  for (; r + 2 <= m; r += 2) GemmRows<F, 2>(a, row0 + r, tile, c + r * c_stride, c_stride);
-  if (r < m) GemmRows<F, 1>(a, row0 + r, tile, c + r * c_stride, c_stride);
+  for (; r + 4 <= m; r += 4) K::template Rows<4>(a, row0 + r, tile, c + r * c_stride, c_stride);
+  for (; r + 2 <= m; r += 2) K::template Rows<2>(a, row0 + r, tile, c + r * c_stride, c_stride);
+  if (r < m) K::template Rows<1>(a, row0 + r, tile, c + r * c_stride, c_stride);
 }
 
 }  // namespace
@@ -140,8 +223,9 @@ const QuantKernelSet& Avx512VnniQuantKernels() {
   static const QuantKernelSet set = [] {
     QuantKernelSet s = kAvx2QuantKernels;
     s.name = "avx512vnni";
-    s.ukernel[static_cast<int>(QuantFormat::kQ8_0)] = Gemm<QuantFormat::kQ8_0>;
-    s.ukernel[static_cast<int>(QuantFormat::kQ4_0)] = Gemm<QuantFormat::kQ4_0>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ8_0)] = ByRows<Gemm32<QuantFormat::kQ8_0>>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ4_0)] = ByRows<Gemm32<QuantFormat::kQ4_0>>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ4_K)] = ByRows<Q4K>;
     return s;
   }();
   return set;
