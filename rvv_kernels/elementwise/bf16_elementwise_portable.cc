@@ -63,6 +63,12 @@ void Rope(const uint16_t* x, const RopeHeads& p, const uint16_t* cos, const uint
   }
 }
 
+void SigmoidMul(const uint16_t* x, const uint16_t* gate, size_t n, uint16_t* out) {
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = FloatToBf16(Bf16ToFloat(x[i]) * R(1.0f / (1.0f + std::exp(-Bf16ToFloat(gate[i])))));
+  }
+}
+
 int64_t Argmax(const uint16_t* row, size_t n) {
   int64_t best = 0;
   float value = Bf16ToFloat(row[0]);
@@ -81,6 +87,6 @@ void Copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, byte
 
 }  // namespace
 
-const ElementwiseKernels kElementwisePortable = {"portable", RmsNorm, SiluMul, Rope, Argmax, Copy};
+const ElementwiseKernels kElementwisePortable = {"portable", RmsNorm, SiluMul, Rope, SigmoidMul, Argmax, Copy};
 
 }  // namespace rvascend

@@ -112,6 +112,16 @@ void Rope(const uint16_t* x, const RopeHeads& p, const uint16_t* cos, const uint
   }
 }
 
+void SigmoidMul(const uint16_t* x, const uint16_t* gate, size_t n, uint16_t* out) {
+  for (size_t i = 0; i < n;) {
+    const size_t vl = V::SetVl(n - i);
+    const vfloat32m4_t e = rvv::Exp(__riscv_vfneg_v_f32m4(V::LoadBf16(gate + i, vl), vl), vl);
+    const vfloat32m4_t s = rvv::RoundBf16(__riscv_vfrdiv_vf_f32m4(__riscv_vfadd_vf_f32m4(e, 1.0f, vl), 1.0f, vl), vl);
+    V::StoreBf16(out + i, __riscv_vfmul_vv_f32m4(V::LoadBf16(x + i, vl), s, vl), vl);
+    i += vl;
+  }
+}
+
 int64_t Argmax(const uint16_t* row, size_t n) {
   // Pass 1: the maximum and whether any lane is NaN; pass 2: its first index.
   vfloat32m1_t m1 = __riscv_vfmv_v_f_f32m1(-__builtin_inff(), 1);
@@ -149,6 +159,6 @@ void Copy(void* dst, const void* src, size_t bytes) {
 
 }  // namespace
 
-const ElementwiseKernels kElementwiseRvv = {"rvv", RmsNorm, SiluMul, Rope, Argmax, Copy};
+const ElementwiseKernels kElementwiseRvv = {"rvv", RmsNorm, SiluMul, Rope, SigmoidMul, Argmax, Copy};
 
 }  // namespace rvascend

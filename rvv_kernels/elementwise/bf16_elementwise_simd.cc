@@ -108,6 +108,13 @@ void Rope(const uint16_t* x, const RopeHeads& p, const uint16_t* cos, const uint
   }
 }
 
+void SigmoidMul(const uint16_t* x, const uint16_t* gate, size_t n, uint16_t* out) {
+  Chunks(n, [&](size_t i, size_t lanes) {
+    const VF s = simd::RoundBf16(1.0f / (simd::Exp(-LoadBf16N(gate + i, lanes)) + 1.0f));
+    StoreBf16N(out + i, LoadBf16N(x + i, lanes) * s, lanes);
+  });
+}
+
 int64_t Argmax(const uint16_t* row, size_t n) {
   // One pass: each lane keeps its largest value and that value's first index
   // (strictly greater replaces), then the smallest index among the lanes that
@@ -137,6 +144,6 @@ void Copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, byte
 }  // namespace
 
 extern const ElementwiseKernels RVASCEND_ELEMENTWISE_SYMBOL = {RVASCEND_STR(RVASCEND_ELEMENTWISE_NAME), RmsNorm,
-                                                              SiluMul, Rope, Argmax, Copy};
+                                                              SiluMul, Rope, SigmoidMul, Argmax, Copy};
 
 }  // namespace rvascend

@@ -80,6 +80,20 @@ void RopeRows(const ElementwiseKernels& k, size_t tokens, const RopeHeads& h, co
   });
 }
 
+void SigmoidMulRows(const ElementwiseKernels& k, size_t tokens, size_t heads, size_t d, const uint16_t* x,
+                    size_t x_stride, const uint16_t* gate, size_t gate_stride, size_t gate_head_stride, uint16_t* out,
+                    size_t num_threads) {
+  Require(d > 0, "sigmoid_mul: head_dim must be positive");
+  Require(heads < 2 || gate_head_stride >= d, "sigmoid_mul: gate heads overlap (head stride " +
+                                                  std::to_string(gate_head_stride) + " < head_dim " + std::to_string(d) + ")");
+  ThreadPool::Global().ParallelFor(tokens, num_threads, [&](size_t t) {
+    for (size_t h = 0; h < heads; ++h) {
+      k.sigmoid_mul(x + t * x_stride + h * d, gate + t * gate_stride + h * gate_head_stride, d,
+                    out + (t * heads + h) * d);
+    }
+  });
+}
+
 void ArgmaxRows(const ElementwiseKernels& k, size_t rows, size_t n, const uint16_t* x, size_t x_stride, int64_t* out,
                 size_t num_threads) {
   Require(n > 0, "argmax: rows must not be empty");

@@ -34,6 +34,12 @@ void SiluMulRows(const ElementwiseKernels& k, size_t rows, size_t d, const uint1
 void RopeRows(const ElementwiseKernels& k, size_t tokens, const RopeHeads& h, const uint16_t* x, size_t x_stride,
               const uint16_t* cos, const uint16_t* sin, uint16_t* out, size_t num_threads);
 
+// out[t, h * d + i] = x[t, h * d + i] * sigmoid(gate[t * gate_stride + h * gate_head_stride + i]):
+// per head, the attention output times its gate (a gated query's heads sit beside their gates).
+void SigmoidMulRows(const ElementwiseKernels& k, size_t tokens, size_t heads, size_t d, const uint16_t* x,
+                    size_t x_stride, const uint16_t* gate, size_t gate_stride, size_t gate_head_stride, uint16_t* out,
+                    size_t num_threads);
+
 // out[r] = argmax(x[r, :n]) (first index on ties), -1 for a row holding a NaN.
 void ArgmaxRows(const ElementwiseKernels& k, size_t rows, size_t n, const uint16_t* x, size_t x_stride, int64_t* out,
                 size_t num_threads);

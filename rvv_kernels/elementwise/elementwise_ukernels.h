@@ -11,6 +11,7 @@
 //            zero-centred): rotate-half RoPE on the first r = rotary_dim values,
 //            out = bf16(bf16(x * cos) + bf16(rot(x) * sin)), rot(x) = [-x[r/2:r], x[:r/2]];
 //            the other d - r values pass through (partial RoPE, Qwen3.5).
+// sigmoid_mul: out = bf16(x * bf16(sigmoid(gate))) (Qwen3.5's attention output gate).
 // argmax:    the index of the largest value of a row (first on ties), -1 if any
 //            value is NaN.
 // copy:      `bytes` bytes from src to dst (not overlapping), any alignment.
@@ -38,6 +39,7 @@ struct ElementwiseKernels {
   void (*silu_mul)(const uint16_t* gate_up, size_t d, uint16_t* out);
   // One token: out [heads, d] contiguous.
   void (*rope)(const uint16_t* x, const RopeHeads& h, const uint16_t* cos, const uint16_t* sin, uint16_t* out);
+  void (*sigmoid_mul)(const uint16_t* x, const uint16_t* gate, size_t n, uint16_t* out);
   int64_t (*argmax)(const uint16_t* row, size_t n);
   void (*copy)(void* dst, const void* src, size_t bytes);
 };

@@ -34,9 +34,9 @@ QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=1024, inter
                layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
 KERNELS = ("kv_pool_attention", "rope", "silu_mul", "add_rms_norm", "argmax", "decoder_layers")
 # The hybrid's kernels: its gated attention's zero-centred q/k norms and partial RoPE on the
-# rope kernel, the DeltaNet layers' work in their own call (counted below), and no fused
-# decode step.
-HYBRID_KERNELS = ("kv_pool_attention", "rope", "silu_mul", "add_rms_norm", "rms_norm", "argmax")
+# rope kernel and its output gate on sigmoid_mul, the DeltaNet layers' work in their own call
+# (counted below), and no fused decode step.
+HYBRID_KERNELS = ("kv_pool_attention", "rope", "sigmoid_mul", "silu_mul", "add_rms_norm", "rms_norm", "argmax")
 
 
 def check(name: str, config: dict, kernels_expected: tuple = KERNELS) -> bool:

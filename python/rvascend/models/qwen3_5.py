@@ -170,7 +170,7 @@ class GatedDeltaNet(nn.Module):
 class GatedAttention(Attention):
     """Full attention with an output gate and partial RoPE; K/V in the pool's layer `index`."""
 
-    rvv_kernels = ("kv_pool_attention", "rope")
+    rvv_kernels = ("kv_pool_attention", "rope", "sigmoid_mul")
 
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__(config, index)
@@ -186,7 +186,6 @@ class GatedAttention(Attention):
         t, d = h.shape[0], self.head_dim
         qg, k, v = self.qkv_proj(h).split(
             [2 * self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-        gate = qg.reshape(t, self.heads, 2 * d)[..., d:]
         routes = routes_of(self)
         if routes is not None and routes.use("rope", qg, k, cos, self.q_norm.weight, self.k_norm.weight, rows=t):
             # The zero-centred q/k norms and the partial RoPE in one pass each, the query
@@ -199,7 +198,10 @@ class GatedAttention(Attention):
             q = self._rope(self.q_norm(qg.reshape(t, self.heads, 2 * d)[..., :d]), cos, sin)
             k = self._rope(self.k_norm(k.reshape(t, self.kv_heads, d)), cos, sin)
         out = self.attend(q.contiguous(), k.contiguous(), v.reshape(t, self.kv_heads, d).contiguous(), batch, pool)
-        return self.o_proj(out * torch.sigmoid(gate.reshape(t, self.heads * d)))
+        if routes is not None and routes.use("sigmoid_mul", out, qg, rows=t):
+            return self.o_proj(ops.elementwise.sigmoid_mul(out, qg[:, d:], self.heads, 2 * d))
+        gate = qg.reshape(t, self.heads, 2 * d)[..., d:].reshape(t, self.heads * d)
+        return self.o_proj(out * torch.sigmoid(gate))
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         r = self.rotary_dim

@@ -240,6 +240,7 @@ def test_the_policy_packs_the_deltanet_projections_too(pair, monkeypatch):
     kernels = get_policy(on).kernels.counters
     assert kernels.calls("rms_norm", "kernel") == 5 * 1 and kernels.calls("add_rms_norm", "kernel") == 5 * 8
     assert kernels.calls("rope", "kernel") == 5  # one routed call per layer and step covers q and k
+    assert kernels.calls("sigmoid_mul", "kernel") == 5 and kernels.calls("sigmoid_mul", "fallback") == 0
     assert kernels.calls("rms_norm", "fallback") == kernels.calls("add_rms_norm", "fallback") == 0
     assert kernels.calls("rope", "fallback") == 0
 

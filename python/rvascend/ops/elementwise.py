@@ -8,6 +8,9 @@
   zero-centred for Qwen3.5) then rotate-half RoPE on the first cos.shape[1] values of each head
   (partial RoPE), the rest passed through. D = head_dim, or S when 0; heads sit S apart
   (Qwen3.5's gated query: S = 2D, each head beside its gate)
+- `sigmoid_mul(x[T, heads * D], gate, heads, gate_head_stride)` -> [T, heads * D]: x times
+  sigmoid(gate) per head, head h's gate at gate[:, h * gate_head_stride :][:D] (Qwen3.5's
+  attention output gate, read in place from the gated query)
 - `argmax(x[M, V]) -> int64[M]`, -1 for a row holding a NaN
 
 Each reproduces the intermediate BF16 roundings of the torch code it replaces
@@ -29,6 +32,7 @@ for schema in (
         "silu_mul(Tensor x) -> Tensor",
         "rope(Tensor x, int heads, Tensor? norm_weight, float eps, Tensor cos, Tensor sin, bool zero_centred=False, "
         "int head_dim=0) -> Tensor",
+        "sigmoid_mul(Tensor x, Tensor gate, int heads, int gate_head_stride) -> Tensor",
         "argmax(Tensor x) -> Tensor"):
     torch.library.define("rvascend::" + schema.split("(")[0], "(" + schema.split("(", 1)[1])
 
@@ -131,6 +135,24 @@ def _rope_cpu(x, heads, norm_weight, eps, cos, sin, zero_centred=False, head_dim
     return out
 
 
+def _sigmoid_mul_cpu(x, gate, heads, gate_head_stride):
+    _bf16("sigmoid_mul", x=x, gate=gate)
+    if x.dim() != 2 or heads < 1 or x.shape[1] % heads or x.shape[1] == 0:
+        raise ValueError(f"sigmoid_mul: x must be [tokens, heads * head_dim], got {tuple(x.shape)} for {heads} heads")
+    t, d = x.shape[0], x.shape[1] // heads
+    need = (heads - 1) * gate_head_stride + d
+    if gate.dim() != 2 or gate.shape[0] != t or gate.shape[1] < need or gate_head_stride < d:
+        raise ValueError(f"sigmoid_mul: gate must be [{t}, >= {need}] with heads at least head_dim {d} apart, got "
+                         f"{tuple(gate.shape)} and head stride {gate_head_stride}")
+    x = _rows("sigmoid_mul", x, heads * d)
+    if gate.stride(1) != 1 or (t > 1 and gate.stride(0) < need):
+        gate = gate.contiguous()
+    out = torch.empty((t, heads * d), dtype=torch.bfloat16)
+    _native.sigmoid_mul(t, heads, d, x.data_ptr(), x.stride(0) if t > 1 else heads * d, gate.data_ptr(),
+                        gate.stride(0) if t > 1 else need, gate_head_stride, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
 def _argmax_cpu(x):
     _bf16("argmax", x=x)
     if x.dim() != 2 or x.shape[1] == 0:
@@ -146,6 +168,7 @@ torch.library.impl("rvascend::rms_norm", "CPU")(_rms_norm_cpu)
 torch.library.impl("rvascend::add_rms_norm", "CPU")(_add_rms_norm_cpu)
 torch.library.impl("rvascend::silu_mul", "CPU")(_silu_mul_cpu)
 torch.library.impl("rvascend::rope", "CPU")(_rope_cpu)
+torch.library.impl("rvascend::sigmoid_mul", "CPU")(_sigmoid_mul_cpu)
 torch.library.impl("rvascend::argmax", "CPU")(_argmax_cpu)
 
 
@@ -167,6 +190,11 @@ def _silu_mul_fake(x):
 @register_fake("rvascend::rope")
 def _rope_fake(x, heads, norm_weight, eps, cos, sin, zero_centred=False, head_dim=0):
     return x.new_empty((x.shape[0], heads, head_dim or x.shape[1] // heads))
+
+
+@register_fake("rvascend::sigmoid_mul")
+def _sigmoid_mul_fake(x, gate, heads, gate_head_stride):
+    return torch.empty_like(x)
 
 
 @register_fake("rvascend::argmax")
@@ -192,6 +220,10 @@ def rope(x: torch.Tensor, heads: int, norm_weight: Optional[torch.Tensor], eps: 
          sin: torch.Tensor, zero_centred: bool = False, head_dim: int = 0) -> torch.Tensor:
     return eager_call(torch.ops.rvascend.rope, _rope_cpu, x, heads, norm_weight, eps, cos, sin, zero_centred,
                       head_dim)
+
+
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor, heads: int, gate_head_stride: int) -> torch.Tensor:
+    return eager_call(torch.ops.rvascend.sigmoid_mul, _sigmoid_mul_cpu, x, gate, heads, gate_head_stride)
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:

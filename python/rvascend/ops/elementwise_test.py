@@ -109,6 +109,26 @@ def test_rope_partial_zero_centred_on_a_gated_query(heads, d, rotary_dim):
     assert_rope_close(got, want, rotary_dim)
 
 
+@pytest.mark.parametrize("heads,d", [(8, 256), (3, 7), (1, 64)])
+def test_sigmoid_mul_matches_the_gated_attention_output(heads, d):
+    """Qwen3.5's output gate: out * sigmoid(gate) in BF16, the gate read in place beside each
+    head's query (heads 2d apart in the wider qkv row)."""
+    g = torch.Generator().manual_seed(heads * d)
+    t = 4
+    qkv = (3 * torch.randn(t, heads * 2 * d + 5, generator=g)).bfloat16()
+    x = torch.randn(t, heads * d, generator=g).bfloat16()
+    qkv[0, d] = -100.0  # exp overflow side
+    qkv[1, d] = 90.0
+    gate = qkv[:, :heads * 2 * d].reshape(t, heads, 2 * d)[..., d:].reshape(t, heads * d)
+    want = x * torch.sigmoid(gate)
+    got = E.sigmoid_mul(x, qkv[:, d:], heads, 2 * d)
+    assert got.shape == want.shape
+    # Nearly bit-identical: at most 1 % of the values, or the overflow side's one (the kernel's
+    # exp saturates, so sigmoid(-100) is a denormal where torch's is 0).
+    assert _ulps(got, want).max() <= 1 and int((got != want).sum()) <= max(1, want.numel() // 100)
+    assert _ulps(got, x.double() * torch.sigmoid(gate.double())).max() <= 2
+
+
 def test_argmax_matches_torch_and_flags_nan():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(4, 151936, generator=g).bfloat16()
@@ -152,6 +172,10 @@ def test_copy_writes_only_its_slot():
                     torch.zeros(2, 6).bfloat16(), head_dim=4), ValueError, "rotary_dim even and at most"),
     (lambda: E.rope(torch.zeros(2, 16).bfloat16(), 2, None, 0.0, torch.zeros(2, 4).bfloat16(),
                     torch.zeros(2, 4).bfloat16(), head_dim=9), ValueError, "head_dim 9"),
+    (lambda: E.sigmoid_mul(torch.zeros(2, 8).bfloat16(), torch.zeros(2, 7).bfloat16(), 2, 4), ValueError,
+     "gate must be"),
+    (lambda: E.sigmoid_mul(torch.zeros(2, 8).bfloat16(), torch.zeros(2, 16).bfloat16(), 2, 3), ValueError,
+     "gate must be"),
     (lambda: E.argmax(torch.zeros(2, 0).bfloat16()), ValueError, "n > 0"),
 ])
 def test_bad_input_is_a_clear_error(call, error, match):

@@ -277,6 +277,18 @@ void Rope(size_t tokens, size_t heads, size_t d, size_t head_stride, size_t rota
   RopeRows(k, tokens, h, xp, x_stride, cp, sp, op, num_threads ? num_threads : 1);
 }
 
+void SigmoidMul(size_t tokens, size_t heads, size_t d, uintptr_t x, size_t x_stride, uintptr_t gate,
+                size_t gate_stride, size_t gate_head_stride, uintptr_t out, size_t num_threads) {
+  if (tokens == 0) return;
+  const ElementwiseKernels& k = ChooseElementwiseKernels("");
+  const uint16_t* xp = Pointer<const uint16_t>(x, "x");
+  const uint16_t* gp = Pointer<const uint16_t>(gate, "gate");
+  uint16_t* op = Pointer<uint16_t>(out, "out");
+  py::gil_scoped_release release;
+  SigmoidMulRows(k, tokens, heads, d, xp, x_stride, gp, gate_stride, gate_head_stride, op,
+                 num_threads ? num_threads : 1);
+}
+
 void Argmax(size_t rows, size_t n, uintptr_t x, size_t x_stride, uintptr_t out, size_t num_threads) {
   if (rows == 0) return;
   const ElementwiseKernels& k = ChooseElementwiseKernels("");
@@ -589,6 +601,9 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("rotary_dim"), py::arg("x"), py::arg("x_stride"), py::arg("norm_weight"), py::arg("eps"),
         py::arg("zero_centred"), py::arg("cos"), py::arg("sin"), py::arg("out"), py::arg("num_threads"),
         "Rotate-half RoPE on the first rotary_dim of each BF16 head, after an optional per-head RMSNorm.");
+  m.def("sigmoid_mul", &SigmoidMul, py::arg("tokens"), py::arg("heads"), py::arg("d"), py::arg("x"),
+        py::arg("x_stride"), py::arg("gate"), py::arg("gate_stride"), py::arg("gate_head_stride"), py::arg("out"),
+        py::arg("num_threads"), "Per head, BF16 x times sigmoid(gate), the gate's heads gate_head_stride apart.");
   m.def("argmax", &Argmax, py::arg("rows"), py::arg("n"), py::arg("x"), py::arg("x_stride"), py::arg("out"),
         py::arg("num_threads"), "First index of the maximum of each BF16 row; -1 for a row with a NaN.");
   m.def("copy_bytes", &CopyBytesOp, py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("num_threads"),

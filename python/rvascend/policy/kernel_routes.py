@@ -58,6 +58,7 @@ KERNELS: dict[str, KernelKind] = {k.name: k for k in (
     KernelKind("add_rms_norm", bf16_cpu_inference),
     KernelKind("rope", bf16_cpu_inference),
     KernelKind("silu_mul", bf16_cpu_inference),
+    KernelKind("sigmoid_mul", bf16_cpu_inference),
     KernelKind("argmax", bf16_cpu_inference),
 )}
 

@@ -91,6 +91,30 @@ void TestSiluMul(const ElementwiseKernels& k, std::mt19937& rng) {
   }
 }
 
+// Per head, heads 2d apart in the gate rows (Qwen3.5's query beside its gate), and the
+// exp overflow sides; sigmoid is rounded to BF16 before the product: 2 ulps.
+void TestSigmoidMul(const ElementwiseKernels& k, std::mt19937& rng) {
+  for (size_t d : {1, 7, 64, 256}) {
+    const size_t tokens = 3, heads = 4, gate_stride = heads * 2 * d + 5;
+    auto x = Random(rng, tokens * heads * d, 2.0f), gate = Random(rng, tokens * gate_stride, 3.0f);
+    gate[0] = FloatToBf16(-100.0f);
+    gate[gate_stride] = FloatToBf16(90.0f);
+    std::vector<uint16_t> out(tokens * heads * d);
+    SigmoidMulRows(k, tokens, heads, d, x.data(), heads * d, gate.data(), gate_stride, 2 * d, out.data(), 2);
+    int bad = 0;
+    for (size_t t = 0; t < tokens; ++t) {
+      for (size_t h = 0; h < heads; ++h) {
+        for (size_t i = 0; i < d; ++i) {
+          const double g = F(gate[t * gate_stride + h * 2 * d + i]), xi = F(x[(t * heads + h) * d + i]);
+          const double want = xi / (1.0 + std::exp(-g));
+          if (!(std::fabs(F(out[(t * heads + h) * d + i]) - want) <= 2 * Bf16Ulp(want) + 1e-30)) ++bad;
+        }
+      }
+    }
+    EXPECT(bad == 0, "%s sigmoid_mul d=%zu: %d bad", k.name, d, bad);
+  }
+}
+
 // Every head layout the models use: whole-head RoPE (Llama, Qwen3), partial RoPE
 // on a quarter of the head with zero-centred q/k norms (Qwen3.5), heads 2d apart
 // (Qwen3.5's query beside its gate), and an odd head_dim past an even rotary_dim.
@@ -246,6 +270,9 @@ void TestAgainstPortable(const ElementwiseKernels& k, std::mt19937& rng) {
     SiluMulRows(k, rows, d, x.data(), 2 * d, a.data(), 1);
     SiluMulRows(p, rows, d, x.data(), 2 * d, b.data(), 1);
     compare(a, b);
+    SigmoidMulRows(k, rows, 1, d, x.data(), 2 * d, r.data(), 2 * d, d, a.data(), 1);
+    SigmoidMulRows(p, rows, 1, d, x.data(), 2 * d, r.data(), 2 * d, d, b.data(), 1);
+    compare(a, b);
     std::vector<int64_t> ia(rows), ib(rows);
     ArgmaxRows(k, rows, 2 * d, x.data(), 2 * d, ia.data(), 1);
     ArgmaxRows(p, rows, 2 * d, x.data(), 2 * d, ib.data(), 1);
@@ -287,6 +314,7 @@ int main() {
     TestRmsNorm(k, rng);
     TestSiluMul(k, rng);
     TestRope(k, rng);
+    TestSigmoidMul(k, rng);
     TestArgmax(k, rng);
     TestCopy(k, rng);
     if (std::string(k.name) != "portable") TestAgainstPortable(k, rng);
