@@ -1,5 +1,5 @@
-// AVX-512 VNNI kernels for Q8_0, Q4_0 and Q4_K on the runtime layout (tiles of
-// 64 columns, quant_format.h); Q4_1 and Q6_K keep the AVX2 kernels.
+// AVX-512 VNNI kernels for Q8_0, Q4_0, Q4_K and Q6_K on the runtime layout
+// (tiles of 64 columns, quant_format.h); Q4_1 keeps the AVX2 kernel.
 //
 // vpdpbusd multiplies four unsigned bytes by four signed bytes and adds the
 // four products to an int32 lane, so a lane must hold four k of one column
@@ -8,8 +8,9 @@
 // leaves the columns of each 128-bit lane in four groups of four
 // (Transpose4). The activations are signed; the weights are made unsigned:
 // Q4_0's and Q4_K's nibbles are 0..15 already (Q4_0's 8 is taken off as 8 x
-// the block's activation sum, as in the other sets), Q8_0's bytes are flipped to q + 128
-// and 128 x the activation sum is taken off. Both corrections are exact, and
+// the block's activation sum, as in the other sets), Q6_K's quants 0..63 (32 x
+// the sub-block's sum taken off), Q8_0's bytes are flipped to q + 128 and 128 x
+// the activation sum is taken off. These corrections are exact, and
 // the scales are applied with the portable twin's FP32 operations in its
 // order, so the results are bit-identical to it (the host test compares).
 #include <immintrin.h>
@@ -77,12 +78,23 @@ inline void NibbleDot(const uint8_t* qs, const int8_t* const x[R], __m512i isum[
   }
 }
 
-// The 64 u8 at p as int32 in Transpose4's order: group g.
-inline __m512i Bytes32(const uint8_t* p, size_t g) {
-  const __m512i all = Load(p);  // dword n = columns 4n .. 4n+3
+// The 64 bytes at p in Transpose4's order, group g: dwords g, 4 + g, 8 + g, 12 + g
+// (dword n holds columns 4n .. 4n+3), to be widened to int32.
+inline __m128i Group(const uint8_t* p, size_t g) {
   const __m512i pick = _mm512_permutexvar_epi32(
-      _mm512_setr_epi32(g, 4 + g, 8 + g, 12 + g, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), all);
-  return _mm512_cvtepu8_epi32(_mm512_castsi512_si128(pick));
+      _mm512_setr_epi32(g, 4 + g, 8 + g, 12 + g, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), Load(p));
+  return _mm512_castsi512_si128(pick);
+}
+
+inline __m512i Bytes32(const uint8_t* p, size_t g) { return _mm512_cvtepu8_epi32(Group(p, g)); }
+
+// Eighth `part` of the `bytes` from `next` (the next super-block), into L1: the
+// K-quants' fields are read as interleaved streams the hardware prefetchers
+// follow poorly (without it a cold Q4_K or Q6_K GEMV ran at half the AVX2
+// kernels' 18-20 GB/s on one Zen 4 thread).
+inline void PrefetchEighth(const uint8_t* next, size_t bytes, size_t part) {
+  const char* from = reinterpret_cast<const char*>(next) + part * (bytes / 8);
+  for (size_t off = 0; off < bytes / 8; off += 64) _mm_prefetch(from + off, _MM_HINT_T0);
 }
 
 // acc (Transpose4's order) -> out[0..63] in column order.
@@ -162,6 +174,7 @@ void GemmQ4KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c,
       for (auto& v : total[r]) v = _mm512_setzero_si512();
     }
     for (size_t sub = 0; sub < 8; ++sub) {
+      PrefetchEighth(blk + 148 * kTile, 148 * kTile, sub);
       const int8_t* x[R];
       for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * sub;
       __m512i isum[R][4];
@@ -193,6 +206,92 @@ void GemmQ4KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c,
   for (size_t r = 0; r < R; ++r) StoreColumns(acc[r], c + r * c_stride);
 }
 
+// Q6_K: a pair p of 16-value sub-blocks (k = 32p + 0..15 and 32p + 16..31) at a
+// time. The 6-bit quants are used unsigned (0..63) and 32 x the activations' sum
+// of each sub-block is taken off, exactly; ql row 16p + i holds the low 4 bits of
+// k = i (low nibble) and 16 + i (high), qh row 8p + (i mod 8) their 2 high bits
+// (quant_format.h).
+template <size_t R>
+void GemmQ6KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
+  const size_t supers = a.k / 256;
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  __m512 acc[R][4];
+  for (size_t r = 0; r < R; ++r) {
+    for (auto& v : acc[r]) v = _mm512_setzero_ps();
+  }
+  for (size_t s = 0; s < supers; ++s) {
+    const uint8_t* blk = tile + s * 210 * kTile;
+    const uint8_t* sc = blk + 2 * kTile;
+    const uint8_t* ql = blk + 18 * kTile;
+    const uint8_t* qh = blk + 146 * kTile;
+    __m512i total[R][4];
+    for (size_t r = 0; r < R; ++r) {
+      for (auto& v : total[r]) v = _mm512_setzero_si512();
+    }
+    for (size_t p = 0; p < 8; ++p) {
+      PrefetchEighth(blk + 210 * kTile, 210 * kTile, p);
+      const int8_t* x[R];
+      for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * p;
+      __m512i lo[R][4], hi[R][4];  // the two sub-blocks' integer sums
+      for (size_t r = 0; r < R; ++r) {
+        for (size_t g = 0; g < 4; ++g) lo[r][g] = hi[r][g] = _mm512_setzero_si512();
+      }
+      // Rows k = kind * 8 + i0 .. +3: kind 0 and 2 from ql row 16p + i (low, high nibble),
+      // 1 and 3 from ql row 16p + 8 + i; their high bits are qh row 8p + i's bit pairs
+      // 0, 1, 2, 3. One group of four rows at a time keeps the sums in registers.
+      for (size_t kind = 0; kind < 4; ++kind) {
+        for (size_t i0 = 0; i0 < 8; i0 += 4) {
+          __m512i rows[4];
+          for (size_t j = 0; j < 4; ++j) {
+            const size_t i = i0 + j;
+            const __m512i l = Load(ql + (16 * p + (kind & 1) * 8 + i) * kTile);
+            const __m512i h = Load(qh + (8 * p + i) * kTile);
+            const __m512i low = kind < 2 ? l : _mm512_srli_epi16(l, 4);
+            // The pair of high bits moved to bits 4-5.
+            const __m512i high = kind == 0 ? _mm512_slli_epi16(h, 4)
+                                 : kind == 1 ? _mm512_slli_epi16(h, 2)
+                                 : kind == 2 ? h
+                                             : _mm512_srli_epi16(h, 2);
+            rows[j] = _mm512_or_si512(_mm512_and_si512(low, low4), _mm512_and_si512(high, bits45));
+          }
+          __m512i w[4];
+          Transpose4(rows[0], rows[1], rows[2], rows[3], w);
+          const size_t k = kind * 8 + i0;
+          for (size_t r = 0; r < R; ++r) {
+            const __m512i av = Dword(x[r] + k);
+            __m512i* sums = k < 16 ? lo[r] : hi[r];
+            for (size_t g = 0; g < 4; ++g) sums[g] = _mm512_dpbusd_epi32(sums[g], w[g], av);
+          }
+        }
+      }
+      for (size_t r = 0; r < R; ++r) {
+        int32_t sum_lo = 0, sum_hi = 0;
+        for (size_t i = 0; i < 16; ++i) {
+          sum_lo += x[r][i];
+          sum_hi += x[r][16 + i];
+        }
+        const __m512i off_lo = _mm512_set1_epi32(32 * sum_lo), off_hi = _mm512_set1_epi32(32 * sum_hi);
+        for (size_t g = 0; g < 4; ++g) {
+          const __m512i sc_lo = _mm512_cvtepi8_epi32(Group(sc + 2 * p * kTile, g));
+          const __m512i sc_hi = _mm512_cvtepi8_epi32(Group(sc + (2 * p + 1) * kTile, g));
+          total[r][g] = _mm512_add_epi32(
+              total[r][g], _mm512_add_epi32(_mm512_mullo_epi32(sc_lo, _mm512_sub_epi32(lo[r][g], off_lo)),
+                                            _mm512_mullo_epi32(sc_hi, _mm512_sub_epi32(hi[r][g], off_hi))));
+        }
+      }
+    }
+    __m512 d[4];
+    Scales(blk, d);
+    for (size_t r = 0; r < R; ++r) {
+      const __m512 ad = _mm512_set1_ps(a.d[(row0 + r) * supers + s]);
+      for (size_t g = 0; g < 4; ++g) {
+        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][g]), _mm512_mul_ps(d[g], ad), acc[r][g]);
+      }
+    }
+  }
+  for (size_t r = 0; r < R; ++r) StoreColumns(acc[r], c + r * c_stride);
+}
+
 template <QuantFormat F>
 struct Gemm32 {
   template <size_t R>
@@ -205,6 +304,13 @@ struct Q4K {
   template <size_t R>
   static void Rows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
     GemmQ4KRows<R>(a, row0, tile, c, c_stride);
+  }
+};
+
+struct Q6K {
+  template <size_t R>
+  static void Rows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
+    GemmQ6KRows<R>(a, row0, tile, c, c_stride);
   }
 };
 
@@ -226,6 +332,7 @@ const QuantKernelSet& Avx512VnniQuantKernels() {
     s.ukernel[static_cast<int>(QuantFormat::kQ8_0)] = ByRows<Gemm32<QuantFormat::kQ8_0>>;
     s.ukernel[static_cast<int>(QuantFormat::kQ4_0)] = ByRows<Gemm32<QuantFormat::kQ4_0>>;
     s.ukernel[static_cast<int>(QuantFormat::kQ4_K)] = ByRows<Q4K>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ6_K)] = ByRows<Q6K>;
     return s;
   }();
   return set;

@@ -12,7 +12,7 @@ namespace rvascend {
 extern const QuantKernelSet kPortableQuantKernels;
 #if defined(RVASCEND_HAVE_X86_VARIANTS)
 extern const QuantKernelSet kAvx2QuantKernels;
-// The AVX2 set with VNNI kernels for Q8_0, Q4_0 and Q4_K (built at first use from kAvx2QuantKernels).
+// The AVX2 set with VNNI kernels for Q8_0, Q4_0, Q4_K and Q6_K (built at first use from kAvx2QuantKernels).
 const QuantKernelSet& Avx512VnniQuantKernels();
 #endif
 #if defined(RVASCEND_HAVE_RVV)

@@ -3,9 +3,10 @@
 The same GGUF files go to llama.cpp (llama-cpp-python built from its PyPI source by
 `./dev setup`, rvascend/build/llama_cpp.py) and to this engine, each in a fresh process with
 the same thread count: SmolLM2-135M-Instruct (the default model, written back as BF16
-GGUF) and a random-weight Qwen3-0.6B-shaped checkpoint, each in BF16 and in Q8_0 and
-Q4_0 written from it by llama.cpp's quantizer (with the policy on, this engine keeps
-those weights quantized; off, it dequantizes them to BF16). Batch 1 and 4, 64 tokens in
+GGUF) and a random-weight Qwen3-0.6B-shaped checkpoint, each in BF16 and in Q8_0,
+Q4_0 and Q4_K_M written from it by llama.cpp's quantizer (with the policy on, this engine
+keeps those weights quantized where it has kernels for their types; off, it dequantizes
+them to BF16). Batch 1 and 4, 64 tokens in
 and 64 out, greedy: prefill tok/s, median decode tok/s, TTFT, peak RSS, and this
 engine's ratios to llama.cpp. Every step is timed by itself on both sides
 (llama_cpp_peer_guest.py; one_batch.py).
@@ -29,8 +30,8 @@ from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["smollm2-135m", "qwen3-0.6b"], "Which models (smollm2-135m, qwen3-0.6b).")
-flags.DEFINE_list("types", ["bf16", "q8_0", "q4_0"],
-                  "GGUF file types: bf16, and q8_0 / q4_0 written from it by llama.cpp's quantizer.")
+flags.DEFINE_list("types", ["bf16", "q8_0", "q4_0", "q4_k_m"],
+                  "GGUF file types: bf16, and q8_0 / q4_0 / q4_k_m written from it by llama.cpp's quantizer.")
 flags.DEFINE_list("batch-sizes", ["1", "4"], "Sequences per batch.")
 flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
 flags.DEFINE_integer("output-len", 64, "Generated tokens per sequence.")
@@ -58,10 +59,10 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
         "smollm2-135m": smollm2,
         "qwen3-0.6b": lambda d: random_checkpoint.write("qwen3-0.6b", d),
     }
-    unknown = [n for n in names if n not in sources] + [t for t in types if t not in ("bf16", "q8_0", "q4_0")]
+    unknown = [n for n in names if n not in sources] + [t for t in types if t not in ("bf16", "q8_0", "q4_0", "q4_k_m")]
     if unknown:
         raise ValueError(f"unknown model(s) or type(s) {unknown}; models: {sorted(sources)}, "
-                         "types: bf16, q8_0, q4_0")
+                         "types: bf16, q8_0, q4_0, q4_k_m")
     files = {}
     for name in names:
         bf16 = os.path.join(work, f"{name}-bf16.gguf")

@@ -44,7 +44,8 @@ def _greedy(ctx, index: int, n_vocab: int) -> int:
     return int(logits.argmax())
 
 
-_FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+_FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+           "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
 
 
 def quantize(source: str, output: str, ftype: str, threads: int) -> None:
