@@ -125,6 +125,13 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
   attention.q_stride = q_n;
   attention.out = attn;
   attention.out_stride = q_n;
+  RopeHeads q_heads, k_heads;  // per layer only the norm weights change
+  q_heads.heads = s.heads;
+  k_heads.heads = s.kv_heads;
+  for (RopeHeads* r : {&q_heads, &k_heads}) {
+    r->d = r->stride = r->rotary_dim = d;
+    r->eps = s.qk_norm_eps;
+  }
   auto mark = [&](int stage) {
     if (kernels.stage_marker != nullptr) kernels.stage_marker(stage);
   };
@@ -143,13 +150,6 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
     mark(1);
     Project(kernels, w.qkv, qkv_n, s.hidden, x, t, qkv, num_threads);
     mark(2);
-    RopeHeads q_heads, k_heads;
-    q_heads.heads = s.heads;
-    k_heads.heads = s.kv_heads;
-    for (RopeHeads* r : {&q_heads, &k_heads}) {
-      r->d = r->stride = r->rotary_dim = d;
-      r->eps = s.qk_norm_eps;
-    }
     q_heads.norm_weight = w.q_norm;
     k_heads.norm_weight = w.k_norm;
     RopeRows(ew, t, q_heads, qkv, qkv_n, batch.cos, batch.sin, q, num_threads);

@@ -79,6 +79,19 @@ void SiluMul(const uint16_t* gate_up, size_t d, uint16_t* out) {
   }
 }
 
+// Bytes at e8m8: one load and one store per 8 x VLENB bytes, whatever the
+// alignment (the riscv64 image's libc memcpy took about 4 instructions per
+// byte under QEMU, copying Qwen3.5's recurrent states).
+void Copy(void* dst, const void* src, size_t bytes) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (size_t i = 0; i < bytes;) {
+    const size_t vl = __riscv_vsetvl_e8m8(bytes - i);
+    __riscv_vse8_v_u8m8(d + i, __riscv_vle8_v_u8m8(s + i, vl), vl);
+    i += vl;
+  }
+}
+
 // out[lo..] = bf16(bf16(x_lo * c) + bf16(sign * x_hi * s)) over `n` lanes.
 void RotateHalf(const uint16_t* x_lo, const uint16_t* x_hi, float sign, const uint16_t* cos, const uint16_t* sin,
                 size_t n, uint16_t* out) {
@@ -104,11 +117,7 @@ void Rope(const uint16_t* x, const RopeHeads& p, const uint16_t* cos, const uint
     uint16_t* o = out + h * d;
     RotateHalf(row, row + half, -1.0f, cos, sin, half, o);
     RotateHalf(row + half, row, 1.0f, cos + half, sin + half, r - half, o + half);
-    for (size_t i = r; i < d;) {  // partial RoPE: the rest as is (vector copy: libc's is bytewise here)
-      const size_t vl = __riscv_vsetvl_e16m8(d - i);
-      __riscv_vse16_v_u16m8(o + i, __riscv_vle16_v_u16m8(row + i, vl), vl);
-      i += vl;
-    }
+    Copy(o + r, row + r, (d - r) * sizeof(uint16_t));  // partial RoPE: the rest as is
   }
 }
 
@@ -142,19 +151,6 @@ int64_t Argmax(const uint16_t* row, size_t n) {
     i += vl;
   }
   return 0;
-}
-
-// Bytes at e8m8: one load and one store per 8 x VLENB bytes, whatever the
-// alignment (the riscv64 image's libc memcpy took about 4 instructions per
-// byte under QEMU, copying Qwen3.5's recurrent states).
-void Copy(void* dst, const void* src, size_t bytes) {
-  auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
-  for (size_t i = 0; i < bytes;) {
-    const size_t vl = __riscv_vsetvl_e8m8(bytes - i);
-    __riscv_vse8_v_u8m8(d + i, __riscv_vle8_v_u8m8(s + i, vl), vl);
-    i += vl;
-  }
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "rvv_kernels/base/simd_vectors.h"
 #include "rvv_kernels/quantized/quant_activations.h"
 #include "rvv_kernels/quantized/quant_kernel_sets.h"
+#include "rvv_kernels/quantized/quant_prefetch_x86.h"
 
 namespace rvascend {
 namespace {
@@ -125,15 +126,6 @@ inline void DotNibbleRows(const uint8_t* qs, const int8_t* const a[R], __m256i i
       for (size_t r = 0; r < R; ++r) AddWidened(s16[r][0], s16[r][1], isum[r] + 4 * g);
     }
   }
-}
-
-// Eighth `part` of the `bytes` from `next` (the next super-block), into L1. The
-// K-quant kernels read a super-block's fields as several interleaved streams,
-// which the hardware prefetchers follow poorly: a Q6_K GEMV over 128 MB went from
-// 10.3 to 15.5 GB/s on one thread (19.4 to 28 on two, the copy bandwidth).
-inline void PrefetchEighth(const uint8_t* next, size_t bytes, size_t part) {
-  const char* from = reinterpret_cast<const char*>(next) + part * (bytes / 8);
-  for (size_t off = 0; off < bytes / 8; off += 64) _mm_prefetch(from + off, _MM_HINT_T0);
 }
 
 inline __m256 Halves(const uint8_t* p) {

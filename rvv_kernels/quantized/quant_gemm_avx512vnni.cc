@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "rvv_kernels/quantized/quant_kernel_sets.h"
+#include "rvv_kernels/quantized/quant_prefetch_x86.h"
 
 namespace rvascend {
 namespace {
@@ -87,15 +88,6 @@ inline __m128i Group(const uint8_t* p, size_t g) {
 }
 
 inline __m512i Bytes32(const uint8_t* p, size_t g) { return _mm512_cvtepu8_epi32(Group(p, g)); }
-
-// Eighth `part` of the `bytes` from `next` (the next super-block), into L1: the
-// K-quants' fields are read as interleaved streams the hardware prefetchers
-// follow poorly (without it a cold Q4_K or Q6_K GEMV ran at half the AVX2
-// kernels' 18-20 GB/s on one Zen 4 thread).
-inline void PrefetchEighth(const uint8_t* next, size_t bytes, size_t part) {
-  const char* from = reinterpret_cast<const char*>(next) + part * (bytes / 8);
-  for (size_t off = 0; off < bytes / 8; off += 64) _mm_prefetch(from + off, _MM_HINT_T0);
-}
 
 // acc (Transpose4's order) -> out[0..63] in column order.
 inline void StoreColumns(const __m512 acc[4], float* out) {
@@ -190,16 +182,21 @@ void GemmQ4KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c,
     __m512 d[4], dmin[4];
     Scales(blk, d);
     Scales(blk + 2 * kTile, dmin);
-    for (size_t r = 0; r < R; ++r) {
-      const int32_t* asum = a.sum32 + (row0 + r) * (a.k / 32) + 8 * s;
-      const float ad = a.d[(row0 + r) * supers + s];
-      for (size_t g = 0; g < 4; ++g) {
-        __m512i msum = _mm512_setzero_si512();
-        for (size_t sub = 0; sub < 8; ++sub) {
-          msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(Bytes32(mn + sub * kTile, g), _mm512_set1_epi32(asum[sub])));
+    const int32_t* asum[R];
+    for (size_t r = 0; r < R; ++r) asum[r] = a.sum32 + (row0 + r) * (a.k / 32) + 8 * s;
+    for (size_t g = 0; g < 4; ++g) {
+      __m512i msum[R];  // the mins' term, each group's mins widened once for every row
+      for (size_t r = 0; r < R; ++r) msum[r] = _mm512_setzero_si512();
+      for (size_t sub = 0; sub < 8; ++sub) {
+        const __m512i mins = Bytes32(mn + sub * kTile, g);
+        for (size_t r = 0; r < R; ++r) {
+          msum[r] = _mm512_add_epi32(msum[r], _mm512_mullo_epi32(mins, _mm512_set1_epi32(asum[r][sub])));
         }
+      }
+      for (size_t r = 0; r < R; ++r) {
+        const float ad = a.d[(row0 + r) * supers + s];
         acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][g]), _mm512_mul_ps(d[g], _mm512_set1_ps(ad)), acc[r][g]);
-        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin[g], _mm512_set1_ps(-ad)), acc[r][g]);
+        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[r]), _mm512_mul_ps(dmin[g], _mm512_set1_ps(-ad)), acc[r][g]);
       }
     }
   }
@@ -264,19 +261,23 @@ void GemmQ6KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c,
           }
         }
       }
+      __m512i off_lo[R], off_hi[R];
       for (size_t r = 0; r < R; ++r) {
         int32_t sum_lo = 0, sum_hi = 0;
         for (size_t i = 0; i < 16; ++i) {
           sum_lo += x[r][i];
           sum_hi += x[r][16 + i];
         }
-        const __m512i off_lo = _mm512_set1_epi32(32 * sum_lo), off_hi = _mm512_set1_epi32(32 * sum_hi);
-        for (size_t g = 0; g < 4; ++g) {
-          const __m512i sc_lo = _mm512_cvtepi8_epi32(Group(sc + 2 * p * kTile, g));
-          const __m512i sc_hi = _mm512_cvtepi8_epi32(Group(sc + (2 * p + 1) * kTile, g));
+        off_lo[r] = _mm512_set1_epi32(32 * sum_lo);
+        off_hi[r] = _mm512_set1_epi32(32 * sum_hi);
+      }
+      for (size_t g = 0; g < 4; ++g) {  // each group's scales widened once for every row
+        const __m512i sc_lo = _mm512_cvtepi8_epi32(Group(sc + 2 * p * kTile, g));
+        const __m512i sc_hi = _mm512_cvtepi8_epi32(Group(sc + (2 * p + 1) * kTile, g));
+        for (size_t r = 0; r < R; ++r) {
           total[r][g] = _mm512_add_epi32(
-              total[r][g], _mm512_add_epi32(_mm512_mullo_epi32(sc_lo, _mm512_sub_epi32(lo[r][g], off_lo)),
-                                            _mm512_mullo_epi32(sc_hi, _mm512_sub_epi32(hi[r][g], off_hi))));
+              total[r][g], _mm512_add_epi32(_mm512_mullo_epi32(sc_lo, _mm512_sub_epi32(lo[r][g], off_lo[r])),
+                                            _mm512_mullo_epi32(sc_hi, _mm512_sub_epi32(hi[r][g], off_hi[r]))));
         }
       }
     }
@@ -292,35 +293,15 @@ void GemmQ6KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c,
   for (size_t r = 0; r < R; ++r) StoreColumns(acc[r], c + r * c_stride);
 }
 
-template <QuantFormat F>
-struct Gemm32 {
-  template <size_t R>
-  static void Rows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
-    GemmRows<F, R>(a, row0, tile, c, c_stride);
-  }
-};
+using RowsKernel = void (*)(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride);
 
-struct Q4K {
-  template <size_t R>
-  static void Rows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
-    GemmQ4KRows<R>(a, row0, tile, c, c_stride);
-  }
-};
-
-struct Q6K {
-  template <size_t R>
-  static void Rows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
-    GemmQ6KRows<R>(a, row0, tile, c, c_stride);
-  }
-};
-
-// A QuantUkernel over any number of rows: four at a time, then two, then one.
-template <typename K>
+// A QuantUkernel over any number of rows: four at a time (K4), then two, then one.
+template <RowsKernel K4, RowsKernel K2, RowsKernel K1>
 void ByRows(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t, float* c, size_t c_stride) {
   size_t r = 0;
-  for (; r + 4 <= m; r += 4) K::template Rows<4>(a, row0 + r, tile, c + r * c_stride, c_stride);
-  for (; r + 2 <= m; r += 2) K::template Rows<2>(a, row0 + r, tile, c + r * c_stride, c_stride);
-  if (r < m) K::template Rows<1>(a, row0 + r, tile, c + r * c_stride, c_stride);
+  for (; r + 4 <= m; r += 4) K4(a, row0 + r, tile, c + r * c_stride, c_stride);
+  for (; r + 2 <= m; r += 2) K2(a, row0 + r, tile, c + r * c_stride, c_stride);
+  if (r < m) K1(a, row0 + r, tile, c + r * c_stride, c_stride);
 }
 
 }  // namespace
@@ -329,10 +310,11 @@ const QuantKernelSet& Avx512VnniQuantKernels() {
   static const QuantKernelSet set = [] {
     QuantKernelSet s = kAvx2QuantKernels;
     s.name = "avx512vnni";
-    s.ukernel[static_cast<int>(QuantFormat::kQ8_0)] = ByRows<Gemm32<QuantFormat::kQ8_0>>;
-    s.ukernel[static_cast<int>(QuantFormat::kQ4_0)] = ByRows<Gemm32<QuantFormat::kQ4_0>>;
-    s.ukernel[static_cast<int>(QuantFormat::kQ4_K)] = ByRows<Q4K>;
-    s.ukernel[static_cast<int>(QuantFormat::kQ6_K)] = ByRows<Q6K>;
+    constexpr QuantFormat kQ8 = QuantFormat::kQ8_0, kQ4 = QuantFormat::kQ4_0;
+    s.ukernel[static_cast<int>(kQ8)] = ByRows<GemmRows<kQ8, 4>, GemmRows<kQ8, 2>, GemmRows<kQ8, 1>>;
+    s.ukernel[static_cast<int>(kQ4)] = ByRows<GemmRows<kQ4, 4>, GemmRows<kQ4, 2>, GemmRows<kQ4, 1>>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ4_K)] = ByRows<GemmQ4KRows<4>, GemmQ4KRows<2>, GemmQ4KRows<1>>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ6_K)] = ByRows<GemmQ6KRows<4>, GemmQ6KRows<2>, GemmQ6KRows<1>>;
     return s;
   }();
   return set;

@@ -30,7 +30,8 @@ from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["smollm2-135m", "qwen3-0.6b"], "Which models (smollm2-135m, qwen3-0.6b).")
-flags.DEFINE_list("types", ["bf16", "q8_0", "q4_0", "q4_k_m"],
+TYPES = ("bf16", "q8_0", "q4_0", "q4_k_m")  # bf16, then what llama.cpp's quantizer writes from it
+flags.DEFINE_list("types", list(TYPES),
                   "GGUF file types: bf16, and q8_0 / q4_0 / q4_k_m written from it by llama.cpp's quantizer.")
 flags.DEFINE_list("batch-sizes", ["1", "4"], "Sequences per batch.")
 flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
@@ -59,10 +60,10 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
         "smollm2-135m": smollm2,
         "qwen3-0.6b": lambda d: random_checkpoint.write("qwen3-0.6b", d),
     }
-    unknown = [n for n in names if n not in sources] + [t for t in types if t not in ("bf16", "q8_0", "q4_0", "q4_k_m")]
+    unknown = [n for n in names if n not in sources] + [t for t in types if t not in TYPES]
     if unknown:
         raise ValueError(f"unknown model(s) or type(s) {unknown}; models: {sorted(sources)}, "
-                         "types: bf16, q8_0, q4_0, q4_k_m")
+                         f"types: {', '.join(TYPES)}")
     files = {}
     for name in names:
         bf16 = os.path.join(work, f"{name}-bf16.gguf")
