@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/deltanet_decode.h"
 #include "rvv_kernels/attention/kv_pool_attention.h"
 #include "rvv_kernels/elementwise/elementwise.h"
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
@@ -13,15 +14,28 @@
 
 namespace rvascend {
 
-const char* const kDecoderStageNames[kDecoderStages] = {
-    "rms_norm", "qkv_proj", "qk_norm_rope", "attention", "o_proj", "rms_norm", "gate_up_proj", "silu_mul",
-    "down_proj"};
+const std::vector<std::string>& DecoderStageNames(LayerKind kind) {
+  static const std::vector<std::string> kAttention = {
+      "rms_norm", "qkv_proj", "qk_norm_rope", "attention", "o_proj", "rms_norm", "gate_up_proj", "silu_mul",
+      "down_proj"};
+  static const std::vector<std::string> kGated = {
+      "rms_norm", "qkv_proj", "qk_norm_rope", "attention", "output_gate", "o_proj", "rms_norm", "gate_up_proj",
+      "silu_mul", "down_proj"};
+  static const std::vector<std::string> kDeltaNet = {
+      "rms_norm", "in_proj", "deltanet", "out_proj", "rms_norm", "gate_up_proj", "silu_mul", "down_proj"};
+  switch (kind) {
+    case LayerKind::kAttention: return kAttention;
+    case LayerKind::kGatedAttention: return kGated;
+    case LayerKind::kDeltaNet: return kDeltaNet;
+  }
+  throw std::invalid_argument("unknown decoder layer kind " + std::to_string(static_cast<int>(kind)));
+}
 
 namespace {
 
 // [rows, cols] BF16 scratch, grown once and reused by every step of this thread.
 struct Scratch {
-  std::vector<uint16_t> x, residual, qkv, q, k, v, attn, o, gate_up, act;
+  std::vector<uint16_t> x, residual, qkv, q, k, v, attn, mixed, o, gate_up, act;
   static Scratch& ThisThread() {
     thread_local Scratch s;
     return s;
@@ -93,6 +107,64 @@ void ValidateDecoderBatch(const DecoderShape& shape, const DecoderBatch& batch) 
   ValidateWriteSlots(shape.num_slots, batch.write_slots, batch.tokens);
 }
 
+// A DeltaNet layer's step reads one token per sequence from its state slot;
+// checked here so that a bad slot stops the step before the first layer writes.
+void ValidateStateSlots(const DecoderShape& shape, const DecoderBatch& batch) {
+  for (size_t b = 0; b < batch.batch; ++b) {
+    if (batch.q_starts[b + 1] - batch.q_starts[b] != 1) {
+      throw std::invalid_argument("sequence " + std::to_string(b) + " has " +
+                                  std::to_string(batch.q_starts[b + 1] - batch.q_starts[b]) +
+                                  " tokens; a step through DeltaNet layers decodes one per sequence");
+    }
+    const int64_t slot = batch.state_slots[b];
+    if (slot < 0 || static_cast<size_t>(slot) >= shape.deltanet.num_slots) {
+      throw std::invalid_argument("state slot " + std::to_string(slot) + " of sequence " + std::to_string(b) +
+                                  " is outside the recurrent-state pool of " +
+                                  std::to_string(shape.deltanet.num_slots));
+    }
+    for (size_t c = 0; c < b; ++c) {
+      if (batch.state_slots[c] == slot) {
+        throw std::invalid_argument("state slot " + std::to_string(slot) + " is used by two sequences");
+      }
+    }
+  }
+}
+
+// The conv + delta-rule step of one DeltaNet layer, from its in_proj rows
+// [qkv | z | b | a] (in_n apart) to the out_proj input [tokens, NV Dv].
+void DeltaNetStep(const DecoderShape& s, const DecoderBatch& batch, const DeltaNetLayerWeights& w,
+                  const uint16_t* in, uint16_t* out, size_t num_threads) {
+  const DeltaNetShape& g = s.deltanet;
+  const size_t c = g.conv_dim(), in_n = g.in_proj_n(), value = g.nv * g.dv;
+  rgdr::DeltaNetDecodeArgs a;
+  a.elem = rgdr::Elem::kBFloat16;
+  a.t = static_cast<uint32_t>(batch.tokens);
+  a.sequences = static_cast<uint32_t>(batch.batch);
+  a.nk = static_cast<uint32_t>(g.nk);
+  a.nv = static_cast<uint32_t>(g.nv);
+  a.dk = static_cast<uint32_t>(g.dk);
+  a.dv = static_cast<uint32_t>(g.dv);
+  a.kernel = static_cast<uint32_t>(g.kernel);
+  a.num_slots = static_cast<uint32_t>(g.num_slots);
+  a.mixed = in;
+  a.mixed_stride = in_n;
+  a.z = in + c;
+  a.z_stride = in_n;
+  a.b = in + c + value;
+  a.a = in + c + value + g.nv;
+  a.gate_stride = in_n;
+  a.norm_weight = w.norm_weight;
+  a.norm_eps = g.norm_eps;
+  a.conv_state = w.conv_state;
+  a.conv_weight = w.conv_weight;
+  a.a_log = w.a_log;
+  a.dt_bias = w.dt_bias;
+  a.ssm_state = w.ssm_state;
+  a.slots = batch.state_slots;
+  a.out = out;
+  rgdr::DeltaNetDecodeCpu(a, num_threads);
+}
+
 }  // namespace
 
 void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* layers, size_t n_layers,
@@ -100,18 +172,28 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
                    uint16_t* residual_out, size_t num_threads) {
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   ValidateDecoderBatch(s, batch);
+  bool deltanet = false, gated = false;
+  for (size_t l = 0; l < n_layers; ++l) {
+    deltanet |= layers[l].kind == LayerKind::kDeltaNet;
+    gated |= layers[l].kind == LayerKind::kGatedAttention;
+  }
+  if (deltanet) ValidateStateSlots(s, batch);
   const size_t t = batch.tokens;
   if (t == 0) return;
   const ElementwiseKernels& ew = *kernels.elementwise;
-  const size_t d = s.head_dim, q_n = s.heads * d, kv_n = s.kv_heads * d, qkv_n = q_n + 2 * kv_n;
+  const size_t d = s.head_dim, q_n = s.heads * d, kv_n = s.kv_heads * d;
+  // With an output gate the projection's query part holds each head's query and gate.
+  const size_t q_part = gated ? 2 * q_n : q_n, qkv_n = q_part + 2 * kv_n;
+  const size_t in_n = deltanet ? s.deltanet.in_proj_n() : 0, value_n = s.deltanet.nv * s.deltanet.dv;
   Scratch& sc = Scratch::ThisThread();
   uint16_t* x = Rows(sc.x, t, s.hidden);
   uint16_t* res_tmp = Rows(sc.residual, t, s.hidden);
-  uint16_t* qkv = Rows(sc.qkv, t, qkv_n);
+  uint16_t* qkv = Rows(sc.qkv, t, qkv_n > in_n ? qkv_n : in_n);
   uint16_t* q = Rows(sc.q, t, q_n);
   uint16_t* k = Rows(sc.k, t, kv_n);
   uint16_t* v = Rows(sc.v, t, kv_n);
   uint16_t* attn = Rows(sc.attn, t, q_n);
+  uint16_t* mixed = Rows(sc.mixed, t, q_n > value_n ? q_n : value_n);  // the o/out_proj input
   uint16_t* o = Rows(sc.o, t, s.hidden);
   uint16_t* gate_up = Rows(sc.gate_up, t, 2 * s.intermediate);
   uint16_t* act = Rows(sc.act, t, s.intermediate);
@@ -125,57 +207,82 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
   attention.q_stride = q_n;
   attention.out = attn;
   attention.out_stride = q_n;
-  RopeHeads q_heads, k_heads;  // per layer only the norm weights change
+  RopeHeads q_heads, k_heads;  // per layer only the norm weights and the query's stride change
   q_heads.heads = s.heads;
   k_heads.heads = s.kv_heads;
   for (RopeHeads* r : {&q_heads, &k_heads}) {
-    r->d = r->stride = r->rotary_dim = d;
+    r->d = r->stride = d;
+    r->rotary_dim = s.rotary_dim ? s.rotary_dim : d;
     r->eps = s.qk_norm_eps;
+    r->zero_centred = s.zero_centred;
   }
-  auto mark = [&](int stage) {
+  int stage = 0;
+  auto mark = [&]() {
     if (kernels.stage_marker != nullptr) kernels.stage_marker(stage);
+    ++stage;
   };
   for (size_t l = 0; l < n_layers; ++l) {
     const DecoderLayerWeights& w = layers[l];
-    mark(0);
+    stage = 0;
+    mark();
     if (l == 0) {  // the stream starts as the first layer's input
-      RmsNormRows(ew, t, s.hidden, layer_in, s.hidden, nullptr, 0, w.input_norm, s.norm_eps, false, x, nullptr,
-                  num_threads);
+      RmsNormRows(ew, t, s.hidden, layer_in, s.hidden, nullptr, 0, w.input_norm, s.norm_eps, s.zero_centred, x,
+                  nullptr, num_threads);
       std::memcpy(res, layer_in, bytes);
     } else {
-      RmsNormRows(ew, t, s.hidden, layer_in, s.hidden, res, s.hidden, w.input_norm, s.norm_eps, false, x, res_tmp,
-                  num_threads);
+      RmsNormRows(ew, t, s.hidden, layer_in, s.hidden, res, s.hidden, w.input_norm, s.norm_eps, s.zero_centred, x,
+                  res_tmp, num_threads);
       std::swap(res, res_tmp);
     }
-    mark(1);
-    Project(kernels, w.qkv, qkv_n, s.hidden, x, t, qkv, num_threads);
-    mark(2);
-    q_heads.norm_weight = w.q_norm;
-    k_heads.norm_weight = w.k_norm;
-    RopeRows(ew, t, q_heads, qkv, qkv_n, batch.cos, batch.sin, q, num_threads);
-    RopeRows(ew, t, k_heads, qkv + q_n, qkv_n, batch.cos, batch.sin, k, num_threads);
-    mark(3);
-    for (size_t i = 0; i < t; ++i) std::memcpy(v + i * kv_n, qkv + i * qkv_n + q_n + kv_n, kv_n * sizeof(uint16_t));
-    WriteKvPool(w.k_pool, s.num_slots, kv_n, k, batch.write_slots, t);
-    WriteKvPool(w.v_pool, s.num_slots, kv_n, v, batch.write_slots, t);
-    attention.k_pool = w.k_pool;
-    attention.v_pool = w.v_pool;
-    KvPoolAttention(attention, num_threads, kernels.attention);
-    mark(4);
-    Project(kernels, w.o, s.hidden, q_n, attn, t, o, num_threads);
-    mark(5);
-    RmsNormRows(ew, t, s.hidden, o, s.hidden, res, s.hidden, w.post_attention_norm, s.norm_eps, false, x, res_tmp,
-                num_threads);
+    mark();
+    const uint16_t* o_in = attn;
+    size_t o_k = q_n;
+    if (w.kind == LayerKind::kDeltaNet) {
+      Project(kernels, w.qkv, in_n, s.hidden, x, t, qkv, num_threads);
+      mark();
+      DeltaNetStep(s, batch, w.deltanet, qkv, mixed, num_threads);
+      o_in = mixed;
+      o_k = value_n;
+    } else {
+      const bool gate = w.kind == LayerKind::kGatedAttention;
+      const size_t n = (gate ? 2 * q_n : q_n) + 2 * kv_n;
+      Project(kernels, w.qkv, n, s.hidden, x, t, qkv, num_threads);
+      mark();
+      q_heads.norm_weight = w.q_norm;
+      q_heads.stride = gate ? 2 * d : d;
+      k_heads.norm_weight = w.k_norm;
+      const uint16_t* k_in = qkv + n - 2 * kv_n;
+      RopeRows(ew, t, q_heads, qkv, n, batch.cos, batch.sin, q, num_threads);
+      RopeRows(ew, t, k_heads, k_in, n, batch.cos, batch.sin, k, num_threads);
+      mark();
+      for (size_t i = 0; i < t; ++i) std::memcpy(v + i * kv_n, k_in + i * n + kv_n, kv_n * sizeof(uint16_t));
+      WriteKvPool(w.k_pool, s.num_slots, kv_n, k, batch.write_slots, t);
+      WriteKvPool(w.v_pool, s.num_slots, kv_n, v, batch.write_slots, t);
+      attention.k_pool = w.k_pool;
+      attention.v_pool = w.v_pool;
+      KvPoolAttention(attention, num_threads, kernels.attention);
+      if (gate) {
+        mark();
+        SigmoidMulRows(ew, t, s.heads, d, attn, q_n, qkv + d, n, 2 * d, mixed, num_threads);
+        o_in = mixed;
+      }
+    }
+    mark();
+    Project(kernels, w.o, s.hidden, o_k, o_in, t, o, num_threads);
+    mark();
+    RmsNormRows(ew, t, s.hidden, o, s.hidden, res, s.hidden, w.post_attention_norm, s.norm_eps, s.zero_centred, x,
+                res_tmp, num_threads);
     std::swap(res, res_tmp);
-    mark(6);
+    mark();
     Project(kernels, w.gate_up, 2 * s.intermediate, s.hidden, x, t, gate_up, num_threads);
-    mark(7);
+    mark();
     SiluMulRows(ew, t, s.intermediate, gate_up, 2 * s.intermediate, act, num_threads);
-    mark(8);
+    mark();
     Project(kernels, w.down, s.hidden, s.intermediate, act, t, h_out, num_threads);
     layer_in = h_out;
   }
-  mark(0);
+  stage = 0;
+  mark();
   if (res != residual_out) std::memcpy(residual_out, res, bytes);
 }
 

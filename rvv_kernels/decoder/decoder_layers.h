@@ -1,19 +1,26 @@
 // The decoder layers of one decode step in one native call.
 //
 // Per layer, exactly the sequence of kernels the model runs op by op when the
-// RVV policy routes every module (python/rvascend/models/decoder.py): fused
-// residual add + RMSNorm, the packed qkv projection, q/k RMSNorm + RoPE, the
-// K/V write into the pool, pool attention, o_proj, add + RMSNorm, gate_up,
-// SiLU*mul, down. The same kernels in the same order give bit-identical
-// results; what goes away is the per-op cost around them (interpreter,
-// dispatcher, allocator), which on an in-order core is as large as the
-// kernels outside the Linears.
+// RVV policy routes every module (python/rvascend/models/decoder.py and
+// qwen3_5.py): fused residual add + RMSNorm, then the layer's mixer, then
+// add + RMSNorm, gate_up, SiLU*mul, down. The mixers:
+//   attention:        the packed qkv projection, q/k RMSNorm + RoPE, the K/V
+//                     write into the pool, pool attention, o_proj;
+//   gated attention:  the same with each head's query beside its output gate
+//                     (Qwen3.5): sigmoid(gate) * attention before o_proj;
+//   Gated DeltaNet:   in_proj [qkv | z | b | a], the conv + delta-rule step on the
+//                     sequence's recurrent-state slot (rgdr::DeltaNetDecodeCpu),
+//                     out_proj.
+// The same kernels in the same order give bit-identical results; what goes
+// away is the per-op cost around them (interpreter, dispatcher, allocator),
+// which on an in-order core is as large as the kernels outside the Linears.
 #ifndef RVV_KERNELS_DECODER_DECODER_LAYERS_H_
 #define RVV_KERNELS_DECODER_DECODER_LAYERS_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "rvv_kernels/elementwise/elementwise_ukernels.h"
 #include "rvv_kernels/linear/microkernel.h"
@@ -22,9 +29,9 @@
 namespace rvascend {
 
 // A projection's weight: BF16 packed with the linear kernel set's block_n
-// (packed_layout.h), or quantized (quantized/quant_format.h) in up to three parts
+// (packed_layout.h), or quantized (quantized/quant_format.h) in up to four parts
 // that cover its rows in order, each in one format (a Q4_K_M file's Q4_K q and k
-// beside its Q6_K v).
+// beside its Q6_K v; a DeltaNet in_proj's qkv, z, b and a).
 struct ProjectionWeight {
   const uint16_t* bf16 = nullptr;
   struct Part {
@@ -32,32 +39,62 @@ struct ProjectionWeight {
     size_t rows = 0;
     const uint8_t* data = nullptr;
   };
-  Part parts[3];
+  Part parts[4];
   size_t n_parts = 0;
 };
 
-// One layer's weights and KV pool: qkv [q | k | v] rows, gate_up [gate | up].
+enum class LayerKind : int { kAttention = 0, kGatedAttention = 1, kDeltaNet = 2 };
+
+// A Gated DeltaNet layer's own weights and recurrent state (BF16 but the FP32
+// delta-rule state), indexed by DecoderBatch::state_slots.
+struct DeltaNetLayerWeights {
+  const uint16_t* conv_weight = nullptr;  // [C, K], C = 2 NK Dk + NV Dv
+  const uint16_t* a_log = nullptr;        // [NV]
+  const uint16_t* dt_bias = nullptr;      // [NV]
+  const uint16_t* norm_weight = nullptr;  // [Dv], the gated RMSNorm's (plain) weight
+  uint16_t* conv_state = nullptr;         // [state slots, C, K - 1]
+  float* ssm_state = nullptr;             // [state slots, NV, Dv, Dk]
+};
+
+// One layer's weights and KV pool or recurrent state: gate_up [gate | up]; qkv
+// [q | k | v] rows ([q0 g0 q1 g1 ... | k | v], head by head, with an output gate),
+// or a DeltaNet layer's in_proj [qkv | z | b | a], and o its o_proj or out_proj.
 struct DecoderLayerWeights {
+  LayerKind kind = LayerKind::kAttention;
   const uint16_t* input_norm = nullptr;           // [hidden], BF16
   const uint16_t* post_attention_norm = nullptr;  // [hidden]
-  ProjectionWeight qkv;                           // N = (heads + 2 kv_heads) head_dim, K = hidden
-  ProjectionWeight o;                             // N = hidden, K = heads head_dim
+  ProjectionWeight qkv;                           // N = (heads (2 with a gate) + 2 kv_heads) head_dim, K = hidden
+  ProjectionWeight o;                             // N = hidden, K = heads head_dim (DeltaNet: NV Dv)
   ProjectionWeight gate_up;                       // N = 2 intermediate, K = hidden
   ProjectionWeight down;                          // N = hidden, K = intermediate
   const uint16_t* q_norm = nullptr;               // [head_dim] or null (no q/k norm)
   const uint16_t* k_norm = nullptr;
   uint16_t* k_pool = nullptr;  // [num_slots, kv_heads, head_dim]
   uint16_t* v_pool = nullptr;
+  DeltaNetLayerWeights deltanet;  // kDeltaNet only
+};
+
+struct DeltaNetShape {
+  size_t nk = 0, nv = 0, dk = 0, dv = 0, kernel = 0, num_slots = 0;
+  float norm_eps = 0;
+
+  size_t conv_dim() const { return 2 * nk * dk + nv * dv; }
+  size_t in_proj_n() const { return conv_dim() + nv * dv + 2 * nv; }
 };
 
 struct DecoderShape {
   size_t hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0, num_slots = 0;
+  size_t rotary_dim = 0;      // RoPE turns the first rotary_dim of each head (0: all of it)
+  bool zero_centred = false;  // every RMSNorm but the DeltaNet's gated one scales by 1 + w (Qwen3.5)
   float norm_eps = 0, qk_norm_eps = 0, scale = 1;
+  DeltaNetShape deltanet;     // when some layer is kDeltaNet
 };
 
 // The step's tokens: sequence b has query rows [q_starts[b], q_starts[b+1]) and
 // K/V slots kv_slots[kv_starts[b] : kv_starts[b+1]] (kv_pool_attention.h); the
-// new tokens' K/V go to write_slots[t]. cos/sin: [tokens, head_dim].
+// new tokens' K/V go to write_slots[t]. cos/sin: [tokens, rotary_dim]. With
+// DeltaNet layers every sequence decodes one token, and sequence b's recurrent
+// state is at state_slots[b] (distinct).
 struct DecoderBatch {
   size_t tokens = 0, batch = 0;
   const int64_t* q_starts = nullptr;
@@ -66,6 +103,7 @@ struct DecoderBatch {
   const int64_t* write_slots = nullptr;
   const uint16_t* cos = nullptr;
   const uint16_t* sin = nullptr;
+  const int64_t* state_slots = nullptr;
 };
 
 struct DecoderKernels {
@@ -75,13 +113,13 @@ struct DecoderKernels {
   const ElementwiseKernels* elementwise = nullptr;
   std::string attention;  // "" = the best this CPU runs
   // Called at every stage boundary when set (instruction counting under QEMU):
-  // before each of the layer's kDecoderStages stages and once after the last layer.
+  // before each of a layer's stages (DecoderStageNames) and once after the last layer.
   void (*stage_marker)(int) = nullptr;
 };
 
-// The stages a layer runs, in order (the names the step profiler reports).
-constexpr int kDecoderStages = 9;
-extern const char* const kDecoderStageNames[kDecoderStages];
+// The stages a layer of `kind` runs, in order (the names the step profiler
+// reports); the stage marker gets each one's index into this list.
+const std::vector<std::string>& DecoderStageNames(LayerKind kind);
 
 // h: [tokens, hidden], the first layer's input, which is also where the
 // residual stream starts (the embedding output). On return h_out holds the

@@ -34,9 +34,10 @@ QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=1024, inter
                layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
 KERNELS = ("kv_pool_attention", "rope", "silu_mul", "add_rms_norm", "argmax", "decoder_layers")
 # The hybrid's kernels: its gated attention's zero-centred q/k norms and partial RoPE on the
-# rope kernel and its output gate on sigmoid_mul, the DeltaNet layers' work in their own call
-# (counted below), and no fused decode step.
-HYBRID_KERNELS = ("kv_pool_attention", "rope", "sigmoid_mul", "silu_mul", "add_rms_norm", "rms_norm", "argmax")
+# rope kernel and its output gate on sigmoid_mul, the DeltaNet layers' prompt work in their
+# own call (counted below), and the decode steps' layers of both kinds in the fused step.
+HYBRID_KERNELS = ("kv_pool_attention", "rope", "sigmoid_mul", "silu_mul", "add_rms_norm", "rms_norm", "argmax",
+                  "decoder_layers")
 
 
 def check(name: str, config: dict, kernels_expected: tuple = KERNELS) -> bool:
@@ -70,8 +71,8 @@ def check(name: str, config: dict, kernels_expected: tuple = KERNELS) -> bool:
 
 
 def check_hybrid() -> bool:
-    """Qwen3.5: check() with its kernels, and every DeltaNet layer's step (prefill and decode)
-    in its one native call."""
+    """Qwen3.5: check() with its kernels, every DeltaNet layer's step in its one native call
+    (policy off: prefill and decode; on: prefill, its decode steps in the fused step)."""
     from rvascend.models import qwen3_5
     from rvascend.ops import gated_delta_rule
 
@@ -87,9 +88,10 @@ def check_hybrid() -> bool:
         ok = check("qwen3.5", QWEN3_5, HYBRID_KERNELS)
     finally:
         gated_delta_rule.deltanet_decode = real
-    # Two runs (policy off and on) of one prefill and 5 decode steps, 3 DeltaNet layers each.
+    # One prefill and 5 decode steps with the policy off, then the prefill with it on; 3 DeltaNet
+    # layers each.
     print(f"qwen3.5: prompts through the DeltaNet call: {qwen3_5.RECURRENT_PROMPTS}, {len(calls)} calls")
-    if len(calls) != 2 * 6 * 3 or not qwen3_5.RECURRENT_PROMPTS:
+    if len(calls) != (6 + 1) * 3 or not qwen3_5.RECURRENT_PROMPTS:
         print("FAILED qwen3.5: a DeltaNet step did not take its native call")
         return False
     return ok

@@ -119,7 +119,7 @@ def instrument(model: torch.nn.Module, regions: Regions) -> None:
 def instrument_fused_decoder(regions: Regions) -> None:
     """The fused decode step marks its own stages from C++ (one interval per stage
     and layer, then one back to the Python around it); their names come after."""
-    stages = list(_native.decoder_stage_names())
+    stages = {kind: list(_native.decoder_stage_names(kind)) for kind in fused_decoder.PROJECTIONS}
     call = FusedDecoder.__call__
 
     def wrapped(self, *args):
@@ -132,7 +132,7 @@ def instrument_fused_decoder(regions: Regions) -> None:
         finally:
             self.stage_markers = False
         if out is not None:
-            names = stages * len(self.layers) + ["decoder_glue"]
+            names = [name for kind in self.kinds for name in stages[kind]] + ["decoder_glue"]
             regions.names.extend(names)
             global _marks
             _marks += len(names)  # the markers the C++ side placed

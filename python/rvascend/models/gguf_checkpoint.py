@@ -313,15 +313,24 @@ class GgufCheckpoint:
 
     def kept_format(self, name: str) -> Optional[str]:
         """The quantized format a tensor can stay in (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), or None."""
-        from rvascend.ops.quantized_linear import GGML_TYPES
+        from rvascend.ops.quantized_linear import BLOCK_K, GGML_TYPES
 
         t = self._tensors[name]
-        return GGML_TYPES.get(t.type_id) if len(t.dims) == 2 else None
+        fmt = GGML_TYPES.get(t.type_id) if len(t.dims) == 2 else None
+        if fmt is not None and self.arch == "qwen35":
+            m = _LAYER_TENSOR.match(name)
+            if m and not gguf_qwen35.keeps_quantized(self.config, m.group(2), BLOCK_K[fmt]):
+                return None
+        return fmt
 
     def quantized_rows(self, name: str) -> np.ndarray:
         """A kept tensor's GGML blocks as uint8 [rows, bytes per row], rows in Hugging Face
         order (a view of the file unless rows had to be reordered)."""
-        return self._in_hf_row_order(name, self._file.raw(name))
+        rows = self._file.raw(name)
+        m = _LAYER_TENSOR.match(name)
+        if self.arch == "qwen35" and m:
+            return gguf_qwen35.quantized_in_hf_order(self.config, m.group(2), rows)
+        return self._in_hf_row_order(name, rows)
 
     def _in_hf_row_order(self, name: str, rows):
         if self.arch == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -125,6 +126,39 @@ def _grouped(t: torch.Tensor, dim: int, key_heads: int, head_dim: int) -> torch.
     per_group = shape[dim] // (key_heads * head_dim)
     split = t.reshape(*shape[:dim], per_group, key_heads, head_dim, *shape[dim + 1:])
     return split.transpose(dim, dim + 1).reshape(shape).contiguous()
+
+
+def keeps_quantized(config: dict[str, Any], leaf: str, block_k: int) -> bool:
+    """Whether a quantized tensor can be put in grouped order without dequantizing it: rows
+    move as they are, but the output projection's value heads are columns, inside its blocks
+    unless a head's Dv columns are whole blocks."""
+    tiled = config["linear_num_key_heads"] != config["linear_num_value_heads"]
+    return not (leaf == "ssm_out.weight" and tiled and config["linear_value_head_dim"] % block_k)
+
+
+def quantized_in_hf_order(config: dict[str, Any], leaf: str, rows: np.ndarray) -> np.ndarray:
+    """A kept tensor's GGML blocks (uint8 [rows, bytes per row]) with its value heads in
+    grouped order: whole rows for the projections into value heads, whole blocks of each
+    row for the output projection (keeps_quantized says when that is possible)."""
+    nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    if nk == nv:
+        return rows
+    dv, key_dim = config["linear_value_head_dim"], nk * config["linear_key_head_dim"]
+
+    def grouped(a: np.ndarray, axis: int, unit: int) -> np.ndarray:
+        shape = a.shape
+        split = a.reshape(*shape[:axis], shape[axis] // (nk * unit), nk, unit, *shape[axis + 1:])
+        return np.ascontiguousarray(np.swapaxes(split, axis, axis + 1)).reshape(shape)
+
+    if leaf in ("ssm_beta.weight", "ssm_alpha.weight"):
+        return grouped(rows, 0, 1)
+    if leaf == "attn_gate.weight":
+        return grouped(rows, 0, dv)
+    if leaf == "attn_qkv.weight":
+        return np.concatenate([rows[:2 * key_dim], grouped(rows[2 * key_dim:], 0, dv)])
+    if leaf == "ssm_out.weight":
+        return grouped(rows, 1, rows.shape[1] // nv)
+    return rows
 
 
 def to_hf(config: dict[str, Any], leaf: str, t: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Loading a GGUF file's quantized projections and embedding as they are.
 
-Every projection (qkv_proj, o_proj, gate_up_proj, down_proj, lm_head) and the token
+Every projection (qkv_proj, o_proj, gate_up_proj, down_proj, lm_head; a Gated DeltaNet
+layer's in_proj and out_proj) and the token
 embedding whose GGUF tensors are all in a kept format (ops/quantized_linear.py)
 becomes a quantized module (quantized_layers.py): its GGML blocks are repacked
 once, from the mapped file, into the runtime layout, with no dequantized copy at
@@ -35,6 +36,7 @@ class _Module:
 
 def _plan(ckpt: gguf_checkpoint.GgufCheckpoint, model: CausalLM) -> list[_Module]:
     modules: dict[str, _Module] = {}
+    stacked = type(model).STACKED  # the family's fused projections (Qwen3.5's in_proj too)
     for name in ckpt.type_names():
         hf = ckpt.hf_name(name)
         if hf is None or not hf.endswith((".weight", ".bias")):
@@ -42,10 +44,10 @@ def _plan(ckpt: gguf_checkpoint.GgufCheckpoint, model: CausalLM) -> list[_Module
         parts = hf.rsplit(".", 2)
         path, leaf, param = ".".join(hf.split(".")[:-1]), hf.split(".")[-2], parts[-1]
         shard = ""
-        if leaf in CausalLM.STACKED:
-            fused, shard = CausalLM.STACKED[leaf]
+        if leaf in stacked:
+            fused, shard = stacked[leaf]
             path = path.rsplit(".", 1)[0] + "." + fused
-        elif leaf not in ("o_proj", "down_proj", "lm_head", "embed_tokens"):
+        elif leaf not in ("o_proj", "out_proj", "down_proj", "lm_head", "embed_tokens"):
             continue
         entry = modules.setdefault(path, _Module(path, {}))
         if param == "bias":

@@ -171,6 +171,7 @@ class GatedAttention(Attention):
     """Full attention with an output gate and partial RoPE; K/V in the pool's layer `index`."""
 
     rvv_kernels = ("kv_pool_attention", "rope", "sigmoid_mul")
+    output_gate = True  # the fused decode step's gated-attention layer kind
 
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__(config, index)
@@ -231,7 +232,7 @@ class HybridDecoderLayer(nn.Module):
 class Qwen3_5CausalLM(CausalLM):
     """Qwen3.5 (dense text) for causal LM, with CausalLM's batch, pool and logits contract."""
 
-    rvv_fused_decoder = False  # the fused decode step covers the uniform families only
+    rvv_fused_decoder = True  # both layer kinds run in the fused decode step (policy/fused_decoder.py)
 
     STACKED = {**CausalLM.STACKED, "in_proj_qkv": ("in_proj", "qkv"), "in_proj_z": ("in_proj", "z"),
                "in_proj_b": ("in_proj", "b"), "in_proj_a": ("in_proj", "a")}

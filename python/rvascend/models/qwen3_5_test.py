@@ -12,7 +12,7 @@ from rvascend.models import qwen3_5
 from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
 from rvascend.models.state_pool import RecurrentStatePool
-from rvascend.models.testing import Runner, tiny_qwen3_5_config
+from rvascend.models.testing import Runner, assert_fused_decode_matches_op_by_op, tiny_qwen3_5_config
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, shape_gate
 
 VOCAB = 256
@@ -243,6 +243,42 @@ def test_the_policy_packs_the_deltanet_projections_too(pair, monkeypatch):
     assert kernels.calls("sigmoid_mul", "kernel") == 5 and kernels.calls("sigmoid_mul", "fallback") == 0
     assert kernels.calls("rms_norm", "fallback") == kernels.calls("add_rms_norm", "fallback") == 0
     assert kernels.calls("rope", "fallback") == 0
+
+
+def _policy_model(path: str, monkeypatch):
+    """A BF16 Qwen3.5 with every projection packed (the measured gate told to pack all)."""
+    monkeypatch.setattr(shape_gate, "measured_packed_wins", lambda m, n, k: True)
+    m = load_model(path, torch.bfloat16)
+    install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", shape_gate="measured"))
+    return m
+
+
+@pytest.mark.parametrize("sequences", [1, 3])
+def test_the_fused_decode_step_is_bit_identical_to_module_by_module(pair, sequences, monkeypatch):
+    """Both layer kinds in one native call (gated attention, Gated DeltaNet on the state
+    slots): over 6 decode steps the logits, the K/V pool, the conv and delta-rule states
+    are bit for bit the op-by-op path's, and the route counts are the same."""
+    _, _, path = pair
+    m = _policy_model(path, monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 12, 8)[:sequences]]
+    assert_fused_decode_matches_op_by_op(m, prompts, 6, VOCAB)
+
+
+def test_the_fused_step_refuses_a_bad_state_slot_before_anything_is_written(pair, monkeypatch):
+    _, _, path = pair
+    m = _policy_model(path, monkeypatch)
+    runner = Runner(m, 2, 0)
+    runner.step([(0, [1, 2, 3], 0), (1, [4, 5], 0)])
+    for slots, message in (([runner.pool.states.num_slots, 1], "outside the recurrent-state pool"),
+                           ([1, 1], "used by two sequences")):
+        runner.state_slots = slots
+        pool = runner.pool
+        tensors = [*pool.k, *pool.v, *pool.states.conv, *pool.states.ssm]
+        before = [t.clone() for t in tensors]
+        with pytest.raises(ValueError, match=message):
+            runner.step([(0, [6], 3), (1, [7], 2)])
+        assert all(torch.equal(a, b) for a, b in zip(before, tensors))
 
 
 def test_served_through_the_openai_client(tmp_path):

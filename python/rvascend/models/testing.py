@@ -96,6 +96,42 @@ class Runner:
             return self.model(batch, self.pool, all_logits=True)
 
 
+def assert_fused_decode_matches_op_by_op(model, prompts: list[list[int]], steps: int, vocab: int) -> None:
+    """Prefills `prompts`, then runs `steps` decode steps twice, op by op and through the
+    policy's fused step (on two Runners from the same stale state): the logits, the K/V pool
+    and a hybrid model's conv and delta-rule states are bit for bit equal after every step,
+    and so are the route counts (but the fused step's own)."""
+    from rvascend.policy import get_policy
+
+    policy = get_policy(model)
+    runners = Runner(model, len(prompts), 0), Runner(model, len(prompts), 0)
+    for runner in runners:
+        runner.step([(i, p, 0) for i, p in enumerate(prompts)])  # prompts: op by op either way
+    fused = model.__dict__[FUSED_ATTR]
+
+    def pool_tensors(runner: Runner) -> list[torch.Tensor]:
+        pool = runner.pool
+        return [*pool.k, *pool.v, *pool.states.conv, *pool.states.ssm] if pool.states else [*pool.k, *pool.v]
+
+    for step in range(steps):
+        rows = [(i, [(7 * step + 3 * i) % vocab], len(p) + step) for i, p in enumerate(prompts)]
+        logits, counts = [], []
+        for runner, attached in zip(runners, (False, True)):
+            model.__dict__.pop(FUSED_ATTR, None)
+            if attached:
+                model.__dict__[FUSED_ATTR] = fused
+            policy.counters.reset()
+            policy.kernels.counters.reset()
+            logits.append(runner.step(rows))
+            counts.append((policy.counters.snapshot(),
+                           [c for c in policy.kernels.counters.snapshot() if c["projection"] != "decoder_layers"]))
+        assert policy.kernels.counters.calls("decoder_layers", "kernel") == 1, policy.kernels.counters.snapshot()
+        assert torch.equal(logits[1], logits[0]), (step, (logits[1].float() - logits[0].float()).abs().max())
+        assert counts[0] == counts[1]
+        for a, b in zip(pool_tensors(runners[0]), pool_tensors(runners[1])):
+            assert torch.equal(a, b)
+
+
 def tiny_qwen3_5_config(vocab_size: int, tie: bool):
     """A small Qwen3.5 text config that has every layer kind and fewer key than value
     heads in its Gated DeltaNet layers (the case that reorders value heads)."""

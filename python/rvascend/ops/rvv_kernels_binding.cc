@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -308,20 +309,64 @@ void CopyBytesOp(uintptr_t dst, uintptr_t src, size_t bytes, size_t num_threads)
 }
 
 // One row of the decoder_layers descriptor (int64 [layers, kLayerFields]): the
-// (data pointer, elements) pairs of DecoderLayerWeights' buffers in its order, then
-// one kind per projection (qkv, o, gate_up, down): 0 for a BF16 packed weight (its
-// pair is the packed buffer), 1 for a quantized one (its pair is an int64 table
-// [parts, 4] of (format id, rows, data pointer, bytes)).
-constexpr size_t kLayerBuffers = 10;
-constexpr size_t kLayerFields = 2 * kLayerBuffers + 4;
+// (data pointer, elements) pairs of a layer's buffers in kLayerBufferNames' order,
+// then one kind per projection (qkv, o, gate_up, down): 0 for a BF16 packed weight
+// (its pair is the packed buffer), 1 for a quantized one (its pair is an int64
+// table [parts, 4] of (format id, rows, data pointer, bytes)); then the layer's
+// kind (LayerKind). An attention layer's DeltaNet pairs and a DeltaNet layer's
+// q/k norm and pool pairs are (0, 0); there qkv and o hold in_proj and out_proj.
+constexpr size_t kLayerBuffers = 16;
+constexpr size_t kLayerFields = 2 * kLayerBuffers + 4 + 1;
 constexpr size_t kQuantPartFields = 4;
+constexpr const char* kLayerBufferNames[kLayerBuffers] = {
+    "input_norm", "post_attention_norm", "qkv packed weight", "o packed weight", "gate_up packed weight",
+    "down packed weight", "q_norm", "k_norm", "k_pool", "v_pool", "conv_weight", "a_log", "dt_bias",
+    "deltanet norm", "conv_state", "ssm_state"};
+enum Buffer : size_t { kInputNorm, kPostNorm, kQkv, kO, kGateUp, kDown, kQNorm, kKNorm, kKPool, kVPool,
+                       kConvWeight, kALog, kDtBias, kDeltaNorm, kConvState, kSsmState };
 
 void StageMarker(int id);
+
+// A projection's quantized parts from their descriptor table, checked against (n, k).
+ProjectionWeight QuantizedProjection(const int64_t* pair, size_t n, size_t k, size_t quant_tile,
+                                     const std::string& what) {
+  ProjectionWeight w;
+  const size_t n_parts = static_cast<size_t>(pair[1]) / kQuantPartFields;
+  if (n_parts == 0 || n_parts > std::size(w.parts) || static_cast<size_t>(pair[1]) % kQuantPartFields) {
+    throw std::invalid_argument(what + ": a quantized projection has 1 to " + std::to_string(std::size(w.parts)) +
+                                " parts");
+  }
+  const int64_t* parts = Pointer<const int64_t>(static_cast<uintptr_t>(pair[0]), what.c_str());
+  size_t rows_total = 0;
+  for (size_t q = 0; q < n_parts; ++q) {
+    const int64_t* part = parts + q * kQuantPartFields;
+    static const QuantFormat kFormats[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1,
+                                           QuantFormat::kQ4_K, QuantFormat::kQ6_K};
+    if (part[0] < 0 || part[0] > 4) throw std::invalid_argument(what + ": unknown quantized format");
+    ProjectionWeight::Part& out = w.parts[q];
+    out.format = kFormats[part[0]];
+    out.rows = static_cast<size_t>(part[1]);
+    if (k % FormatInfo(out.format).block_k) {
+      throw std::invalid_argument(what + ": K = " + std::to_string(k) + " is not a whole number of " +
+                                  FormatInfo(out.format).name + " blocks");
+    }
+    out.data = Extent<const uint8_t>(static_cast<uintptr_t>(part[2]), static_cast<size_t>(part[3]),
+                                     QuantLayoutBytes(out.format, out.rows, k, quant_tile), what);
+    rows_total += out.rows;
+  }
+  if (rows_total != n) {
+    throw std::invalid_argument(what + ": quantized parts cover " + std::to_string(rows_total) + " of " +
+                                std::to_string(n) + " rows");
+  }
+  w.n_parts = n_parts;
+  return w;
+}
 
 // The step's decoder layers (decoder_layers.h). Every buffer comes with its
 // element count and is checked against what the shape, the kernel set's layout
 // and the batch make the step read or write; DecoderLayers then checks the
-// batch's indices before anything is written.
+// batch's indices before anything is written. deltanet: (NK, NV, Dk, Dv, conv
+// taps, state slots) when some layer is a Gated DeltaNet one, else empty.
 void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_kernel_set, size_t quant_tile,
                        uintptr_t descriptor, size_t descriptor_elements, size_t n_layers, size_t block_n, size_t hidden, size_t intermediate, size_t heads,
                        size_t kv_heads, size_t head_dim, size_t num_slots, float norm_eps, float qk_norm_eps,
@@ -329,9 +374,27 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
                        uintptr_t kv_starts, size_t kv_starts_n, uintptr_t kv_slots, size_t n_kv_slots,
                        uintptr_t write_slots, size_t n_write, uintptr_t cos, uintptr_t sin, size_t rope_elements,
                        uintptr_t h, uintptr_t h_out, uintptr_t residual_out, size_t h_elements, size_t num_threads,
-                       bool stage_markers) {
+                       bool stage_markers, size_t rotary_dim, bool zero_centred, const std::vector<size_t>& deltanet,
+                       float deltanet_norm_eps, uintptr_t state_slots, size_t n_state_slots) {
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   if (tokens == 0) return;
+  if (rotary_dim > head_dim || rotary_dim % 2) {
+    throw std::invalid_argument("rotary_dim " + std::to_string(rotary_dim) + " is not an even number <= head_dim " +
+                                std::to_string(head_dim));
+  }
+  if (!deltanet.empty() && deltanet.size() != 6) {
+    throw std::invalid_argument("deltanet is (NK, NV, Dk, Dv, conv taps, state slots), got " +
+                                std::to_string(deltanet.size()) + " values");
+  }
+  DeltaNetShape dn;
+  if (!deltanet.empty()) {
+    dn.nk = deltanet[0], dn.nv = deltanet[1], dn.dk = deltanet[2], dn.dv = deltanet[3], dn.kernel = deltanet[4];
+    dn.num_slots = deltanet[5];
+    dn.norm_eps = deltanet_norm_eps;
+    if (dn.nk == 0 || dn.nv % dn.nk || dn.dk == 0 || dn.dv == 0 || dn.kernel < 2) {
+      throw std::invalid_argument("deltanet: NV must be a multiple of NK >= 1, Dk and Dv positive, 2+ conv taps");
+    }
+  }
   DecoderKernels kernels;
   // block_n 0: no projection is BF16 packed (all quantized).
   kernels.linear = block_n ? &KernelSet(kernel_set, block_n) : nullptr;
@@ -340,55 +403,48 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
   const int64_t* rows = Extent<const int64_t>(descriptor, descriptor_elements, n_layers * kLayerFields,
                                               "descriptor");
   auto packed = [&](size_t n, size_t k) { return block_n ? PackedBlocks(n, block_n) * block_n * k : 0; };
-  const size_t q_n = heads * head_dim, kv_n = kv_heads * head_dim;
-  const size_t need[kLayerBuffers] = {hidden, hidden, packed(q_n + 2 * kv_n, hidden), packed(hidden, q_n),
-                                      packed(2 * intermediate, hidden), packed(hidden, intermediate), head_dim,
-                                      head_dim, num_slots * kv_n, num_slots * kv_n};
-  // (N, K) of the four projections, in descriptor order.
-  const size_t proj_n[4] = {q_n + 2 * kv_n, hidden, 2 * intermediate, hidden};
-  const size_t proj_k[4] = {hidden, q_n, hidden, intermediate};
-  static const char* const kNames[kLayerBuffers] = {
-      "input_norm", "post_attention_norm", "qkv packed weight", "o packed weight", "gate_up packed weight",
-      "down packed weight", "q_norm", "k_norm", "k_pool", "v_pool"};
+  const size_t q_n = heads * head_dim, kv_n = kv_heads * head_dim, c = dn.conv_dim(), value_n = dn.nv * dn.dv;
   std::vector<DecoderLayerWeights> layers(n_layers);
   bool any_quantized = false;
   for (size_t l = 0; l < n_layers; ++l) {
     const int64_t* f = rows + l * kLayerFields;
-    const uint16_t* p[kLayerBuffers];
+    DecoderLayerWeights& w = layers[l];
+    const int64_t kind = f[kLayerFields - 1];
+    if (kind < 0 || kind > 2) throw std::invalid_argument("layer " + std::to_string(l) + ": unknown layer kind");
+    w.kind = static_cast<LayerKind>(kind);
+    const bool recurrent = w.kind == LayerKind::kDeltaNet;
+    if (recurrent && deltanet.empty()) {
+      throw std::invalid_argument("layer " + std::to_string(l) + " is a DeltaNet layer but deltanet is empty");
+    }
+    const size_t qkv_n = recurrent ? dn.in_proj_n()
+                                   : (w.kind == LayerKind::kGatedAttention ? 2 * q_n : q_n) + 2 * kv_n;
+    // (N, K) of the four projections, in descriptor order.
+    const size_t proj_n[4] = {qkv_n, hidden, 2 * intermediate, hidden};
+    const size_t proj_k[4] = {hidden, recurrent ? value_n : q_n, hidden, intermediate};
+    size_t need[kLayerBuffers] = {hidden, hidden};
+    for (size_t j = 0; j < 4; ++j) need[kQkv + j] = packed(proj_n[j], proj_k[j]);
+    bool used[kLayerBuffers];
+    for (size_t i = 0; i < kLayerBuffers; ++i) used[i] = i <= kDown || (recurrent == (i >= kConvWeight));
+    if (recurrent) {
+      const size_t s = dn.num_slots;
+      need[kConvWeight] = c * dn.kernel;
+      need[kALog] = need[kDtBias] = dn.nv;
+      need[kDeltaNorm] = dn.dv;
+      need[kConvState] = s * c * (dn.kernel - 1);
+      need[kSsmState] = s * dn.nv * dn.dv * dn.dk;
+    } else {
+      need[kQNorm] = need[kKNorm] = head_dim;
+      need[kKPool] = need[kVPool] = num_slots * kv_n;
+    }
+    const uint16_t* p[kLayerBuffers] = {};
     ProjectionWeight proj[4];
     for (size_t i = 0; i < kLayerBuffers; ++i) {
-      const bool optional = i == 6 || i == 7;  // q/k norm: absent without q/k norm
-      const bool projection = i >= 2 && i <= 5;
-      const std::string what = "layer " + std::to_string(l) + " " + kNames[i];
-      p[i] = nullptr;
-      if (projection && f[2 * kLayerBuffers + (i - 2)] == 1) {  // quantized parts
-        const size_t j = i - 2, n_parts = static_cast<size_t>(f[2 * i + 1]) / kQuantPartFields;
-        if (n_parts == 0 || n_parts > 3 || static_cast<size_t>(f[2 * i + 1]) % kQuantPartFields) {
-          throw std::invalid_argument(what + ": a quantized projection has 1 to 3 parts");
-        }
-        const int64_t* parts = Pointer<const int64_t>(static_cast<uintptr_t>(f[2 * i]), what.c_str());
-        size_t rows_total = 0;
-        for (size_t q = 0; q < n_parts; ++q) {
-          const int64_t* part = parts + q * kQuantPartFields;
-          static const QuantFormat kFormats[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1,
-                                                 QuantFormat::kQ4_K, QuantFormat::kQ6_K};
-          if (part[0] < 0 || part[0] > 4) throw std::invalid_argument(what + ": unknown quantized format");
-          ProjectionWeight::Part& out = proj[j].parts[q];
-          out.format = kFormats[part[0]];
-          out.rows = static_cast<size_t>(part[1]);
-          if (proj_k[j] % FormatInfo(out.format).block_k) {
-            throw std::invalid_argument(what + ": K = " + std::to_string(proj_k[j]) + " is not a whole number of " +
-                                        FormatInfo(out.format).name + " blocks");
-          }
-          out.data = Extent<const uint8_t>(static_cast<uintptr_t>(part[2]), static_cast<size_t>(part[3]),
-                                           QuantLayoutBytes(out.format, out.rows, proj_k[j], quant_tile), what);
-          rows_total += out.rows;
-        }
-        if (rows_total != proj_n[j]) {
-          throw std::invalid_argument(what + ": quantized parts cover " + std::to_string(rows_total) + " of " +
-                                      std::to_string(proj_n[j]) + " rows");
-        }
-        proj[j].n_parts = n_parts;
+      if (!used[i] || i == kSsmState) continue;
+      const bool optional = i == kQNorm || i == kKNorm;  // absent without q/k norm
+      const bool projection = i >= kQkv && i <= kDown;
+      const std::string what = "layer " + std::to_string(l) + " " + kLayerBufferNames[i];
+      if (projection && f[2 * kLayerBuffers + (i - kQkv)] == 1) {
+        proj[i - kQkv] = QuantizedProjection(f + 2 * i, proj_n[i - kQkv], proj_k[i - kQkv], quant_tile, what);
         any_quantized = true;
         continue;
       }
@@ -396,19 +452,28 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
       p[i] = optional && f[2 * i] == 0 ? nullptr
                                        : Extent<const uint16_t>(static_cast<uintptr_t>(f[2 * i]),
                                                                 static_cast<size_t>(f[2 * i + 1]), need[i], what);
-      if (projection) proj[i - 2].bf16 = p[i];
+      if (projection) proj[i - kQkv].bf16 = p[i];
     }
-    DecoderLayerWeights& w = layers[l];
-    w.input_norm = p[0];
-    w.post_attention_norm = p[1];
+    w.input_norm = p[kInputNorm];
+    w.post_attention_norm = p[kPostNorm];
     w.qkv = proj[0];
     w.o = proj[1];
     w.gate_up = proj[2];
     w.down = proj[3];
-    w.q_norm = p[6];
-    w.k_norm = p[7];
-    w.k_pool = const_cast<uint16_t*>(p[8]);
-    w.v_pool = const_cast<uint16_t*>(p[9]);
+    w.q_norm = p[kQNorm];
+    w.k_norm = p[kKNorm];
+    w.k_pool = const_cast<uint16_t*>(p[kKPool]);
+    w.v_pool = const_cast<uint16_t*>(p[kVPool]);
+    if (recurrent) {
+      w.deltanet.conv_weight = p[kConvWeight];
+      w.deltanet.a_log = p[kALog];
+      w.deltanet.dt_bias = p[kDtBias];
+      w.deltanet.norm_weight = p[kDeltaNorm];
+      w.deltanet.conv_state = const_cast<uint16_t*>(p[kConvState]);
+      w.deltanet.ssm_state =
+          Extent<float>(static_cast<uintptr_t>(f[2 * kSsmState]), static_cast<size_t>(f[2 * kSsmState + 1]),
+                        need[kSsmState], "layer " + std::to_string(l) + " ssm_state");
+    }
   }
   if (any_quantized) {
     kernels.quantized = &FindQuantKernelSet(quant_kernel_set);
@@ -429,6 +494,9 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
   shape.norm_eps = norm_eps;
   shape.qk_norm_eps = qk_norm_eps;
   shape.scale = scale;
+  shape.rotary_dim = rotary_dim;
+  shape.zero_centred = zero_centred;
+  shape.deltanet = dn;
   DecoderBatch b;
   b.tokens = tokens;
   b.batch = batch;
@@ -440,8 +508,10 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
   }
   b.kv_slots = Array<const int64_t>(kv_slots, n_kv_slots, "kv_slots");
   b.write_slots = Extent<const int64_t>(write_slots, n_write, tokens, "write_slots");
-  b.cos = Extent<const uint16_t>(cos, rope_elements, tokens * head_dim, "cos");
-  b.sin = Extent<const uint16_t>(sin, rope_elements, tokens * head_dim, "sin");
+  const size_t rotary = rotary_dim ? rotary_dim : head_dim;
+  b.cos = Extent<const uint16_t>(cos, rope_elements, tokens * rotary, "cos");
+  b.sin = Extent<const uint16_t>(sin, rope_elements, tokens * rotary, "sin");
+  if (!deltanet.empty()) b.state_slots = Extent<const int64_t>(state_slots, n_state_slots, batch, "state_slots");
   const uint16_t* hp = Extent<const uint16_t>(h, h_elements, tokens * hidden, "h");
   uint16_t* hop = Extent<uint16_t>(h_out, h_elements, tokens * hidden, "h_out");
   uint16_t* rop = Extent<uint16_t>(residual_out, h_elements, tokens * hidden, "residual_out");
@@ -625,10 +695,12 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("kv_slots"), py::arg("n_kv_slots"), py::arg("write_slots"), py::arg("n_write"), py::arg("cos"),
         py::arg("sin"), py::arg("rope_elements"), py::arg("h"), py::arg("h_out"), py::arg("residual_out"),
         py::arg("h_elements"), py::arg("num_threads"), py::arg("stage_markers") = false,
+        py::arg("rotary_dim") = 0, py::arg("zero_centred") = false, py::arg("deltanet") = std::vector<size_t>(),
+        py::arg("deltanet_norm_eps") = 0.0f, py::arg("state_slots") = 0, py::arg("n_state_slots") = 0,
         "One decode step's decoder layers in one call (rvv_kernels/decoder/decoder_layers.h); every buffer "
         "comes with its element count.");
-  m.def("decoder_stage_names", [] {
-    return std::vector<std::string>(kDecoderStageNames, kDecoderStageNames + kDecoderStages);
+  m.def("decoder_stage_names", [](int kind) {
+    return DecoderStageNames(static_cast<LayerKind>(kind));
   });
   m.attr("QUANT_LAYOUT_VERSION") = kQuantLayoutVersion;
   m.def("quant_repack", &QuantRepack, py::arg("format"), py::arg("ggml"), py::arg("ggml_bytes"), py::arg("n"),

@@ -17,12 +17,17 @@ projections are packed and fresh (the same check the projection routes make:
 packed_source.py). Otherwise the model runs op by op and the reason is
 counted under the kernel "decoder_layers". The route counters of the fused
 step are the op-by-op path's, added in bulk, so /metrics reads the same.
+
+Layers come in three kinds (decoder_layers.h's LayerKind): attention
+(models/decoder.py), and in the hybrid models (models/qwen3_5.py) gated
+attention and Gated DeltaNet, whose conv + delta-rule step runs on the
+sequence's recurrent-state slot as the op-by-op path's deltanet_decode does.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 import torch
 
@@ -35,7 +40,34 @@ if TYPE_CHECKING:
     from rvascend.policy.install import RvvPolicy
 
 FUSED_ATTR = "_rvv_fused_decoder"
-PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+ATTENTION, GATED_ATTENTION, DELTANET = 0, 1, 2  # decoder_layers.h's LayerKind
+# Each kind's four projections, by the names the op-by-op routes count them under.
+PROJECTIONS = {ATTENTION: ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
+               GATED_ATTENTION: ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
+               DELTANET: ("in_proj", "out_proj", "gate_up_proj", "down_proj")}
+
+
+class _Layer(NamedTuple):
+    kind: int
+    input_norm: torch.nn.Module
+    post_norm: torch.nn.Module
+    projections: tuple        # (qkv or in_proj, o or out_proj, gate_up, down) modules
+    q_norm: Optional[torch.nn.Module]
+    k_norm: Optional[torch.nn.Module]
+    index: int                # its K/V layer in the pool, or its recurrent-state layer
+    deltanet: Optional[torch.nn.Module]
+
+
+def _layer(layer: torch.nn.Module) -> _Layer:
+    mlp = (layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    mixer = getattr(layer, "linear_attn", None)
+    if mixer is not None:
+        return _Layer(DELTANET, layer.input_layernorm, layer.post_attention_layernorm,
+                      (mixer.in_proj, mixer.out_proj) + mlp, None, None, mixer.index, mixer)
+    attn = layer.self_attn
+    kind = GATED_ATTENTION if getattr(attn, "output_gate", False) else ATTENTION
+    return _Layer(kind, layer.input_layernorm, layer.post_attention_layernorm, (attn.qkv_proj, attn.o_proj) + mlp,
+                  attn.q_norm, attn.k_norm, attn.layer, None)
 
 
 class FusedDecoder:
@@ -49,13 +81,18 @@ class FusedDecoder:
                           heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
                           head_dim=config.head_dim)
         self.norm_eps = float(config.rms_norm_eps)
-        self.layers = []
-        for layer in model.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            self.layers.append((layer.input_layernorm, layer.post_attention_layernorm,
-                                (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj),
-                                attn.q_norm, attn.k_norm))
-        self.scale = float(model.model.layers[0].self_attn.scale) if self.layers else 1.0
+        self.layers = [_layer(layer) for layer in model.model.layers]
+        attention = [layer for layer in model.model.layers if hasattr(layer, "self_attn")]
+        self.scale = float(attention[0].self_attn.scale) if attention else 1.0
+        self.zero_centred = bool(self.layers) and bool(getattr(self.layers[0].input_norm, "zero_centred", False))
+        self.deltanet: list[int] = []  # (NK, NV, Dk, Dv, conv taps) with DeltaNet layers
+        self.deltanet_eps = 0.0
+        recurrent = [layer.deltanet for layer in self.layers if layer.kind == DELTANET]
+        if recurrent:
+            d = recurrent[0]
+            self.deltanet = [d.nk, d.nv, d.dk, d.dv, d.kernel]
+            self.deltanet_eps = float(d.norm.eps)
+        self.kinds = [layer.kind for layer in self.layers]
         self.stage_markers = False  # the step profiler's region markers inside the call
         self._plan: Optional[_Plan] = None
 
@@ -64,7 +101,7 @@ class FusedDecoder:
         """(last layer's output, residual stream), or None: run the layers op by op."""
         policy = self._policy()
         t = h.shape[0]
-        why = self._why_not(policy, h, t, batch)
+        why = self._why_not(policy, h, t, batch, pool)
         plan = None
         if why is None:
             plan = self._plan if self._plan is not None and self._plan.holds(pool) else None
@@ -80,18 +117,22 @@ class FusedDecoder:
         h_out, residual_out = torch.empty_like(h), torch.empty_like(h)
         s = self.shape
         n = len(self.layers)
+        state_slots = batch.recurrent_index()[0] if self.deltanet else None
         _native.decoder_layers(
             ops.packed_linear._kernel_set, ops.quantized_linear._kernel_set, plan.quant_tile, plan.table.data_ptr(), plan.table.numel(), n, plan.block_n, s["hidden"],
             s["intermediate"], s["heads"], s["kv_heads"], s["head_dim"], pool.num_slots, self.norm_eps, plan.qk_eps,
             self.scale, t, q_starts.shape[0] - 1, q_starts.data_ptr(), q_starts.numel(), kv_starts.data_ptr(),
             kv_starts.numel(), kv_slots.data_ptr(), kv_slots.shape[0], batch.write_slots.data_ptr(),
             batch.write_slots.numel(), cos.data_ptr(), sin.data_ptr(), min(cos.numel(), sin.numel()), h.data_ptr(),
-            h_out.data_ptr(), residual_out.data_ptr(), h.numel(), torch.get_num_threads(), self.stage_markers)
-        self._count(policy, t, n)
+            h_out.data_ptr(), residual_out.data_ptr(), h.numel(), torch.get_num_threads(), self.stage_markers,
+            cos.shape[-1], self.zero_centred, self.deltanet + [pool.states.num_slots] if self.deltanet else [],
+            self.deltanet_eps, state_slots.data_ptr() if self.deltanet else 0,
+            state_slots.numel() if self.deltanet else 0)
+        self._count(policy, t)
         return h_out, residual_out
 
     # -- when it runs ------------------------------------------------------------
-    def _why_not(self, policy: "RvvPolicy", h: torch.Tensor, t: int, batch) -> Optional[str]:
+    def _why_not(self, policy: "RvvPolicy", h: torch.Tensor, t: int, batch, pool) -> Optional[str]:
         if not policy.kernels.enabled:
             return "kernels_off"
         if not self.layers:
@@ -107,32 +148,45 @@ class FusedDecoder:
             return "small_batch_off"
         if t > shape_gate.PREFILL_BUCKETS[-1]:
             return "rows_out_of_range"
+        if self.deltanet:
+            if pool.states is None or batch.state_slots is None:
+                return "no_state_slots"
+            if batch.recurrent_index()[1] is not None:  # a one-token prompt starts its state here
+                return "prefill"
         return None
 
-    def _count(self, policy: "RvvPolicy", t: int, n: int) -> None:
+    def _count(self, policy: "RvvPolicy", t: int) -> None:
         """The op-by-op path's counts, in bulk."""
-        for projection in PROJECTIONS:
+        kinds = self.kinds
+        calls: dict[str, int] = {}
+        for kind in kinds:
+            for projection in PROJECTIONS[kind]:
+                calls[projection] = calls.get(projection, 0) + 1
+        for projection, n in calls.items():
             policy.counters.record(projection, "packed", t, calls=n)
+        attention, gated = sum(k != DELTANET for k in kinds), kinds.count(GATED_ATTENTION)
         counters = policy.kernels.counters
         counters.record("decoder_layers", "kernel", t)
         counters.record("rms_norm", "kernel", t)
-        counters.record("add_rms_norm", "kernel", t, calls=2 * n - 1)
-        for kind in ("rope", "kv_pool_attention", "silu_mul"):
-            counters.record(kind, "kernel", t, calls=n)
+        counters.record("add_rms_norm", "kernel", t, calls=2 * len(kinds) - 1)
+        counters.record("silu_mul", "kernel", t, calls=len(kinds))
+        for kind, n in (("rope", attention), ("kv_pool_attention", attention), ("sigmoid_mul", gated)):
+            if n:
+                counters.record(kind, "kernel", t, calls=n)
 
 
 class _Plan:
-    """The layers' buffer table for one KV pool (int64 [layers, 24]: a (data pointer,
-    elements) pair per buffer in decoder_layers.h's order, then one kind per projection,
-    0 BF16 packed or 1 quantized) and what it was built from.
+    """The layers' buffer table for one KV pool (int64 [layers, 37]: a (data pointer,
+    elements) pair per buffer in the binding's kLayerBufferNames order, then one kind per
+    projection, 0 BF16 packed or 1 quantized, then the layer's kind) and what it was built from.
 
     Built with the projection routes' own staleness check; kept while every
     packed weight is provably the one packed, checked per step: the same module
     weight object, version, storage pointer and strides, the route's packed copy
     unchanged, and (one native call for all of them) the content fingerprint
-    (packed_source.py says which writes that catches). Norm weights are read
-    through their pointer at every call, so only their identity and pointer are
-    checked."""
+    (packed_source.py says which writes that catches). Norm weights, a DeltaNet
+    layer's conv weight, A_log and dt_bias are read through their pointer at
+    every call, so only their identity and pointer are checked."""
 
     def __init__(self) -> None:
         self.table: Optional[torch.Tensor] = None
@@ -141,7 +195,7 @@ class _Plan:
         self.pool_ref: Optional[weakref.ReferenceType] = None
         self.layout_version = ops.LAYOUT_VERSION
         self.projections: list[tuple] = []  # (module, weight, version, data_ptr, stride, route, source)
-        self.norms: list[tuple] = []        # (module's parameters, weight, data_ptr)
+        self.params: list[tuple] = []       # (module's parameters, name, parameter, data_ptr)
         self.fingerprints: Optional[torch.Tensor] = None  # int64 [weights, 7] for weight_fingerprints_match
         self.quantized: list[tuple] = []    # (module's buffers, part's key, weight buffer, data_ptr)
         self.owned: list[tuple] = []        # (module's buffers, packed weight of record, data_ptr)
@@ -149,15 +203,15 @@ class _Plan:
         self.quant_tile = 0
 
     @classmethod
-    def build(cls, layers: list, pool) -> tuple[Optional["_Plan"], Optional[str]]:
+    def build(cls, layers: list[_Layer], pool) -> tuple[Optional["_Plan"], Optional[str]]:
         plan = cls()
         rows, fingerprints = [], []
-        for l, (input_norm, post_norm, projections, q_norm, k_norm) in enumerate(layers):
+        for layer in layers:
             row, kinds = [], []
-            for norm in (input_norm, post_norm):
-                if not plan._add_norm(norm, row):
+            for norm in (layer.input_norm, layer.post_norm):
+                if not plan._add_param(norm, "weight", row):
                     return None, "norm_weight_layout"
-            for module in projections:
+            for module in layer.projections:
                 route = module.__dict__.get("_rvv_route")
                 if route is None:
                     return None, "not_routed"
@@ -189,18 +243,30 @@ class _Plan:
                 fingerprints.append([weight.data_ptr(), weight.shape[0], weight.shape[1], weight.stride(0),
                                      weight.stride(1), ops.packed_linear.readable_elements(weight),
                                      fp - (1 << 64) if fp >= 1 << 63 else fp])
-            for norm in (q_norm, k_norm):
-                if norm is None:
-                    row += [0, 0]
-                    continue
-                if not plan._add_norm(norm, row):
-                    return None, "norm_weight_layout"
-                plan.qk_eps = float(norm.eps)
-            k, v = pool.k[l], pool.v[l]
-            if k.dtype != torch.bfloat16 or not (k.is_contiguous() and v.is_contiguous()):
-                return None, "kv_pool_layout"
-            row += [k.data_ptr(), k.numel(), v.data_ptr(), v.numel()]
-            rows.append(row + kinds)
+            if layer.kind == DELTANET:
+                row += [0, 0] * 4  # no q/k norm, no K/V
+                d = layer.deltanet
+                for module, name in ((d.conv1d, "weight"), (d, "A_log"), (d, "dt_bias"), (d.norm, "weight")):
+                    if not plan._add_param(module, name, row):
+                        return None, "deltanet_weight_layout"
+                states = pool.states
+                conv, ssm = states.conv[layer.index], states.ssm[layer.index]
+                if conv.dtype != torch.bfloat16 or not (conv.is_contiguous() and ssm.is_contiguous()):
+                    return None, "state_pool_layout"
+                row += [conv.data_ptr(), conv.numel(), ssm.data_ptr(), ssm.numel()]
+            else:
+                for norm in (layer.q_norm, layer.k_norm):
+                    if norm is None:
+                        row += [0, 0]
+                        continue
+                    if not plan._add_param(norm, "weight", row):
+                        return None, "norm_weight_layout"
+                    plan.qk_eps = float(norm.eps)
+                k, v = pool.k[layer.index], pool.v[layer.index]
+                if k.dtype != torch.bfloat16 or not (k.is_contiguous() and v.is_contiguous()):
+                    return None, "kv_pool_layout"
+                row += [k.data_ptr(), k.numel(), v.data_ptr(), v.numel()] + [0, 0] * 6
+            rows.append(row + kinds + [layer.kind])
         plan.table = torch.tensor(rows, dtype=torch.int64)
         plan.fingerprints = torch.tensor(fingerprints or [[0] * 7], dtype=torch.int64)[:len(fingerprints)]
         plan.pool_ref = weakref.ref(pool)
@@ -230,12 +296,12 @@ class _Plan:
         self.quant_tables.append(t)
         return [t.data_ptr(), t.numel()]
 
-    def _add_norm(self, norm: torch.nn.Module, row: list[int]) -> bool:
-        w = norm._parameters["weight"]
+    def _add_param(self, module: torch.nn.Module, name: str, row: list[int]) -> bool:
+        w = module._parameters[name]
         if w.dtype != torch.bfloat16 or not w.is_contiguous() or w.device.type != "cpu":
             return False
         row += [w.data_ptr(), w.numel()]
-        self.norms.append((norm._parameters, w, w.data_ptr()))
+        self.params.append((module._parameters, name, w, w.data_ptr()))
         return True
 
     def holds(self, pool) -> bool:
@@ -248,7 +314,7 @@ class _Plan:
                 return False
         # Comprehensions over dicts held directly: this check runs every step, and a
         # method call per buffer cost a SmolLM2 step 0.26 ms (3 %) on a two-core host.
-        if any(params.get("weight") is not weight or weight.data_ptr() != ptr for params, weight, ptr in self.norms):
+        if any(params.get(name) is not w or w.data_ptr() != ptr for params, name, w, ptr in self.params):
             return False
         if any(buffers.get(PACKED_BUFFER) is not packed or packed.data_ptr() != ptr
                for buffers, packed, ptr in self.owned):

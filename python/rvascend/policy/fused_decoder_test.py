@@ -152,9 +152,6 @@ def test_a_bad_slot_is_an_error_before_anything_is_written(fusing_model):
         assert torch.equal(a, b)
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
 
 def test_native_step_checks_every_extent_and_the_kernel_sets_layout(fusing_model):
     """The native entry point gets every buffer's element count and checks it, and a
@@ -250,3 +247,7 @@ def test_fused_step_with_the_packed_copy_as_the_weight(tmp_path):
     got, want = decode_logits(drop, batch, _clone(pool), fused=True), decode_logits(keep, batch, _clone(pool), fused=True)
     assert kernels.calls("decoder_layers", "kernel") == 2
     assert torch.equal(got, want)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
