@@ -25,6 +25,9 @@ class LinearAttentionConfig:
 
 
 _HYBRID = ("Qwen3_5ForCausalLM",)
+# Image-text checkpoints served as their text model (architecture, then the text model's):
+# the vision tower's and the multi-token-prediction head's tensors are not loaded.
+TEXT_OF_MULTIMODAL = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,9 @@ class ModelConfig:
     layer_types: Optional[tuple[str, ...]] = None
     linear_attention: Optional["LinearAttentionConfig"] = None
     partial_rotary_factor: float = 1.0  # RoPE on the first head_dim * factor dims of q and k
+    # The checkpoint is an image-text model's (TEXT_OF_MULTIMODAL); its text model is served,
+    # its weights named under model.language_model.
+    multimodal_source: Optional[str] = None
 
     @property
     def kv_layers(self) -> int:
@@ -70,6 +76,10 @@ class ModelConfig:
         if not archs:
             raise ValueError("config.json has no 'architectures' entry")
         arch = archs[0]
+        source = None
+        if arch in TEXT_OF_MULTIMODAL:
+            source, raw = arch, _text_config(arch, raw)
+            arch = TEXT_OF_MULTIMODAL[source]
         missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads", "vocab_size") if k not in raw]
         if missing:
@@ -104,6 +114,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             bos_token_id=raw.get("bos_token_id"),
             rope_freq_factors=tuple(raw["rope_freq_factors"]) if raw.get("rope_freq_factors") else None,
+            multimodal_source=source,
             **hybrid,
         )
 
@@ -124,6 +135,20 @@ class ModelConfig:
             with open(gen, encoding="utf-8") as f:
                 raw["eos_token_id"] = json.load(f).get("eos_token_id")
         return cls.from_dict(raw)
+
+
+def _text_config(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """An image-text config's text model config: its text_config, with the top level's
+    word-embedding tie and end-of-sequence ids where the text_config leaves them out."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"config.json of {arch} has no text_config object")
+    merged = {k: raw[k] for k in ("tie_word_embeddings", "eos_token_id", "bos_token_id") if k in raw}
+    merged.update(text)
+    if "tie_word_embeddings" in raw:  # the top level's applies to the whole model's lm_head
+        merged["tie_word_embeddings"] = raw["tie_word_embeddings"]
+    merged["architectures"] = [TEXT_OF_MULTIMODAL[arch]]
+    return merged
 
 
 def _hybrid_fields(arch: str, raw: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:

@@ -40,11 +40,13 @@ def weight_files(model_path: str) -> list[str]:
     return paths
 
 
-def _safetensors(model_path: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _safetensors(model_path: str, skip: tuple[str, ...] = ()) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor but those whose names start with one of `skip` (never read)."""
     for path in weight_files(model_path):
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                if not name.startswith(skip):
+                    yield name, f.get_tensor(name)
 
 
 def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16, keep_quantized: bool = False) -> CausalLM:
@@ -72,7 +74,13 @@ def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool) 
     params = dict(model.named_parameters())
     loaded: set[str] = set(quantized_load.load_quantized_modules(gguf_file, loaders, dtype)) if loaders else set()
     release = gguf_file.release_view if gguf_file else None
-    for name, tensor in gguf_file.tensors(dtype, skip=consumed, view=True) if gguf_file else _safetensors(model_path):
+    if gguf_file:
+        tensors = gguf_file.tensors(dtype, skip=consumed, view=True)
+    elif config.multimodal_source:
+        tensors = _text_model_tensors(model_path, config)
+    else:
+        tensors = _safetensors(model_path)
+    for name, tensor in tensors:
         _load_tensor(model, params, name, tensor, loaded, release)
     expected = {n for n in params if not _is_quantized_bias(model, n)} | set(loaded)
     if config.tie_word_embeddings:
@@ -96,6 +104,19 @@ def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool) 
     if line:
         logging.info("%s", line)
     return model.eval()
+
+
+_TEXT_PREFIX = "model.language_model."
+_NOT_TEXT = ("model.visual.", "mtp.")  # the vision tower, the multi-token-prediction head
+
+
+def _text_model_tensors(model_path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """An image-text checkpoint's text model tensors under the text model's names; the
+    vision tower's and the MTP head's are never read."""
+    logging.info("%s checkpoint: serving its text model (%s); the vision tower and the MTP head are not loaded",
+                 config.multimodal_source, config.architecture)
+    for name, tensor in _safetensors(model_path, skip=_NOT_TEXT):
+        yield ("model." + name[len(_TEXT_PREFIX):] if name.startswith(_TEXT_PREFIX) else name), tensor
 
 
 def _materialize(model: nn.Module, dtype: torch.dtype) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import transformers
@@ -279,6 +281,46 @@ def test_the_fused_step_refuses_a_bad_state_slot_before_anything_is_written(pair
         with pytest.raises(ValueError, match=message):
             runner.step([(0, [6], 3), (1, [7], 2)])
         assert all(torch.equal(a, b) for a, b in zip(before, tensors))
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_an_image_text_checkpoint_serves_its_text_model(tmp_path, tie):
+    """Qwen3.5 as published (Qwen3_5ForConditionalGeneration: text_config, weights under
+    model.language_model, a vision tower): the text model loads, the vision tower is never
+    read, and the logits of a text prompt and 4 decode steps equal transformers' image-text
+    model's (whose text positions are one position on all three rotary axes)."""
+    text = tiny_qwen3_5_config(VOCAB, tie=tie)
+    vision = transformers.Qwen3_5VisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                              out_hidden_size=text.hidden_size, num_position_embeddings=16)
+    config = transformers.Qwen3_5Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                        tie_word_embeddings=tie)
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.2))
+    hf.save_pretrained(str(tmp_path))
+    ours = load_model(str(tmp_path), torch.float32)
+    assert ours.config.multimodal_source == "Qwen3_5ForConditionalGeneration"
+    assert ours.config.tie_word_embeddings == tie and not any("visual" in n for n, _ in ours.named_parameters())
+    tokens = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(2)).tolist()
+    runner = Runner(ours, 1, 0)
+    logits = runner.step([(0, tokens, 0)])
+    for step in range(5):
+        with torch.no_grad():
+            want = hf(input_ids=torch.tensor([tokens])).logits[0]
+        got = logits if step == 0 else logits[-1:]
+        torch.testing.assert_close(got, want if step == 0 else want[-1:], rtol=1e-4, atol=1e-4)
+        nxt = int(want[-1].argmax())
+        logits = runner.step([(0, [nxt], len(tokens))])
+        tokens.append(nxt)
+
+
+def test_an_image_text_config_without_a_text_config_is_refused(tmp_path):
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump({"architectures": ["Qwen3_5ForConditionalGeneration"], "vision_config": {}}, f)
+    with pytest.raises(ValueError, match="has no text_config object"):
+        load_model(str(tmp_path))
 
 
 def test_served_through_the_openai_client(tmp_path):
