@@ -1,5 +1,6 @@
 #include "cpu/deltanet_decode.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -8,6 +9,7 @@
 #include "cpu/deltanet_pieces.h"
 #include "cpu/elem_values.h"
 #include "cpu/rgdr_cpu.h"
+#include "rvv_kernels/base/thread_pool.h"
 
 namespace rgdr {
 namespace {
@@ -28,12 +30,31 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
     lens[s] = a.lens != nullptr ? a.lens[s] : 1;
     for (int64_t j = 0; j < lens[s]; ++j) token_slots[t++] = a.slots[s];
   }
+  // The conv in chunks of channels over threads, each chunk through every token in
+  // order (channels are independent; a channel's window slides token by token).
+  struct Chunk {
+    size_t c, n;    // channels [c, c + n) of mixed
+    float* y;       // q, k or v, rows of `width`, the chunk at `offset`
+    size_t width, offset;
+  };
+  constexpr size_t kChunk = 512;
+  std::vector<Chunk> chunks;
+  float* parts[3] = {q.data(), k.data(), v.data()};
+  const size_t widths[3] = {key, key, value};
+  for (size_t part = 0, start = 0; part < 3; start += widths[part++]) {
+    for (size_t off = 0; off < widths[part]; off += kChunk) {
+      chunks.push_back({start + off, std::min(kChunk, widths[part] - off), parts[part], widths[part], off});
+    }
+  }
+  rvascend::ThreadPool::Global().ParallelFor(chunks.size(), num_threads, [&](size_t i) {
+    const Chunk& ch = chunks[i];
+    for (uint32_t t = 0; t < a.t; ++t) {
+      T* state = conv + static_cast<size_t>(token_slots[t]) * c_dim * kept + ch.c * kept;
+      pieces.conv_silu(mixed + t * a.mixed_stride + ch.c, state, weight + ch.c * a.kernel, ch.n, kept,
+                       ch.y + t * ch.width + ch.offset);
+    }
+  });
   for (uint32_t t = 0; t < a.t; ++t) {
-    const T* x = mixed + t * a.mixed_stride;
-    T* state = conv + static_cast<size_t>(token_slots[t]) * c_dim * kept;
-    pieces.conv_silu(x, state, weight, key, kept, &q[t * key]);
-    pieces.conv_silu(x + key, state + key * kept, weight + key * a.kernel, key, kept, &k[t * key]);
-    pieces.conv_silu(x + 2 * key, state + 2 * key * kept, weight + 2 * key * a.kernel, value, kept, &v[t * value]);
     for (uint32_t h = 0; h < a.nk; ++h) {
       pieces.l2norm(&q[t * key + h * a.dk], a.dk, q_scale);
       pieces.l2norm(&k[t * key + h * a.dk], a.dk, 1.0f);
@@ -71,13 +92,14 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
   r.scale = 1.0f;
   r.last_state_only = true;  // a prompt's state is written once, after its last token
   RecurrentGatedDeltaRuleCpu(r, num_threads);
-  for (uint32_t t = 0; t < a.t; ++t) {
+  // The gated norm per (token, head), over threads.
+  rvascend::ThreadPool::Global().ParallelFor(a.t, num_threads, [&](size_t t) {
     for (uint32_t h = 0; h < a.nv; ++h) {
       const size_t head = t * value + h * a.dv;
       pieces.gated_norm(&o[head], static_cast<const T*>(a.z) + t * a.z_stride + h * a.dv,
-                static_cast<const T*>(a.norm_weight), a.dv, a.norm_eps, static_cast<T*>(a.out) + head);
+                        static_cast<const T*>(a.norm_weight), a.dv, a.norm_eps, static_cast<T*>(a.out) + head);
     }
-  }
+  });
 }
 
 }  // namespace

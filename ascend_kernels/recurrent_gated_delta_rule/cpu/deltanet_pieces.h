@@ -10,12 +10,14 @@
 //               rms = 1 / sqrt(mean(o^2) + eps).
 //
 // The portable pieces are the scalar statement of these contracts; the RVV
-// ones (float and BF16) run the same steps over channels / values in vectors.
+// ones and the x86 ones (AVX2, AVX-512; float and BF16) run the same steps over
+// channels / values in vectors.
 #ifndef RGDR_CPU_DELTANET_PIECES_H_
 #define RGDR_CPU_DELTANET_PIECES_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace rgdr {
 
@@ -34,6 +36,17 @@ const DeltaNetPieces<T>& PortableDeltaNetPieces();
 extern const DeltaNetPieces<float> kDeltaNetPiecesRvvF32;
 extern const DeltaNetPieces<uint16_t> kDeltaNetPiecesRvvBf16;
 #endif
+#if defined(RGDR_HAVE_X86_ROWS)
+extern const DeltaNetPieces<float> kDeltaNetPiecesAvx2F32;
+extern const DeltaNetPieces<uint16_t> kDeltaNetPiecesAvx2Bf16;
+extern const DeltaNetPieces<float> kDeltaNetPiecesAvx512F32;
+extern const DeltaNetPieces<uint16_t> kDeltaNetPiecesAvx512Bf16;
+#endif
+
+// The piece sets this build has and this CPU runs for T, fastest first (the
+// portable set last).
+template <typename T>
+std::vector<const DeltaNetPieces<T>*> AvailableDeltaNetPieces();
 
 // The fastest pieces this CPU runs for T.
 template <typename T>

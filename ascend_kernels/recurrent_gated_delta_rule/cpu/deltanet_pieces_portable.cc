@@ -59,15 +59,50 @@ template const DeltaNetPieces<float>& PortableDeltaNetPieces<float>();
 template const DeltaNetPieces<_Float16>& PortableDeltaNetPieces<_Float16>();
 template const DeltaNetPieces<uint16_t>& PortableDeltaNetPieces<uint16_t>();
 
+// The vector sets of one element type that this CPU runs, fastest first (null: not in this build).
+template <typename T>
+void AddVectorSets(std::vector<const DeltaNetPieces<T>*>* sets, const DeltaNetPieces<T>* rvv,
+                   const DeltaNetPieces<T>* avx512, const DeltaNetPieces<T>* avx2) {
+  const rvascend::CpuFeatures& f = rvascend::GetCpuFeatures();
+  if (rvv != nullptr && f.rvv) sets->push_back(rvv);
+  if (avx512 != nullptr && f.avx512) sets->push_back(avx512);
+  if (avx2 != nullptr && f.avx2) sets->push_back(avx2);
+}
+
+#if defined(RVASCEND_HAVE_RVV)
+#define RGDR_RVV_PIECES(set) (&(set))
+#else
+#define RGDR_RVV_PIECES(set) nullptr
+#endif
+#if defined(RGDR_HAVE_X86_ROWS)
+#define RGDR_X86_PIECES(set) (&(set))
+#else
+#define RGDR_X86_PIECES(set) nullptr
+#endif
+
+template <typename T>
+std::vector<const DeltaNetPieces<T>*> AvailableDeltaNetPieces() {
+  std::vector<const DeltaNetPieces<T>*> sets;
+  if constexpr (std::is_same_v<T, float>) {
+    AddVectorSets<T>(&sets, RGDR_RVV_PIECES(kDeltaNetPiecesRvvF32), RGDR_X86_PIECES(kDeltaNetPiecesAvx512F32),
+                     RGDR_X86_PIECES(kDeltaNetPiecesAvx2F32));
+  }
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    AddVectorSets<T>(&sets, RGDR_RVV_PIECES(kDeltaNetPiecesRvvBf16), RGDR_X86_PIECES(kDeltaNetPiecesAvx512Bf16),
+                     RGDR_X86_PIECES(kDeltaNetPiecesAvx2Bf16));
+  }
+  sets.push_back(&PortableDeltaNetPieces<T>());
+  return sets;
+}
+
+template std::vector<const DeltaNetPieces<float>*> AvailableDeltaNetPieces<float>();
+template std::vector<const DeltaNetPieces<_Float16>*> AvailableDeltaNetPieces<_Float16>();
+template std::vector<const DeltaNetPieces<uint16_t>*> AvailableDeltaNetPieces<uint16_t>();
+
 template <typename T>
 const DeltaNetPieces<T>& ChooseDeltaNetPieces() {
-#if defined(RVASCEND_HAVE_RVV)
-  if (rvascend::GetCpuFeatures().rvv) {
-    if constexpr (std::is_same_v<T, float>) return kDeltaNetPiecesRvvF32;
-    if constexpr (std::is_same_v<T, uint16_t>) return kDeltaNetPiecesRvvBf16;
-  }
-#endif
-  return PortableDeltaNetPieces<T>();
+  static const DeltaNetPieces<T>* best = AvailableDeltaNetPieces<T>().front();
+  return *best;
 }
 
 template const DeltaNetPieces<float>& ChooseDeltaNetPieces<float>();

@@ -3,7 +3,8 @@
 The same GGUF files go to llama.cpp (llama-cpp-python built from its PyPI source by
 `./dev setup`, rvascend/build/llama_cpp.py) and to this engine, each in a fresh process with
 the same thread count: SmolLM2-135M-Instruct (the default model, written back as BF16
-GGUF) and a random-weight Qwen3-0.6B-shaped checkpoint, each in BF16 and in Q8_0,
+GGUF), a random-weight Qwen3-0.6B-shaped checkpoint and a random-weight Qwen3.5-0.8B-shaped
+one (the Gated DeltaNet hybrid, written by llama.cpp's own converter), each in BF16 and in Q8_0,
 Q4_0 and Q4_K_M written from it by llama.cpp's quantizer (with the policy on, this engine
 keeps those weights quantized where it has kernels for their types; off, it dequantizes
 them to BF16). Batch 1 and 4, 64 tokens in
@@ -29,7 +30,8 @@ from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("models", ["smollm2-135m", "qwen3-0.6b"], "Which models (smollm2-135m, qwen3-0.6b).")
+MODELS = ("smollm2-135m", "qwen3-0.6b", "qwen3.5-0.8b")
+flags.DEFINE_list("models", list(MODELS), f"Which models ({', '.join(MODELS)}).")
 TYPES = ("bf16", "q8_0", "q4_0", "q4_k_m")  # bf16, then what llama.cpp's quantizer writes from it
 flags.DEFINE_list("types", list(TYPES),
                   "GGUF file types: bf16, and q8_0 / q4_0 / q4_k_m written from it by llama.cpp's quantizer.")
@@ -52,14 +54,30 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
     from rvascend.engine import default_model, random_checkpoint
     from rvascend.models import gguf_checkpoint, gguf_export
 
-    def smollm2(d: str) -> str:
-        gguf_checkpoint.convert(default_model.ensure_default_model(), d)
-        return d
+    def smollm2(tmp: str, out: str) -> None:
+        checkpoint = os.path.join(tmp, "checkpoint")
+        gguf_checkpoint.convert(default_model.ensure_default_model(), checkpoint)
+        gguf_export.export(checkpoint, out)
 
-    sources = {
-        "smollm2-135m": smollm2,
-        "qwen3-0.6b": lambda d: random_checkpoint.write("qwen3-0.6b", d),
-    }
+    def qwen3(tmp: str, out: str) -> None:
+        gguf_export.export(random_checkpoint.write("qwen3-0.6b", os.path.join(tmp, "checkpoint")), out)
+
+    def qwen3_5(tmp: str, out: str) -> None:
+        # llama.cpp's converter writes this family (its value-head order, norms as 1 + w); it
+        # needs a tokenizer it recognises: the default model's, padded to the vocabulary.
+        checkpoint = random_checkpoint.write("qwen3.5-0.8b", os.path.join(tmp, "checkpoint"))
+        source = gguf_checkpoint.GgufCheckpoint(default_model.ensure_default_model())
+        tokenizer_json, tokenizer_config = source.tokenizer_files()
+        source.close()
+        tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        for name, content in (("tokenizer.json", tokenizer_json), ("tokenizer_config.json", tokenizer_config)):
+            with open(os.path.join(checkpoint, name), "w", encoding="utf-8") as f:
+                json.dump(content, f)
+        script = llama_cpp.converter_script(os.path.join(tmp, "llama.cpp"))
+        subprocess.run([sys.executable, script, checkpoint, "--outfile", out, "--outtype", "bf16", "--no-mtp"],
+                       check=True, capture_output=True)
+
+    sources = {"smollm2-135m": smollm2, "qwen3-0.6b": qwen3, "qwen3.5-0.8b": qwen3_5}
     unknown = [n for n in names if n not in sources] + [t for t in types if t not in TYPES]
     if unknown:
         raise ValueError(f"unknown model(s) or type(s) {unknown}; models: {sorted(sources)}, "
@@ -70,7 +88,7 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
         if not os.path.exists(bf16):
             logging.info("%s: writing %s", name, bf16)
             with tempfile.TemporaryDirectory(dir=work) as tmp:
-                gguf_export.export(sources[name](os.path.join(tmp, "checkpoint")), bf16 + ".part")
+                sources[name](tmp, bf16 + ".part")
             os.replace(bf16 + ".part", bf16)
         for kind in types:
             path = bf16 if kind == "bf16" else os.path.join(work, f"{name}-{kind}.gguf")

@@ -1,7 +1,7 @@
 // The pieces of the DeltaNet decode step (deltanet_pieces.h) against FP64
 // statements of their contracts, for FP32 and BF16 elements and every piece
 // set this build has and the CPU runs (portable; RVV on riscv64, under QEMU at
-// four VLENs), and the chosen set against the portable one.
+// four VLENs; AVX2 and AVX-512 on x86), and each vector set against the portable one.
 //
 // Tolerances: a value the contract rounds to BF16 once may be one BF16 ulp
 // from the FP64 value's rounding (the FP32 work decides near ties); the gated
@@ -107,17 +107,26 @@ void TestGatedNorm(const DeltaNetPieces<T>& p, std::mt19937& rng) {
     double sq = 0, scale = 0;
     for (float v : before) sq += static_cast<double>(RoundTo<T>(v)) * RoundTo<T>(v);
     const double rms = 1.0 / std::sqrt(sq / n + 1e-6);
-    // The contract's roundings, taken from FP64 values.
+    // The contract's roundings, taken from FP64 values; an FP32 sum of squares (in any
+    // order) is a few FP32 ulps from FP64's, which may move normed across a rounding
+    // boundary and the output by one more ulp: accepted when the statement with rms
+    // moved by 4 FP32 ulps gives it.
     auto round = [](double x) { return static_cast<double>(RoundTo<T>(static_cast<float>(x))); };
+    auto statement = [&](size_t i, double r) {
+      return round(round(ToFloat(w[i]) * round(RoundTo<T>(before[i]) * r)) * Silu(ToFloat(z[i])));
+    };
     std::vector<double> want(n);
     for (size_t i = 0; i < n; ++i) {
-      want[i] = round(round(ToFloat(w[i]) * round(RoundTo<T>(before[i]) * rms)) * Silu(ToFloat(z[i])));
+      want[i] = statement(i, rms);
       scale = std::max(scale, std::fabs(want[i]));
     }
     int bad = 0, differ = 0;
     for (size_t i = 0; i < n; ++i) {
-      if (!Close<T>(ToFloat(out[i]), want[i], 1.0, scale)) ++bad;
-      differ += ToFloat(out[i]) != want[i];
+      const double got = ToFloat(out[i]);
+      bool close = false;
+      for (double r : {rms, rms * (1 - 4.8e-7), rms * (1 + 4.8e-7)}) close |= Close<T>(got, statement(i, r), 1.0, scale);
+      bad += !close;
+      differ += got != want[i];
       if (o[i] != RoundTo<T>(before[i])) ++bad;  // the delta rule's output, rounded in place
     }
     // Three roundings: a tie decided by the FP32 work moves a value by one ulp, rarely.
@@ -127,7 +136,7 @@ void TestGatedNorm(const DeltaNetPieces<T>& p, std::mt19937& rng) {
   }
 }
 
-// The chosen set against the portable one on a Qwen3.5-0.8B-sized token.
+// A vector set against the portable one on a Qwen3.5-0.8B-sized token.
 template <typename T>
 void TestAgainstPortable(const DeltaNetPieces<T>& k, std::mt19937& rng) {
   const DeltaNetPieces<T>& p = PortableDeltaNetPieces<T>();
@@ -148,16 +157,16 @@ void TestAgainstPortable(const DeltaNetPieces<T>& k, std::mt19937& rng) {
 
 template <typename T>
 void TestAll(std::mt19937& rng) {
-  std::vector<const DeltaNetPieces<T>*> sets = {&PortableDeltaNetPieces<T>()};
-  const DeltaNetPieces<T>& chosen = ChooseDeltaNetPieces<T>();
-  if (&chosen != sets[0]) sets.push_back(&chosen);
+  const std::vector<const DeltaNetPieces<T>*> sets = AvailableDeltaNetPieces<T>();
+  EXPECT(&ChooseDeltaNetPieces<T>() == sets.front(), "the chosen set is not the first available one");
+  EXPECT(sets.back() == &PortableDeltaNetPieces<T>(), "the portable set is not the last available one");
   for (const DeltaNetPieces<T>* p : sets) {
     std::printf("pieces %s, %zu-byte elements\n", p->name, sizeof(T));
     TestConvSilu(*p, rng);
     TestL2Norm(*p, rng);
     TestGatedNorm(*p, rng);
+    if (p != sets.back()) TestAgainstPortable(*p, rng);
   }
-  if (sets.size() > 1) TestAgainstPortable(chosen, rng);
 }
 
 }  // namespace
