@@ -9,15 +9,21 @@
 
 namespace rvascend {
 
-// Lanes BF16 values from p -> FP32 (zero-extend, shift into the high half).
+// BF16 lanes -> FP32 (zero-extend, shift into the high half).
 template <typename Vf, typename Vu, typename Vh>
-inline __attribute__((always_inline)) Vf WidenBf16(const uint16_t* p) {
-  Vh h;
-  std::memcpy(&h, p, sizeof(h));
+inline __attribute__((always_inline)) Vf WidenBf16(Vh h) {
   const Vu u = __builtin_convertvector(h, Vu) << 16;
   Vf f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
+}
+
+// Lanes BF16 values from p -> FP32.
+template <typename Vf, typename Vu, typename Vh>
+inline __attribute__((always_inline)) Vf WidenBf16(const uint16_t* p) {
+  Vh h;
+  std::memcpy(&h, p, sizeof(h));
+  return WidenBf16<Vf, Vu, Vh>(h);
 }
 
 // FP32 lanes -> BF16, round to nearest even; NaN lanes become quiet NaNs.

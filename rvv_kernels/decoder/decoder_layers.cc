@@ -107,33 +107,10 @@ void ValidateDecoderBatch(const DecoderShape& shape, const DecoderBatch& batch) 
   ValidateWriteSlots(shape.num_slots, batch.write_slots, batch.tokens);
 }
 
-// A DeltaNet layer's step reads one token per sequence from its state slot;
-// checked here so that a bad slot stops the step before the first layer writes.
-void ValidateStateSlots(const DecoderShape& shape, const DecoderBatch& batch) {
-  for (size_t b = 0; b < batch.batch; ++b) {
-    if (batch.q_starts[b + 1] - batch.q_starts[b] != 1) {
-      throw std::invalid_argument("sequence " + std::to_string(b) + " has " +
-                                  std::to_string(batch.q_starts[b + 1] - batch.q_starts[b]) +
-                                  " tokens; a step through DeltaNet layers decodes one per sequence");
-    }
-    const int64_t slot = batch.state_slots[b];
-    if (slot < 0 || static_cast<size_t>(slot) >= shape.deltanet.num_slots) {
-      throw std::invalid_argument("state slot " + std::to_string(slot) + " of sequence " + std::to_string(b) +
-                                  " is outside the recurrent-state pool of " +
-                                  std::to_string(shape.deltanet.num_slots));
-    }
-    for (size_t c = 0; c < b; ++c) {
-      if (batch.state_slots[c] == slot) {
-        throw std::invalid_argument("state slot " + std::to_string(slot) + " is used by two sequences");
-      }
-    }
-  }
-}
-
-// The conv + delta-rule step of one DeltaNet layer, from its in_proj rows
-// [qkv | z | b | a] (in_n apart) to the out_proj input [tokens, NV Dv].
-void DeltaNetStep(const DecoderShape& s, const DecoderBatch& batch, const DeltaNetLayerWeights& w,
-                  const uint16_t* in, uint16_t* out, size_t num_threads) {
+// The conv + delta-rule step's arguments for one DeltaNet layer, from its in_proj
+// rows [qkv | z | b | a] (in_n apart) to the out_proj input [tokens, NV Dv].
+rgdr::DeltaNetDecodeArgs DeltaNetArgs(const DecoderShape& s, const DecoderBatch& batch, const DeltaNetLayerWeights& w,
+                                      const uint16_t* in, uint16_t* out) {
   const DeltaNetShape& g = s.deltanet;
   const size_t c = g.conv_dim(), in_n = g.in_proj_n(), value = g.nv * g.dv;
   rgdr::DeltaNetDecodeArgs a;
@@ -162,7 +139,21 @@ void DeltaNetStep(const DecoderShape& s, const DecoderBatch& batch, const DeltaN
   a.ssm_state = w.ssm_state;
   a.slots = batch.state_slots;
   a.out = out;
-  rgdr::DeltaNetDecodeCpu(a, num_threads);
+  return a;
+}
+
+// A DeltaNet layer's step decodes one token per sequence from its state slot;
+// checked here (the slots as the step itself checks them) so that a bad one stops
+// the step before the first layer writes.
+void ValidateStateSlots(const DecoderShape& shape, const DecoderBatch& batch, const DeltaNetLayerWeights& w) {
+  for (size_t b = 0; b < batch.batch; ++b) {
+    if (batch.q_starts[b + 1] - batch.q_starts[b] != 1) {
+      throw std::invalid_argument("sequence " + std::to_string(b) + " has " +
+                                  std::to_string(batch.q_starts[b + 1] - batch.q_starts[b]) +
+                                  " tokens; a step through DeltaNet layers decodes one per sequence");
+    }
+  }
+  rgdr::ValidateDeltaNetDecode(DeltaNetArgs(shape, batch, w, nullptr, nullptr));
 }
 
 }  // namespace
@@ -172,12 +163,14 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
                    uint16_t* residual_out, size_t num_threads) {
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   ValidateDecoderBatch(s, batch);
-  bool deltanet = false, gated = false;
+  const DecoderLayerWeights* a_deltanet = nullptr;  // any one: the check reads the batch's slots
+  bool gated = false;
   for (size_t l = 0; l < n_layers; ++l) {
-    deltanet |= layers[l].kind == LayerKind::kDeltaNet;
+    if (layers[l].kind == LayerKind::kDeltaNet) a_deltanet = &layers[l];
     gated |= layers[l].kind == LayerKind::kGatedAttention;
   }
-  if (deltanet) ValidateStateSlots(s, batch);
+  const bool deltanet = a_deltanet != nullptr;
+  if (deltanet) ValidateStateSlots(s, batch, a_deltanet->deltanet);
   const size_t t = batch.tokens;
   if (t == 0) return;
   const ElementwiseKernels& ew = *kernels.elementwise;
@@ -240,7 +233,7 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
     if (w.kind == LayerKind::kDeltaNet) {
       Project(kernels, w.qkv, in_n, s.hidden, x, t, qkv, num_threads);
       mark();
-      DeltaNetStep(s, batch, w.deltanet, qkv, mixed, num_threads);
+      rgdr::DeltaNetDecodeCpu(DeltaNetArgs(s, batch, w.deltanet, qkv, mixed), num_threads);
       o_in = mixed;
       o_k = value_n;
     } else {

@@ -104,7 +104,7 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
 
 }  // namespace
 
-void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& a, size_t num_threads) {
+void ValidateDeltaNetDecode(const DeltaNetDecodeArgs& a) {
   if (a.kernel < 2) throw std::invalid_argument("deltanet_decode: the conv kernel needs at least 2 taps");
   if (a.lens == nullptr && a.sequences != a.t) {
     throw std::invalid_argument("deltanet_decode: without lengths every sequence has one token, but there are " +
@@ -130,6 +130,10 @@ void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& a, size_t num_threads) {
     throw std::invalid_argument("deltanet_decode: the lengths add up to " + std::to_string(tokens) + " tokens, not " +
                                 std::to_string(a.t));
   }
+}
+
+void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& a, size_t num_threads) {
+  ValidateDeltaNetDecode(a);
   WithElemType(a.elem, [&](auto type) { Run<decltype(type)>(a, num_threads); });
 }
 

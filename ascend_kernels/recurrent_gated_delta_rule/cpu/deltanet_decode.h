@@ -14,7 +14,8 @@
 //
 // with l2norm(x) = x * rsqrt(sum(x^2) + 1e-6) and softplus(x) = x above 20,
 // rounding where the PyTorch layer (python/rvascend/models/qwen3_5.py) does.
-// Arguments are validated by the caller, except the slots (checked here).
+// Arguments are validated by the caller, except the conv taps, the lengths and
+// the slots (ValidateDeltaNetDecode, which DeltaNetDecodeCpu calls first).
 #ifndef RGDR_CPU_DELTANET_DECODE_H_
 #define RGDR_CPU_DELTANET_DECODE_H_
 
@@ -46,6 +47,11 @@ struct DeltaNetDecodeArgs {
   const int64_t* slots = nullptr;  // [B], distinct, in [0, S): each sequence's conv and delta-rule slot
   void* out = nullptr;           // [T, NV Dv], elem
 };
+
+// Throws std::invalid_argument naming the first bad one of: conv taps (>= 2), the
+// lengths (none negative, adding up to T; one token each without them), the slots
+// (in [0, S), distinct). Reads nothing but args.lens and args.slots.
+void ValidateDeltaNetDecode(const DeltaNetDecodeArgs& args);
 
 void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& args, size_t num_threads);
 

@@ -60,12 +60,7 @@ RVASCEND_SIMD_INLINE VH64 Slide(VH64 s, VH64 x, std::index_sequence<I...>) {
   return __builtin_shufflevector(s, x, (I % 3 == 2 ? 64 + I / 3 : I + 1)...);
 }
 
-RVASCEND_SIMD_INLINE VF Widen(simd::VH h) {
-  const simd::VU u = __builtin_convertvector(h, simd::VU) << 16;
-  VF f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
+RVASCEND_SIMD_INLINE VF Widen(simd::VH h) { return rvascend::WidenBf16<VF, simd::VU, simd::VH>(h); }
 
 // Channels [0, n - n % kLanes) of ConvSilu<Bf16Elems> with kept = 3; returns how many it did.
 size_t ConvSiluBf16Taps4(const uint16_t* x, uint16_t* state, const uint16_t* weight, size_t n, float* y) {

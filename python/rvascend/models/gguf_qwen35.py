@@ -138,49 +138,46 @@ def keeps_quantized(config: dict[str, Any], leaf: str, block_k: int) -> bool:
 
 def quantized_in_hf_order(config: dict[str, Any], leaf: str, rows: np.ndarray) -> np.ndarray:
     """A kept tensor's GGML blocks (uint8 [rows, bytes per row]) with its value heads in
-    grouped order: whole rows for the projections into value heads, whole blocks of each
-    row for the output projection (keeps_quantized says when that is possible)."""
-    nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
-    if nk == nv:
-        return rows
-    dv, key_dim = config["linear_value_head_dim"], nk * config["linear_key_head_dim"]
+    grouped order, as to_hf puts the values: whole rows for the projections into value heads,
+    whole blocks of each row for the output projection (keeps_quantized says when that is
+    possible)."""
+    if not _tiled_value_heads(config, leaf):
+        return rows  # the file's read-only view, not copied
+    return _value_heads_grouped(config, leaf, torch.from_numpy(rows.copy())).numpy()
 
-    def grouped(a: np.ndarray, axis: int, unit: int) -> np.ndarray:
-        shape = a.shape
-        split = a.reshape(*shape[:axis], shape[axis] // (nk * unit), nk, unit, *shape[axis + 1:])
-        return np.ascontiguousarray(np.swapaxes(split, axis, axis + 1)).reshape(shape)
 
-    if leaf in ("ssm_beta.weight", "ssm_alpha.weight"):
-        return grouped(rows, 0, 1)
+_VALUE_HEAD_LEAVES = ("ssm_a", "ssm_dt.bias", "ssm_beta.weight", "ssm_alpha.weight", "attn_gate.weight",
+                      "attn_qkv.weight", "ssm_conv1d.weight", "ssm_out.weight")
+
+
+def _tiled_value_heads(config: dict[str, Any], leaf: str) -> bool:
+    return config["linear_num_key_heads"] != config["linear_num_value_heads"] and leaf in _VALUE_HEAD_LEAVES
+
+
+def _value_heads_grouped(config: dict[str, Any], leaf: str, t: torch.Tensor) -> torch.Tensor:
+    """t (the values, or GGML blocks [rows, bytes per row]) with the value heads of its axis in
+    grouped order; the output projection's heads are t.shape[1] / NV columns each (Dv values,
+    or the bytes of their blocks)."""
+    if not _tiled_value_heads(config, leaf):
+        return t
+    nk, nv, dv = config["linear_num_key_heads"], config["linear_num_value_heads"], config["linear_value_head_dim"]
+    key_dim = nk * config["linear_key_head_dim"]
+    if leaf in ("ssm_a", "ssm_dt.bias", "ssm_beta.weight", "ssm_alpha.weight"):
+        return _grouped(t, 0, nk, 1)
     if leaf == "attn_gate.weight":
-        return grouped(rows, 0, dv)
-    if leaf == "attn_qkv.weight":
-        return np.concatenate([rows[:2 * key_dim], grouped(rows[2 * key_dim:], 0, dv)])
-    if leaf == "ssm_out.weight":
-        return grouped(rows, 1, rows.shape[1] // nv)
-    return rows
+        return _grouped(t, 0, nk, dv)
+    if leaf in ("attn_qkv.weight", "ssm_conv1d.weight"):
+        return torch.cat([t[:2 * key_dim], _grouped(t[2 * key_dim:], 0, nk, dv)])
+    return _grouped(t, 1, nk, t.shape[1] // nv)  # ssm_out.weight
 
 
 def to_hf(config: dict[str, Any], leaf: str, t: torch.Tensor) -> torch.Tensor:
     """A tensor as the Hugging Face checkpoint holds it (its shape checked already)."""
     if leaf in _SHIFTED_NORMS:
         return t - 1.0
-    nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
-    dv = config["linear_value_head_dim"]
-    key_dim = nk * config["linear_key_head_dim"]
-    tiled = nk != nv
     if leaf == "ssm_a":
         if not bool((t < 0).all()):
             raise ValueError("holds a decay A that is not negative (the converter stores A = -exp(A_log))")
         t = torch.log(-t)
-    if leaf in ("ssm_a", "ssm_dt.bias", "ssm_beta.weight", "ssm_alpha.weight") and tiled:
-        return _grouped(t, 0, nk, 1)
-    if leaf == "attn_gate.weight" and tiled:
-        return _grouped(t, 0, nk, dv)
-    if leaf in ("attn_qkv.weight", "ssm_conv1d.weight"):
-        if tiled:
-            t = torch.cat([t[:2 * key_dim], _grouped(t[2 * key_dim:], 0, nk, dv)])
-        return t.unsqueeze(1) if leaf == "ssm_conv1d.weight" else t
-    if leaf == "ssm_out.weight" and tiled:
-        return _grouped(t, 1, nk, dv)
-    return t
+    t = _value_heads_grouped(config, leaf, t)
+    return t.unsqueeze(1) if leaf == "ssm_conv1d.weight" else t

@@ -271,9 +271,10 @@ def test_the_fused_step_refuses_a_bad_state_slot_before_anything_is_written(pair
     _, _, path = pair
     m = _policy_model(path, monkeypatch)
     runner = Runner(m, 2, 0)
+    assert runner.pool.states.num_slots == 4
     runner.step([(0, [1, 2, 3], 0), (1, [4, 5], 0)])
-    for slots, message in (([runner.pool.states.num_slots, 1], "outside the recurrent-state pool"),
-                           ([1, 1], "used by two sequences")):
+    for slots, message in (([4, 1], "slot 4 of sequence 0 is outside the state pool of 4 slots"),
+                           ([1, 1], "slot 1 is used by two sequences")):
         runner.state_slots = slots
         pool = runner.pool
         tensors = [*pool.k, *pool.v, *pool.states.conv, *pool.states.ssm]

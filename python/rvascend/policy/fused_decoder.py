@@ -93,6 +93,17 @@ class FusedDecoder:
             self.deltanet = [d.nk, d.nv, d.dk, d.dv, d.kernel]
             self.deltanet_eps = float(d.norm.eps)
         self.kinds = [layer.kind for layer in self.layers]
+        # What one step adds to the counters, as the op-by-op path would: calls per
+        # projection route, then per kernel route.
+        self._projection_calls: dict[str, int] = {}
+        for kind in self.kinds:
+            for projection in PROJECTIONS[kind]:
+                self._projection_calls[projection] = self._projection_calls.get(projection, 0) + 1
+        attention, gated = sum(k != DELTANET for k in self.kinds), self.kinds.count(GATED_ATTENTION)
+        n = len(self.kinds)
+        self._kernel_calls = {kind: calls for kind, calls in (
+            ("decoder_layers", 1), ("rms_norm", 1), ("add_rms_norm", 2 * n - 1), ("silu_mul", n),
+            ("rope", attention), ("kv_pool_attention", attention), ("sigmoid_mul", gated)) if calls}
         self.stage_markers = False  # the step profiler's region markers inside the call
         self._plan: Optional[_Plan] = None
 
@@ -157,22 +168,10 @@ class FusedDecoder:
 
     def _count(self, policy: "RvvPolicy", t: int) -> None:
         """The op-by-op path's counts, in bulk."""
-        kinds = self.kinds
-        calls: dict[str, int] = {}
-        for kind in kinds:
-            for projection in PROJECTIONS[kind]:
-                calls[projection] = calls.get(projection, 0) + 1
-        for projection, n in calls.items():
+        for projection, n in self._projection_calls.items():
             policy.counters.record(projection, "packed", t, calls=n)
-        attention, gated = sum(k != DELTANET for k in kinds), kinds.count(GATED_ATTENTION)
-        counters = policy.kernels.counters
-        counters.record("decoder_layers", "kernel", t)
-        counters.record("rms_norm", "kernel", t)
-        counters.record("add_rms_norm", "kernel", t, calls=2 * len(kinds) - 1)
-        counters.record("silu_mul", "kernel", t, calls=len(kinds))
-        for kind, n in (("rope", attention), ("kv_pool_attention", attention), ("sigmoid_mul", gated)):
-            if n:
-                counters.record(kind, "kernel", t, calls=n)
+        for kind, n in self._kernel_calls.items():
+            policy.kernels.counters.record(kind, "kernel", t, calls=n)
 
 
 class _Plan:
