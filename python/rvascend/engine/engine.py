@@ -118,8 +118,8 @@ class Engine:
         if model.config.linear_attention is not None:
             self.states = self.pool.states = RecurrentStatePool(model.config, config.max_running_requests, dtype)
             self._free_states = list(range(config.max_running_requests - 1, -1, -1))
-            logging.info("recurrent states: %d slots of %.1f MiB", config.max_running_requests,
-                         RecurrentStatePool.bytes_per_slot(model.config, dtype) / 2**20)
+            logging.info("recurrent states: %d slots of %.1f MiB, and as much again for a step's undo copy",
+                         config.max_running_requests, RecurrentStatePool.bytes_per_slot(model.config, dtype) / 2**20)
         hybrid_without_cache = self.states is not None and not config.disable_radix_cache
         if hybrid_without_cache:
             logging.info("prefix cache off: %s has linear-attention layers, whose recurrent state a cached "

@@ -10,7 +10,11 @@ per linear-attention layer the slot holds:
 
 A sequence's first step (no tokens before it) starts from zeros whatever its
 slot held, so slots need no clearing. Decode steps update the states in place;
-`snapshot` / `restore` let the engine undo a step that fails.
+`snapshot` / `restore` let the engine undo a step that fails. The snapshot goes
+to buffers allocated with the pool (as many rows as slots, so the pool's memory
+is twice the states'): a fresh 18 MB allocation per step (Qwen3.5-0.8B, one
+sequence) took each page's fault and clearing on every step, 11 ms of a 30 ms
+x86 decode step, where the copy alone is about 2 ms.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ class RecurrentStatePool:
         self.ssm = [torch.zeros(num_slots, linear.num_value_heads, linear.value_head_dim, linear.key_head_dim,
                                 dtype=torch.float32) for _ in range(layers)]
         self.num_slots = num_slots
+        self._saved = [t.new_empty(t.shape) for t in self.conv + self.ssm]
 
     @staticmethod
     def bytes_per_slot(config: ModelConfig, conv_dtype: torch.dtype) -> int:
+        """A slot's states; the pool holds twice this per slot (the states and their undo copy)."""
         linear = config.linear_attention
         layers = sum(t == "linear_attention" for t in config.layer_types)
         elem = torch.empty((), dtype=conv_dtype).element_size()
@@ -42,10 +48,13 @@ class RecurrentStatePool:
                          + linear.num_value_heads * linear.value_head_dim * linear.key_head_dim * 4)
 
     def snapshot(self, slots: list[int]) -> list[torch.Tensor]:
-        """Copies of `slots` (one tensor per pool tensor, slot i of it at row i)."""
+        """Copies of `slots` (one tensor per pool tensor, slot i of it at row i), valid until
+        the next snapshot: they live in the pool's undo buffers."""
+        if len(slots) > self.num_slots:
+            raise ValueError(f"snapshot of {len(slots)} slots: the pool has {self.num_slots}")
         saved = []
-        for t in self.conv + self.ssm:
-            rows = t.new_empty((len(slots), *t.shape[1:]))
+        for t, buffer in zip(self.conv + self.ssm, self._saved):
+            rows = buffer[:len(slots)]
             for i, slot in enumerate(slots):
                 elementwise.copy_(rows[i], t[slot])
             saved.append(rows)
