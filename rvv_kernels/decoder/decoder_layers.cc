@@ -138,6 +138,7 @@ rgdr::DeltaNetDecodeArgs DeltaNetArgs(const DecoderShape& s, const DecoderBatch&
   a.dt_bias = w.dt_bias;
   a.ssm_state = w.ssm_state;
   a.slots = batch.state_slots;
+  a.read_slots = batch.state_read_slots;
   a.out = out;
   return a;
 }

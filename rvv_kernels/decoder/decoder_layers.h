@@ -94,7 +94,8 @@ struct DecoderShape {
 // K/V slots kv_slots[kv_starts[b] : kv_starts[b+1]] (kv_pool_attention.h); the
 // new tokens' K/V go to write_slots[t]. cos/sin: [tokens, rotary_dim]. With
 // DeltaNet layers every sequence decodes one token, and sequence b's recurrent
-// state is at state_slots[b] (distinct).
+// state is at state_slots[b] (distinct), or, with state_read_slots, read from
+// state_read_slots[b] and written to state_slots[b] (DeltaNetDecodeArgs::read_slots).
 struct DecoderBatch {
   size_t tokens = 0, batch = 0;
   const int64_t* q_starts = nullptr;
@@ -104,6 +105,7 @@ struct DecoderBatch {
   const uint16_t* cos = nullptr;
   const uint16_t* sin = nullptr;
   const int64_t* state_slots = nullptr;
+  const int64_t* state_read_slots = nullptr;
 };
 
 struct DecoderKernels {

@@ -83,10 +83,8 @@ int64_t Argmax(const uint16_t* row, size_t n) {
   return best;
 }
 
-void Copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-
 }  // namespace
 
-const ElementwiseKernels kElementwisePortable = {"portable", RmsNorm, SiluMul, Rope, SigmoidMul, Argmax, Copy};
+const ElementwiseKernels kElementwisePortable = {"portable", RmsNorm, SiluMul, Rope, SigmoidMul, Argmax};
 
 }  // namespace rvascend

@@ -80,8 +80,8 @@ void SiluMul(const uint16_t* gate_up, size_t d, uint16_t* out) {
 }
 
 // Bytes at e8m8: one load and one store per 8 x VLENB bytes, whatever the
-// alignment (the riscv64 image's libc memcpy took about 4 instructions per
-// byte under QEMU, copying Qwen3.5's recurrent states).
+// alignment (the riscv64 image's libc memcpy takes about 4 instructions per
+// byte under QEMU).
 void Copy(void* dst, const void* src, size_t bytes) {
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
@@ -155,6 +155,6 @@ int64_t Argmax(const uint16_t* row, size_t n) {
 
 }  // namespace
 
-const ElementwiseKernels kElementwiseRvv = {"rvv", RmsNorm, SiluMul, Rope, SigmoidMul, Argmax, Copy};
+const ElementwiseKernels kElementwiseRvv = {"rvv", RmsNorm, SiluMul, Rope, SigmoidMul, Argmax};
 
 }  // namespace rvascend

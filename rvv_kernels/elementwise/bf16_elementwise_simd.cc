@@ -139,11 +139,9 @@ int64_t Argmax(const uint16_t* row, size_t n) {
   return best;
 }
 
-void Copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-
 }  // namespace
 
 extern const ElementwiseKernels RVASCEND_ELEMENTWISE_SYMBOL = {RVASCEND_STR(RVASCEND_ELEMENTWISE_NAME), RmsNorm,
-                                                              SiluMul, Rope, SigmoidMul, Argmax, Copy};
+                                                              SiluMul, Rope, SigmoidMul, Argmax};
 
 }  // namespace rvascend

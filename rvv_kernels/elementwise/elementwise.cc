@@ -100,17 +100,4 @@ void ArgmaxRows(const ElementwiseKernels& k, size_t rows, size_t n, const uint16
   ThreadPool::Global().ParallelFor(rows, num_threads, [&](size_t r) { out[r] = k.argmax(x + r * x_stride, n); });
 }
 
-void CopyBytes(const ElementwiseKernels& k, void* dst, const void* src, size_t bytes, size_t num_threads) {
-  const auto* s = static_cast<const uint8_t*>(src);
-  auto* d = static_cast<uint8_t*>(dst);
-  Require(d + bytes <= s || s + bytes <= d, "copy: source and destination overlap");
-  // Chunks large enough that a thread's start-up is noise, small enough to spread a state slot (1 MiB).
-  constexpr size_t kChunk = 256 << 10;
-  const size_t chunks = (bytes + kChunk - 1) / kChunk;
-  ThreadPool::Global().ParallelFor(chunks, num_threads, [&](size_t c) {
-    const size_t begin = c * kChunk, n = begin + kChunk < bytes ? kChunk : bytes - begin;
-    k.copy(d + begin, s + begin, n);
-  });
-}
-
 }  // namespace rvascend

@@ -44,9 +44,6 @@ void SigmoidMulRows(const ElementwiseKernels& k, size_t tokens, size_t heads, si
 void ArgmaxRows(const ElementwiseKernels& k, size_t rows, size_t n, const uint16_t* x, size_t x_stride, int64_t* out,
                 size_t num_threads);
 
-// dst[:bytes] = src[:bytes] (not overlapping), in chunks over threads.
-void CopyBytes(const ElementwiseKernels& k, void* dst, const void* src, size_t bytes, size_t num_threads);
-
 }  // namespace rvascend
 
 #endif  // RVV_KERNELS_ELEMENTWISE_ELEMENTWISE_H_

@@ -14,7 +14,6 @@
 // sigmoid_mul: out = bf16(x * bf16(sigmoid(gate))) (Qwen3.5's attention output gate).
 // argmax:    the index of the largest value of a row (first on ties), -1 if any
 //            value is NaN.
-// copy:      `bytes` bytes from src to dst (not overlapping), any alignment.
 #ifndef RVV_KERNELS_ELEMENTWISE_ELEMENTWISE_UKERNELS_H_
 #define RVV_KERNELS_ELEMENTWISE_ELEMENTWISE_UKERNELS_H_
 
@@ -41,7 +40,6 @@ struct ElementwiseKernels {
   void (*rope)(const uint16_t* x, const RopeHeads& h, const uint16_t* cos, const uint16_t* sin, uint16_t* out);
   void (*sigmoid_mul)(const uint16_t* x, const uint16_t* gate, size_t n, uint16_t* out);
   int64_t (*argmax)(const uint16_t* row, size_t n);
-  void (*copy)(void* dst, const void* src, size_t bytes);
 };
 
 extern const ElementwiseKernels kElementwisePortable;

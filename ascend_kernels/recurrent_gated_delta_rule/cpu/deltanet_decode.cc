@@ -25,10 +25,15 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(a.dk));
   const DeltaNetPieces<T>& pieces = ChooseDeltaNetPieces<T>();
   // Token t's sequence: each token slides its sequence's conv window in order.
-  std::vector<int64_t> lens(a.sequences), token_slots(a.t);
+  // A sequence's first token reads its read slot's window (double-buffered slots), the
+  // others the window the token before them wrote.
+  std::vector<int64_t> lens(a.sequences), token_slots(a.t), token_reads(a.t);
   for (uint32_t s = 0, t = 0; s < a.sequences; ++s) {
     lens[s] = a.lens != nullptr ? a.lens[s] : 1;
-    for (int64_t j = 0; j < lens[s]; ++j) token_slots[t++] = a.slots[s];
+    for (int64_t j = 0; j < lens[s]; ++j, ++t) {
+      token_slots[t] = a.slots[s];
+      token_reads[t] = j == 0 && a.read_slots != nullptr ? a.read_slots[s] : a.slots[s];
+    }
   }
   // The conv in chunks of channels over threads, each chunk through every token in
   // order (channels are independent; a channel's window slides token by token).
@@ -49,8 +54,9 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
   rvascend::ThreadPool::Global().ParallelFor(chunks.size(), num_threads, [&](size_t i) {
     const Chunk& ch = chunks[i];
     for (uint32_t t = 0; t < a.t; ++t) {
-      T* state = conv + static_cast<size_t>(token_slots[t]) * c_dim * kept + ch.c * kept;
-      pieces.conv_silu(mixed + t * a.mixed_stride + ch.c, state, weight + ch.c * a.kernel, ch.n, kept,
+      const T* in = conv + static_cast<size_t>(token_reads[t]) * c_dim * kept + ch.c * kept;
+      T* out = conv + static_cast<size_t>(token_slots[t]) * c_dim * kept + ch.c * kept;
+      pieces.conv_silu(mixed + t * a.mixed_stride + ch.c, in, out, weight + ch.c * a.kernel, ch.n, kept,
                        ch.y + t * ch.width + ch.offset);
     }
   });
@@ -88,6 +94,7 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
   r.seq_lens_int64 = true;
   r.indices = token_slots.data();
   r.indices_int64 = true;
+  r.read_slots = a.read_slots;
   r.out = o.data();
   r.scale = 1.0f;
   r.last_state_only = true;  // a prompt's state is written once, after its last token
@@ -125,6 +132,20 @@ void ValidateDeltaNetDecode(const DeltaNetDecodeArgs& a) {
       throw std::invalid_argument("deltanet_decode: slot " + std::to_string(s) + " is used by two sequences");
     }
     used[static_cast<size_t>(s)] = true;
+  }
+  for (uint32_t i = 0; a.read_slots != nullptr && i < a.sequences; ++i) {
+    const int64_t r = a.read_slots[i];
+    if (r < 0 || r >= static_cast<int64_t>(a.num_slots)) {
+      throw std::invalid_argument("deltanet_decode: read slot " + std::to_string(r) + " of sequence " +
+                                  std::to_string(i) + " is outside the state pool of " +
+                                  std::to_string(a.num_slots) + " slots");
+    }
+    if (r == a.slots[i]) continue;
+    if (used[static_cast<size_t>(r)]) {
+      throw std::invalid_argument("deltanet_decode: read slot " + std::to_string(r) + " of sequence " +
+                                  std::to_string(i) + " is another sequence's slot or read slot");
+    }
+    used[static_cast<size_t>(r)] = true;
   }
   if (tokens != static_cast<int64_t>(a.t)) {
     throw std::invalid_argument("deltanet_decode: the lengths add up to " + std::to_string(tokens) + " tokens, not " +

@@ -45,12 +45,19 @@ struct DeltaNetDecodeArgs {
   const void* dt_bias = nullptr; // [NV]
   float* ssm_state = nullptr;    // [S, NV, Dv, Dk]
   const int64_t* slots = nullptr;  // [B], distinct, in [0, S): each sequence's conv and delta-rule slot
+  // [B] or null. Null: each sequence's states are read from and written to its slot
+  // (in place). Else sequence b's states are read from read_slots[b] and written to
+  // slots[b], and read_slots[b] is left as it was: a caller that keeps two slots per
+  // sequence can drop a failed step without copying the states to undo it.
+  const int64_t* read_slots = nullptr;
   void* out = nullptr;           // [T, NV Dv], elem
 };
 
 // Throws std::invalid_argument naming the first bad one of: conv taps (>= 2), the
 // lengths (none negative, adding up to T; one token each without them), the slots
-// (in [0, S), distinct). Reads nothing but args.lens and args.slots.
+// (in [0, S), distinct), the read slots (in [0, S); one that is not its own
+// sequence's slot is no other sequence's slot or read slot). Reads nothing but
+// args.lens, args.slots and args.read_slots.
 void ValidateDeltaNetDecode(const DeltaNetDecodeArgs& args);
 
 void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& args, size_t num_threads);

@@ -2,9 +2,10 @@
 // around the delta rule, for one element type T: float, _Float16, or BF16
 // bits in uint16_t. Rounding ("round") is to T, where the PyTorch layer rounds.
 //
-//   conv_silu:  channels [0, n) of one token, state [n, kept] and weight
-//               [n, kept + 1]: y[c] = round(silu(s[c] . w[c][:kept] + x[c] w[c][kept]))
-//               in FP32, then each channel's window slides by one (x enters).
+//   conv_silu:  channels [0, n) of one token, windows `in` [n, kept] and weight
+//               [n, kept + 1]: y[c] = round(silu(in[c] . w[c][:kept] + x[c] w[c][kept]))
+//               in FP32, and out [n, kept] = each channel's window slid by one (x
+//               enters). `out` is `in` (in place) or does not overlap it.
 //   l2norm:     x *= scale / sqrt(sum(x^2) + 1e-6) over n values.
 //   gated_norm: one head of n: o = round(o); out = round(round(w * round(o * rms)) * silu(z)),
 //               rms = 1 / sqrt(mean(o^2) + eps).
@@ -24,7 +25,7 @@ namespace rgdr {
 template <typename T>
 struct DeltaNetPieces {
   const char* name;
-  void (*conv_silu)(const T* x, T* state, const T* weight, size_t n, size_t kept, float* y);
+  void (*conv_silu)(const T* x, const T* in, T* out, const T* weight, size_t n, size_t kept, float* y);
   void (*l2norm)(float* x, size_t n, float scale);
   void (*gated_norm)(float* o, const T* z, const T* weight, size_t n, float eps, T* out);
 };

@@ -13,15 +13,16 @@ namespace {
 float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 template <typename T>
-void ConvSilu(const T* x, T* state, const T* weight, size_t n, size_t kept, float* y) {
+void ConvSilu(const T* x, const T* in, T* out, const T* weight, size_t n, size_t kept, float* y) {
   for (size_t c = 0; c < n; ++c) {
-    T* s = state + c * kept;
+    const T* s = in + c * kept;
+    T* o = out + c * kept;
     const T* w = weight + c * (kept + 1);
     float sum = 0.0f;
     for (size_t j = 0; j < kept; ++j) sum += ToFloat(s[j]) * ToFloat(w[j]);
     sum += ToFloat(x[c]) * ToFloat(w[kept]);
-    for (size_t j = 0; j + 1 < kept; ++j) s[j] = s[j + 1];
-    s[kept - 1] = x[c];
+    for (size_t j = 0; j + 1 < kept; ++j) o[j] = s[j + 1];
+    o[kept - 1] = x[c];
     y[c] = RoundTo<T>(Silu(sum));
   }
 }

@@ -60,25 +60,27 @@ float Sum(F acc, size_t vl) {
 }
 
 template <class E>
-void ConvSilu(const typename E::T* x, typename E::T* state, const typename E::T* weight, size_t n, size_t kept,
-              float* y) {
+void ConvSilu(const typename E::T* x, const typename E::T* in, typename E::T* out, const typename E::T* weight,
+              size_t n, size_t kept, float* y) {
   using T = typename E::T;
   const ptrdiff_t s_stride = static_cast<ptrdiff_t>(kept * sizeof(T)), w_stride = s_stride + sizeof(T);
   for (size_t c = 0; c < n;) {
     const size_t vl = V::SetVl(n - c);
-    T* s = state + c * kept;
+    const T* s = in + c * kept;
+    T* o = out + c * kept;
     const T* w = weight + c * (kept + 1);
     const typename E::Raw xr = E::RawOf(x + c, vl);
-    // Taps in order, as the scalar sum adds them; each tap moves one place down once read.
+    // Taps in order, as the scalar sum adds them; each tap moves one place down once read
+    // (in place, tap j - 1 was read before tap j overwrites it).
     typename E::Raw tap = E::LoadRaw(s, s_stride, vl);
     F sum = V::Mul(E::Widen(tap, vl), E::Widen(E::LoadRaw(w, w_stride, vl), vl), vl);
     for (size_t j = 1; j < kept; ++j) {
       tap = E::LoadRaw(s + j, s_stride, vl);
       sum = V::FmaccVv(sum, E::Widen(tap, vl), E::Widen(E::LoadRaw(w + j, w_stride, vl), vl), vl);
-      E::StoreRaw(s + j - 1, s_stride, tap, vl);
+      E::StoreRaw(o + j - 1, s_stride, tap, vl);
     }
     sum = V::FmaccVv(sum, E::Widen(xr, vl), E::Widen(E::LoadRaw(w + kept, w_stride, vl), vl), vl);
-    E::StoreRaw(s + kept - 1, s_stride, xr, vl);
+    E::StoreRaw(o + kept - 1, s_stride, xr, vl);
     V::Store(y + c, E::Round(Silu(sum, vl), vl), vl);
     c += vl;
   }

@@ -63,13 +63,14 @@ RVASCEND_SIMD_INLINE VH64 Slide(VH64 s, VH64 x, std::index_sequence<I...>) {
 RVASCEND_SIMD_INLINE VF Widen(simd::VH h) { return rvascend::WidenBf16<VF, simd::VU, simd::VH>(h); }
 
 // Channels [0, n - n % kLanes) of ConvSilu<Bf16Elems> with kept = 3; returns how many it did.
-size_t ConvSiluBf16Taps4(const uint16_t* x, uint16_t* state, const uint16_t* weight, size_t n, float* y) {
+size_t ConvSiluBf16Taps4(const uint16_t* x, const uint16_t* in, uint16_t* out, const uint16_t* weight, size_t n,
+                         float* y) {
   static_assert(4 * kLanes <= 64, "a vector of 64 BF16 values holds kLanes channels' weights");
   constexpr auto lanes = std::make_index_sequence<kLanes>();
   size_t c = 0;
   for (; c + kLanes <= n; c += kLanes) {
     VH64 s{}, w{}, xs{};
-    std::memcpy(&s, state + 3 * c, 3 * kLanes * sizeof(uint16_t));
+    std::memcpy(&s, in + 3 * c, 3 * kLanes * sizeof(uint16_t));
     std::memcpy(&w, weight + 4 * c, 4 * kLanes * sizeof(uint16_t));
     std::memcpy(&xs, x + c, kLanes * sizeof(uint16_t));
     // The scalar statement's order: the three kept inputs, then the new one.
@@ -78,31 +79,32 @@ size_t ConvSiluBf16Taps4(const uint16_t* x, uint16_t* state, const uint16_t* wei
     sum += Widen(TapOf<2, 3>(s, lanes)) * Widen(TapOf<2, 4>(w, lanes));
     sum += Widen(TapOf<0, 1>(xs, lanes)) * Widen(TapOf<3, 4>(w, lanes));
     const VH64 slid = Slide(s, xs, std::make_index_sequence<64>());
-    std::memcpy(state + 3 * c, &slid, 3 * kLanes * sizeof(uint16_t));
+    std::memcpy(out + 3 * c, &slid, 3 * kLanes * sizeof(uint16_t));
     simd::StoreF(y + c, simd::RoundBf16(Silu(sum)));
   }
   return c;
 }
 
 template <class E>
-void ConvSilu(const typename E::T* x, typename E::T* state, const typename E::T* weight, size_t n, size_t kept,
-              float* y) {
+void ConvSilu(const typename E::T* x, const typename E::T* in, typename E::T* out, const typename E::T* weight,
+              size_t n, size_t kept, float* y) {
   using T = typename E::T;
   size_t start = 0;
   if constexpr (std::is_same_v<T, uint16_t>) {
-    if (kept == 3) start = ConvSiluBf16Taps4(x, state, weight, n, y);
+    if (kept == 3) start = ConvSiluBf16Taps4(x, in, out, weight, n, y);
   }
   for (size_t c = start; c < n; c += kLanes) {
     const size_t lanes = n - c < kLanes ? n - c : kLanes;
     float sums[kLanes] = {};
     for (size_t i = 0; i < lanes; ++i) {
-      T* s = state + (c + i) * kept;
+      const T* s = in + (c + i) * kept;
+      T* o = out + (c + i) * kept;
       const T* w = weight + (c + i) * (kept + 1);
       float sum = 0.0f;
       for (size_t j = 0; j < kept; ++j) sum += ToFloat(s[j]) * ToFloat(w[j]);
       sum += ToFloat(x[c + i]) * ToFloat(w[kept]);
-      std::memmove(s, s + 1, (kept - 1) * sizeof(T));
-      s[kept - 1] = x[c + i];
+      std::memmove(o, s + 1, (kept - 1) * sizeof(T));
+      o[kept - 1] = x[c + i];
       sums[i] = sum;
     }
     simd::StoreFN(y + c, E::Round(Silu(simd::LoadF(sums))), lanes);

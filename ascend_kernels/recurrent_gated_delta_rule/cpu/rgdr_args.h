@@ -33,6 +33,10 @@ struct RgdrArgs {
   // (its slot's state is read once and the last token's written once), and
   // sequences may be longer than kMaxMtp.
   bool last_state_only = false;
+  // CPU only: [B] or null, the slot sequence b's state is read from instead of its
+  // first token's (or last accepted token's); the tokens' slots are written as ever.
+  // Callers check that no read slot is another sequence's written slot.
+  const int64_t* read_slots = nullptr;
 };
 
 }  // namespace rgdr

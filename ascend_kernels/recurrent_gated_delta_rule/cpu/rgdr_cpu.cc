@@ -111,7 +111,9 @@ void RecurrentGatedDeltaRuleCpu(const RgdrArgs& a, size_t num_threads, const std
     const int64_t len = Index(a.seq_lens, b, a.seq_lens_int64);
     if (len > 0) {
       int64_t read = Index(a.indices, seq0, a.indices_int64);
-      if (a.accepted != nullptr && a.accepted[b] > 0 && a.accepted[b] <= len) {
+      if (a.read_slots != nullptr) {
+        read = a.read_slots[b];
+      } else if (a.accepted != nullptr && a.accepted[b] > 0 && a.accepted[b] <= len) {
         read = Index(a.indices, seq0 + a.accepted[b] - 1, a.indices_int64);
       }
       for (uint32_t h = 0; h < a.nv; ++h) units.push_back({h, seq0, static_cast<uint32_t>(len), read});

@@ -26,10 +26,12 @@ slots never overcommit the pool (sharing saves compute and time to first token,
 not admission room). When the model's weights change (load_state_dict,
 invalidate_packed_weights, repack) the cache is retired before the next step.
 
-A hybrid model (Qwen3.5) also keeps a recurrent state per sequence: one slot
+A hybrid model (Qwen3.5) also keeps a recurrent state per sequence: two slots
 of the RecurrentStatePool (models/state_pool.py) taken at admission and given
-back at the end, whatever the end. Its steps update states in place, so
-`_prepare` snapshots the step's slots and `_abandon` puts them back. The prefix
+back at the end, whatever the end. A step reads a sequence's state from one and
+writes the other, and `_commit` swaps them, so `_abandon` has nothing to put
+back (an undo copy of the states, 18 MB a sequence for Qwen3.5-0.8B, cost more
+than a tenth of an x86 decode step). The prefix
 cache is off for such models: a cached prefix's K/V are of no use without the
 recurrent state at the same token, and keeping state snapshots per cache node
 (SGLang's Mamba radix cache) is left for later.
@@ -100,7 +102,6 @@ class _Plan:
     rows: list[_Row]
     batch: ForwardBatch
     generator_states: list[tuple[torch.Generator, torch.Tensor]]
-    saved_states: Optional[list[torch.Tensor]] = None  # the step's recurrent states before it ran
 
 
 class Engine:
@@ -116,10 +117,11 @@ class Engine:
         self.states: Optional[RecurrentStatePool] = None
         self._free_states: list[int] = []
         if model.config.linear_attention is not None:
-            self.states = self.pool.states = RecurrentStatePool(model.config, config.max_running_requests, dtype)
-            self._free_states = list(range(config.max_running_requests - 1, -1, -1))
-            logging.info("recurrent states: %d slots of %.1f MiB, and as much again for a step's undo copy",
-                         config.max_running_requests, RecurrentStatePool.bytes_per_slot(model.config, dtype) / 2**20)
+            slots = 2 * config.max_running_requests  # two per sequence: read one, write the other
+            self.states = self.pool.states = RecurrentStatePool(model.config, slots, dtype)
+            self._free_states = list(range(slots - 1, -1, -1))
+            logging.info("recurrent states: %d slots of %.1f MiB (two per running request)", slots,
+                         RecurrentStatePool.bytes_per_slot(model.config, dtype) / 2**20)
         hybrid_without_cache = self.states is not None and not config.disable_radix_cache
         if hybrid_without_cache:
             logging.info("prefix cache off: %s has linear-attention layers, whose recurrent state a cached "
@@ -186,9 +188,9 @@ class Engine:
 
     @property
     def states_free(self) -> int:
-        """Recurrent-state slots no request holds (hybrid models)."""
+        """Requests' worth of recurrent-state slots (two each) no request holds (hybrid models)."""
         with self._lock:
-            return len(self._free_states)
+            return len(self._free_states) // 2
 
     def flush_cache(self) -> bool:
         """Empties the prefix cache; refused (False) while requests are queued or running."""
@@ -302,8 +304,8 @@ class Engine:
                 tokens += len(seq.prompt_ids)
                 seq.status = Status.RUNNING
                 seq.weights_generation = self._weights_generation
-                if self.states is not None:  # running requests <= slots: one is always free here
-                    seq.state_slot = self._free_states.pop()
+                if self.states is not None:  # running requests <= pairs of slots: a pair is always free here
+                    seq.state_slot, seq.next_state_slot = self._free_states.pop(), self._free_states.pop()
                 self._reuse_cached_prefix(seq)
                 admitted.append(seq)
             self._waiting.extendleft(reversed(deferred))
@@ -366,13 +368,14 @@ class Engine:
             offset += len(new)
             rows.append(row)
         write = [s for row in rows for s in row.fresh]
-        state_slots = [r.seq.state_slot for r in rows] if self.states is not None else None
+        hybrid = self.states is not None
         batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
                              new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long),
-                             logit_rows=torch.tensor(logit_rows, dtype=torch.long), state_slots=state_slots)
+                             logit_rows=torch.tensor(logit_rows, dtype=torch.long),
+                             state_slots=[r.seq.next_state_slot for r in rows] if hybrid else None,
+                             state_read_slots=[r.seq.state_slot for r in rows] if hybrid else None)
         states = [(r.seq.generator, r.seq.generator.get_state()) for r in rows if r.seq.generator is not None]
-        saved = self.states.snapshot(state_slots) if state_slots else None
-        return _Plan(rows, batch, states, saved)
+        return _Plan(rows, batch, states)
 
     def _abandon(self, plan: _Plan) -> None:
         """Undoes `_prepare` (and whatever `_run` drew from the sequences' generators)."""
@@ -381,8 +384,6 @@ class Engine:
                 self._free_slots.extend(reversed(row.fresh))
         for generator, state in plan.generator_states:
             generator.set_state(state)
-        if plan.saved_states is not None:
-            self.states.restore(plan.batch.state_slots, plan.saved_states)
 
     def _run(self, plan: _Plan) -> None:
         """The forward pass and every row's sampling, into the plan; nothing is committed.
@@ -428,6 +429,8 @@ class Engine:
         with self._lock:
             for row in plan.rows:
                 row.seq.slots.extend(row.fresh)
+                if self.states is not None:  # the step wrote the sequence's state to its other slot
+                    row.seq.state_slot, row.seq.next_state_slot = row.seq.next_state_slot, row.seq.state_slot
                 if row.prefill:
                     row.seq.prefilled += row.new
                 row.seq.input_logprobs.extend(row.input_logprobs)
@@ -572,8 +575,8 @@ class Engine:
         self._reserved -= seq.reserved
         seq.reserved = 0
         if seq.state_slot is not None:
-            self._free_states.append(seq.state_slot)
-            seq.state_slot = None
+            self._free_states += [seq.next_state_slot, seq.state_slot]
+            seq.state_slot = seq.next_state_slot = None
 
     # -- synchronous use (benchmarks, tests) -------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sequence]:

@@ -78,7 +78,10 @@ class Sequence:
         self.prefilled = 0    # prompt tokens already in the KV pool (chunked prefill)
         self.cached_tokens = 0  # of which taken from the prefix cache
         self.cache_node = None  # the prefix-cache node this request pins (engine/prefix_cache.py)
-        self.state_slot: Optional[int] = None  # hybrid models: its recurrent-state slot (engine/engine.py)
+        # Hybrid models: the recurrent-state slot holding its state, and the one its next step
+        # writes (the two swap when a step commits; engine/engine.py).
+        self.state_slot: Optional[int] = None
+        self.next_state_slot: Optional[int] = None
         self.reserved = len(prompt_ids) + params.max_tokens
         self.generator: Optional[torch.Generator] = None
         if params.seed is not None:

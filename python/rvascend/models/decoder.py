@@ -9,7 +9,7 @@ vLLM, so the RVV policy sees one large Linear each.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,14 @@ from rvascend.policy.fused_decoder import fused_decoder_of
 from rvascend.policy.kernel_routes import routes_of
 
 
+class RecurrentIndex(NamedTuple):
+    """A batch as the recurrent layers see it (ForwardBatch.recurrent_index)."""
+    slots: torch.Tensor                  # int64 [B]: the slot each sequence's states are written to
+    lengths: Optional[torch.Tensor]      # int64 [B] new tokens, or None when every sequence decodes one
+    starting: list[int]                  # slots of the sequences with no tokens before these (zeroed first)
+    read_slots: Optional[torch.Tensor]   # int64 [B]: where the states are read from; None: `slots`
+
+
 @dataclasses.dataclass
 class ForwardBatch:
     """Tokens of several sequences, concatenated; each sequence's K/V slots in the pool."""
@@ -34,24 +42,32 @@ class ForwardBatch:
     kv_slots: list[torch.Tensor]       # per sequence: slots of all its tokens (prefix + new)
     write_slots: torch.Tensor          # [T] slots the new tokens' K/V go to
     logit_rows: Optional[torch.Tensor] = None  # rows whose logits forward returns (default: each sequence's last)
-    state_slots: Optional[list[int]] = None  # hybrid models: each sequence's recurrent-state slot
+    state_slots: Optional[list[int]] = None  # hybrid models: each sequence's recurrent-state slot (written)
+    # Hybrid models with two slots per sequence: the slot each sequence's state is read from (its
+    # state_slot is written, this one left as it was). None: states are updated in place.
+    state_read_slots: Optional[list[int]] = None
     _flat: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
-    _recurrent: Optional[tuple[torch.Tensor, Optional[torch.Tensor], list[int]]] = None
+    _recurrent: Optional["RecurrentIndex"] = None
 
     @property
     def prefill(self) -> bool:
         """Whether some sequence has more than one new token (a prompt or a chunk of one)."""
         return self.input_ids.shape[0] > len(self.new_lens)
 
-    def recurrent_index(self) -> tuple[torch.Tensor, Optional[torch.Tensor], list[int]]:
-        """(state_slots as int64, new_lens as int64 or None when every sequence decodes one
-        token after a prefix, the slots of sequences that start here) for the hybrid models'
-        recurrent layers; built once per batch, shared by every layer."""
+    def recurrent_index(self) -> "RecurrentIndex":
+        """The hybrid models' recurrent layers' view of the batch; built once per batch,
+        shared by every layer."""
         if self._recurrent is None:
             decode = all(n == 1 and p > 0 for n, p in zip(self.new_lens, self.prefix_lens))
-            self._recurrent = (torch.tensor(self.state_slots, dtype=torch.int64),
-                               None if decode else torch.tensor(self.new_lens, dtype=torch.int64),
-                               [s for s, p in zip(self.state_slots, self.prefix_lens) if p == 0])
+            read = None
+            if self.state_read_slots is not None:
+                # A sequence that starts here reads nothing: its written slot is zeroed and read.
+                read = torch.tensor([w if p == 0 else r for w, r, p in
+                                     zip(self.state_slots, self.state_read_slots, self.prefix_lens)], dtype=torch.int64)
+            self._recurrent = RecurrentIndex(
+                torch.tensor(self.state_slots, dtype=torch.int64),
+                None if decode else torch.tensor(self.new_lens, dtype=torch.int64),
+                [s for s, p in zip(self.state_slots, self.prefix_lens) if p == 0], read)
         return self._recurrent
 
     def flat_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -103,13 +103,19 @@ class GatedDeltaNet(nn.Module):
             # (RECURRENT_PROMPTS) prompts too, from zeroed slots for a prompt's first chunk.
             from rvascend.ops.gated_delta_rule import deltanet_decode
 
-            slots, lengths, starting = batch.recurrent_index()
-            for slot in starting:
+            index = batch.recurrent_index()
+            for slot in index.starting:
                 conv_pool[slot].zero_()
                 ssm_pool[slot].zero_()
             return self.out_proj(deltanet_decode(
                 mixed, z, b, a, conv_pool, weight, self.A_log, self.dt_bias, self.norm.weight, self.norm.eps,
-                ssm_pool, slots, self.nk, lengths))
+                ssm_pool, index.slots, self.nk, index.lengths, index.read_slots))
+        if batch.state_read_slots is not None:
+            # The torch form updates in place: the states move to the written slots first.
+            for w, r, p in zip(batch.state_slots, batch.state_read_slots, batch.prefix_lens):
+                if p > 0 and w != r:
+                    conv_pool[w] = conv_pool[r]
+                    ssm_pool[w] = ssm_pool[r]
         beta = b.sigmoid().float()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         conv_out = torch.empty_like(mixed)
@@ -163,7 +169,7 @@ class GatedDeltaNet(nn.Module):
         state and the layer's parameters."""
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             return False
-        if not RECURRENT_PROMPTS and batch.recurrent_index()[1] is not None:
+        if not RECURRENT_PROMPTS and batch.recurrent_index().lengths is not None:
             return False
         return all(x.dtype == mixed.dtype for x in (conv_pool, weight, self.A_log, self.dt_bias, self.norm.weight))
 

@@ -137,6 +137,36 @@ def test_the_one_call_decode_step_refuses_bad_slots_and_dtypes(pair):
         assert torch.equal(states.ssm[0][:3], before[:3]) and not torch.equal(states.ssm[0][3], before[3])
 
 
+@pytest.mark.parametrize("lengths", [None, [3, 1]], ids=["decode", "prompts"])
+def test_the_one_call_step_reads_one_slot_and_writes_another(pair, lengths):
+    """Double-buffered states (read_slots): the output and the written slots' states equal
+    an in-place step's on the same states, and the slots read are left as they were."""
+    from rvascend.ops.gated_delta_rule import deltanet_decode
+
+    model = pair[1]
+    layer = model.model.layers[0].linear_attn
+    t = 2 if lengths is None else sum(lengths)
+    lens = None if lengths is None else torch.tensor(lengths)
+    g = torch.Generator().manual_seed(4)
+    in_place, buffered = (RecurrentStatePool(model.config, 5, torch.float32) for _ in range(2))
+    for pool in (in_place, buffered):
+        for x in (pool.conv[0], pool.ssm[0]):
+            x.copy_(torch.randn(x.shape, generator=torch.Generator().manual_seed(9)))
+    before = [buffered.conv[0].clone(), buffered.ssm[0].clone()]
+    with torch.no_grad():
+        mixed, z, b, a = layer.in_proj(torch.randn(t, 64, generator=g)).split(layer.split, dim=-1)
+        params = (layer.conv1d.weight[:, 0], layer.A_log, layer.dt_bias, layer.norm.weight, layer.norm.eps)
+        want = deltanet_decode(mixed, z, b, a, in_place.conv[0], *params, in_place.ssm[0], torch.tensor([1, 3]),
+                               layer.nk, lens)
+        got = deltanet_decode(mixed, z, b, a, buffered.conv[0], *params, buffered.ssm[0], torch.tensor([4, 0]),
+                              layer.nk, lens, torch.tensor([1, 3]))
+    assert torch.equal(got, want)
+    for new, old, ref in ((buffered.conv[0], before[0], in_place.conv[0]), (buffered.ssm[0], before[1], in_place.ssm[0])):
+        assert torch.equal(new[[4, 0]], ref[[1, 3]])             # written where asked
+        assert torch.equal(new[[1, 2, 3]], old[[1, 2, 3]])       # read slots and the rest untouched
+        assert not torch.equal(new[[4, 0]], old[[4, 0]])
+
+
 def test_engine_greedy_equals_transformers_generate(pair):
     hf, ours, _ = pair
     g = torch.Generator().manual_seed(2)
@@ -147,7 +177,7 @@ def test_engine_greedy_equals_transformers_generate(pair):
         with torch.no_grad():
             want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False)
         assert seq.output_ids == want[0, len(prompt):].tolist()
-    assert engine.states_free == engine.states.num_slots  # every state slot back
+    assert engine.states_free == engine.states.num_slots // 2  # every state slot back
 
 
 def _three(engine):
@@ -165,11 +195,11 @@ def test_engine_state_slots_never_leak_and_a_failed_step_is_undone(pair, monkeyp
     a, b, c = _three(engine)
     engine.step()
     engine.step()
-    assert engine.states_free == engine.states.num_slots - 3
+    assert engine.states_free == engine.states.num_slots // 2 - 3
     engine.abort(b)
     engine.step()
     assert b.status is Status.FINISHED and b.finish_reason == "abort"
-    assert engine.states_free == engine.states.num_slots - 2
+    assert engine.states_free == engine.states.num_slots // 2 - 2
     # A step of two sequences that fails in its last layer, after every DeltaNet layer before it
     # wrote their states: undone, then run one sequence at a time, so nothing is applied twice.
     target = ours.model.layers[3].linear_attn.out_proj
@@ -188,28 +218,7 @@ def test_engine_state_slots_never_leak_and_a_failed_step_is_undone(pair, monkeyp
     while engine.has_work():
         engine.step()
     assert [a.output_ids, c.output_ids] == want
-    assert engine.states_free == engine.states.num_slots
-
-
-def test_a_step_snapshot_goes_to_the_pools_own_buffers_and_restores_exactly(pair):
-    """The engine snapshots a step's slots on every step: into buffers allocated with the
-    pool, never a fresh allocation (whose page faults cost more than the copy)."""
-    _, ours, _ = pair
-    states = RecurrentStatePool(ours.config, 3, torch.float32)
-    for t in (*states.conv, *states.ssm):
-        t.copy_(torch.randn_like(t))
-    before = [t.clone() for t in (*states.conv, *states.ssm)]
-    saved = states.snapshot([2, 0])
-    pointers = [s.data_ptr() for s in saved]
-    for t in (*states.conv, *states.ssm):
-        t.add_(1.0)
-    states.restore([2, 0], saved)
-    after = [t.clone() for t in (*states.conv, *states.ssm)]
-    assert all(torch.equal(t[s], b[s]) for t, b in zip(after, before) for s in (0, 2))
-    assert all(torch.equal(t[1], b[1] + 1.0) for t, b in zip(after, before))  # not in the snapshot
-    assert [s.data_ptr() for s in states.snapshot([1])] == pointers
-    with pytest.raises(ValueError, match="snapshot of 4 slots: the pool has 3"):
-        states.snapshot([0, 1, 2, 0])
+    assert engine.states_free == engine.states.num_slots // 2
 
 
 def test_a_failing_sequence_gives_its_state_slot_back(pair, monkeypatch):
@@ -221,7 +230,7 @@ def test_a_failing_sequence_gives_its_state_slot_back(pair, monkeypatch):
     monkeypatch.setattr(target, "forward", lambda x: (_ for _ in ()).throw(RuntimeError("always")))
     engine.step()
     assert all(s.status is Status.FINISHED and s.finish_reason == "error" for s in seqs)
-    assert engine.states_free == engine.states.num_slots
+    assert engine.states_free == engine.states.num_slots // 2
 
 
 def test_the_prefix_cache_is_off_for_hybrid_models(pair):
@@ -292,11 +301,16 @@ def test_the_fused_step_refuses_a_bad_state_slot_before_anything_is_written(pair
     _, _, path = pair
     m = _policy_model(path, monkeypatch)
     runner = Runner(m, 2, 0)
-    assert runner.pool.states.num_slots == 4
+    assert runner.pool.states.num_slots == 6
     runner.step([(0, [1, 2, 3], 0), (1, [4, 5], 0)])
-    for slots, message in (([4, 1], "slot 4 of sequence 0 is outside the state pool of 4 slots"),
-                           ([1, 1], "slot 1 is used by two sequences")):
-        runner.state_slots = slots
+    assert (runner.state_slots, runner.next_state_slots) == ([3, 2], [5, 4])
+    for written, read, message in (
+            ([6, 4], [3, 2], "slot 6 of sequence 0 is outside the state pool of 6 slots"),
+            ([5, 5], [3, 2], "slot 5 is used by two sequences"),
+            ([5, 4], [3, 7], "read slot 7 of sequence 1 is outside the state pool of 6 slots"),
+            ([5, 4], [3, 5], "read slot 5 of sequence 1 is another sequence's slot or read slot"),
+            ([5, 4], [3, 3], "read slot 3 of sequence 1 is another sequence's slot or read slot")):
+        runner.next_state_slots, runner.state_slots = written, read
         pool = runner.pool
         tensors = [*pool.k, *pool.v, *pool.states.conv, *pool.states.ssm]
         before = [t.clone() for t in tensors]
@@ -369,7 +383,7 @@ def test_served_through_the_openai_client(tmp_path):
                                                  temperature=0)
         assert again.choices[0].text == text  # greedy: the stream and the plain answer agree
         server.wait_idle()
-        assert server.engine.states_free == server.engine.states.num_slots
+        assert server.engine.states_free == server.engine.states.num_slots // 2
         assert server.engine.cache is None
     finally:
         server.stop()

@@ -71,13 +71,16 @@ class Runner:
         self.model, self.chunk = model, chunk
         dtype = next(model.parameters()).dtype
         self.pool = KVPool(model.config, 1024, dtype)
-        self.pool.states = RecurrentStatePool(model.config, sequences + 2, dtype)
+        self.pool.states = RecurrentStatePool(model.config, 2 * sequences + 2, dtype)
         stale = torch.Generator().manual_seed(0)  # the same in every Runner
         for state in (*self.pool.states.conv, *self.pool.states.ssm):
             state.normal_(generator=stale)  # stale slots, as a freed slot holds: a prompt's first chunk must not read them
         self.slots: list[list[int]] = [[] for _ in range(sequences)]
         self.free = list(range(1024))
-        self.state_slots = [sequences + 1 - i for i in range(sequences)]  # not 0..B-1: slots are looked up
+        # Two slots per sequence, as the engine keeps them: read one, write the other, swap.
+        # Not 0..B-1: slots are looked up.
+        self.state_slots = [2 * sequences + 1 - i for i in range(sequences)]
+        self.next_state_slots = [sequences + 1 - i for i in range(sequences)]
 
     def step(self, rows: list[tuple[int, list[int], int]]) -> torch.Tensor:
         """rows: (sequence, new tokens, tokens before them); logits of every new token."""
@@ -91,9 +94,13 @@ class Runner:
             write += fresh
         batch = ForwardBatch(torch.tensor(ids), torch.tensor(positions), [len(n) for _, n, _ in rows],
                              [p for _, _, p in rows], kv, torch.tensor(write),
-                             state_slots=[self.state_slots[i] for i, _, _ in rows])
+                             state_slots=[self.next_state_slots[i] for i, _, _ in rows],
+                             state_read_slots=[self.state_slots[i] for i, _, _ in rows])
         with torch.inference_mode():
-            return self.model(batch, self.pool, all_logits=True)
+            logits = self.model(batch, self.pool, all_logits=True)
+        for i, _, _ in rows:
+            self.state_slots[i], self.next_state_slots[i] = self.next_state_slots[i], self.state_slots[i]
+        return logits
 
 
 def assert_fused_decode_matches_op_by_op(model, prompts: list[list[int]], steps: int, vocab: int) -> None:

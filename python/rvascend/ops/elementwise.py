@@ -228,19 +228,3 @@ def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor, heads: int, gate_head_strid
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     return eager_call(torch.ops.rvascend.argmax, _argmax_cpu, x)
-
-
-def copy_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """dst[...] = src[...] for contiguous CPU tensors of one dtype and shape, not overlapping; returns dst.
-
-    The engine's state snapshots go through this: on riscv64 it copies with vector loads and
-    stores, where the image's libc memcpy copies about a byte per four instructions."""
-    if dst.dtype != src.dtype or dst.shape != src.shape:
-        raise ValueError(f"copy_: dst {dst.dtype} {tuple(dst.shape)} and src {src.dtype} {tuple(src.shape)} "
-                         "must have one dtype and shape")
-    if dst.device.type != "cpu" or src.device.type != "cpu":
-        raise ValueError(f"copy_: CPU tensors only, got {dst.device} and {src.device}")
-    if not (dst.is_contiguous() and src.is_contiguous()):
-        raise ValueError("copy_: dst and src must be contiguous")
-    _native.copy_bytes(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size(), torch.get_num_threads())
-    return dst

@@ -299,15 +299,6 @@ void Argmax(size_t rows, size_t n, uintptr_t x, size_t x_stride, uintptr_t out, 
   ArgmaxRows(k, rows, n, xp, x_stride, op, num_threads ? num_threads : 1);
 }
 
-void CopyBytesOp(uintptr_t dst, uintptr_t src, size_t bytes, size_t num_threads) {
-  if (bytes == 0) return;
-  const ElementwiseKernels& k = ChooseElementwiseKernels("");
-  uint8_t* d = Pointer<uint8_t>(dst, "dst");
-  const uint8_t* s = Pointer<const uint8_t>(src, "src");
-  py::gil_scoped_release release;
-  CopyBytes(k, d, s, bytes, num_threads ? num_threads : 1);
-}
-
 // One row of the decoder_layers descriptor (int64 [layers, kLayerFields]): the
 // (data pointer, elements) pairs of a layer's buffers in kLayerBufferNames' order,
 // then one kind per projection (qkv, o, gate_up, down): 0 for a BF16 packed weight
@@ -375,7 +366,8 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
                        uintptr_t write_slots, size_t n_write, uintptr_t cos, uintptr_t sin, size_t rope_elements,
                        uintptr_t h, uintptr_t h_out, uintptr_t residual_out, size_t h_elements, size_t num_threads,
                        bool stage_markers, size_t rotary_dim, bool zero_centred, const std::vector<size_t>& deltanet,
-                       float deltanet_norm_eps, uintptr_t state_slots, size_t n_state_slots) {
+                       float deltanet_norm_eps, uintptr_t state_slots, size_t n_state_slots,
+                       uintptr_t state_read_slots) {
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   if (tokens == 0) return;
   if (rotary_dim > head_dim || rotary_dim % 2) {
@@ -511,7 +503,13 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
   const size_t rotary = rotary_dim ? rotary_dim : head_dim;
   b.cos = Extent<const uint16_t>(cos, rope_elements, tokens * rotary, "cos");
   b.sin = Extent<const uint16_t>(sin, rope_elements, tokens * rotary, "sin");
-  if (!deltanet.empty()) b.state_slots = Extent<const int64_t>(state_slots, n_state_slots, batch, "state_slots");
+  if (!deltanet.empty()) {
+    b.state_slots = Extent<const int64_t>(state_slots, n_state_slots, batch, "state_slots");
+    // Null: in place; else as many as state_slots.
+    if (state_read_slots != 0) {
+      b.state_read_slots = Extent<const int64_t>(state_read_slots, n_state_slots, batch, "state_read_slots");
+    }
+  }
   const uint16_t* hp = Extent<const uint16_t>(h, h_elements, tokens * hidden, "h");
   uint16_t* hop = Extent<uint16_t>(h_out, h_elements, tokens * hidden, "h_out");
   uint16_t* rop = Extent<uint16_t>(residual_out, h_elements, tokens * hidden, "residual_out");
@@ -676,8 +674,6 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("num_threads"), "Per head, BF16 x times sigmoid(gate), the gate's heads gate_head_stride apart.");
   m.def("argmax", &Argmax, py::arg("rows"), py::arg("n"), py::arg("x"), py::arg("x_stride"), py::arg("out"),
         py::arg("num_threads"), "First index of the maximum of each BF16 row; -1 for a row with a NaN.");
-  m.def("copy_bytes", &CopyBytesOp, py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("num_threads"),
-        "dst[:bytes] = src[:bytes] (not overlapping), vector loads and stores where the CPU has them.");
   m.def("available_elementwise_kernels", &AvailableElementwiseKernels,
         "Elementwise kernel sets this build has and this CPU runs, best first.");
   m.def("available_kernel_sets", [] { return Names(AvailableKernelSets()); },
@@ -697,6 +693,7 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("h_elements"), py::arg("num_threads"), py::arg("stage_markers") = false,
         py::arg("rotary_dim") = 0, py::arg("zero_centred") = false, py::arg("deltanet") = std::vector<size_t>(),
         py::arg("deltanet_norm_eps") = 0.0f, py::arg("state_slots") = 0, py::arg("n_state_slots") = 0,
+        py::arg("state_read_slots") = 0,
         "One decode step's decoder layers in one call (rvv_kernels/decoder/decoder_layers.h); every buffer "
         "comes with its element count.");
   m.def("decoder_stage_names", [](int kind) {

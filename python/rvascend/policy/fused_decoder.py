@@ -128,7 +128,7 @@ class FusedDecoder:
         h_out, residual_out = torch.empty_like(h), torch.empty_like(h)
         s = self.shape
         n = len(self.layers)
-        state_slots = batch.recurrent_index()[0] if self.deltanet else None
+        index = batch.recurrent_index() if self.deltanet else None
         _native.decoder_layers(
             ops.packed_linear._kernel_set, ops.quantized_linear._kernel_set, plan.quant_tile, plan.table.data_ptr(), plan.table.numel(), n, plan.block_n, s["hidden"],
             s["intermediate"], s["heads"], s["kv_heads"], s["head_dim"], pool.num_slots, self.norm_eps, plan.qk_eps,
@@ -137,8 +137,8 @@ class FusedDecoder:
             batch.write_slots.numel(), cos.data_ptr(), sin.data_ptr(), min(cos.numel(), sin.numel()), h.data_ptr(),
             h_out.data_ptr(), residual_out.data_ptr(), h.numel(), torch.get_num_threads(), self.stage_markers,
             cos.shape[-1], self.zero_centred, self.deltanet + [pool.states.num_slots] if self.deltanet else [],
-            self.deltanet_eps, state_slots.data_ptr() if self.deltanet else 0,
-            state_slots.numel() if self.deltanet else 0)
+            self.deltanet_eps, index.slots.data_ptr() if index else 0, index.slots.numel() if index else 0,
+            index.read_slots.data_ptr() if index and index.read_slots is not None else 0)
         self._count(policy, t)
         return h_out, residual_out
 
@@ -162,7 +162,7 @@ class FusedDecoder:
         if self.deltanet:
             if pool.states is None or batch.state_slots is None:
                 return "no_state_slots"
-            if batch.recurrent_index()[1] is not None:  # a one-token prompt starts its state here
+            if batch.recurrent_index().lengths is not None:  # a one-token prompt starts its state here
                 return "prefill"
         return None
 

@@ -217,30 +217,6 @@ void TestArgmax(const ElementwiseKernels& k, std::mt19937& rng) {
   }
 }
 
-void TestCopy(const ElementwiseKernels& k, std::mt19937& rng) {
-  // Short, odd, unaligned at both ends, and several threads' chunks (256 KiB each) with a tail.
-  for (size_t bytes : {size_t{0}, size_t{1}, size_t{7}, size_t{255}, size_t{4099}, size_t{(600 << 10) + 5}}) {
-    for (size_t offset : {0, 1, 3}) {
-      std::vector<uint8_t> src(bytes + 8), dst(bytes + 8, 0xa5);
-      for (auto& b : src) b = static_cast<uint8_t>(rng());
-      CopyBytes(k, dst.data() + offset, src.data() + 3 - offset, bytes, 2);
-      size_t bad = 0;
-      for (size_t i = 0; i < bytes; ++i) bad += dst[offset + i] != src[3 - offset + i];
-      for (size_t i = 0; i < offset; ++i) bad += dst[i] != 0xa5;
-      for (size_t i = offset + bytes; i < dst.size(); ++i) bad += dst[i] != 0xa5;
-      EXPECT(bad == 0, "%s copy of %zu bytes at offset %zu: %zu bytes wrong", k.name, bytes, offset, bad);
-    }
-  }
-  std::vector<uint8_t> buf(64);
-  bool threw = false;
-  try {
-    CopyBytes(k, buf.data() + 8, buf.data(), 16, 1);
-  } catch (const std::invalid_argument&) {
-    threw = true;
-  }
-  EXPECT(threw, "%s: an overlapping copy is refused", k.name);
-}
-
 // A vector set against its portable twin on the same inputs: within 2 BF16
 // ulps everywhere (the sums run in another order, exp is a polynomial, and
 // either may move a value across one of the two roundings) and bit-identical
@@ -316,7 +292,6 @@ int main() {
     TestRope(k, rng);
     TestSigmoidMul(k, rng);
     TestArgmax(k, rng);
-    TestCopy(k, rng);
     if (std::string(k.name) != "portable") TestAgainstPortable(k, rng);
   }
   bool threw = false;

@@ -46,15 +46,19 @@ bool Close(double got, double want, double ulps, double scale) {
 
 template <typename T>
 void TestConvSilu(const DeltaNetPieces<T>& p, std::mt19937& rng) {
-  for (size_t kept : {1, 3, 4}) {
+  // In place (the window read and written in one slot), and from one slot to another
+  // (double-buffered states: the read window is left as it was).
+  for (bool in_place : {true, false}) for (size_t kept : {1, 3, 4}) {
     for (size_t n : {1, 7, 33, 100, 2048 + 5}) {
-      auto x = Random<T>(rng, n, 1.0f), state = Random<T>(rng, n * kept, 1.0f),
+      auto x = Random<T>(rng, n, 1.0f), in = Random<T>(rng, n * kept, 1.0f),
            weight = Random<T>(rng, n * (kept + 1), 0.7f);
       x[0] = FromFloat<T>(-30.0f);  // SiLU's far negative side: exp(-x) is 1e13
-      const std::vector<T> before = state;
+      const std::vector<T> before = in;
+      std::vector<T> other = Random<T>(rng, n * kept, 1.0f);
+      std::vector<T>& state = in_place ? in : other;
       std::vector<float> y(n);
-      p.conv_silu(x.data(), state.data(), weight.data(), n, kept, y.data());
-      int bad = 0, slid = 0;
+      p.conv_silu(x.data(), in.data(), state.data(), weight.data(), n, kept, y.data());
+      int bad = 0, slid = in_place || in == before ? 0 : 1;
       double scale = 0;
       std::vector<double> want(n);
       for (size_t c = 0; c < n; ++c) {
@@ -73,8 +77,8 @@ void TestConvSilu(const DeltaNetPieces<T>& p, std::mt19937& rng) {
         if (!Close<T>(y[c], RoundTo<T>(static_cast<float>(want[c])), 1.0, scale)) ++bad;
         if (ToFloat(FromFloat<T>(y[c])) != y[c]) ++bad;  // y holds values of T
       }
-      EXPECT(bad == 0 && slid == 0, "%s conv_silu %zu bytes n=%zu kept=%zu: %d bad values, %d bad state slots",
-             p.name, sizeof(T), n, kept, bad, slid);
+      EXPECT(bad == 0 && slid == 0, "%s conv_silu %zu bytes n=%zu kept=%zu%s: %d bad values, %d bad state slots",
+             p.name, sizeof(T), n, kept, in_place ? "" : " (to another slot)", bad, slid);
     }
   }
 }
@@ -144,8 +148,8 @@ void TestAgainstPortable(const DeltaNetPieces<T>& k, std::mt19937& rng) {
   auto x = Random<T>(rng, n, 1.0f), state = Random<T>(rng, n * kept, 1.0f), weight = Random<T>(rng, n * 4, 0.7f);
   std::vector<T> s1 = state, s2 = state;
   std::vector<float> y1(n), y2(n);
-  k.conv_silu(x.data(), s1.data(), weight.data(), n, kept, y1.data());
-  p.conv_silu(x.data(), s2.data(), weight.data(), n, kept, y2.data());
+  k.conv_silu(x.data(), s1.data(), s1.data(), weight.data(), n, kept, y1.data());
+  p.conv_silu(x.data(), s2.data(), s2.data(), weight.data(), n, kept, y2.data());
   size_t differ = 0;
   for (size_t i = 0; i < n; ++i) differ += y1[i] != y2[i];
   EXPECT(s1 == s2, "%s conv_silu: the state differs from portable", k.name);
