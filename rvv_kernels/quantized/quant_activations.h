@@ -36,6 +36,7 @@ class QuantizedActivations {
   std::vector<int8_t> q_;
   std::vector<float> d_;
   std::vector<int32_t> sum32_;
+  std::vector<int32_t> sum16_;
   QuantActs view_;
 };
 

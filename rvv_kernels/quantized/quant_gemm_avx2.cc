@@ -265,6 +265,7 @@ void GemmQ6KAvx2(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile,
   for (size_t r = 0; r < m; ++r) {
     const int8_t* q = a.q + (row0 + r) * a.k;
     const float* ad = a.d + (row0 + r) * supers;
+    const int32_t* sums = a.sum16 + (row0 + r) * (a.k / 16);
     __m256 acc[8];
     for (auto& v : acc) v = _mm256_setzero_ps();
     for (size_t s = 0; s < supers; ++s) {
@@ -279,11 +280,7 @@ void GemmQ6KAvx2(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile,
         PrefetchEighth(blk + 210 * kTile, 210 * kTile, p);
         const int8_t* a_lo = qa + 32 * p;  // sub-block 2p: k = 32p + i
         const int8_t* a_hi = a_lo + 16;    // sub-block 2p + 1: k = 32p + 16 + i
-        int32_t sum_lo = 0, sum_hi = 0;
-        for (size_t i = 0; i < 16; ++i) {
-          sum_lo += a_lo[i];
-          sum_hi += a_hi[i];
-        }
+        const int32_t sum_lo = sums[16 * s + 2 * p], sum_hi = sums[16 * s + 2 * p + 1];
         __m256i sub_lo[8], sub_hi[8];
         for (size_t g = 0; g < 8; ++g) {
           sub_lo[g] = _mm256_set1_epi32(-32 * sum_lo);

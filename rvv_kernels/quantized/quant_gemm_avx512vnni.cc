@@ -229,55 +229,49 @@ void GemmQ6KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c,
       PrefetchEighth(blk + 210 * kTile, 210 * kTile, p);
       const int8_t* x[R];
       for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * p;
-      __m512i lo[R][4], hi[R][4];  // the two sub-blocks' integer sums
-      for (size_t r = 0; r < R; ++r) {
-        for (size_t g = 0; g < 4; ++g) lo[r][g] = hi[r][g] = _mm512_setzero_si512();
-      }
-      // Rows k = kind * 8 + i0 .. +3: kind 0 and 2 from ql row 16p + i (low, high nibble),
-      // 1 and 3 from ql row 16p + 8 + i; their high bits are qh row 8p + i's bit pairs
-      // 0, 1, 2, 3. One group of four rows at a time keeps the sums in registers.
-      for (size_t kind = 0; kind < 4; ++kind) {
-        for (size_t i0 = 0; i0 < 8; i0 += 4) {
-          __m512i rows[4];
-          for (size_t j = 0; j < 4; ++j) {
-            const size_t i = i0 + j;
-            const __m512i l = Load(ql + (16 * p + (kind & 1) * 8 + i) * kTile);
-            const __m512i h = Load(qh + (8 * p + i) * kTile);
-            const __m512i low = kind < 2 ? l : _mm512_srli_epi16(l, 4);
-            // The pair of high bits moved to bits 4-5.
-            const __m512i high = kind == 0 ? _mm512_slli_epi16(h, 4)
-                                 : kind == 1 ? _mm512_slli_epi16(h, 2)
-                                 : kind == 2 ? h
-                                             : _mm512_srli_epi16(h, 2);
-            rows[j] = _mm512_or_si512(_mm512_and_si512(low, low4), _mm512_and_si512(high, bits45));
-          }
-          __m512i w[4];
-          Transpose4(rows[0], rows[1], rows[2], rows[3], w);
-          const size_t k = kind * 8 + i0;
-          for (size_t r = 0; r < R; ++r) {
-            const __m512i av = Dword(x[r] + k);
-            __m512i* sums = k < 16 ? lo[r] : hi[r];
-            for (size_t g = 0; g < 4; ++g) sums[g] = _mm512_dpbusd_epi32(sums[g], w[g], av);
-          }
-        }
-      }
-      __m512i off_lo[R], off_hi[R];
-      for (size_t r = 0; r < R; ++r) {
-        int32_t sum_lo = 0, sum_hi = 0;
-        for (size_t i = 0; i < 16; ++i) {
-          sum_lo += x[r][i];
-          sum_hi += x[r][16 + i];
-        }
-        off_lo[r] = _mm512_set1_epi32(32 * sum_lo);
-        off_hi[r] = _mm512_set1_epi32(32 * sum_hi);
-      }
-      for (size_t g = 0; g < 4; ++g) {  // each group's scales widened once for every row
-        const __m512i sc_lo = _mm512_cvtepi8_epi32(Group(sc + 2 * p * kTile, g));
-        const __m512i sc_hi = _mm512_cvtepi8_epi32(Group(sc + (2 * p + 1) * kTile, g));
+      // Sub-block 2p + half (k = 32p + 16 half + 0..15) at a time, folded into the totals
+      // before the next one starts: one set of sums live, not two (R = 4 spilled).
+      for (size_t half = 0; half < 2; ++half) {
+        __m512i sums[R][4];
         for (size_t r = 0; r < R; ++r) {
-          total[r][g] = _mm512_add_epi32(
-              total[r][g], _mm512_add_epi32(_mm512_mullo_epi32(sc_lo, _mm512_sub_epi32(lo[r][g], off_lo[r])),
-                                            _mm512_mullo_epi32(sc_hi, _mm512_sub_epi32(hi[r][g], off_hi[r]))));
+          for (auto& v : sums[r]) v = _mm512_setzero_si512();
+        }
+        // Rows k = kind * 8 + i0 .. +3: kind 0 and 2 from ql row 16p + i (low, high nibble),
+        // 1 and 3 from ql row 16p + 8 + i; their high bits are qh row 8p + i's bit pairs
+        // 0, 1, 2, 3. One group of four rows at a time keeps the sums in registers.
+        for (size_t kind = 2 * half; kind < 2 * half + 2; ++kind) {
+          for (size_t i0 = 0; i0 < 8; i0 += 4) {
+            __m512i rows[4];
+            for (size_t j = 0; j < 4; ++j) {
+              const size_t i = i0 + j;
+              const __m512i l = Load(ql + (16 * p + (kind & 1) * 8 + i) * kTile);
+              const __m512i h = Load(qh + (8 * p + i) * kTile);
+              const __m512i low = kind < 2 ? l : _mm512_srli_epi16(l, 4);
+              // The pair of high bits moved to bits 4-5.
+              const __m512i high = kind == 0 ? _mm512_slli_epi16(h, 4)
+                                   : kind == 1 ? _mm512_slli_epi16(h, 2)
+                                   : kind == 2 ? h
+                                               : _mm512_srli_epi16(h, 2);
+              rows[j] = _mm512_or_si512(_mm512_and_si512(low, low4), _mm512_and_si512(high, bits45));
+            }
+            __m512i w[4];
+            Transpose4(rows[0], rows[1], rows[2], rows[3], w);
+            const size_t k = kind * 8 + i0;
+            for (size_t r = 0; r < R; ++r) {
+              const __m512i av = Dword(x[r] + k);
+              for (size_t g = 0; g < 4; ++g) sums[r][g] = _mm512_dpbusd_epi32(sums[r][g], w[g], av);
+            }
+          }
+        }
+        __m512i off[R];
+        for (size_t r = 0; r < R; ++r) {
+          off[r] = _mm512_set1_epi32(32 * a.sum16[(row0 + r) * (a.k / 16) + 16 * s + 2 * p + half]);
+        }
+        for (size_t g = 0; g < 4; ++g) {  // each group's scales widened once for every row
+          const __m512i scale = _mm512_cvtepi8_epi32(Group(sc + (2 * p + half) * kTile, g));
+          for (size_t r = 0; r < R; ++r) {
+            total[r][g] = _mm512_add_epi32(total[r][g], _mm512_mullo_epi32(scale, _mm512_sub_epi32(sums[r][g], off[r])));
+          }
         }
       }
     }
