@@ -82,9 +82,9 @@ QuantizedActivations::QuantizedActivations(const float* rows, size_t m, size_t k
 }
 
 void QuantizedActivations::SetView(size_t m, size_t k, size_t block) {
-  // Once per call, not once per tile in the kernels that take them off (x86 Q6_K:
-  // scalar sums per tile were as many adds as the tile's dot products at M = 64).
-  sum16_.resize(m * (k / 16));
+  // q8_K activations (the K-quants'): the sums per 16 that the x86 Q6_K kernels take
+  // off, once per call instead of once per tile. q8_0 activations need none.
+  sum16_.resize(block == 256 ? m * (k / 16) : 0);
   for (size_t i = 0; i < sum16_.size(); ++i) {
     int32_t s = 0;
     for (size_t j = 0; j < 16; ++j) s += q_[16 * i + j];
@@ -96,7 +96,7 @@ void QuantizedActivations::SetView(size_t m, size_t k, size_t block) {
   view_.q = q_.data();
   view_.d = d_.data();
   view_.sum32 = sum32_.data();
-  view_.sum16 = sum16_.data();
+  view_.sum16 = sum16_.empty() ? nullptr : sum16_.data();
 }
 
 }  // namespace rvascend

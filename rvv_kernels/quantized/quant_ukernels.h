@@ -25,7 +25,7 @@ struct QuantActs {
   const int8_t* q = nullptr;     // [m][k]
   const float* d = nullptr;      // [m][k / block]
   const int32_t* sum32 = nullptr;  // [m][k / 32]: the sum of q over each 32
-  const int32_t* sum16 = nullptr;  // [m][k / 16]: the sum of q over each 16 (Q6_K's sub-blocks)
+  const int32_t* sum16 = nullptr;  // block 256: [m][k / 16], the sum of q over each 16 (Q6_K's sub-blocks)
 };
 
 // Rows row0 .. row0+m-1 of `a` against one tile of T columns; c: [m][c_stride] FP32.
