@@ -132,6 +132,10 @@ class Engine:
         self._weights_generation = weights_generation.current(model)
         self._reserved = 0
         self._lock = threading.Lock()
+        # One step at a time: a step owns the pool, the batch and the running list
+        # from admission to commit, and `generate` may be called beside the server's
+        # engine thread (which steps whenever there is work).
+        self._step_lock = threading.Lock()
         self._pending: collections.deque[Sequence] = collections.deque()
         self._waiting: collections.deque[Sequence] = collections.deque()
         self._running: list[Sequence] = []
@@ -193,8 +197,9 @@ class Engine:
             return len(self._free_states) // 2
 
     def flush_cache(self) -> bool:
-        """Empties the prefix cache; refused (False) while requests are queued or running."""
-        with self._lock:
+        """Empties the prefix cache; refused (False) while requests are queued or running.
+        Waits for a step under way: requests it is admitting are in no queue meanwhile."""
+        with self._step_lock, self._lock:
             if self.cache is None:
                 return True
             if self._pending or self._waiting or self._running:
@@ -205,9 +210,14 @@ class Engine:
             self._free_slots.extend(freed)
             return True
 
-    # -- the step (engine thread only) ------------------------------------------
+    # -- the step (one thread at a time) ----------------------------------------
     def step(self) -> int:
-        """Runs one forward pass if there is work; returns the number of sequences it advanced."""
+        """Runs one forward pass if there is work; returns the number of sequences it
+        advanced. Steps from several threads run one after another."""
+        with self._step_lock:
+            return self._step()
+
+    def _step(self) -> int:
         with self._lock:
             self._waiting.extend(self._pending)
             self._pending.clear()

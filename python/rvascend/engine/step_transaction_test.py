@@ -1,9 +1,14 @@
 """An engine step is a transaction: a failure before commit changes nothing, so a
 retried step cannot emit twice, take a second slot for a token, or skip a draw of a
 seeded generator; cached K/V never outlive the weights that computed them; a request
-waiting for a shared prefill does not hold up the requests behind it."""
+waiting for a shared prefill does not hold up the requests behind it; steps called
+from several threads (the server's engine thread and a caller's `generate`) run one
+after another."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 import torch
@@ -225,3 +230,36 @@ def test_a_request_waiting_for_a_shared_prefill_does_not_block_the_queue(model):
     while engine.has_work():
         engine.step()
     assert sharer.cached_tokens >= 64 and unrelated.finish_reason == "length"
+
+
+def test_steps_from_two_threads_run_one_after_another(model):
+    """`generate` beside another stepping thread (as beside the server's engine
+    thread): the forward passes never overlap and the answers are a lone caller's."""
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = [_prompt(9, 1), _prompt(5, 2)]
+    want = [s.output_ids for s in _engine(model).generate(prompts, params)]
+    engine = _engine(model)
+    inside, most = [0], [0]
+
+    def enter(module, args):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.01)  # a second stepping thread would enter the model meanwhile
+
+    def leave(module, args, out):
+        inside[0] -= 1
+    hooks = [model.register_forward_pre_hook(enter), model.register_forward_hook(leave)]
+    try:
+        results: list = [None, None]
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, engine.generate([prompts[i]], params)))
+                   for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for h in hooks:
+            h.remove()
+    assert most[0] == 1
+    assert [r[0].output_ids for r in results] == want
+    assert all(r[0].finish_reason == "length" for r in results)
