@@ -136,7 +136,6 @@ def main(argv: list[str]) -> int:
     path = FLAGS["model-path"].value or random_checkpoint.ensure(FLAGS.shape)
     from rvascend import ops
 
-    allocator.pin_mmap_threshold()  # as the server does (server/launch.py)
     bandwidth = copy_bandwidth()
     logging.info("host: %s; copy bandwidth %.1f GB/s", ops.cpu_features(), bandwidth / 1e9)
     batch, input_len, output_len = FLAGS["batch-size"].value, FLAGS["input-len"].value, FLAGS["output-len"].value
@@ -146,6 +145,7 @@ def main(argv: list[str]) -> int:
     for mode in FLAGS.policy:
         # Each run's peak RSS is its own: not the bandwidth probe's 2 GiB, not the previous run's model.
         gc.collect()
+        allocator.pin_mmap_threshold()  # as the server does (server/launch.py); returns what the heap kept
         reset_peak_rss()
         # As the server loads it (server/launch.py): with the policy, a GGUF file's
         # quantized projections stay quantized.
@@ -158,6 +158,7 @@ def main(argv: list[str]) -> int:
             install_rvv_policy(model, RvvPolicyConfig.from_flag(
                 compile_mode="eager" if mode == "drop" else FLAGS["cpu-compile-mode"].value,
                 drop_unpacked=mode == "drop"))
+        allocator.keep_step_buffers()  # the weights are in place, as the server's
         logging.info("policy %s: running", mode)
         result = run_engine(model, batch, input_len, output_len, FLAGS.warmup)
         records.append({**base, "run_name": f"rvascend-policy-{mode}", "backend": "rvascend", "policy": mode,

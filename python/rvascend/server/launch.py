@@ -118,6 +118,7 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         max_running_requests=opts.max_running_requests, max_total_tokens=tokens,
         max_queued_requests=opts.max_queued_requests, context_length=opts.context_length,
         chunked_prefill_size=chunk, disable_radix_cache=opts.disable_radix_cache))
+    allocator.keep_step_buffers()  # the weights are in place
     if policy is not None and policy.regional is not None:
         _compile_before_serving(engine, policy)
     return engine, name, policy
