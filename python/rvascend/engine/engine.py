@@ -197,18 +197,24 @@ class Engine:
             return len(self._free_states) // 2
 
     def flush_cache(self) -> bool:
-        """Empties the prefix cache; refused (False) while requests are queued or running.
-        Waits for a step under way: requests it is admitting are in no queue meanwhile."""
-        with self._step_lock, self._lock:
-            if self.cache is None:
+        """Empties the prefix cache; refused (False) while requests are queued or running,
+        or while a step is under way (the requests it admits are in no queue meanwhile).
+        Never waits for a step: the server calls it from its event loop."""
+        if not self._step_lock.acquire(blocking=False):
+            return False
+        try:
+            with self._lock:
+                if self.cache is None:
+                    return True
+                if self._pending or self._waiting or self._running:
+                    return False
+                freed = self.cache.flush()
+                if freed is None:
+                    return False
+                self._free_slots.extend(freed)
                 return True
-            if self._pending or self._waiting or self._running:
-                return False
-            freed = self.cache.flush()
-            if freed is None:
-                return False
-            self._free_slots.extend(freed)
-            return True
+        finally:
+            self._step_lock.release()
 
     # -- the step (one thread at a time) ----------------------------------------
     def step(self) -> int:

@@ -263,3 +263,24 @@ def test_steps_from_two_threads_run_one_after_another(model):
     assert most[0] == 1
     assert [r[0].output_ids for r in results] == want
     assert all(r[0].finish_reason == "length" for r in results)
+
+
+def test_flush_cache_during_a_step_is_refused_without_waiting(model):
+    """The server calls flush_cache from its event loop: during a step it answers
+    False at once (the step's requests are running), never waits for the step."""
+    engine = _engine(model)
+    answers: list = []
+
+    def flush_from_another_thread(module, args):
+        t = threading.Thread(target=lambda: answers.append(engine.flush_cache()))
+        start = time.monotonic()
+        t.start()
+        t.join(timeout=5)
+        answers.append(time.monotonic() - start)
+    hook = model.register_forward_pre_hook(flush_from_another_thread)
+    try:
+        engine.generate([_prompt(6, 3)], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    finally:
+        hook.remove()
+    assert answers[0] is False and answers[1] < 1.0
+    assert engine.flush_cache()  # idle: flushed
