@@ -167,6 +167,7 @@ def main(argv: list[str]) -> int:
         del model
     if FLAGS.hf:
         gc.collect()
+        allocator.pin_mmap_threshold()  # transformers loads its weights too: as for the runs above
         reset_peak_rss()
         records.append({**base, "run_name": "hf-generate", "backend": "transformers", "policy": "n/a",
                         **run_hf(path, batch, input_len, output_len, FLAGS.warmup, bandwidth),
