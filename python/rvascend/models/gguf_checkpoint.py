@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from rvascend.models import gguf_file, gguf_qwen35, gguf_tokenizer
+from rvascend.models import gguf_file, gguf_qwen35, gguf_tokenizer, gguf_widen
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "qwen35": gguf_qwen35.ARCHITECTURE}
@@ -237,6 +237,8 @@ class GgufCheckpoint:
             return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
         fmt = self.kept_format(name)
         if fmt is not None:  # the project's own dequantizer: no `gguf` package needed (a board)
+            if t.type_id in gguf_widen.WIDENED:
+                raw = gguf_widen.widen(raw, t.type_id)
             from rvascend.ops import quantized_linear
 
             try:
@@ -312,11 +314,13 @@ class GgufCheckpoint:
                 yield hf, tensor
 
     def kept_format(self, name: str) -> Optional[str]:
-        """The quantized format a tensor can stay in (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), or None."""
+        """The quantized format a tensor can stay in (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; Q8_0 for a
+        Q5_0 tensor, widened by gguf_widen.py), or None."""
         from rvascend.ops.quantized_linear import BLOCK_K, GGML_TYPES
 
         t = self._tensors[name]
-        fmt = GGML_TYPES.get(t.type_id) if len(t.dims) == 2 else None
+        fmt = GGML_TYPES.get(t.type_id, gguf_widen.WIDENED.get(t.type_id, (None, None))[1]) \
+            if len(t.dims) == 2 else None
         if fmt is not None and self.arch == "qwen35":
             m = _LAYER_TENSOR.match(name)
             if m and not gguf_qwen35.keeps_quantized(self.config, m.group(2), BLOCK_K[fmt]):
@@ -325,8 +329,11 @@ class GgufCheckpoint:
 
     def quantized_rows(self, name: str) -> np.ndarray:
         """A kept tensor's GGML blocks as uint8 [rows, bytes per row], rows in Hugging Face
-        order (a view of the file unless rows had to be reordered)."""
+        order (a view of the file unless rows had to be reordered or widened)."""
         rows = self._file.raw(name)
+        type_id = self._tensors[name].type_id
+        if type_id in gguf_widen.WIDENED:
+            rows = gguf_widen.widen(rows, type_id)
         m = _LAYER_TENSOR.match(name)
         if self.arch == "qwen35" and m:
             return gguf_qwen35.quantized_in_hf_order(self.config, m.group(2), rows)

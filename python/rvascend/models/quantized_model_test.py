@@ -2,8 +2,9 @@
 implementations no one here wrote.
 
 - Llama, Qwen2 and Qwen3 tiny random checkpoints, written as GGUF with every matrix
-  in Q8_0, Q4_0 or Q4_1 (the gguf package's quantizer), and as Q4_K_M (Q4_K and
-  Q6_K tensors) and Q6_K (llama.cpp's own quantizer, llama_model_quantize): the
+  in Q8_0, Q4_0, Q4_1 or Q5_0 (the gguf package's quantizer; Q5_0 is kept widened
+  to Q8_0), and as Q4_K_M (Q4_K and Q6_K tensors) and Q6_K (llama.cpp's own
+  quantizer, llama_model_quantize): the
   modules keep each tensor's type, and the logits agree with transformers' FP32
   model on the same file (the gguf package's dequantization + FP32 F.linear)
   within the error of quantizing the activations alone (stated below).
@@ -82,7 +83,7 @@ def _write(family: str, kind: str, tmp) -> str:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K_M", "Q6_K"])
 def test_kept_quantized_matches_transformers_on_the_same_file(family, kind, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"{family}-{kind}")
     path = _write(family, kind, tmp)
@@ -90,8 +91,9 @@ def test_kept_quantized_matches_transformers_on_the_same_file(family, kind, tmp_
     want_types = {t.name: t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
     model = load_model(path, torch.bfloat16, keep_quantized=True)
     kept = {p.fmt for _, m in quantized_modules(model) for p in m.parts}
-    assert kept == {t for t in want_types.values() if t in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")}, \
-        (kept, want_types)
+    widened = {"Q5_0": "Q8_0"}  # kept by widening it without loss (gguf_widen.py)
+    assert kept == {widened.get(t, t) for t in want_types.values()
+                    if widened.get(t, t) in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")}, (kept, want_types)
     assert not any(p.dim() == 2 for p in model.parameters())  # no dequantized copy of any matrix
     if family != "qwen2":  # tied: one quantized table serves the lookup and the logits
         assert isinstance(model.model.embed_tokens, QuantizedEmbedding) and model.lm_head is model.model.embed_tokens
