@@ -38,6 +38,8 @@ flags.DEFINE_list("types", list(TYPES),
 flags.DEFINE_list("batch-sizes", ["1", "4"], "Sequences per batch.")
 flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
 flags.DEFINE_integer("output-len", 64, "Generated tokens per sequence.")
+flags.DEFINE_integer("repeats", 3, "Timed runs of each engine: median prefill, median decode step of all.",
+                     lower_bound=1)
 flags.DEFINE_list("policy", ["off", "on", "drop"],
                   "This engine's runs: RVV policy off, on, and on with --cpu-rvv-drop-unpacked (drop).")
 flags.DEFINE_integer("threads", None, "Threads for both engines (default: the CPUs this process may use).")
@@ -110,7 +112,7 @@ def run_llama_cpp(python: str, model: str, batch: int, threads: int) -> dict[str
     # -P: the guest must not import this directory's modules in place of installed ones.
     cmd = [python, "-P", os.path.join(_HERE, "llama_cpp_peer_guest.py"), f"--model={model}", f"--batch-size={batch}",
            f"--input-len={FLAGS['input-len'].value}", f"--output-len={FLAGS['output-len'].value}",
-           f"--threads={threads}"]
+           f"--threads={threads}", f"--repeats={FLAGS.repeats}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp run failed: {done.stderr[-2000:]}")
@@ -122,7 +124,8 @@ def run_ours(model: str, batch: int, policy: str, threads: int) -> dict[str, Any
         out = os.path.join(tmp, "one_batch.jsonl")
         cmd = [sys.executable, "-m", "rvascend.bench.one_batch", f"--model-path={model}", f"--batch-size={batch}",
                f"--input-len={FLAGS['input-len'].value}", f"--output-len={FLAGS['output-len'].value}",
-               f"--policy={policy}", f"--threads={threads}", f"--output={out}", "--plot="]
+               f"--policy={policy}", f"--threads={threads}", f"--repeats={FLAGS.repeats}", f"--output={out}",
+               "--plot="]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(out, encoding="utf-8") as f:
             record = json.loads(f.readline())

@@ -4,7 +4,8 @@ interpreter (llama_cpp and numpy only; rvascend is not importable there).
 B sequences of random prompt ids go through llama.cpp's own batch API: one
 llama_decode for the whole prefill (B x input_len tokens), then one per decode step
 (B tokens), greedy. Every call is timed by itself, including reading the logits and
-picking the tokens, as this engine's steps are. Prints one JSON object.
+picking the tokens, as this engine's steps are. After the warm-up, --repeats timed
+runs, summarized as one_batch does. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
+    if a.repeats < 1:
+        ap.error("--repeats must be at least 1")
     B, n_in, n_out = a.batch_size, a.input_len, a.output_len
     if a.quantize_from:
         quantize(a.quantize_from, a.model, a.ftype, a.threads)
@@ -88,7 +92,8 @@ def main() -> None:
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     batch = L.llama_batch_init(B * n_in, 0, B)
     rng = random.Random(0)
-    for _ in range(a.warmup + 1):
+    runs = []
+    for attempt in range(a.warmup + a.repeats):
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
         prompts = [[rng.randrange(n_vocab) for _ in range(n_in)] for _ in range(B)]
         _fill(batch, [(tok, i, s, i == n_in - 1) for s, p in enumerate(prompts) for i, tok in enumerate(p)])
@@ -105,9 +110,13 @@ def main() -> None:
                 raise SystemExit("llama_decode failed on a decode step")
             tokens = [_greedy(ctx, s, n_vocab) for s in range(B)]
             steps.append(time.perf_counter() - t)
-    prefill, decode = steps[0], steps[1:]
+        if attempt >= a.warmup:
+            runs.append(steps)
+    # As one_batch.summarize_runs: the median prefill and total, the median decode step of all runs.
+    prefill = statistics.median(r[0] for r in runs)
+    decode = [t for r in runs for t in r[1:]]
     median = statistics.median(decode) if decode else float("nan")
-    total = sum(steps)
+    total = statistics.median(sum(r) for r in runs)
     print(json.dumps({
         "prefill_latency": prefill, "prefill_throughput": B * n_in / prefill, "ttft": prefill,
         "median_decode_latency": median, "median_decode_throughput": B / median,

@@ -6,7 +6,9 @@ engine with the RVV policy off and on (`--policy`), and optionally Hugging
 Face transformers' `generate` on the same checkpoint and thread count.
 
 Every decode step is timed by itself (engine steps; a logits processor's time
-stamps inside `generate`). The weight read rate of a decode step (bytes of
+stamps inside `generate`). After the warm-up runs, `--repeats` timed runs: the
+prefill figures are the median run's, the decode figures the median step of all
+runs (a single prefill moved by 30 % between runs on a shared host). The weight read rate of a decode step (bytes of
 every weight the step reads / median step time) is reported as a fraction of
 the copy bandwidth measured in the same run.
 """
@@ -46,6 +48,8 @@ flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "Policy
 flags.DEFINE_bool("hf", False, "Also time transformers' generate on the same checkpoint.")
 flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
 flags.DEFINE_integer("warmup", 1, "Untimed runs first (compiles the buckets).")
+flags.DEFINE_integer("repeats", 3, "Timed runs after the warm-up: median prefill, median decode step of all.",
+                     lower_bound=1)
 flags.DEFINE_string("output", "bench_results/one_batch.jsonl", "jsonl file to append to.")
 flags.DEFINE_string("plot", "bench_results/one_batch.png", "PNG plot (empty: none).")
 
@@ -53,13 +57,14 @@ flags.DEFINE_string("plot", "bench_results/one_batch.png", "PNG plot (empty: non
 POLICY_MODES = ("off", "on", "drop")
 
 
-def run_engine(model, batch: int, input_len: int, output_len: int, warmup: int) -> dict[str, Any]:
+def run_engine(model, batch: int, input_len: int, output_len: int, warmup: int, repeats: int = 1) -> dict[str, Any]:
     engine = Engine(model, None, EngineConfig(max_total_tokens=batch * (input_len + output_len) + 16,
                                               max_running_requests=batch, max_prefill_tokens=batch * input_len))
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    for attempt in range(warmup + 1):
+    runs = []
+    for attempt in range(warmup + repeats):
         prompts = [torch.randint(0, vocab, (input_len,), generator=g).tolist() for _ in range(batch)]
         for p in prompts:
             engine.add_request(p, params)
@@ -68,12 +73,22 @@ def run_engine(model, batch: int, input_len: int, output_len: int, warmup: int) 
             t0 = time.perf_counter()
             engine.step()
             steps.append(time.perf_counter() - t0)
-    prefill, decode = steps[0], steps[1:]
-    total = sum(steps)
+        if attempt >= warmup:
+            runs.append(steps)
+    return summarize_runs(runs, batch, input_len, output_len)
+
+
+def summarize_runs(runs: list[list[float]], batch: int, input_len: int, output_len: int) -> dict[str, Any]:
+    """The figures of timed runs, each a list of step times (the prefill first): the
+    median prefill and total, the median decode step over every run."""
+    prefill = statistics.median(r[0] for r in runs)
+    decode = [t for r in runs for t in r[1:]]
+    total = statistics.median(sum(r) for r in runs)
     median_decode = statistics.median(decode) if decode else float("nan")
     return {"prefill_latency": prefill, "prefill_throughput": batch * input_len / prefill,
             "median_decode_latency": median_decode, "median_decode_throughput": batch / median_decode,
-            "total_latency": total, "overall_throughput": batch * (input_len + output_len) / total}
+            "total_latency": total, "overall_throughput": batch * (input_len + output_len) / total,
+            "timed_runs": len(runs)}
 
 
 def run_hf(path: str, batch: int, input_len: int, output_len: int, warmup: int,
@@ -160,7 +175,7 @@ def main(argv: list[str]) -> int:
                 drop_unpacked=mode == "drop"))
         allocator.keep_step_buffers()  # the weights are in place, as the server's
         logging.info("policy %s: running", mode)
-        result = run_engine(model, batch, input_len, output_len, FLAGS.warmup)
+        result = run_engine(model, batch, input_len, output_len, FLAGS.warmup, FLAGS.repeats)
         records.append({**base, "run_name": f"rvascend-policy-{mode}", "backend": "rvascend", "policy": mode,
                         **result, **_weight_rate(weight_bytes_per_step(model), result, bandwidth),
                         "peak_rss_mib": peak_rss_mib()})
