@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "rvv_kernels/base/huge_pages.h"
+
 namespace rvascend {
 
 void PackBf16Weight(const uint16_t* weight, size_t n, size_t k, size_t row_stride,
@@ -9,6 +11,7 @@ void PackBf16Weight(const uint16_t* weight, size_t n, size_t k, size_t row_strid
   const size_t blocks = PackedBlocks(n, block_n);
   const bool wide = block_n != kPackedBlockN;
   const size_t half = block_n / 2;
+  AdviseHugePages(packed, blocks * k * block_n * sizeof(uint16_t));
   for (size_t b = 0; b < blocks; ++b) {
     uint16_t* dst = packed + b * k * block_n;
     const size_t rows = (b + 1) * block_n <= n ? block_n : n - b * block_n;

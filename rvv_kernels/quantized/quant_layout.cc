@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "rvv_kernels/base/huge_pages.h"
 #include "rvv_kernels/base/thread_pool.h"
 
 namespace rvascend {
@@ -164,6 +165,7 @@ void RepackGgmlWeight(QuantFormat format, const uint8_t* ggml, size_t n, size_t 
   const size_t blocks = k / info.block_k;
   const size_t tiles = CeilDiv(n, tile);
   const size_t record = info.tile_block_bytes * tile;
+  AdviseHugePages(out, tiles * blocks * record);
   ThreadPool::Global().ParallelFor(tiles, num_threads, [&](size_t ti) {
     uint8_t* tile_out = out + ti * blocks * record;
     std::memset(tile_out, 0, blocks * record);  // columns past n stay zero

@@ -21,6 +21,7 @@ from rvascend.models.decoder import CausalLM
 from rvascend.models.layers import FusedLinear
 from rvascend.models.quantized_layers import QuantizedLinear
 from rvascend.models.registry import model_class_for
+from rvascend.ops.packed_linear import advise_huge_pages
 
 
 def weight_files(model_path: str) -> list[str]:
@@ -128,6 +129,7 @@ def _materialize(model: nn.Module, dtype: torch.dtype) -> None:
     def empty(t: torch.Tensor) -> torch.Tensor:
         if id(t) not in made:
             data = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device="cpu")
+            advise_huge_pages(data)  # before the weights are written into it
             made[id(t)] = nn.Parameter(data, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else data
         return made[id(t)]
 

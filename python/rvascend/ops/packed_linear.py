@@ -48,6 +48,16 @@ def cpu_features() -> str:
     return str(_native.cpu_features())
 
 
+def advise_huge_pages(buffer: torch.Tensor) -> bool:
+    """Asks the kernel to back a CPU tensor not yet written (a weight about to be loaded or
+    packed) with transparent huge pages, where they fit whole (rvv_kernels/base/huge_pages.h:
+    a decode step streams every weight, and 4 KiB pages cost it a TLB miss each and stop
+    the hardware prefetchers); whether the hint was taken."""
+    if buffer.device.type != "cpu":
+        return False
+    return bool(_native.advise_huge_pages(buffer.data_ptr(), buffer.numel() * buffer.element_size()))
+
+
 def thread_team() -> str:
     """Which threads run the kernels' parallel sections: "openmp" (torch's OpenMP
     team, on x86) or "own" (the kernels' pool; riscv64, or RVASCEND_THREAD_POOL=own)."""

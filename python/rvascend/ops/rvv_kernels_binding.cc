@@ -18,6 +18,7 @@
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
 #include "rvv_kernels/attention/kv_pool_attention.h"
 #include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/base/huge_pages.h"
 #include "rvv_kernels/base/thread_pool.h"
 #include "rvv_kernels/decoder/decoder_layers.h"
 #include "rvv_kernels/elementwise/elementwise.h"
@@ -729,4 +730,8 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         "Which threads run the kernels' parallel sections: 'openmp' (the process's OpenMP team) or 'own'.");
   m.def("cpu_features", [] { return GetCpuFeatures().Describe(); },
         "What the CPU reported at first use.");
+  m.def("advise_huge_pages",
+        [](uintptr_t data, size_t bytes) { return AdviseHugePages(reinterpret_cast<void*>(data), bytes); },
+        py::arg("data"), py::arg("bytes"),
+        "Asks for transparent huge pages under the whole 2 MiB pages of a buffer not yet written.");
 }
