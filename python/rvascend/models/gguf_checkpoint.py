@@ -327,6 +327,10 @@ class GgufCheckpoint:
                 return None
         return fmt
 
+    def row_count(self, name: str) -> int:
+        """A tensor's rows (its first dimension), without reading or widening its blocks."""
+        return int(self._tensors[name].shape[0])
+
     def quantized_rows(self, name: str) -> np.ndarray:
         """A kept tensor's GGML blocks as uint8 [rows, bytes per row], rows in Hugging Face
         order (a view of the file unless rows had to be reordered or widened)."""

@@ -115,7 +115,7 @@ def load_quantized_modules(ckpt: gguf_checkpoint.GgufCheckpoint, loaders: list, 
             while rows < part.rows:
                 gguf_name, _ = entry.shards[shard_names[i]]
                 names.append(gguf_name)
-                rows += ckpt.quantized_rows(gguf_name).shape[0]
+                rows += ckpt.row_count(gguf_name)
                 i += 1
             raw = ckpt.quantized_rows(names[0]) if len(names) == 1 else \
                 np.concatenate([ckpt.quantized_rows(n) for n in names])
