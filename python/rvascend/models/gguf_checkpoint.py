@@ -319,8 +319,7 @@ class GgufCheckpoint:
         from rvascend.ops.quantized_linear import BLOCK_K, GGML_TYPES
 
         t = self._tensors[name]
-        fmt = GGML_TYPES.get(t.type_id, gguf_widen.WIDENED.get(t.type_id, (None, None))[1]) \
-            if len(t.dims) == 2 else None
+        fmt = GGML_TYPES.get(t.type_id, gguf_widen.WIDENED.get(t.type_id)) if len(t.dims) == 2 else None
         if fmt is not None and self.arch == "qwen35":
             m = _LAYER_TENSOR.match(name)
             if m and not gguf_qwen35.keeps_quantized(self.config, m.group(2), BLOCK_K[fmt]):

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-# GGML type id -> (its name, the kept format it is widened into).
-WIDENED = {6: ("Q5_0", "Q8_0")}
+# GGML type id (6: Q5_0) -> the kept format it is widened into.
+WIDENED = {6: "Q8_0"}
 
 _Q5_0_BYTES, _Q8_0_BYTES = 22, 34
 _SLAB_BLOCKS = 1 << 16  # blocks widened at a time: bounds the temporaries to a few MiB
@@ -24,7 +24,7 @@ _SLAB_BLOCKS = 1 << 16  # blocks widened at a time: bounds the temporaries to a 
 def widen(raw: np.ndarray, type_id: int) -> np.ndarray:
     """The kept format's blocks (uint8 [rows, blocks * its block bytes]) of GGML blocks of
     type `type_id` given as uint8 [rows, blocks * block bytes]."""
-    if type_id != 6:
+    if type_id not in WIDENED:
         raise ValueError(f"GGML type {type_id} is not widened into a kept format")
     return _q5_0_to_q8_0(raw)
 
