@@ -2,8 +2,12 @@
 // hardware (--reps > 1), or once for instruction counting under QEMU.
 //
 //   bf16_packed_linear_bench [--kernel_set=NAME] [--m=1] [--n=2048] [--k=2048]
-//                            [--reps=20] [--threads=1]
+//                            [--reps=20] [--threads=1] [--copies=1]
+// --copies=N cycles through N packed copies of the weight: with more bytes
+// than the last-level cache each call streams its weight from memory, as a
+// decode step does.
 // Prints one line: kernel_set m n k threads seconds_per_call gmac_per_s
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,7 +34,7 @@ bool Flag(const char* arg, const char* name, std::string* value) {
 int main(int argc, char** argv) {
   using namespace rvascend;
   std::string kernel_set, value;
-  size_t m = 1, n = 2048, k = 2048, reps = 20, threads = 1;
+  size_t m = 1, n = 2048, k = 2048, reps = 20, threads = 1, copies = 1;
   for (int i = 1; i < argc; ++i) {
     if (Flag(argv[i], "--kernel_set", &value)) kernel_set = value;
     else if (Flag(argv[i], "--m", &value)) m = std::strtoul(value.c_str(), nullptr, 10);
@@ -38,6 +42,7 @@ int main(int argc, char** argv) {
     else if (Flag(argv[i], "--k", &value)) k = std::strtoul(value.c_str(), nullptr, 10);
     else if (Flag(argv[i], "--reps", &value)) reps = std::strtoul(value.c_str(), nullptr, 10);
     else if (Flag(argv[i], "--threads", &value)) threads = std::strtoul(value.c_str(), nullptr, 10);
+    else if (Flag(argv[i], "--copies", &value)) copies = std::max<size_t>(1, std::strtoul(value.c_str(), nullptr, 10));
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
@@ -55,8 +60,9 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < weight.size(); ++i) weight[i] = static_cast<uint16_t>(0x3c00 | (i * 2654435761u >> 25));
   for (size_t i = 0; i < input.size(); ++i) input[i] = static_cast<uint16_t>(0x3f00 | (i * 40503u >> 9 & 0x7f));
   const size_t block = KernelSetBlockN(*set);
-  std::vector<uint16_t> packed(PackedBlocks(n, block) * k * block);
-  PackBf16Weight(weight.data(), n, k, k, packed.data(), block);
+  const size_t packed_elements = PackedBlocks(n, block) * k * block;
+  std::vector<uint16_t> packed(packed_elements * copies);
+  for (size_t c = 0; c < copies; ++c) PackBf16Weight(weight.data(), n, k, k, packed.data() + c * packed_elements, block);
   PackedLinearArgs args;
   args.m = m;
   args.n = n;
@@ -69,7 +75,10 @@ int main(int argc, char** argv) {
   args.output_stride = n;
   if (reps > 1) PackedBf16Linear(*set, args, threads);  // warm-up
   const auto t0 = std::chrono::steady_clock::now();
-  for (size_t r = 0; r < reps; ++r) PackedBf16Linear(*set, args, threads);
+  for (size_t r = 0; r < reps; ++r) {
+    args.packed = packed.data() + (r % copies) * packed_elements;
+    PackedBf16Linear(*set, args, threads);
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
   std::printf("%s %zu %zu %zu %zu %.9f %.3f\n", set->name, m, n, k, threads, seconds,
               static_cast<double>(m) * n * k / seconds / 1e9);

@@ -248,12 +248,15 @@ void TestLayoutMismatch(const std::vector<const Bf16PackedKernelSet*>& sets) {
 }
 
 void TestThreadsAgree(const std::vector<const Bf16PackedKernelSet*>& sets) {
-  const Problem p = MakeProblem(9, 333, 96, false, 99);
-  for (const auto* ks : sets) {
-    const auto one = Run(*ks, p, 1, p.n);
-    bool same = true;
-    for (size_t t : {2, 3, 5}) same &= Run(*ks, p, t, p.n) == one;
-    EXPECT(same, "%s: results independent of the thread count", ks->name);
+  // A GEMV large enough to be split (its ranges are counted in blocks, not in
+  // ukernel tiles, so a range can end inside a tile) and a small-batch GEMM.
+  for (const Problem& p : {MakeProblem(1, 333, 1024, false, 98), MakeProblem(9, 333, 96, false, 99)}) {
+    for (const auto* ks : sets) {
+      const auto one = Run(*ks, p, 1, p.n);
+      bool same = true;
+      for (size_t t : {2, 3, 5}) same &= Run(*ks, p, t, p.n) == one;
+      EXPECT(same, "%s m=%zu: results independent of the thread count", ks->name, p.m);
+    }
   }
 }
 
