@@ -20,7 +20,7 @@ from rvascend.ops import attention_kernel_has_block_form
 from rvascend.engine import Engine, EngineConfig, QueueFullError, RequestError, SamplingParams
 from rvascend.models.loader import load_model
 from rvascend.models.testing import all_logits, greedy
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, kernel_routes
 
 COMMON = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
               num_key_value_heads=4, vocab_size=2048, max_position_embeddings=256, initializer_range=0.05)
@@ -76,22 +76,27 @@ def test_kv_slot_tensor_follows_the_slot_list():
     assert seq.kv_slot_tensor([8]).tolist() == [8]
 
 
-@pytest.mark.parametrize("policy", [False, True])
-def test_bf16_logits_match_transformers(checkpoint, policy):
+@pytest.mark.parametrize("policy", ["off", "on", "on, past the row kernels' prefill keys"])
+def test_bf16_logits_match_transformers(checkpoint, policy, monkeypatch):
+    long_prefill = policy.startswith("on, past")
+    if long_prefill:
+        monkeypatch.setattr(kernel_routes, "ROW_KERNEL_PREFILL_KEYS", PROMPT - 1)
     _, path = checkpoint
     ids = _prompt()
     with torch.no_grad():
         want = _hf(path, torch.bfloat16)(ids[None]).logits[0].float()
-    model = _ours(path, torch.bfloat16, policy)
+    model = _ours(path, torch.bfloat16, policy != "off")
     got = all_logits(model, ids)
     assert (got - want).abs().max().item() <= 0.03 * want.abs().max().item()
-    if policy:
+    if policy != "off":
         assert get_policy(model).counters.calls(route="packed") > 0
         kernels = get_policy(model).kernels.counters
         layers = model.config.num_hidden_layers
-        if not attention_kernel_has_block_form():  # a prefill: SDPA's GEMMs beat rows
-            assert kernels.calls("kv_pool_attention", "fallback", "prefill_without_block_kernel") == layers
+        if long_prefill and not attention_kernel_has_block_form():
+            # Past ROW_KERNEL_PREFILL_KEYS keys a set without a block form (x86's) leaves a prefill to SDPA.
+            assert kernels.calls("kv_pool_attention", "fallback", "long_prefill_without_block_kernel") == layers
         else:
+            # A short prompt, or a set with a block form (RVV's): the kernel takes the rows.
             assert kernels.calls("kv_pool_attention", "kernel") == layers
         assert kernels.calls("rope", "kernel") == layers
         assert kernels.calls("silu_mul", "kernel") == layers

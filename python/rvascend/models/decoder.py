@@ -143,8 +143,9 @@ class Attention(nn.Module):
         t = q.shape[0]
         k_cache, v_cache = pool.k[self.layer], pool.v[self.layer]
         routes = routes_of(self)
+        prefill_keys = max(p + n for p, n in zip(batch.prefix_lens, batch.new_lens)) if batch.prefill else 0
         if routes is not None and routes.use("kv_pool_attention", q, k, v, k_cache, rows=t,
-                                             prefill=batch.prefill):
+                                             prefill_keys=prefill_keys):
             kv_slots, kv_starts, q_starts = batch.flat_index()
             out = ops.kv_pool_attention(q, k_cache, v_cache, k, v, batch.write_slots, kv_slots, kv_starts,
                                         q_starts, self.scale)
@@ -153,21 +154,24 @@ class Attention(nn.Module):
         v_cache[batch.write_slots] = v
         out = torch.empty_like(q)
         start = 0
-        group = self.heads // self.kv_heads
         for n, prefix, slots in zip(batch.new_lens, batch.prefix_lens, batch.kv_slots):
-            qs = q[start:start + n].transpose(0, 1)                          # [H, n, D]
+            # Four dimensions and enable_gqa: SDPA's flash kernel (a three-dimensional
+            # call takes the math path, 2-4x slower) reading each KV head for its
+            # group of query heads, without repeat_interleave's copies.
+            qs = q[start:start + n].transpose(0, 1)[None]                    # [1, H, n, D]
             # index_select: advanced indexing (k_cache[slots]) takes a general
             # path that is an order of magnitude slower for this gather.
-            ks = k_cache.index_select(0, slots).transpose(0, 1).repeat_interleave(group, 0)  # [H, L, D]
-            vs = v_cache.index_select(0, slots).transpose(0, 1).repeat_interleave(group, 0)
+            ks = k_cache.index_select(0, slots).transpose(0, 1)[None]       # [1, KV, L, D]
+            vs = v_cache.index_select(0, slots).transpose(0, 1)[None]
             if prefix == 0 and n > 1:
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale)
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
             elif n == 1:
-                o = F.scaled_dot_product_attention(qs, ks, vs, scale=self.scale)
+                o = F.scaled_dot_product_attention(qs, ks, vs, scale=self.scale, enable_gqa=True)
             else:
                 length = prefix + n
                 mask = torch.arange(length)[None, :] <= (prefix + torch.arange(n))[:, None]
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=self.scale)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            o = o[0]
             out[start:start + n] = o.transpose(0, 1)
             start += n
         return out.reshape(t, self.heads * self.head_dim)
