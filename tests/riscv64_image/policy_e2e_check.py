@@ -59,7 +59,8 @@ def check(name: str, config: dict, kernels_expected: tuple = KERNELS) -> bool:
             policy = get_policy(model)
             packed = policy.counters.calls(route="packed")
             kernels = {k: policy.kernels.counters.calls(k, "kernel") for k in kernels_expected}
-            # Prefill steps run the layers module by module (the fused decode step says so).
+            # The hybrid's prefill steps run the layers module by module (the fused step says so:
+            # its DeltaNet prompts take the chunked rule); the others' run fused.
             fallbacks = (policy.kernels.counters.calls(route="fallback")
                          - policy.kernels.counters.calls("decoder_layers", "fallback", "prefill"))
     print(f"{name}: policy off: {tokens['off']}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Union
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
 from rvascend.models.state_pool import RecurrentStatePool
-from rvascend.policy.fused_decoder import FUSED_ATTR
+from rvascend.policy.fused_decoder import held_off
 
 
 def all_logits(model: CausalLM, ids: torch.Tensor) -> torch.Tensor:
@@ -22,13 +23,20 @@ def all_logits(model: CausalLM, ids: torch.Tensor) -> torch.Tensor:
 
 def decode_batch(contexts: list[int], vocab: int = 2048) -> ForwardBatch:
     """One new token per sequence; sequence i's slots are a disjoint range of the pool."""
+    return step_batch([(n - 1, 1) for n in contexts], vocab, seed=sum(contexts))
+
+
+def step_batch(chunks: list[tuple[int, int]], vocab: int = 2048, seed: int = 0) -> ForwardBatch:
+    """(cached, new) tokens per sequence: a prefill (0, n), a chunk of a longer prompt, or a
+    decode row (n - 1, 1); sequence i's slots are a disjoint range of the pool."""
     slots, start = [], 0
-    for n in contexts:
-        slots.append(torch.arange(start, start + n))
-        start += n + 3
-    ids = torch.randint(0, vocab, (len(contexts),), generator=torch.Generator().manual_seed(sum(contexts)))
-    return ForwardBatch(ids, torch.tensor([n - 1 for n in contexts]), [1] * len(contexts),
-                        [n - 1 for n in contexts], slots, torch.stack([s[-1] for s in slots]))
+    for cached, new in chunks:
+        slots.append(torch.arange(start, start + cached + new))
+        start += cached + new + 3
+    ids = torch.randint(0, vocab, (sum(new for _, new in chunks),), generator=torch.Generator().manual_seed(seed))
+    positions = torch.cat([torch.arange(cached, cached + new) for cached, new in chunks])
+    return ForwardBatch(ids, positions, [new for _, new in chunks], [cached for cached, _ in chunks], slots,
+                        torch.cat([s[len(s) - new:] for s, (_, new) in zip(slots, chunks)]))
 
 
 def random_pool(model: CausalLM, slots: int = 256) -> KVPool:
@@ -43,15 +51,8 @@ def random_pool(model: CausalLM, slots: int = 256) -> KVPool:
 
 def decode_logits(model: CausalLM, batch: ForwardBatch, pool: KVPool, fused: bool) -> torch.Tensor:
     """A decode step's logits, through the policy's fused step or (fused=False) op by op."""
-    saved = model.__dict__.get(FUSED_ATTR)
-    if not fused:
-        model.__dict__.pop(FUSED_ATTR, None)
-    try:
-        with torch.inference_mode():
-            return model(batch, pool)
-    finally:
-        if saved is not None:
-            model.__dict__[FUSED_ATTR] = saved
+    with torch.inference_mode(), contextlib.nullcontext() if fused else held_off(model):
+        return model(batch, pool)
 
 
 def greedy(model: CausalLM, ids: Union[list[int], torch.Tensor], n: int) -> list[int]:
@@ -113,8 +114,7 @@ def assert_fused_decode_matches_op_by_op(model, prompts: list[list[int]], steps:
     policy = get_policy(model)
     runners = Runner(model, len(prompts), 0), Runner(model, len(prompts), 0)
     for runner in runners:
-        runner.step([(i, p, 0) for i, p in enumerate(prompts)])  # prompts: op by op either way
-    fused = model.__dict__[FUSED_ATTR]
+        runner.step([(i, p, 0) for i, p in enumerate(prompts)])  # prompts: the same path for both
 
     def pool_tensors(runner: Runner) -> list[torch.Tensor]:
         pool = runner.pool
@@ -123,13 +123,11 @@ def assert_fused_decode_matches_op_by_op(model, prompts: list[list[int]], steps:
     for step in range(steps):
         rows = [(i, [(7 * step + 3 * i) % vocab], len(p) + step) for i, p in enumerate(prompts)]
         logits, counts = [], []
-        for runner, attached in zip(runners, (False, True)):
-            model.__dict__.pop(FUSED_ATTR, None)
-            if attached:
-                model.__dict__[FUSED_ATTR] = fused
+        for runner, fused in zip(runners, (False, True)):
             policy.counters.reset()
             policy.kernels.counters.reset()
-            logits.append(runner.step(rows))
+            with contextlib.nullcontext() if fused else held_off(model):
+                logits.append(runner.step(rows))
             counts.append((policy.counters.snapshot(),
                            [c for c in policy.kernels.counters.snapshot() if c["projection"] != "decoder_layers"]))
         assert policy.kernels.counters.calls("decoder_layers", "kernel") == 1, policy.kernels.counters.snapshot()

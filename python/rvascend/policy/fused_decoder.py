@@ -9,12 +9,18 @@ path runs the same kernels in the same order from C++
 op-by-op path's; what remains per step in Python is one staleness check per
 packed weight and building the layers' pointer table.
 
-It runs when the policy's kernels are on, every sequence of the step decodes
-one token (prefill and chunked-prefill steps run op by op: their projections
-take the row-major GEMM past 128 rows and their attention may not take the
-kernel), the rows pass the projections' row gate, and every layer's four
-projections are packed and fresh (the same check the projection routes make:
-packed_source.py). Otherwise the model runs op by op and the reason is
+It runs when the policy's kernels are on, the rows pass the projections' row
+gate, and every layer's four projections are packed and fresh (the same check
+the projection routes make: packed_source.py). A prefill or chunked-prefill
+step of up to FUSED_PREFILL_ROWS rows runs fused too, where op by op would take
+the same kernels: under the seed's gate every projection whose row-major weight
+is kept passes it at the step's rows (the packed copy of record, and a quantized
+weight, always take the kernel), and the attention kernel takes the rows
+(kernel_routes: on x86, up to 512 keys); a model with DeltaNet layers prefills
+op by op (their prompt runs the chunked delta rule). Under the measured gate a
+step runs fused, decode or prefill, even where F.linear timed faster for one
+call at those rows: the timings are of one call, while the fused step saves
+what goes between calls (a third of a SmolLM2-135M prompt's time op by op). Otherwise the model runs op by op and the reason is
 counted under the kernel "decoder_layers". The route counters of the fused
 step are the op-by-op path's, added in bulk, so /metrics reads the same.
 
@@ -26,8 +32,9 @@ sequence's recurrent-state slot as the op-by-op path's deltanet_decode does.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import TYPE_CHECKING, NamedTuple, Optional
+from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional
 
 import torch
 
@@ -40,6 +47,23 @@ if TYPE_CHECKING:
     from rvascend.policy.install import RvvPolicy
 
 FUSED_ATTR = "_rvv_fused_decoder"
+# The most rows a fused prefill step takes: a chunk of the server's default
+# chunked-prefill size (512 on x86) beside as many decode rows. Its scratch
+# (rows x the widest projection) is kept for the next step, so a step with more
+# rows runs op by op rather than leave that much behind.
+FUSED_PREFILL_ROWS = 1024
+
+
+@contextlib.contextmanager
+def held_off(model: torch.nn.Module) -> Iterator[None]:
+    """Runs the model's layers op by op inside (the regional compile's warm-up, and
+    tests that compare both paths)."""
+    saved = model.__dict__.pop(FUSED_ATTR, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            model.__dict__[FUSED_ATTR] = saved
 ATTENTION, GATED_ATTENTION, DELTANET = 0, 1, 2  # decoder_layers.h's LayerKind
 # Each kind's four projections, by the names the op-by-op routes count them under.
 PROJECTIONS = {ATTENTION: ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
@@ -119,6 +143,8 @@ class FusedDecoder:
             if plan is None:
                 self._plan, why = _Plan.build(self.layers, pool)
                 plan = self._plan
+        if why is None and batch.prefill:
+            why = self._prefill_why_not(policy, plan, h, t, batch)
         if why is not None:
             policy.kernels.counters.record("decoder_layers", "fallback", t, why)
             return None
@@ -151,10 +177,12 @@ class FusedDecoder:
         why = kernel_routes.bf16_cpu_inference(h)
         if why is not None:
             return why
-        if batch.prefill:
+        if batch.prefill and self.deltanet:
             return "prefill"
         if batch.write_slots.dtype != torch.int64 or batch.write_slots.numel() != t:
             return "write_slots"
+        if batch.prefill:
+            return "prefill_rows_out_of_range" if t > FUSED_PREFILL_ROWS else None  # the rest once planned
         if t > 1 and not policy.config.small_batch:
             return "small_batch_off"
         if t > shape_gate.PREFILL_BUCKETS[-1]:
@@ -164,6 +192,21 @@ class FusedDecoder:
                 return "no_state_slots"
             if batch.recurrent_index().lengths is not None:  # a one-token prompt starts its state here
                 return "prefill"
+        return None
+
+    @staticmethod
+    def _prefill_why_not(policy: "RvvPolicy", plan: "_Plan", h: torch.Tensor, t: int, batch) -> Optional[str]:
+        """Why op by op would take some other path for this prefill's rows, or None."""
+        keys = max(p + n for p, n in zip(batch.prefix_lens, batch.new_lens))
+        why = kernel_routes.KERNELS["kv_pool_attention"].gate(h, prefill_keys=keys)
+        if why is not None:
+            return why
+        if policy.shape_gate != "seed":
+            return None
+        for projection, n, k in plan.row_gated:
+            why = shape_gate.rows_gate(projection, t, n, k, policy.config.small_batch)
+            if why is not None:
+                return f"{projection}_{why}"
         return None
 
     def _count(self, policy: "RvvPolicy", t: int) -> None:
@@ -200,6 +243,9 @@ class _Plan:
         self.owned: list[tuple] = []        # (module's buffers, packed weight of record, data_ptr)
         self.quant_tables: list[torch.Tensor] = []
         self.quant_tile = 0
+        # (projection, N, K) of each packed projection whose row-major weight is kept, in layer
+        # order: op by op its calls pass the seed's gate for their rows (a prefill checks it).
+        self.row_gated: dict[tuple[str, int, int], None] = {}
 
     @classmethod
     def build(cls, layers: list[_Layer], pool) -> tuple[Optional["_Plan"], Optional[str]]:
@@ -235,6 +281,7 @@ class _Plan:
                 why = plan._add_packed(module, packed, row, kinds)
                 if why is not None:
                     return None, why
+                plan.row_gated[(route.projection, weight.shape[0], weight.shape[1])] = None
                 source = route.source
                 plan.projections.append((module, weight, weight._version, weight.data_ptr(), weight.stride(), route,
                                          source))

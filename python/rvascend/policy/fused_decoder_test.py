@@ -3,6 +3,7 @@ K/V, the same route counts, and every reason to run op by op instead."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -11,8 +12,9 @@ import transformers
 
 from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
-from rvascend.models.testing import decode_batch, decode_logits, random_pool
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, repack
+from rvascend.models.testing import decode_batch, decode_logits, random_pool, step_batch
+from rvascend.ops import attention_kernel_has_block_form
+from rvascend.policy import RvvPolicyConfig, fused_decoder, get_policy, install_rvv_policy, kernel_routes, repack
 from rvascend.policy.fused_decoder import FUSED_ATTR
 
 COMMON = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
@@ -58,11 +60,17 @@ def _clone(pool: KVPool) -> KVPool:
     return copy
 
 
-@pytest.mark.parametrize("contexts", [[40], [9, 57, 23]])
-def test_fused_step_is_bit_identical_to_the_op_by_op_step(model, contexts):
+# (cached, new) tokens per sequence: decode rows, a prompt, and a step mixing a prompt, the
+# chunk of a longer one and a decode row.
+STEPS = {"decode": [(39, 1)], "decode x3": [(8, 1), (56, 1), (22, 1)], "prefill": [(0, 40)],
+         "chunked prefill": [(0, 12), (30, 5), (19, 1)]}
+
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_fused_step_is_bit_identical_to_the_op_by_op_step(model, step):
     family, m = model
     policy = get_policy(m)
-    batch = decode_batch(contexts)
+    batch = step_batch(STEPS[step])
     pool = random_pool(m)
     ops_pool, fused_pool = _clone(pool), _clone(pool)
     policy.counters.reset()
@@ -83,7 +91,7 @@ def test_fused_step_is_bit_identical_to_the_op_by_op_step(model, contexts):
         assert torch.equal(a, b)  # the new tokens' K/V, written to the same slots
     fused_counts = [c for c in policy.kernels.counters.snapshot() if c["projection"] != "decoder_layers"]
     assert (policy.counters.snapshot(), fused_counts) == op_counts
-    assert policy.counters.rows_seen("qkv_proj", "packed") == {len(contexts): m.config.num_hidden_layers}
+    assert policy.counters.rows_seen("qkv_proj", "packed") == {len(batch.input_ids): m.config.num_hidden_layers}
 
 
 def test_a_stale_packed_weight_is_never_used(fusing_model):
@@ -122,16 +130,28 @@ def test_a_stale_packed_weight_is_never_used(fusing_model):
     repack(m)
 
 
-def test_prefill_and_kernels_off_run_op_by_op(fusing_model):
+def test_what_op_by_op_would_route_elsewhere_runs_op_by_op(fusing_model, monkeypatch):
     family, m = fusing_model
     policy = get_policy(m)
     kernels = policy.kernels.counters
     kernels.reset()
-    n = 12
-    prefill = ForwardBatch(torch.arange(n), torch.arange(n), [n], [0], [torch.arange(n)], torch.arange(n))
-    decode_logits(m, prefill, random_pool(m), fused=True)
-    assert kernels.calls("decoder_layers", "fallback", "prefill") == 1
-    assert kernels.calls("decoder_layers", "kernel") == 0
+    # More prompt rows than a fused step keeps scratch for.
+    monkeypatch.setattr(fused_decoder, "FUSED_PREFILL_ROWS", 11)
+    decode_logits(m, step_batch([(0, 12)]), random_pool(m), fused=True)
+    assert kernels.calls("decoder_layers", "fallback", "prefill_rows_out_of_range") == 1
+    monkeypatch.undo()
+    # Rows the seed's gate leaves to F.linear (2-15 without small batches).
+    monkeypatch.setattr(policy, "config", dataclasses.replace(policy.config, small_batch=False))
+    decode_logits(m, step_batch([(0, 12)]), random_pool(m), fused=True)
+    assert kernels.calls("decoder_layers", "fallback", "qkv_proj_small_batch_off") == 1
+    monkeypatch.undo()
+    # Keys the attention kernel leaves to SDPA (x86's row kernels, past their limit).
+    monkeypatch.setattr(kernel_routes, "ROW_KERNEL_PREFILL_KEYS", 11)
+    decode_logits(m, step_batch([(0, 12)]), random_pool(m), fused=True)
+    long = "long_prefill_without_block_kernel"
+    assert kernels.calls("decoder_layers", "fallback", long) == (0 if attention_kernel_has_block_form() else 1)
+    monkeypatch.undo()
+    assert kernels.calls("decoder_layers", "kernel") == (1 if attention_kernel_has_block_form() else 0)
     policy.kernels.enabled = False
     try:
         decode_logits(m, decode_batch([20]), random_pool(m), fused=True)
@@ -221,6 +241,15 @@ def test_smollm2_shaped_fused_step_under_the_measured_gate(tmp_path, monkeypatch
     assert get_policy(m).kernels.counters.calls("decoder_layers", "kernel") == 1
     assert torch.equal(got, want)
     assert all(torch.equal(a, b) for a, b in zip(ops_pool.k + ops_pool.v, fused_pool.k + fused_pool.v))
+    # A prompt where F.linear timed faster for every call of more than one row: op by op
+    # takes it, the fused step (one call for all layers) still runs, within BF16 noise of it.
+    monkeypatch.setattr(shape_gate, "measured_packed_wins", lambda m, n, k: m == 1)
+    batch = step_batch([(0, 24), (10, 6)])
+    want = decode_logits(m, batch, _clone(pool), fused=False)
+    assert get_policy(m).counters.calls("gate_up_proj", "fallback", "measured_slower") == 2
+    got = decode_logits(m, batch, _clone(pool), fused=True)
+    assert get_policy(m).kernels.counters.calls("decoder_layers", "kernel") == 2
+    assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max()
 
 
 def test_fused_step_with_the_packed_copy_as_the_weight(tmp_path):

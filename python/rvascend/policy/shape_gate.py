@@ -62,7 +62,8 @@ def gate(projection: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
     """None if the call may take the packed path, else the fallback reason."""
     why = _type_gate(x, weight, bias)
     if why is None:
-        why = _seed_shapes(projection, x, weight, small_batch) if which == "seed" else _measured_shapes(x, weight)
+        n, k = weight.shape
+        why = rows_gate(projection, x.numel() // k if k else 0, n, k, small_batch, which)
     # The packed op has no backward: a call autograd must differentiate runs
     # F.linear, which does.
     if why is None and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
@@ -91,11 +92,15 @@ def _type_gate(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return None
 
 
-def _seed_shapes(projection: str, x: torch.Tensor, weight: torch.Tensor, small_batch: bool) -> Optional[str]:
-    n, k = weight.shape
+def rows_gate(projection: str, m: int, n: int, k: int, small_batch: bool, which: str = "seed") -> Optional[str]:
+    """None if a call of m rows through a [n, k] weight that passes the type checks may
+    take the packed path, else the fallback reason."""
+    return _seed_shapes(projection, m, n, k, small_batch) if which == "seed" else _measured_shapes(m, n, k)
+
+
+def _seed_shapes(projection: str, m: int, n: int, k: int, small_batch: bool) -> Optional[str]:
     if n < MIN_FEATURES or k < MIN_FEATURES:
         return "small_features"
-    m = x.numel() // k if k else 0
     if m * n * k < MIN_MACS:
         return "small_macs"
     if m == 1:
@@ -107,9 +112,7 @@ def _seed_shapes(projection: str, x: torch.Tensor, weight: torch.Tensor, small_b
     return "rows_out_of_range"
 
 
-def _measured_shapes(x: torch.Tensor, weight: torch.Tensor) -> Optional[str]:
-    n, k = weight.shape
-    m = x.numel() // k if k else 0
+def _measured_shapes(m: int, n: int, k: int) -> Optional[str]:
     return None if measured_packed_wins(m, n, k) else "measured_slower"
 
 

@@ -17,7 +17,7 @@ from rvascend.engine import allocator, default_model
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import KVPool
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicy, RvvPolicyConfig, get_policy, install_rvv_policy, shape_gate
+from rvascend.policy import RvvPolicy, RvvPolicyConfig, fused_decoder, get_policy, install_rvv_policy, shape_gate
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # Without --max-total-tokens the KV pool gets at most this share of free memory.
@@ -126,11 +126,14 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
 
 def _compile_before_serving(engine: Engine, policy: RvvPolicy) -> None:
     """One short request before the port opens, so the first client does not wait
-    for regional compile (seconds with a warm compile cache, more when cold)."""
+    for regional compile (seconds with a warm compile cache, more when cold). It runs
+    op by op: the fused step, which most steps take, compiles nothing, and a step it
+    leaves to the layers (more rows than it takes) would otherwise compile then."""
     start = time.monotonic()
     logging.info("regional compile: compiling the decoder layer before serving")
     vocab = engine.model.config.vocab_size
-    engine.generate([[i % vocab for i in range(16)]], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    with fused_decoder.held_off(engine.model):
+        engine.generate([[i % vocab for i in range(16)]], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
     engine.flush_cache()
     policy.counters.reset()
     policy.kernels.counters.reset()
