@@ -54,6 +54,12 @@ class ForwardBatch:
         """Whether some sequence has more than one new token (a prompt or a chunk of one)."""
         return self.input_ids.shape[0] > len(self.new_lens)
 
+    @property
+    def prefill_keys(self) -> int:
+        """For a prefill, the most K/V slots any of its sequences attends over; else 0
+        (what the attention route's gate reads)."""
+        return max(p + n for p, n in zip(self.prefix_lens, self.new_lens)) if self.prefill else 0
+
     def recurrent_index(self) -> "RecurrentIndex":
         """The hybrid models' recurrent layers' view of the batch; built once per batch,
         shared by every layer."""
@@ -143,9 +149,8 @@ class Attention(nn.Module):
         t = q.shape[0]
         k_cache, v_cache = pool.k[self.layer], pool.v[self.layer]
         routes = routes_of(self)
-        prefill_keys = max(p + n for p, n in zip(batch.prefix_lens, batch.new_lens)) if batch.prefill else 0
         if routes is not None and routes.use("kv_pool_attention", q, k, v, k_cache, rows=t,
-                                             prefill_keys=prefill_keys):
+                                             prefill_keys=batch.prefill_keys):
             kv_slots, kv_starts, q_starts = batch.flat_index()
             out = ops.kv_pool_attention(q, k_cache, v_cache, k, v, batch.write_slots, kv_slots, kv_starts,
                                         q_starts, self.scale)
@@ -156,7 +161,7 @@ class Attention(nn.Module):
         start = 0
         for n, prefix, slots in zip(batch.new_lens, batch.prefix_lens, batch.kv_slots):
             # Four dimensions and enable_gqa: SDPA's flash kernel (a three-dimensional
-            # call takes the math path, 2-4x slower) reading each KV head for its
+            # call takes the math path, 2-4.5x slower) reading each KV head for its
             # group of query heads, without repeat_interleave's copies.
             qs = q[start:start + n].transpose(0, 1)[None]                    # [1, H, n, D]
             # index_select: advanced indexing (k_cache[slots]) takes a general

@@ -20,9 +20,10 @@ weight, always take the kernel), and the attention kernel takes the rows
 op by op (their prompt runs the chunked delta rule). Under the measured gate a
 step runs fused, decode or prefill, even where F.linear timed faster for one
 call at those rows: the timings are of one call, while the fused step saves
-what goes between calls (a third of a SmolLM2-135M prompt's time op by op). Otherwise the model runs op by op and the reason is
-counted under the kernel "decoder_layers". The route counters of the fused
-step are the op-by-op path's, added in bulk, so /metrics reads the same.
+what goes between calls (a third of a SmolLM2-135M prompt's time op by op).
+Otherwise the model runs op by op and the reason is counted under the kernel
+"decoder_layers". The route counters of the fused step are the op-by-op path's,
+added in bulk, so /metrics reads the same.
 
 Layers come in three kinds (decoder_layers.h's LayerKind): attention
 (models/decoder.py), and in the hybrid models (models/qwen3_5.py) gated
@@ -64,6 +65,8 @@ def held_off(model: torch.nn.Module) -> Iterator[None]:
     finally:
         if saved is not None:
             model.__dict__[FUSED_ATTR] = saved
+
+
 ATTENTION, GATED_ATTENTION, DELTANET = 0, 1, 2  # decoder_layers.h's LayerKind
 # Each kind's four projections, by the names the op-by-op routes count them under.
 PROJECTIONS = {ATTENTION: ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
@@ -197,8 +200,7 @@ class FusedDecoder:
     @staticmethod
     def _prefill_why_not(policy: "RvvPolicy", plan: "_Plan", h: torch.Tensor, t: int, batch) -> Optional[str]:
         """Why op by op would take some other path for this prefill's rows, or None."""
-        keys = max(p + n for p, n in zip(batch.prefix_lens, batch.new_lens))
-        why = kernel_routes.KERNELS["kv_pool_attention"].gate(h, prefill_keys=keys)
+        why = kernel_routes.KERNELS["kv_pool_attention"].gate(h, prefill_keys=batch.prefill_keys)
         if why is not None:
             return why
         if policy.shape_gate != "seed":

@@ -248,8 +248,8 @@ void TestLayoutMismatch(const std::vector<const Bf16PackedKernelSet*>& sets) {
 }
 
 void TestThreadsAgree(const std::vector<const Bf16PackedKernelSet*>& sets) {
-  // A GEMV large enough to be split (its ranges are counted in blocks, not in
-  // ukernel tiles, so a range can end inside a tile) and a small-batch GEMM.
+  // A GEMV large enough to be split over threads (smaller calls run on one) and
+  // a small-batch GEMM.
   for (const Problem& p : {MakeProblem(1, 333, 1024, false, 98), MakeProblem(9, 333, 96, false, 99)}) {
     for (const auto* ks : sets) {
       const auto one = Run(*ks, p, 1, p.n);
