@@ -111,6 +111,18 @@ def test_bf16_logits_match_transformers(checkpoint, policy, monkeypatch):
         assert kernels.calls(route="fallback") == kernels.calls("kv_pool_attention", "fallback") + 1 - fused
 
 
+def test_torch_attention_takes_sdpas_flash_kernel(checkpoint):
+    """Policy off (and prompts the attention kernel leaves to torch): SDPA is called with four
+    dimensions, which its flash kernel takes; with three it ran its math path, 2-4.5x slower."""
+    _, path = checkpoint
+    model = _ours(path, torch.bfloat16, False)
+    with torch.profiler.profile() as prof:
+        all_logits(model, _prompt())
+    names = {e.name for e in prof.events()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names
+    assert "aten::_scaled_dot_product_attention_math" not in names
+
+
 def test_fp32_greedy_tokens_match_transformers(checkpoint):
     _, path = checkpoint
     ids = _prompt()
