@@ -26,7 +26,7 @@ assert allocator.pin_mmap_threshold()
 faults(1)
 loading = faults()
 assert allocator.keep_step_buffers()
-faults(1)
+faults(4)  # the heap settles on one or two places for the buffer
 serving = faults()
 assert allocator.pin_mmap_threshold()
 faults(1)
