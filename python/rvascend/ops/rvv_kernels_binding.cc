@@ -145,6 +145,14 @@ void Linear(const std::string& kernel_set, size_t m, size_t n, size_t k, uintptr
 // of `samples` elements spread over rows and columns. Writes that bypass the
 // tensor's version counter (through `.data`, numpy views, a loader's raw
 // copy) change it unless they leave every sampled element bit-identical.
+//
+// The samples come in runs of kFingerprintRun neighbouring columns: the policy
+// checks every kept weight each step, after the step has streamed hundreds of
+// MiB through the caches, and each sample in its own cache line and 4 KiB page
+// cost a cache and a TLB miss. Runs of 8 (16 bytes of one line) halved the
+// check for SmolLM2's 120 weights (507 -> 283 us cold, Zen 4).
+constexpr size_t kFingerprintRun = 8;
+
 uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t col_stride,
                      size_t weight_elements, size_t samples) {
   if (n == 0 || k == 0) return 0;
@@ -152,13 +160,16 @@ uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, si
     throw std::invalid_argument("fingerprint: the weight's strides reach past its storage");
   }
   const uint16_t* w = Pointer<const uint16_t>(weight, "weight");
+  const size_t run = std::min(kFingerprintRun, k);
+  const size_t runs = (samples + run - 1) / run;
   uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < samples; ++i) {
+  for (size_t i = 0; i < runs; ++i) {
     // Rows evenly spread (first and last included), columns by a Weyl sequence
-    // so neighbouring samples do not share a column.
-    const size_t row = samples > 1 ? i * (n - 1) / (samples - 1) : 0;
-    const size_t col = static_cast<size_t>((i * 0x9E3779B97F4A7C15ull + row) % k);
-    h = (h ^ w[row * row_stride + col * col_stride]) * 1099511628211ull;
+    // so neighbouring runs do not share columns.
+    const size_t row = runs > 1 ? i * (n - 1) / (runs - 1) : 0;
+    const size_t col = static_cast<size_t>((i * 0x9E3779B97F4A7C15ull + row) % (k - run + 1));
+    const uint16_t* r = w + row * row_stride + col * col_stride;
+    for (size_t j = 0; j < run; ++j) h = (h ^ r[j * col_stride]) * 1099511628211ull;
   }
   return h;
 }
