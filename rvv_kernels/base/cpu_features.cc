@@ -1,6 +1,9 @@
 #include "rvv_kernels/base/cpu_features.h"
 
+#include <cstdlib>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 
 #if defined(__riscv)
 #include <setjmp.h>
@@ -102,6 +105,29 @@ CpuFeatures Detect() {
   return f;
 }
 
+// RVASCEND_MAX_ISA caps what the kernel sets may use, for every family at once:
+// an AVX-512 host then runs (and benchmarks) what an AVX2-only host would, as
+// ATen's ATEN_CPU_CAPABILITY and oneDNN's ONEDNN_MAX_CPU_ISA do for torch.
+CpuFeatures Capped(CpuFeatures f) {
+  const char* env = std::getenv("RVASCEND_MAX_ISA");
+  const std::string cap = env ? env : "";
+  if (cap.empty() || cap == "native") return f;
+  if (cap != "avx2" && cap != "generic") {
+    throw std::invalid_argument("RVASCEND_MAX_ISA=" + cap + ": expected native, avx2 (x86-64) or generic");
+  }
+#if !defined(__x86_64__)
+  if (cap == "avx2") throw std::invalid_argument("RVASCEND_MAX_ISA=avx2 is for x86-64 hosts");
+#endif
+  f.max_isa = cap;
+  f.avx512 = f.avx512bf16 = f.avx512vnni = false;
+  if (cap == "generic") {
+    f.avx2 = f.rvv = f.zvfbfwma = false;
+    f.zvfbfwma_source = "RVASCEND_MAX_ISA=generic";
+    f.vlen_bits = 0;
+  }
+  return f;
+}
+
 }  // namespace
 
 std::string CpuFeatures::Describe() const {
@@ -114,11 +140,12 @@ std::string CpuFeatures::Describe() const {
 #else
   out << "generic CPU";
 #endif
+  if (!max_isa.empty()) out << " (RVASCEND_MAX_ISA=" << max_isa << ")";
   return out.str();
 }
 
 const CpuFeatures& GetCpuFeatures() {
-  static const CpuFeatures features = Detect();
+  static const CpuFeatures features = Capped(Detect());
   return features;
 }
 

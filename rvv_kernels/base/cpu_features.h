@@ -16,6 +16,7 @@ struct CpuFeatures {
   bool avx512 = false;     // x86-64: AVX-512 F/BW/VL
   bool avx512bf16 = false; // x86-64: AVX-512 F/BW/VL + BF16 (vdpbf16ps)
   bool avx512vnni = false; // x86-64: AVX-512 F/BW/VL + VNNI (vpdpbusd)
+  std::string max_isa;     // RVASCEND_MAX_ISA when it capped the above, else empty
   std::string Describe() const;
 };
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 import time
 from typing import Callable
@@ -37,10 +38,13 @@ def table_path() -> str:
     from rvascend.engine import model_cache  # not at import: the engine imports the policy
 
     kernel_set = ops.packed_linear._kernel_set or ops.available_kernel_sets()[0]
-    key = "-".join((ops.cpu_features().replace(" ", "_"), f"torch{torch.__version__.split('+')[0]}",
-                    kernel_set, f"layout{ops.LAYOUT_VERSION}", f"t{torch.get_num_threads()}",
-                    f"team_{ops.packed_linear.thread_team()}"))
-    return os.path.join(model_cache.cache_root(), "shape_gate", f"{key}.json")
+    # What F.linear may use is part of the host too: ATen's vector level and oneDNN's ISA cap.
+    aten = torch.backends.cpu.get_cpu_capability()
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    key = "-".join((ops.cpu_features(), f"torch{torch.__version__.split('+')[0]}", f"aten_{aten}",
+                    *([f"onednn_{onednn}"] if onednn else []), kernel_set, f"layout{ops.LAYOUT_VERSION}",
+                    f"t{torch.get_num_threads()}", f"team_{ops.packed_linear.thread_team()}"))
+    return os.path.join(model_cache.cache_root(), "shape_gate", re.sub(r"[^\w.=-]+", "_", key) + ".json")
 
 
 def _race(a: Callable[[], object], b: Callable[[], object], rounds: int = 5) -> tuple[float, float]:

@@ -131,7 +131,8 @@ def threads() -> dict[str, Any]:
 
     return {"torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "cpu_count": os.cpu_count(),
-            "RVASCEND_BF16_KERNELS": os.environ.get("RVASCEND_BF16_KERNELS")}
+            **{name: os.environ.get(name) for name in ("RVASCEND_BF16_KERNELS", "RVASCEND_MAX_ISA",
+                                                       "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}}
 
 
 def checkpoint(path: Optional[str]) -> Optional[dict[str, Any]]:
