@@ -10,13 +10,15 @@ keeps those weights quantized where it has kernels for their types; off, it dequ
 them to BF16). Batch 1 and 4, 64 tokens in
 and 64 out, greedy: prefill tok/s, median decode tok/s, TTFT, peak RSS, and this
 engine's ratios to llama.cpp. Every step is timed by itself on both sides
-(llama_cpp_peer_guest.py; one_batch.py).
+(llama_cpp_peer_guest.py; one_batch.py). `--rounds` alternates fresh processes of the
+engines and takes medians; `--isa=avx2` runs both engines as an AVX2-only host would.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,14 +42,28 @@ flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
 flags.DEFINE_integer("output-len", 64, "Generated tokens per sequence.")
 flags.DEFINE_integer("repeats", 3, "Timed runs of each engine: median prefill, median decode step of all.",
                      lower_bound=1)
+flags.DEFINE_integer("rounds", 1, "Fresh processes of every engine in turn, per model and batch size (llama.cpp, "
+                     "then each policy, then again): each figure is the median of the rounds' figures, peak RSS "
+                     "the largest. Two runs of one engine minutes apart on a shared host differ by up to 10 %.",
+                     lower_bound=1)
 flags.DEFINE_list("policy", ["off", "on", "drop"],
                   "This engine's runs: RVV policy off, on, and on with --cpu-rvv-drop-unpacked (drop).")
+flags.DEFINE_enum("isa", "native", ["native", "avx2"],
+                  "x86 code both engines may run: native, or avx2 (an AVX2-only host's, on an AVX-512 one: "
+                  "llama.cpp built for AVX2, and this engine with RVASCEND_MAX_ISA, ATEN_CPU_CAPABILITY and "
+                  "ONEDNN_MAX_CPU_ISA capped at AVX2).")
 flags.DEFINE_integer("threads", None, "Threads for both engines (default: the CPUs this process may use).")
 flags.DEFINE_string("work-dir", None, "Venv and GGUF files (default: .deps/llama_cpp of the checkout).")
 flags.DEFINE_string("output", "bench_results/llama_cpp.jsonl", "jsonl file to append to.")
 flags.DEFINE_string("plot", "bench_results/llama_cpp.png", "PNG plot (empty: none).")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# What caps this engine's code at an ISA level: its own kernel sets, ATen's vector
+# kernels and oneDNN's GEMMs.
+ISA_ENVIRONMENT = {
+    "native": {},
+    "avx2": {"RVASCEND_MAX_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+}
 
 
 def prepare_models(work: str, names: list[str], types: list[str], python: str, threads: int) -> dict[str, str]:
@@ -133,25 +149,45 @@ def run_ours(model: str, batch: int, policy: str, threads: int) -> dict[str, Any
     return {**record, "ttft": record["prefill_latency"]}
 
 
+def median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's record over its rounds: each number the median of the rounds' (peak
+    RSS the largest), anything else the last round's, and the count of rounds."""
+    merged = dict(rounds[-1])
+    for key in merged:
+        values = [r.get(key) for r in rounds]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            merged[key] = max(values) if key.startswith("peak_rss") else statistics.median(values)
+    merged["rounds"] = len(rounds)
+    return merged
+
+
 def main(argv: list[str]) -> int:
     del argv
     work = FLAGS["work-dir"].value or os.path.join(checkout.root(), ".deps", "llama_cpp")
     os.makedirs(work, exist_ok=True)
     threads = FLAGS.threads or len(os.sched_getaffinity(0))
-    python = llama_cpp.ensure_python(work)
+    # Every process started below inherits the cap.
+    os.environ.update(ISA_ENVIRONMENT[FLAGS.isa])
+    python = llama_cpp.ensure_python(work, FLAGS.isa)
     models = prepare_models(work, FLAGS.models, FLAGS.types, python, threads)
     keys = ("prefill_throughput", "median_decode_throughput", "ttft", "median_decode_latency", "peak_rss_mib")
     records = []
     for name, path in models.items():
         for batch in (int(b) for b in FLAGS["batch-sizes"].value):
-            base = {"model": name, "type": name.split()[-1], "gguf": os.path.basename(path), "batch_size": batch, "threads": threads,
-                    "input_len": FLAGS["input-len"].value, "output_len": FLAGS["output-len"].value}
-            logging.info("%s bs %d: llama.cpp", name, batch)
-            peer = run_llama_cpp(python, path, batch, threads)
+            base = {"model": name, "type": name.split()[-1], "gguf": os.path.basename(path), "batch_size": batch,
+                    "threads": threads, "isa": FLAGS.isa, "input_len": FLAGS["input-len"].value,
+                    "output_len": FLAGS["output-len"].value}
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for round_ in range(FLAGS.rounds):
+                logging.info("%s bs %d: llama.cpp (round %d of %d)", name, batch, round_ + 1, FLAGS.rounds)
+                runs.setdefault("llama.cpp", []).append(run_llama_cpp(python, path, batch, threads))
+                for policy in FLAGS.policy:
+                    logging.info("%s bs %d: rvascend, policy %s", name, batch, policy)
+                    runs.setdefault(policy, []).append(run_ours(path, batch, policy, threads))
+            peer = median_of_rounds(runs.pop("llama.cpp"))
             records.append({**base, "run_name": "llama.cpp", "backend": "llama.cpp", **peer})
-            for policy in FLAGS.policy:
-                logging.info("%s bs %d: rvascend, policy %s", name, batch, policy)
-                ours = run_ours(path, batch, policy, threads)
+            for policy, rounds in runs.items():
+                ours = median_of_rounds(rounds)
                 ratios = {f"ratio_{k}": ours[k] / peer[k] for k in keys}
                 records.append({**base, "run_name": f"rvascend-policy-{policy}", "backend": "rvascend",
                                 "policy": policy, **{k: ours[k] for k in keys}, **ratios})

@@ -8,9 +8,11 @@ Face transformers' `generate` on the same checkpoint and thread count.
 Every decode step is timed by itself (engine steps; a logits processor's time
 stamps inside `generate`). After the warm-up runs, `--repeats` timed runs: the
 prefill figures are the median run's, the decode figures the median step of all
-runs (a single prefill moved by 30 % between runs on a shared host). The weight read rate of a decode step (bytes of
-every weight the step reads / median step time) is reported as a fraction of
-the copy bandwidth measured in the same run.
+runs (a single prefill moved by 30 % between runs on a shared host).
+`--interleave` loads every policy's model into one process and runs them in
+turn, so the host's drift over minutes meets each alike. The weight read rate
+of a decode step (bytes of every weight the step reads / median step time) is
+reported as a fraction of the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
 flags.DEFINE_integer("warmup", 1, "Untimed runs first (compiles the buckets).")
 flags.DEFINE_integer("repeats", 3, "Timed runs after the warm-up: median prefill, median decode step of all.",
                      lower_bound=1)
+flags.DEFINE_bool("interleave", False,
+                  "Load every --policy run's model into this process and run them in turn, run by run, so a "
+                  "shared host's drift meets each alike (no peak RSS then: the models share the process).")
 flags.DEFINE_string("output", "bench_results/one_batch.jsonl", "jsonl file to append to.")
 flags.DEFINE_string("plot", "bench_results/one_batch.png", "PNG plot (empty: none).")
 
@@ -57,25 +62,38 @@ flags.DEFINE_string("plot", "bench_results/one_batch.png", "PNG plot (empty: non
 POLICY_MODES = ("off", "on", "drop")
 
 
-def run_engine(model, batch: int, input_len: int, output_len: int, warmup: int, repeats: int = 1) -> dict[str, Any]:
-    engine = Engine(model, None, EngineConfig(max_total_tokens=batch * (input_len + output_len) + 16,
-                                              max_running_requests=batch, max_prefill_tokens=batch * input_len))
-    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
-    g = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    runs = []
-    for attempt in range(warmup + repeats):
-        prompts = [torch.randint(0, vocab, (input_len,), generator=g).tolist() for _ in range(batch)]
-        for p in prompts:
-            engine.add_request(p, params)
+class _Runs:
+    """One engine over a model, and its timed runs: each run a fresh batch of random prompts."""
+
+    def __init__(self, model, batch: int, input_len: int, output_len: int) -> None:
+        self.engine = Engine(model, None, EngineConfig(max_total_tokens=batch * (input_len + output_len) + 16,
+                                                       max_running_requests=batch,
+                                                       max_prefill_tokens=batch * input_len))
+        self.params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+        self.shape = (batch, input_len)
+        self.vocab = model.config.vocab_size
+        self.generator = torch.Generator().manual_seed(0)
+        self.timed: list[list[float]] = []
+
+    def run(self, timed: bool) -> None:
+        batch, input_len = self.shape
+        for _ in range(batch):
+            prompt = torch.randint(0, self.vocab, (input_len,), generator=self.generator).tolist()
+            self.engine.add_request(prompt, self.params)
         steps = []
-        while engine.has_work():
+        while self.engine.has_work():
             t0 = time.perf_counter()
-            engine.step()
+            self.engine.step()
             steps.append(time.perf_counter() - t0)
-        if attempt >= warmup:
-            runs.append(steps)
-    return summarize_runs(runs, batch, input_len, output_len)
+        if timed:
+            self.timed.append(steps)
+
+
+def run_engine(model, batch: int, input_len: int, output_len: int, warmup: int, repeats: int = 1) -> dict[str, Any]:
+    runs = _Runs(model, batch, input_len, output_len)
+    for attempt in range(warmup + repeats):
+        runs.run(timed=attempt >= warmup)
+    return summarize_runs(runs.timed, batch, input_len, output_len)
 
 
 def summarize_runs(runs: list[list[float]], batch: int, input_len: int, output_len: int) -> dict[str, Any]:
@@ -157,29 +175,37 @@ def main(argv: list[str]) -> int:
     base = {"batch_size": batch, "input_len": input_len, "output_len": output_len, "model_path": path,
             "threads": torch.get_num_threads(), "dtype": "bfloat16", "copy_gbps": bandwidth / 1e9}
     records = []
+    interleaved = []  # (mode, model, runs) with --interleave
     for mode in FLAGS.policy:
+        if mode not in POLICY_MODES:
+            raise ValueError(f"--policy {mode!r}: each run is one of {', '.join(POLICY_MODES)}")
         # Each run's peak RSS is its own: not the bandwidth probe's 2 GiB, not the previous run's model.
         gc.collect()
         allocator.pin_mmap_threshold()  # as the server does (server/launch.py); returns what the heap kept
         reset_peak_rss()
-        # As the server loads it (server/launch.py): with the policy, a GGUF file's
-        # quantized projections stay quantized.
-        if mode not in POLICY_MODES:
-            raise ValueError(f"--policy {mode!r}: each run is one of {', '.join(POLICY_MODES)}")
-        model = load_model(path, keep_quantized=mode != "off")
-        if mode != "off":
-            # "drop" is the smallest footprint: the packed copies are the weights, and nothing
-            # compiles (torch._dynamo and Inductor alone are about 70 MiB of RSS).
-            install_rvv_policy(model, RvvPolicyConfig.from_flag(
-                compile_mode="eager" if mode == "drop" else FLAGS["cpu-compile-mode"].value,
-                drop_unpacked=mode == "drop"))
+        model = _load(path, mode)
         allocator.keep_step_buffers()  # the weights are in place, as the server's
+        if FLAGS.interleave:
+            interleaved.append((mode, model, _Runs(model, batch, input_len, output_len)))
+            continue
         logging.info("policy %s: running", mode)
         result = run_engine(model, batch, input_len, output_len, FLAGS.warmup, FLAGS.repeats)
         records.append({**base, "run_name": f"rvascend-policy-{mode}", "backend": "rvascend", "policy": mode,
                         **result, **_weight_rate(weight_bytes_per_step(model), result, bandwidth),
                         "peak_rss_mib": peak_rss_mib()})
         del model
+    for attempt in range(FLAGS.warmup + FLAGS.repeats if interleaved else 0):
+        logging.info("run %d of %d: policy %s in turn", attempt + 1, FLAGS.warmup + FLAGS.repeats,
+                     ", ".join(mode for mode, _, _ in interleaved))
+        for _, _, runs in interleaved:
+            runs.run(timed=attempt >= FLAGS.warmup)
+    for mode, model, runs in interleaved:
+        # No peak RSS: every model shares the process.
+        result = summarize_runs(runs.timed, batch, input_len, output_len)
+        records.append({**base, "run_name": f"rvascend-policy-{mode}", "backend": "rvascend", "policy": mode,
+                        "interleaved": True, **result,
+                        **_weight_rate(weight_bytes_per_step(model), result, bandwidth)})
+    del interleaved
     if FLAGS.hf:
         gc.collect()
         allocator.pin_mmap_threshold()  # transformers loads its weights too: as for the runs above
@@ -206,6 +232,19 @@ def main(argv: list[str]) -> int:
                  {"decode tok/s": [r["median_decode_throughput"] for r in records]}, "tokens / s")
     logging.info("wrote %s", FLAGS.output)
     return 0
+
+
+def _load(path: str, mode: str) -> torch.nn.Module:
+    # As the server loads it (server/launch.py): with the policy, a GGUF file's
+    # quantized projections stay quantized.
+    model = load_model(path, keep_quantized=mode != "off")
+    if mode != "off":
+        # "drop" is the smallest footprint: the packed copies are the weights, and nothing
+        # compiles (torch._dynamo and Inductor alone are about 70 MiB of RSS).
+        install_rvv_policy(model, RvvPolicyConfig.from_flag(
+            compile_mode="eager" if mode == "drop" else FLAGS["cpu-compile-mode"].value,
+            drop_unpacked=mode == "drop"))
+    return model
 
 
 def _weight_rate(step_bytes: int, result: dict[str, Any], bandwidth: float) -> dict[str, float]:

@@ -56,27 +56,44 @@ def sdist_path(fetch: bool = True) -> str:
     return fetch_sdist(work_dir())
 
 
-def ensure_python(work: str) -> str:
+# The x86 builds the llama.cpp bench compares against: `native` is llama.cpp's own
+# default (-march=native), `avx2` what an AVX2-only host runs (ggml's CMake options),
+# for `llama_cpp_peer --isa=avx2` on an AVX-512 host.
+ISA_CMAKE_ARGS = {
+    "native": "",
+    "avx2": "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
+            "-DGGML_AVX512=OFF",
+}
+
+
+def ensure_python(work: str, isa: str = "native") -> str:
     """The interpreter of a venv with the pinned llama-cpp-python, built from source once
-    (its source distribution, which the tests read too, stays in `work`)."""
+    per `isa` (ISA_CMAKE_ARGS; its source distribution, which the tests read too, stays
+    in `work`)."""
+    if isa not in ISA_CMAKE_ARGS:
+        raise ValueError(f"llama.cpp build {isa!r}: expected one of {', '.join(ISA_CMAKE_ARGS)}")
     spec = lock()
     sdist = fetch_sdist(work)
-    venv = os.path.join(work, f"venv-{spec['version']}")
+    venv = os.path.join(work, f"venv-{spec['version']}" + ("" if isa == "native" else f"-{isa}"))
     python = os.path.join(venv, "bin", "python")
     stamp = os.path.join(venv, "INSTALLED")
     pinned = {k: spec[k] for k in ("package", "version", "sdist_sha256", "dependencies")}
+    if ISA_CMAKE_ARGS[isa]:
+        pinned["cmake_args"] = ISA_CMAKE_ARGS[isa]
     if os.path.exists(stamp):
         with open(stamp, encoding="utf-8") as f:
             if {k: v for k, v in json.load(f).items() if k in pinned} == pinned:
                 logging.info("llama-cpp-python %s: already built in %s", spec["version"], venv)
                 return python
-    logging.info("llama-cpp-python %s: building llama.cpp from source into %s (about 5 minutes on 2 cores)",
-                 spec["version"], venv)
+    logging.info("llama-cpp-python %s: building llama.cpp (%s) from source into %s (about 5 minutes on 2 cores)",
+                 spec["version"], isa, venv)
     subprocess.run([sys.executable, "-m", "venv", "--clear", venv], check=True)
     pip = [python, "-m", "pip", "install", "--progress-bar", "off"]
     subprocess.run(pip + ["--no-deps", *spec["dependencies"]], check=True)
     # One compile job per core (CMake defaults to one job).
     env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(len(os.sched_getaffinity(0)))}
+    if ISA_CMAKE_ARGS[isa]:
+        env["CMAKE_ARGS"] = ISA_CMAKE_ARGS[isa]
     subprocess.run(pip + ["--no-deps", sdist], check=True, env=env)
     with open(stamp, "w", encoding="utf-8") as f:
         json.dump(pinned, f)

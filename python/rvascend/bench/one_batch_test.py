@@ -1,0 +1,43 @@
+"""one_batch's runs: each policy's figures in its own record, run by run in turn with
+--interleave."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def _run(tmp_path, *flags: str) -> tuple[list[dict], str]:
+    out = tmp_path / "one_batch.jsonl"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, "-m", "rvascend.bench.one_batch", "--shape=test", "--input-len=8",
+                           "--output-len=3", "--batch-size=2", "--warmup=1", "--repeats=2", "--threads=1",
+                           "--cpu-compile-mode=eager", f"--output={out}", "--plot=", *flags],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in out.read_text().splitlines()], done.stderr
+
+
+def test_interleaved_runs_take_turns_and_report_each_policy(tmp_path):
+    records, log = _run(tmp_path, "--policy=off,drop", "--interleave")
+    assert [r["run_name"] for r in records] == ["rvascend-policy-off", "rvascend-policy-drop"]
+    for r in records:
+        assert r["interleaved"] is True and r["timed_runs"] == 2
+        assert r["prefill_throughput"] > 0 and r["median_decode_throughput"] > 0
+        assert "peak_rss_mib" not in r  # one process holds both models: no figure of either's own
+    # Warm-up and timed runs alike go through the policies in turn.
+    assert log.count("policy off, drop in turn") == 3
+
+
+def test_separate_runs_report_their_own_peak_rss(tmp_path):
+    records, _ = _run(tmp_path, "--policy=off,drop")
+    assert [r["run_name"] for r in records] == ["rvascend-policy-off", "rvascend-policy-drop"]
+    assert all(r["peak_rss_mib"] > 0 and "interleaved" not in r for r in records)
+
+
+if __name__ == "__main__":
+    import pytest
+
+    sys.exit(pytest.main([__file__, "-q"]))
