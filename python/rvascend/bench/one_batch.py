@@ -70,15 +70,14 @@ class _Runs:
                                                        max_running_requests=batch,
                                                        max_prefill_tokens=batch * input_len))
         self.params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
-        self.shape = (batch, input_len)
+        self.batch, self.input_len, self.output_len = batch, input_len, output_len
         self.vocab = model.config.vocab_size
         self.generator = torch.Generator().manual_seed(0)
         self.timed: list[list[float]] = []
 
     def run(self, timed: bool) -> None:
-        batch, input_len = self.shape
-        for _ in range(batch):
-            prompt = torch.randint(0, self.vocab, (input_len,), generator=self.generator).tolist()
+        for _ in range(self.batch):
+            prompt = torch.randint(0, self.vocab, (self.input_len,), generator=self.generator).tolist()
             self.engine.add_request(prompt, self.params)
         steps = []
         while self.engine.has_work():
@@ -89,11 +88,14 @@ class _Runs:
             self.timed.append(steps)
 
 
-def run_engine(model, batch: int, input_len: int, output_len: int, warmup: int, repeats: int = 1) -> dict[str, Any]:
-    runs = _Runs(model, batch, input_len, output_len)
+def run_in_turn(runs: dict[str, _Runs], warmup: int, repeats: int) -> None:
+    """`warmup` untimed then `repeats` timed runs of each policy's engine, the engines in
+    turn run by run."""
     for attempt in range(warmup + repeats):
-        runs.run(timed=attempt >= warmup)
-    return summarize_runs(runs.timed, batch, input_len, output_len)
+        logging.info("run %d of %d: policy %s%s", attempt + 1, warmup + repeats, ", ".join(runs),
+                     " in turn" if len(runs) > 1 else "")
+        for r in runs.values():
+            r.run(timed=attempt >= warmup)
 
 
 def summarize_runs(runs: list[list[float]], batch: int, input_len: int, output_len: int) -> dict[str, Any]:
@@ -175,7 +177,7 @@ def main(argv: list[str]) -> int:
     base = {"batch_size": batch, "input_len": input_len, "output_len": output_len, "model_path": path,
             "threads": torch.get_num_threads(), "dtype": "bfloat16", "copy_gbps": bandwidth / 1e9}
     records = []
-    interleaved = []  # (mode, model, runs) with --interleave
+    loaded = []  # (mode, model, runs): the --interleave runs, run in turn once all are loaded
     for mode in FLAGS.policy:
         if mode not in POLICY_MODES:
             raise ValueError(f"--policy {mode!r}: each run is one of {', '.join(POLICY_MODES)}")
@@ -185,27 +187,18 @@ def main(argv: list[str]) -> int:
         reset_peak_rss()
         model = _load(path, mode)
         allocator.keep_step_buffers()  # the weights are in place, as the server's
+        runs = _Runs(model, batch, input_len, output_len)
         if FLAGS.interleave:
-            interleaved.append((mode, model, _Runs(model, batch, input_len, output_len)))
+            loaded.append((mode, model, runs))
             continue
-        logging.info("policy %s: running", mode)
-        result = run_engine(model, batch, input_len, output_len, FLAGS.warmup, FLAGS.repeats)
-        records.append({**base, "run_name": f"rvascend-policy-{mode}", "backend": "rvascend", "policy": mode,
-                        **result, **_weight_rate(weight_bytes_per_step(model), result, bandwidth),
-                        "peak_rss_mib": peak_rss_mib()})
-        del model
-    for attempt in range(FLAGS.warmup + FLAGS.repeats if interleaved else 0):
-        logging.info("run %d of %d: policy %s in turn", attempt + 1, FLAGS.warmup + FLAGS.repeats,
-                     ", ".join(mode for mode, _, _ in interleaved))
-        for _, _, runs in interleaved:
-            runs.run(timed=attempt >= FLAGS.warmup)
-    for mode, model, runs in interleaved:
+        run_in_turn({mode: runs}, FLAGS.warmup, FLAGS.repeats)
+        records.append({**_policy_record(base, mode, model, runs, bandwidth), "peak_rss_mib": peak_rss_mib()})
+        del model, runs
+    if loaded:
+        run_in_turn({mode: runs for mode, _, runs in loaded}, FLAGS.warmup, FLAGS.repeats)
         # No peak RSS: every model shares the process.
-        result = summarize_runs(runs.timed, batch, input_len, output_len)
-        records.append({**base, "run_name": f"rvascend-policy-{mode}", "backend": "rvascend", "policy": mode,
-                        "interleaved": True, **result,
-                        **_weight_rate(weight_bytes_per_step(model), result, bandwidth)})
-    del interleaved
+        records.extend({**_policy_record(base, *entry, bandwidth), "interleaved": True} for entry in loaded)
+    del loaded
     if FLAGS.hf:
         gc.collect()
         allocator.pin_mmap_threshold()  # transformers loads its weights too: as for the runs above
@@ -232,6 +225,12 @@ def main(argv: list[str]) -> int:
                  {"decode tok/s": [r["median_decode_throughput"] for r in records]}, "tokens / s")
     logging.info("wrote %s", FLAGS.output)
     return 0
+
+
+def _policy_record(base: dict[str, Any], mode: str, model, runs: _Runs, bandwidth: float) -> dict[str, Any]:
+    result = summarize_runs(runs.timed, runs.batch, runs.input_len, runs.output_len)
+    return {**base, "run_name": f"rvascend-policy-{mode}", "backend": "rvascend", "policy": mode, **result,
+            **_weight_rate(weight_bytes_per_step(model), result, bandwidth)}
 
 
 def _load(path: str, mode: str) -> torch.nn.Module:
