@@ -13,9 +13,18 @@
 // the activation sum is taken off. These corrections are exact, and
 // the scales are applied with the portable twin's FP32 operations in its
 // order, so the results are bit-identical to it (the host test compares).
+//
+// A call with many rows (a prompt) expands the tile once into those unsigned
+// bytes in Transpose4's order (Expand) and runs every row against the expanded
+// copy: the unpacking and transposing, about as many instructions as the dot
+// products of four rows, are then done once per tile instead of once per four
+// rows. The integer sums are the same, so are the results.
 #include <immintrin.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 
 #include "rvv_kernels/quantized/quant_kernel_sets.h"
 #include "rvv_kernels/quantized/quant_prefetch_x86.h"
@@ -34,6 +43,20 @@ inline void Transpose4(__m512i r0, __m512i r1, __m512i r2, __m512i r3, __m512i o
   out[1] = _mm512_unpackhi_epi16(a, c);
   out[2] = _mm512_unpacklo_epi16(b, d);
   out[3] = _mm512_unpackhi_epi16(b, d);
+}
+
+template <size_t R, size_t NG>
+inline void Zero(__m512 (&v)[R][NG]) {
+  for (auto& row : v) {
+    for (auto& x : row) x = _mm512_setzero_ps();
+  }
+}
+
+template <size_t R, size_t NG>
+inline void Zero(__m512i (&v)[R][NG]) {
+  for (auto& row : v) {
+    for (auto& x : row) x = _mm512_setzero_si512();
+  }
 }
 
 inline __m512i Load(const uint8_t* p) { return _mm512_loadu_si512(p); }
@@ -55,27 +78,97 @@ inline void Scales(const uint8_t* p, __m512 s[4]) {
   s[3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(g23, 1));
 }
 
+// isum[r][g] += the dot of w[g] (four k in Transpose4's order, NG of its groups)
+// with x[r][k .. k+3].
+template <size_t R, size_t NG = 4>
+inline void DotGroup(const __m512i* w, const int8_t* const x[R], size_t k, __m512i isum[R][NG]) {
+  for (size_t r = 0; r < R; ++r) {
+    const __m512i av = Dword(x[r] + k);
+    for (size_t g = 0; g < NG; ++g) isum[r][g] = _mm512_dpbusd_epi32(isum[r][g], w[g], av);
+  }
+}
+
+// Q8_0 quant rows k .. k+3 of a block (row = q + k * 64), made unsigned (q + 128).
+inline void Q8Group(const uint8_t* row, __m512i w[4]) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  Transpose4(_mm512_xor_si512(Load(row), flip), _mm512_xor_si512(Load(row + kTile), flip),
+             _mm512_xor_si512(Load(row + 2 * kTile), flip), _mm512_xor_si512(Load(row + 3 * kTile), flip), w);
+}
+
+// Nibble byte rows i .. i+3 of a 32-value block (row = qs + i * 64; the low nibble
+// holds k = i, the high one k = i + 16): lo for k = i .. i+3, hi for k = i+16 .. i+19.
+inline void NibbleGroups(const uint8_t* row, __m512i lo[4], __m512i hi[4]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i bytes[4];
+  for (size_t j = 0; j < 4; ++j) bytes[j] = Load(row + j * kTile);
+  Transpose4(_mm512_and_si512(bytes[0], low4), _mm512_and_si512(bytes[1], low4), _mm512_and_si512(bytes[2], low4),
+             _mm512_and_si512(bytes[3], low4), lo);
+  Transpose4(_mm512_and_si512(_mm512_srli_epi16(bytes[0], 4), low4),
+             _mm512_and_si512(_mm512_srli_epi16(bytes[1], 4), low4),
+             _mm512_and_si512(_mm512_srli_epi16(bytes[2], 4), low4),
+             _mm512_and_si512(_mm512_srli_epi16(bytes[3], 4), low4), hi);
+}
+
+// Q6_K's quants (0..63) of pair p, rows k = 32p + kind * 8 + i0 .. +3: kind 0 and 2
+// from ql row 16p + i (low, high nibble), 1 and 3 from ql row 16p + 8 + i; their
+// high bits are qh row 8p + i's bit pairs 0, 1, 2, 3 (quant_format.h).
+inline void Q6Group(const uint8_t* ql, const uint8_t* qh, size_t p, size_t kind, size_t i0, __m512i w[4]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  __m512i rows[4];
+  for (size_t j = 0; j < 4; ++j) {
+    const size_t i = i0 + j;
+    const __m512i l = Load(ql + (16 * p + (kind & 1) * 8 + i) * kTile);
+    const __m512i h = Load(qh + (8 * p + i) * kTile);
+    const __m512i low = kind < 2 ? l : _mm512_srli_epi16(l, 4);
+    // The pair of high bits moved to bits 4-5.
+    const __m512i high = kind == 0 ? _mm512_slli_epi16(h, 4)
+                         : kind == 1 ? _mm512_slli_epi16(h, 2)
+                         : kind == 2 ? h
+                                     : _mm512_srli_epi16(h, 2);
+    rows[j] = _mm512_or_si512(_mm512_and_si512(low, low4), _mm512_and_si512(high, bits45));
+  }
+  Transpose4(rows[0], rows[1], rows[2], rows[3], w);
+}
+
 // 16 rows of nibble bytes qs[16][64] (low nibble k = i, high k = i + 16) against
 // x[r][0..31], added to isum[r][g] (Transpose4's column order).
 template <size_t R>
 inline void NibbleDot(const uint8_t* qs, const int8_t* const x[R], __m512i isum[R][4]) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (size_t i = 0; i < 16; i += 4) {
-    const uint8_t* row = qs + i * kTile;
-    __m512i bytes[4], lo[4], hi[4];
-    for (size_t j = 0; j < 4; ++j) bytes[j] = Load(row + j * kTile);
-    Transpose4(_mm512_and_si512(bytes[0], low4), _mm512_and_si512(bytes[1], low4),
-               _mm512_and_si512(bytes[2], low4), _mm512_and_si512(bytes[3], low4), lo);
-    Transpose4(_mm512_and_si512(_mm512_srli_epi16(bytes[0], 4), low4),
-               _mm512_and_si512(_mm512_srli_epi16(bytes[1], 4), low4),
-               _mm512_and_si512(_mm512_srli_epi16(bytes[2], 4), low4),
-               _mm512_and_si512(_mm512_srli_epi16(bytes[3], 4), low4), hi);
+    __m512i lo[4], hi[4];
+    NibbleGroups(qs + i * kTile, lo, hi);
     for (size_t r = 0; r < R; ++r) {
       const __m512i al = Dword(x[r] + i), ah = Dword(x[r] + 16 + i);
       for (size_t g = 0; g < 4; ++g) {
         isum[r][g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(isum[r][g], lo[g], al), hi[g], ah);
       }
     }
+  }
+}
+
+// The expanded tile (Expand): k-group j (k = 4j .. 4j+3) is the 256 bytes at 256 j,
+// its Transpose4 group g the 64 at 256 j + 64 g; e points at the first k of the
+// run. Groups G0 .. G0+NG-1 of L values of k.
+template <size_t R, size_t L, size_t G0, size_t NG>
+inline void ExpandedDot(const uint8_t* e, const int8_t* const x[R], __m512i isum[R][NG]) {
+  for (size_t i = 0; i < L; i += 4) {
+    __m512i w[NG];
+    for (size_t g = 0; g < NG; ++g) w[g] = _mm512_load_si512(e + i * kTile + (G0 + g) * kTile);
+    DotGroup<R, NG>(w, x, i, isum);
+  }
+}
+
+inline void StoreGroup(const __m512i w[4], uint8_t* e) {
+  for (size_t g = 0; g < 4; ++g) _mm512_store_si512(e + g * kTile, w[g]);
+}
+
+// The nibbles of a 32-value block (qs[16][64]) into the expanded tile at e (its first k).
+inline void ExpandNibbles(const uint8_t* qs, uint8_t* e) {
+  for (size_t i = 0; i < 16; i += 4) {
+    __m512i lo[4], hi[4];
+    NibbleGroups(qs + i * kTile, lo, hi);
+    StoreGroup(lo, e + i * kTile);
+    StoreGroup(hi, e + (16 + i) * kTile);
   }
 }
 
@@ -89,213 +182,287 @@ inline __m128i Group(const uint8_t* p, size_t g) {
 
 inline __m512i Bytes32(const uint8_t* p, size_t g) { return _mm512_cvtepu8_epi32(Group(p, g)); }
 
-// acc (Transpose4's order) -> out[0..63] in column order.
-inline void StoreColumns(const __m512 acc[4], float* out) {
-  for (size_t g = 0; g < 4; ++g) {
+// acc (groups G0 .. G0+NG-1 in Transpose4's order) -> their columns of out[0..63].
+template <size_t G0, size_t NG>
+inline void StoreColumns(const __m512 acc[NG], float* out) {
+  for (size_t g = 0; g < NG; ++g) {
     for (size_t lane = 0; lane < 4; ++lane) {
-      _mm_storeu_ps(out + 16 * lane + 4 * g, _mm512_extractf32x4_ps(acc[g], lane));
+      _mm_storeu_ps(out + 16 * lane + 4 * (G0 + g), _mm512_extractf32x4_ps(acc[g], lane));
     }
   }
 }
 
-// R rows of activations against one tile; F is Q8_0 or Q4_0.
-template <QuantFormat F, size_t R>
-void GemmRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
-  constexpr bool kQ8 = F == QuantFormat::kQ8_0;
-  const size_t blocks = a.k / 32;
-  const size_t block_bytes = (kQ8 ? 34 : 18) * kTile;
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc[R][4];
-  for (size_t r = 0; r < R; ++r) {
-    for (auto& v : acc[r]) v = _mm512_setzero_ps();
-  }
-  for (size_t b = 0; b < blocks; ++b) {
-    const uint8_t* blk = tile + b * block_bytes;
-    const uint8_t* q = blk + 2 * kTile;
-    const int8_t* x[R];
-    for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + 32 * b;
-    __m512i isum[R][4];
-    for (size_t r = 0; r < R; ++r) {
-      for (auto& v : isum[r]) v = _mm512_setzero_si512();
+// Each kernel below is a struct: Rows<R, kExpanded, G0, NG> runs R rows of
+// activations against Transpose4 groups G0 .. G0+NG-1 of one tile (all four
+// unless expanded: unpacking makes all four at once), reading the quants from
+// the tile or, with kExpanded, from the tile expanded by Expand (e); the scales
+// always come from the tile.
+
+// Q8_0 or Q4_0.
+template <QuantFormat F>
+struct Block32Kernel {
+  static constexpr bool kQ8 = F == QuantFormat::kQ8_0;
+  static constexpr size_t kBlockBytes = (kQ8 ? 34 : 18) * kTile;
+
+  static void Expand(const uint8_t* tile, size_t k, uint8_t* e) {
+    for (size_t b = 0; b < k / 32; ++b) {
+      const uint8_t* q = tile + b * kBlockBytes + 2 * kTile;
+      uint8_t* eb = e + 32 * b * kTile;
+      if constexpr (kQ8) {
+        for (size_t i = 0; i < 32; i += 4) {
+          __m512i w[4];
+          Q8Group(q + i * kTile, w);
+          StoreGroup(w, eb + i * kTile);
+        }
+      } else {
+        ExpandNibbles(q, eb);
+      }
     }
-    if constexpr (kQ8) {
-      for (size_t i = 0; i < 32; i += 4) {
-        const uint8_t* row = q + i * kTile;
-        __m512i w[4];
-        Transpose4(_mm512_xor_si512(Load(row), flip), _mm512_xor_si512(Load(row + kTile), flip),
-                   _mm512_xor_si512(Load(row + 2 * kTile), flip), _mm512_xor_si512(Load(row + 3 * kTile), flip), w);
-        for (size_t r = 0; r < R; ++r) {
-          const __m512i av = Dword(x[r] + i);
-          for (size_t g = 0; g < 4; ++g) isum[r][g] = _mm512_dpbusd_epi32(isum[r][g], w[g], av);
+  }
+
+  template <size_t R, bool kExpanded, size_t G0 = 0, size_t NG = 4>
+  static void Rows(const QuantActs& a, size_t row0, const uint8_t* tile, const uint8_t* e, float* c,
+                   size_t c_stride) {
+    const size_t blocks = a.k / 32;
+    __m512 acc[R][NG];
+    Zero(acc);
+    for (size_t b = 0; b < blocks; ++b) {
+      const uint8_t* blk = tile + b * kBlockBytes;
+      const uint8_t* q = blk + 2 * kTile;
+      const int8_t* x[R];
+      for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + 32 * b;
+      __m512i isum[R][NG];
+      Zero(isum);
+      if constexpr (kExpanded) {
+        ExpandedDot<R, 32, G0, NG>(e + 32 * b * kTile, x, isum);
+      } else if constexpr (kQ8) {
+        for (size_t i = 0; i < 32; i += 4) {
+          __m512i w[4];
+          Q8Group(q + i * kTile, w);
+          DotGroup<R>(w, x, i, isum);
+        }
+      } else {
+        NibbleDot<R>(q, x, isum);
+      }
+      __m512 scale[4];
+      Scales(blk, scale);
+      for (size_t r = 0; r < R; ++r) {
+        const float ad = a.d[(row0 + r) * blocks + b];
+        const __m512i offset = _mm512_set1_epi32((kQ8 ? 128 : 8) * a.sum32[(row0 + r) * blocks + b]);
+        const __m512 s = _mm512_set1_ps(ad);
+        for (size_t g = 0; g < NG; ++g) {
+          const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][g], offset));
+          acc[r][g] = _mm512_fmadd_ps(v, _mm512_mul_ps(scale[G0 + g], s), acc[r][g]);
         }
       }
-    } else {
-      NibbleDot<R>(q, x, isum);
     }
-    __m512 scale[4];
-    Scales(blk, scale);
-    for (size_t r = 0; r < R; ++r) {
-      const float ad = a.d[(row0 + r) * blocks + b];
-      const __m512i offset = _mm512_set1_epi32((kQ8 ? 128 : 8) * a.sum32[(row0 + r) * blocks + b]);
-      const __m512 s = _mm512_set1_ps(ad);
-      for (size_t g = 0; g < 4; ++g) {
-        const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][g], offset));
-        acc[r][g] = _mm512_fmadd_ps(v, _mm512_mul_ps(scale[g], s), acc[r][g]);
-      }
-    }
+    for (size_t r = 0; r < R; ++r) StoreColumns<G0, NG>(acc[r], c + r * c_stride);
   }
-  for (size_t r = 0; r < R; ++r) StoreColumns(acc[r], c + r * c_stride);
-}
+};
 
 // Q4_K: per sub-block of 32 the nibble dot, times the column's 6-bit scale; the
 // mins' term sum_j mn_j * (the activations' sum over sub-block j) after the
 // super-block. The FP32 steps are the AVX2 and portable kernels'.
-template <size_t R>
-void GemmQ4KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
-  const size_t supers = a.k / 256;
-  __m512 acc[R][4];
-  for (size_t r = 0; r < R; ++r) {
-    for (auto& v : acc[r]) v = _mm512_setzero_ps();
-  }
-  for (size_t s = 0; s < supers; ++s) {
-    const uint8_t* blk = tile + s * 148 * kTile;
-    const uint8_t* sc = blk + 4 * kTile;
-    const uint8_t* mn = blk + 12 * kTile;
-    __m512i total[R][4];
-    for (size_t r = 0; r < R; ++r) {
-      for (auto& v : total[r]) v = _mm512_setzero_si512();
-    }
-    for (size_t sub = 0; sub < 8; ++sub) {
-      PrefetchEighth(blk + 148 * kTile, 148 * kTile, sub);
-      const int8_t* x[R];
-      for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * sub;
-      __m512i isum[R][4];
-      for (size_t r = 0; r < R; ++r) {
-        for (auto& v : isum[r]) v = _mm512_setzero_si512();
-      }
-      NibbleDot<R>(blk + 20 * kTile + 16 * sub * kTile, x, isum);
-      for (size_t g = 0; g < 4; ++g) {
-        const __m512i scale = Bytes32(sc + sub * kTile, g);
-        for (size_t r = 0; r < R; ++r) total[r][g] = _mm512_add_epi32(total[r][g], _mm512_mullo_epi32(scale, isum[r][g]));
-      }
-    }
-    __m512 d[4], dmin[4];
-    Scales(blk, d);
-    Scales(blk + 2 * kTile, dmin);
-    const int32_t* asum[R];
-    for (size_t r = 0; r < R; ++r) asum[r] = a.sum32 + (row0 + r) * (a.k / 32) + 8 * s;
-    for (size_t g = 0; g < 4; ++g) {
-      __m512i msum[R];  // the mins' term, each group's mins widened once for every row
-      for (size_t r = 0; r < R; ++r) msum[r] = _mm512_setzero_si512();
+struct Q4KKernel {
+  static constexpr size_t kSuperBytes = 148 * kTile;
+
+  static void Expand(const uint8_t* tile, size_t k, uint8_t* e) {
+    for (size_t s = 0; s < k / 256; ++s) {
       for (size_t sub = 0; sub < 8; ++sub) {
-        const __m512i mins = Bytes32(mn + sub * kTile, g);
-        for (size_t r = 0; r < R; ++r) {
-          msum[r] = _mm512_add_epi32(msum[r], _mm512_mullo_epi32(mins, _mm512_set1_epi32(asum[r][sub])));
+        ExpandNibbles(tile + s * kSuperBytes + 20 * kTile + 16 * sub * kTile, e + (256 * s + 32 * sub) * kTile);
+      }
+    }
+  }
+
+  template <size_t R, bool kExpanded, size_t G0 = 0, size_t NG = 4>
+  static void Rows(const QuantActs& a, size_t row0, const uint8_t* tile, const uint8_t* e, float* c,
+                   size_t c_stride) {
+    const size_t supers = a.k / 256;
+    __m512 acc[R][NG];
+    Zero(acc);
+    for (size_t s = 0; s < supers; ++s) {
+      const uint8_t* blk = tile + s * kSuperBytes;
+      const uint8_t* sc = blk + 4 * kTile;
+      const uint8_t* mn = blk + 12 * kTile;
+      __m512i total[R][NG];
+      Zero(total);
+      for (size_t sub = 0; sub < 8; ++sub) {
+        const int8_t* x[R];
+        for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * sub;
+        __m512i isum[R][NG];
+        Zero(isum);
+        if constexpr (kExpanded) {
+          ExpandedDot<R, 32, G0, NG>(e + (256 * s + 32 * sub) * kTile, x, isum);
+        } else {
+          PrefetchEighth(blk + kSuperBytes, kSuperBytes, sub);
+          NibbleDot<R>(blk + 20 * kTile + 16 * sub * kTile, x, isum);
+        }
+        for (size_t g = 0; g < NG; ++g) {
+          const __m512i scale = Bytes32(sc + sub * kTile, G0 + g);
+          for (size_t r = 0; r < R; ++r) {
+            total[r][g] = _mm512_add_epi32(total[r][g], _mm512_mullo_epi32(scale, isum[r][g]));
+          }
         }
       }
-      for (size_t r = 0; r < R; ++r) {
-        const float ad = a.d[(row0 + r) * supers + s];
-        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][g]), _mm512_mul_ps(d[g], _mm512_set1_ps(ad)), acc[r][g]);
-        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[r]), _mm512_mul_ps(dmin[g], _mm512_set1_ps(-ad)), acc[r][g]);
+      __m512 d[4], dmin[4];
+      Scales(blk, d);
+      Scales(blk + 2 * kTile, dmin);
+      const int32_t* asum[R];
+      for (size_t r = 0; r < R; ++r) asum[r] = a.sum32 + (row0 + r) * (a.k / 32) + 8 * s;
+      for (size_t g = 0; g < NG; ++g) {
+        __m512i msum[R];  // the mins' term, each group's mins widened once for every row
+        for (size_t r = 0; r < R; ++r) msum[r] = _mm512_setzero_si512();
+        for (size_t sub = 0; sub < 8; ++sub) {
+          const __m512i mins = Bytes32(mn + sub * kTile, G0 + g);
+          for (size_t r = 0; r < R; ++r) {
+            msum[r] = _mm512_add_epi32(msum[r], _mm512_mullo_epi32(mins, _mm512_set1_epi32(asum[r][sub])));
+          }
+        }
+        for (size_t r = 0; r < R; ++r) {
+          const float ad = a.d[(row0 + r) * supers + s];
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][g]),
+                                      _mm512_mul_ps(d[G0 + g], _mm512_set1_ps(ad)), acc[r][g]);
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[r]), _mm512_mul_ps(dmin[G0 + g], _mm512_set1_ps(-ad)),
+                                      acc[r][g]);
+        }
       }
     }
+    for (size_t r = 0; r < R; ++r) StoreColumns<G0, NG>(acc[r], c + r * c_stride);
   }
-  for (size_t r = 0; r < R; ++r) StoreColumns(acc[r], c + r * c_stride);
-}
+};
 
 // Q6_K: a pair p of 16-value sub-blocks (k = 32p + 0..15 and 32p + 16..31) at a
 // time. The 6-bit quants are used unsigned (0..63) and 32 x the activations' sum
-// of each sub-block is taken off, exactly; ql row 16p + i holds the low 4 bits of
-// k = i (low nibble) and 16 + i (high), qh row 8p + (i mod 8) their 2 high bits
-// (quant_format.h).
-template <size_t R>
-void GemmQ6KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
-  const size_t supers = a.k / 256;
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
-  __m512 acc[R][4];
-  for (size_t r = 0; r < R; ++r) {
-    for (auto& v : acc[r]) v = _mm512_setzero_ps();
-  }
-  for (size_t s = 0; s < supers; ++s) {
-    const uint8_t* blk = tile + s * 210 * kTile;
-    const uint8_t* sc = blk + 2 * kTile;
-    const uint8_t* ql = blk + 18 * kTile;
-    const uint8_t* qh = blk + 146 * kTile;
-    __m512i total[R][4];
-    for (size_t r = 0; r < R; ++r) {
-      for (auto& v : total[r]) v = _mm512_setzero_si512();
-    }
-    for (size_t p = 0; p < 8; ++p) {
-      PrefetchEighth(blk + 210 * kTile, 210 * kTile, p);
-      const int8_t* x[R];
-      for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * p;
-      // Sub-block 2p + half (k = 32p + 16 half + 0..15) at a time, folded into the totals
-      // before the next one starts: one set of sums live, not two (R = 4 spilled).
-      for (size_t half = 0; half < 2; ++half) {
-        __m512i sums[R][4];
-        for (size_t r = 0; r < R; ++r) {
-          for (auto& v : sums[r]) v = _mm512_setzero_si512();
-        }
-        // Rows k = kind * 8 + i0 .. +3: kind 0 and 2 from ql row 16p + i (low, high nibble),
-        // 1 and 3 from ql row 16p + 8 + i; their high bits are qh row 8p + i's bit pairs
-        // 0, 1, 2, 3. One group of four rows at a time keeps the sums in registers.
-        for (size_t kind = 2 * half; kind < 2 * half + 2; ++kind) {
+// of each sub-block is taken off, exactly.
+struct Q6KKernel {
+  static constexpr size_t kSuperBytes = 210 * kTile;
+
+  static void Expand(const uint8_t* tile, size_t k, uint8_t* e) {
+    for (size_t s = 0; s < k / 256; ++s) {
+      const uint8_t* blk = tile + s * kSuperBytes;
+      for (size_t p = 0; p < 8; ++p) {
+        for (size_t kind = 0; kind < 4; ++kind) {
           for (size_t i0 = 0; i0 < 8; i0 += 4) {
-            __m512i rows[4];
-            for (size_t j = 0; j < 4; ++j) {
-              const size_t i = i0 + j;
-              const __m512i l = Load(ql + (16 * p + (kind & 1) * 8 + i) * kTile);
-              const __m512i h = Load(qh + (8 * p + i) * kTile);
-              const __m512i low = kind < 2 ? l : _mm512_srli_epi16(l, 4);
-              // The pair of high bits moved to bits 4-5.
-              const __m512i high = kind == 0 ? _mm512_slli_epi16(h, 4)
-                                   : kind == 1 ? _mm512_slli_epi16(h, 2)
-                                   : kind == 2 ? h
-                                               : _mm512_srli_epi16(h, 2);
-              rows[j] = _mm512_or_si512(_mm512_and_si512(low, low4), _mm512_and_si512(high, bits45));
-            }
             __m512i w[4];
-            Transpose4(rows[0], rows[1], rows[2], rows[3], w);
-            const size_t k = kind * 8 + i0;
-            for (size_t r = 0; r < R; ++r) {
-              const __m512i av = Dword(x[r] + k);
-              for (size_t g = 0; g < 4; ++g) sums[r][g] = _mm512_dpbusd_epi32(sums[r][g], w[g], av);
-            }
+            Q6Group(blk + 18 * kTile, blk + 146 * kTile, p, kind, i0, w);
+            StoreGroup(w, e + (256 * s + 32 * p + kind * 8 + i0) * kTile);
           }
         }
-        __m512i off[R];
-        for (size_t r = 0; r < R; ++r) {
-          off[r] = _mm512_set1_epi32(32 * a.sum16[(row0 + r) * (a.k / 16) + 16 * s + 2 * p + half]);
-        }
-        for (size_t g = 0; g < 4; ++g) {  // each group's scales widened once for every row
-          const __m512i scale = _mm512_cvtepi8_epi32(Group(sc + (2 * p + half) * kTile, g));
-          for (size_t r = 0; r < R; ++r) {
-            total[r][g] = _mm512_add_epi32(total[r][g], _mm512_mullo_epi32(scale, _mm512_sub_epi32(sums[r][g], off[r])));
-          }
-        }
-      }
-    }
-    __m512 d[4];
-    Scales(blk, d);
-    for (size_t r = 0; r < R; ++r) {
-      const __m512 ad = _mm512_set1_ps(a.d[(row0 + r) * supers + s]);
-      for (size_t g = 0; g < 4; ++g) {
-        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][g]), _mm512_mul_ps(d[g], ad), acc[r][g]);
       }
     }
   }
-  for (size_t r = 0; r < R; ++r) StoreColumns(acc[r], c + r * c_stride);
+
+  template <size_t R, bool kExpanded, size_t G0 = 0, size_t NG = 4>
+  static void Rows(const QuantActs& a, size_t row0, const uint8_t* tile, const uint8_t* e, float* c,
+                   size_t c_stride) {
+    const size_t supers = a.k / 256;
+    __m512 acc[R][NG];
+    Zero(acc);
+    for (size_t s = 0; s < supers; ++s) {
+      const uint8_t* blk = tile + s * kSuperBytes;
+      const uint8_t* sc = blk + 2 * kTile;
+      __m512i total[R][NG];
+      Zero(total);
+      for (size_t p = 0; p < 8; ++p) {
+        if constexpr (!kExpanded) PrefetchEighth(blk + kSuperBytes, kSuperBytes, p);
+        const int8_t* x[R];
+        for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * p;
+        // Sub-block 2p + half (k = 32p + 16 half + 0..15) at a time, folded into the totals
+        // before the next one starts: one set of sums live, not two (R = 4 spilled).
+        for (size_t half = 0; half < 2; ++half) {
+          __m512i sums[R][NG];
+          Zero(sums);
+          if constexpr (kExpanded) {
+            const int8_t* xh[R];
+            for (size_t r = 0; r < R; ++r) xh[r] = x[r] + 16 * half;
+            ExpandedDot<R, 16, G0, NG>(e + (256 * s + 32 * p + 16 * half) * kTile, xh, sums);
+          } else {
+            // Rows k = kind * 8 + i0 .. +3, one group of four at a time keeps the sums in registers.
+            for (size_t kind = 2 * half; kind < 2 * half + 2; ++kind) {
+              for (size_t i0 = 0; i0 < 8; i0 += 4) {
+                __m512i w[4];
+                Q6Group(blk + 18 * kTile, blk + 146 * kTile, p, kind, i0, w);
+                DotGroup<R>(w, x, kind * 8 + i0, sums);
+              }
+            }
+          }
+          __m512i off[R];
+          for (size_t r = 0; r < R; ++r) {
+            off[r] = _mm512_set1_epi32(32 * a.sum16[(row0 + r) * (a.k / 16) + 16 * s + 2 * p + half]);
+          }
+          for (size_t g = 0; g < NG; ++g) {  // each group's scales widened once for every row
+            const __m512i scale = _mm512_cvtepi8_epi32(Group(sc + (2 * p + half) * kTile, G0 + g));
+            for (size_t r = 0; r < R; ++r) {
+              total[r][g] =
+                  _mm512_add_epi32(total[r][g], _mm512_mullo_epi32(scale, _mm512_sub_epi32(sums[r][g], off[r])));
+            }
+          }
+        }
+      }
+      __m512 d[4];
+      Scales(blk, d);
+      for (size_t r = 0; r < R; ++r) {
+        const __m512 ad = _mm512_set1_ps(a.d[(row0 + r) * supers + s]);
+        for (size_t g = 0; g < NG; ++g) {
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][g]), _mm512_mul_ps(d[G0 + g], ad), acc[r][g]);
+        }
+      }
+    }
+    for (size_t r = 0; r < R; ++r) StoreColumns<G0, NG>(acc[r], c + r * c_stride);
+  }
+};
+
+// From this many rows a call expands its tile first. Expanding writes and reads
+// back K x 64 bytes per tile; one thread, 3584 x 1024 weights from memory, the
+// expanded path against the tile's: 1.4-1.8x slower at 8 rows, 1.0-1.5x at 16,
+// even at 32 (Q6_K from 16 on); 256 rows: Q6_K 1.5x, Q4_K 1.1-1.3x faster.
+constexpr size_t kExpandRows = 32;
+// Rows per call (the set's max_rows): a prompt of up to this many rows expands
+// each tile once (256 and 64 were within the noise of each other).
+constexpr size_t kMaxRows = 256;
+
+// R rows against the tile or, expanded, against its groups 0-1 and then 2-3:
+// the accumulators, totals and sums of four rows for two groups fit the 32
+// registers, for four they spilled (one thread, 256 rows, K = 1024 and 3584:
+// Q6_K 7.0-7.6 ms against 7.9-8.3, Q4_K 7.5-7.9 against 7.8-9.0; Q4_0 and
+// Q8_0 within the noise either way).
+template <class K, size_t R, bool kExpanded>
+void RowGroup(const QuantActs& a, size_t row0, const uint8_t* tile, const uint8_t* e, float* c, size_t c_stride) {
+  if constexpr (kExpanded) {
+    K::template Rows<R, true, 0, 2>(a, row0, tile, e, c, c_stride);
+    K::template Rows<R, true, 2, 2>(a, row0, tile, e, c, c_stride);
+  } else {
+    K::template Rows<R, false>(a, row0, tile, nullptr, c, c_stride);
+  }
 }
 
-using RowsKernel = void (*)(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride);
-
-// A QuantUkernel over any number of rows: four at a time (K4), then two, then one.
-template <RowsKernel K4, RowsKernel K2, RowsKernel K1>
-void ByRows(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t, float* c, size_t c_stride) {
+// Four rows at a time, then two, then one.
+template <class K, bool kExpanded>
+void RowsInFours(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, const uint8_t* e, float* c,
+                 size_t c_stride) {
   size_t r = 0;
-  for (; r + 4 <= m; r += 4) K4(a, row0 + r, tile, c + r * c_stride, c_stride);
-  for (; r + 2 <= m; r += 2) K2(a, row0 + r, tile, c + r * c_stride, c_stride);
-  if (r < m) K1(a, row0 + r, tile, c + r * c_stride, c_stride);
+  for (; r + 4 <= m; r += 4) RowGroup<K, 4, kExpanded>(a, row0 + r, tile, e, c + r * c_stride, c_stride);
+  for (; r + 2 <= m; r += 2) RowGroup<K, 2, kExpanded>(a, row0 + r, tile, e, c + r * c_stride, c_stride);
+  if (r < m) RowGroup<K, 1, kExpanded>(a, row0 + r, tile, e, c + r * c_stride, c_stride);
+}
+
+// A QuantUkernel over any number of rows.
+template <class K>
+void ByRows(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t, float* c, size_t c_stride) {
+  if (m < kExpandRows) return RowsInFours<K, false>(m, a, row0, tile, nullptr, c, c_stride);
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  // One per thread, grown to the largest K seen: K x 64 bytes (a 3584-deep tile: 224 KiB, in L2).
+  thread_local std::unique_ptr<uint8_t, Free> expanded;
+  thread_local size_t capacity = 0;
+  if (capacity < a.k * kTile) {
+    expanded.reset(static_cast<uint8_t*>(std::aligned_alloc(64, a.k * kTile)));
+    if (!expanded) throw std::bad_alloc();
+    capacity = a.k * kTile;
+  }
+  K::Expand(tile, a.k, expanded.get());
+  RowsInFours<K, true>(m, a, row0, tile, expanded.get(), c, c_stride);
 }
 
 }  // namespace
@@ -305,10 +472,11 @@ const QuantKernelSet& Avx512VnniQuantKernels() {
     QuantKernelSet s = kAvx2QuantKernels;
     s.name = "avx512vnni";
     constexpr QuantFormat kQ8 = QuantFormat::kQ8_0, kQ4 = QuantFormat::kQ4_0;
-    s.ukernel[static_cast<int>(kQ8)] = ByRows<GemmRows<kQ8, 4>, GemmRows<kQ8, 2>, GemmRows<kQ8, 1>>;
-    s.ukernel[static_cast<int>(kQ4)] = ByRows<GemmRows<kQ4, 4>, GemmRows<kQ4, 2>, GemmRows<kQ4, 1>>;
-    s.ukernel[static_cast<int>(QuantFormat::kQ4_K)] = ByRows<GemmQ4KRows<4>, GemmQ4KRows<2>, GemmQ4KRows<1>>;
-    s.ukernel[static_cast<int>(QuantFormat::kQ6_K)] = ByRows<GemmQ6KRows<4>, GemmQ6KRows<2>, GemmQ6KRows<1>>;
+    s.max_rows = kMaxRows;
+    s.ukernel[static_cast<int>(kQ8)] = ByRows<Block32Kernel<kQ8>>;
+    s.ukernel[static_cast<int>(kQ4)] = ByRows<Block32Kernel<kQ4>>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ4_K)] = ByRows<Q4KKernel>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ6_K)] = ByRows<Q6KKernel>;
     return s;
   }();
   return set;
