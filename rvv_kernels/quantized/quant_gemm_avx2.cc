@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "rvv_kernels/base/bf16.h"
 #include "rvv_kernels/base/simd_vectors.h"
@@ -28,6 +29,16 @@ namespace rvascend {
 namespace {
 
 constexpr size_t kTile = 64;
+// Rows per call: the K-quant kernels decode each super-block once for all of them.
+// One thread, 256 rows, 3584 x 1024, min of five alternations against four rows
+// per call: Q6_K 29.0 -> 19.4 ms, Q4_K (with its decoding below) 18.9 -> 16.1;
+// Q4_0 and Q8_0 within 5 % (256 rows per call: the same within the noise).
+constexpr size_t kMaxRows = 64;
+// From this many rows Q4_K decodes each super-block once for the call's rows
+// (weights from memory, 3584 x 1024, one thread: 8 rows 0.59-0.76 -> 0.51-0.54 ms;
+// 4 rows 0.32-0.35 -> 0.30-0.33 alone, but a Qwen3.5-0.8B-shaped Q4_K_M decode
+// step of 4 rows 4-9 % slower in the model: a decode batch keeps the tile path).
+constexpr size_t kQ4KDecodeRows = 8;
 
 // Each kernel takes up to two rows of activations at once (R): the weights are
 // loaded and unpacked once for both (a decode batch or a prefill chunk). With
@@ -100,11 +111,22 @@ inline void AddWidened(__m256i x, __m256i y, __m256i out[4]) {
   out[3] = _mm256_add_epi32(out[3], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(y, 1)));
 }
 
-// 16 rows of nibble bytes qs[16][64] (low nibble k = i, high k = i + 16) against
-// a[r][0..31]: isum[r][g] += the integer sums of columns 8g .. 8g+7.
-template <size_t R>
-inline void DotNibbleRows(const uint8_t* qs, const int8_t* const a[R], __m256i isum[R][8]) {
+// The vpmaddubsw operands of nibble row i of qs[16][64] (low nibble k = i, high
+// k = i + 16), columns 32 g .. 32 g + 31: per 128-bit lane, columns 0-7 | 16-23
+// (out[0], vpunpcklbw) and 8-15 | 24-31 (out[1], vpunpckhbw) of the 32.
+inline void NibbleOperands(const uint8_t* qs, size_t i, size_t g, __m256i out[2]) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + i * kTile + 32 * g));
+  const __m256i lo = _mm256_and_si256(b, low4);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
+  out[0] = _mm256_unpacklo_epi8(lo, hi);
+  out[1] = _mm256_unpackhi_epi8(lo, hi);
+}
+
+// 16 rows of nibbles (operands(i, g, out): NibbleOperands' two vectors) against
+// a[r][0..31]: isum[r][g] += the integer sums of columns 8g .. 8g+7.
+template <size_t R, class Operands>
+inline void DotNibbleRows(const Operands& operands, const int8_t* const a[R], __m256i isum[R][8]) {
   PairTable pairs[R];
   for (size_t r = 0; r < R; ++r) NibblePairs(a[r], &pairs[r]);
   for (size_t g = 0; g < 2; ++g) {  // 32 columns
@@ -112,20 +134,22 @@ inline void DotNibbleRows(const uint8_t* qs, const int8_t* const a[R], __m256i i
       __m256i s16[R][2];
       for (size_t r = 0; r < R; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
       for (size_t i = 8 * half; i < 8 * half + 8; ++i) {
-        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + i * kTile + 32 * g));
-        const __m256i lo = _mm256_and_si256(b, low4);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
-        // Per 128-bit lane: columns 0-7 | 16-23 (unpacklo) and 8-15 | 24-31 (unpackhi) of the 32.
-        const __m256i p0 = _mm256_unpacklo_epi8(lo, hi), p1 = _mm256_unpackhi_epi8(lo, hi);
+        __m256i w[2];
+        operands(i, g, w);
         for (size_t r = 0; r < R; ++r) {
           const __m256i pair = _mm256_set1_epi16(pairs[r].v[i]);
-          s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(p0, pair));
-          s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(p1, pair));
+          s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(w[0], pair));
+          s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(w[1], pair));
         }
       }
       for (size_t r = 0; r < R; ++r) AddWidened(s16[r][0], s16[r][1], isum[r] + 4 * g);
     }
   }
+}
+
+template <size_t R>
+inline void DotNibbleRows(const uint8_t* qs, const int8_t* const a[R], __m256i isum[R][8]) {
+  DotNibbleRows<R>([qs](size_t i, size_t g, __m256i w[2]) { NibbleOperands(qs, i, g, w); }, a, isum);
 }
 
 inline __m256 Halves(const uint8_t* p) {
@@ -175,49 +199,59 @@ void Gemm32Rows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, 
   for (size_t r = 0; r < R; ++r) Store(acc[r], c + r * c_stride);
 }
 
+// R rows' super-block s against the tile's super-block at blk, added to acc:
+// operands(sub, i, g, out) gives NibbleOperands' vectors of sub-block sub, decoded
+// there and then or read from the super-block decoded once for the call's rows.
+template <size_t R, bool kPrefetch, class Operands>
+inline void Q4KSuper(const QuantActs& a, size_t row0, size_t s, const uint8_t* blk, const Operands& operands,
+                     __m256 acc[R][8]) {
+  const uint8_t* sc = blk + 4 * kTile;
+  const uint8_t* mn = blk + 12 * kTile;
+  __m256i total[R][8], msum[R][8];
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t g = 0; g < 8; ++g) total[r][g] = msum[r][g] = _mm256_setzero_si256();
+  }
+  for (size_t sub = 0; sub < 8; ++sub) {
+    if (kPrefetch) PrefetchEighth(blk + 148 * kTile, 148 * kTile, sub);  // Q4_K reads its fields as separate streams too
+    const int8_t* q[R];
+    for (size_t r = 0; r < R; ++r) q[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * sub;
+    __m256i isum[R][8];
+    for (size_t r = 0; r < R; ++r) {
+      for (auto& v : isum[r]) v = _mm256_setzero_si256();
+    }
+    DotNibbleRows<R>([&](size_t i, size_t g, __m256i w[2]) { operands(sub, i, g, w); }, q, isum);
+    for (size_t g = 0; g < 8; ++g) {
+      const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + sub * kTile + 8 * g)));
+      const __m256i mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + sub * kTile + 8 * g)));
+      for (size_t r = 0; r < R; ++r) {
+        const __m256i as = _mm256_set1_epi32(a.sum32[(row0 + r) * (a.k / 32) + 8 * s + sub]);
+        total[r][g] = _mm256_add_epi32(total[r][g], _mm256_mullo_epi32(scale, isum[r][g]));
+        msum[r][g] = _mm256_add_epi32(msum[r][g], _mm256_mullo_epi32(mins, as));
+      }
+    }
+  }
+  for (size_t r = 0; r < R; ++r) {
+    const float ad = a.d[(row0 + r) * (a.k / 256) + s];
+    const __m256 d = _mm256_set1_ps(ad), neg_d = _mm256_set1_ps(-ad);
+    for (size_t g = 0; g < 8; ++g) {
+      acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r][g]), _mm256_mul_ps(Halves(blk + 16 * g), d), acc[r][g]);
+      acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[r][g]), _mm256_mul_ps(Halves(blk + 2 * kTile + 16 * g), neg_d),
+                                  acc[r][g]);
+    }
+  }
+}
+
 template <size_t R>
 void GemmQ4KRows(const QuantActs& a, size_t row0, const uint8_t* tile, float* c, size_t c_stride) {
-  const size_t supers = a.k / 256;
   __m256 acc[R][8];
   for (size_t r = 0; r < R; ++r) {
     for (auto& v : acc[r]) v = _mm256_setzero_ps();
   }
-  for (size_t s = 0; s < supers; ++s) {
+  for (size_t s = 0; s < a.k / 256; ++s) {
     const uint8_t* blk = tile + s * 148 * kTile;
-    const uint8_t* sc = blk + 4 * kTile;
-    const uint8_t* mn = blk + 12 * kTile;
-    __m256i total[R][8], msum[R][8];
-    for (size_t r = 0; r < R; ++r) {
-      for (size_t g = 0; g < 8; ++g) total[r][g] = msum[r][g] = _mm256_setzero_si256();
-    }
-    for (size_t sub = 0; sub < 8; ++sub) {
-      PrefetchEighth(blk + 148 * kTile, 148 * kTile, sub);  // Q4_K reads its fields as separate streams too
-      const int8_t* q[R];
-      for (size_t r = 0; r < R; ++r) q[r] = a.q + (row0 + r) * a.k + 256 * s + 32 * sub;
-      __m256i isum[R][8];
-      for (size_t r = 0; r < R; ++r) {
-        for (auto& v : isum[r]) v = _mm256_setzero_si256();
-      }
-      DotNibbleRows<R>(blk + 20 * kTile + 16 * sub * kTile, q, isum);
-      for (size_t g = 0; g < 8; ++g) {
-        const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + sub * kTile + 8 * g)));
-        const __m256i mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + sub * kTile + 8 * g)));
-        for (size_t r = 0; r < R; ++r) {
-          const __m256i as = _mm256_set1_epi32(a.sum32[(row0 + r) * (a.k / 32) + 8 * s + sub]);
-          total[r][g] = _mm256_add_epi32(total[r][g], _mm256_mullo_epi32(scale, isum[r][g]));
-          msum[r][g] = _mm256_add_epi32(msum[r][g], _mm256_mullo_epi32(mins, as));
-        }
-      }
-    }
-    for (size_t r = 0; r < R; ++r) {
-      const float ad = a.d[(row0 + r) * supers + s];
-      const __m256 d = _mm256_set1_ps(ad), neg_d = _mm256_set1_ps(-ad);
-      for (size_t g = 0; g < 8; ++g) {
-        acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r][g]), _mm256_mul_ps(Halves(blk + 16 * g), d), acc[r][g]);
-        acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[r][g]), _mm256_mul_ps(Halves(blk + 2 * kTile + 16 * g), neg_d),
-                                    acc[r][g]);
-      }
-    }
+    Q4KSuper<R, true>(a, row0, s, blk, [blk](size_t sub, size_t i, size_t g, __m256i w[2]) {
+      NibbleOperands(blk + 20 * kTile + 16 * sub * kTile, i, g, w);
+    }, acc);
   }
   for (size_t r = 0; r < R; ++r) Store(acc[r], c + r * c_stride);
 }
@@ -334,10 +368,10 @@ inline void Q6KSuperRow(const QuantActs& a, size_t row, size_t s, const uint8_t*
 }
 
 // One row decodes each super-block as it goes. Several rows (a decode batch, a
-// prompt; up to four per call) decode it once into 16 KB of operands and each
+// prompt; up to kMaxRows per call) decode it once into 16 KB of operands and each
 // row reads them: the decoding was most of a row's work. 6144x1024 on one Zen 4
-// thread, five alternations, median: M = 4 1.27 -> 0.87 ms, M = 16 4.3 -> 2.9,
-// M = 64 15.3 -> 13.9; M = 1 unchanged (0.29 -> 0.22).
+// thread, five alternations, median, four rows per call: M = 4 1.27 -> 0.87 ms,
+// M = 16 4.3 -> 2.9, M = 64 15.3 -> 13.9; M = 1 unchanged (0.29 -> 0.22).
 void GemmQ6KAvx2(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c,
                  size_t c_stride) {
   const size_t supers = a.k / 256;
@@ -366,6 +400,40 @@ void GemmQ6KAvx2(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile,
     }
   }
   (void)t;
+}
+
+// Q4_K with several rows: each super-block is decoded once into 16 KB of operands
+// and every pair of rows reads them, their accumulators kept in c between
+// super-blocks (the same FP32 operations in the same order, so the same results).
+void GemmQ4KAvx2(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c,
+                 size_t c_stride) {
+  if (m < kQ4KDecodeRows) return ByRows<Q4KRows>(m, a, row0, tile, t, c, c_stride);
+  for (size_t r = 0; r < m; ++r) std::fill(c + r * c_stride, c + r * c_stride + kTile, 0.0f);
+  alignas(32) __m256i decoded[8][16][2][2];  // [sub][i][g]: NibbleOperands
+  const auto rows = [&](auto kRows, size_t r, const uint8_t* blk, size_t s) {
+    constexpr size_t R = decltype(kRows)::value;
+    __m256 acc[R][8];
+    for (size_t j = 0; j < R; ++j) {
+      for (size_t g = 0; g < 8; ++g) acc[j][g] = _mm256_loadu_ps(c + (r + j) * c_stride + 8 * g);
+    }
+    Q4KSuper<R, false>(a, row0 + r, s, blk, [&](size_t sub, size_t i, size_t g, __m256i w[2]) {
+      w[0] = decoded[sub][i][g][0];
+      w[1] = decoded[sub][i][g][1];
+    }, acc);
+    for (size_t j = 0; j < R; ++j) Store(acc[j], c + (r + j) * c_stride);
+  };
+  for (size_t s = 0; s < a.k / 256; ++s) {
+    const uint8_t* blk = tile + s * 148 * kTile;
+    for (size_t sub = 0; sub < 8; ++sub) {
+      PrefetchEighth(blk + 148 * kTile, 148 * kTile, sub);
+      for (size_t i = 0; i < 16; ++i) {
+        for (size_t g = 0; g < 2; ++g) NibbleOperands(blk + 20 * kTile + 16 * sub * kTile, i, g, decoded[sub][i][g]);
+      }
+    }
+    size_t r = 0;
+    for (; r + 2 <= m; r += 2) rows(std::integral_constant<size_t, 2>(), r, blk, s);
+    if (r < m) rows(std::integral_constant<size_t, 1>(), r, blk, s);
+  }
 }
 
 // The activation quantization of quant_activations.h, vectorized: the same products
@@ -439,9 +507,9 @@ void StoreBf16Avx2(const float* c, size_t n, uint16_t* out) {
 }  // namespace
 
 const QuantKernelSet kAvx2QuantKernels = {
-    "avx2", kTile, 4,
+    "avx2", kTile, kMaxRows,
     {ByRows<Gemm32<QuantFormat::kQ8_0>::Rows>, ByRows<Gemm32<QuantFormat::kQ4_0>::Rows>,
-     ByRows<Gemm32<QuantFormat::kQ4_1>::Rows>, ByRows<Q4KRows>, GemmQ6KAvx2},
+     ByRows<Gemm32<QuantFormat::kQ4_1>::Rows>, GemmQ4KAvx2, GemmQ6KAvx2},
     QuantizeRowAvx2, StoreBf16Avx2};
 
 }  // namespace rvascend

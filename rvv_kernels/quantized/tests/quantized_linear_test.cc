@@ -387,7 +387,8 @@ int main() {
       TestShape(*set, f, 5, t - 1, k1, rng);
       TestShape(*set, f, 9, 1, kb == 32 ? 32 : 256, rng);
       // A prompt's rows: more than one call takes (max_rows), and 39 in one call, which
-      // the VNNI set runs against its expanded tile from 32 rows on: 4 x 9, 2, 1.
+      // the x86 sets run against a tile decoded once (AVX2's Q4_K from 8 rows, Q6_K
+      // from 2; the VNNI set's expanded tile from 32 rows: 4 x 9, 2, 1).
       TestShape(*set, f, set->max_rows + 15, t + 3, k2, rng);
       TestShape(*set, f, 39, 2 * t - 3, k1, rng);
     }
