@@ -84,7 +84,7 @@ def staleness_check_costs(path: str) -> dict[str, float]:
     if plan is None:
         raise RuntimeError(f"the fused step's plan could not be built: {why}")
     route_s, plan_s = time_calls([lambda: route.packed_weight(weight), lambda: plan.holds(pool)], min_seconds=0.5)
-    return {"route_check_us": route_s * 1e6, "step_check_us": plan_s * 1e6, "weights_checked": len(plan.projections)}
+    return {"route_check_us": route_s * 1e6, "step_check_us": plan_s * 1e6, "weights_checked": len(plan.weights)}
 
 
 def main(argv: list[str]) -> int:

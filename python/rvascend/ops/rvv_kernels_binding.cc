@@ -154,8 +154,11 @@ void Linear(const std::string& kernel_set, size_t m, size_t n, size_t k, uintptr
 // 287-399 us (Zen 4, three alternations).
 constexpr size_t kFingerprintRun = 8;
 
-uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t col_stride,
-                     size_t weight_elements, size_t samples) {
+// Calls visit(first element of the run) for each run of a weight's samples, in
+// hashing order; returns the run length (0: nothing to sample).
+template <typename Visit>
+size_t ForEachSampleRun(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t col_stride,
+                        size_t weight_elements, size_t samples, Visit visit) {
   if (n == 0 || k == 0) return 0;
   if ((n - 1) * row_stride + (k - 1) * col_stride >= weight_elements) {
     throw std::invalid_argument("fingerprint: the weight's strides reach past its storage");
@@ -163,32 +166,55 @@ uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, si
   const uint16_t* w = Pointer<const uint16_t>(weight, "weight");
   const size_t run = std::min(kFingerprintRun, k);
   const size_t runs = (samples + run - 1) / run;
-  uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < runs; ++i) {
     // Rows evenly spread (first and last included), columns by a Weyl sequence
     // so neighbouring runs do not share columns.
     const size_t row = runs > 1 ? i * (n - 1) / (runs - 1) : 0;
     const size_t col = static_cast<size_t>((i * 0x9E3779B97F4A7C15ull + row) % (k - run + 1));
-    const uint16_t* r = w + row * row_stride + col * col_stride;
-    for (size_t j = 0; j < run; ++j) h = (h ^ r[j * col_stride]) * 1099511628211ull;
+    visit(w + row * row_stride + col * col_stride);
   }
-  return h;
+  return run;
+}
+
+uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t col_stride,
+                     size_t weight_elements, size_t samples) {
+  uint64_t h = 1469598103934665603ull;
+  size_t run = std::min(kFingerprintRun, k);
+  ForEachSampleRun(weight, n, k, row_stride, col_stride, weight_elements, samples, [&](const uint16_t* r) {
+    for (size_t j = 0; j < run; ++j) h = (h ^ r[j * col_stride]) * 1099511628211ull;
+  });
+  return n == 0 || k == 0 ? 0 : h;
 }
 
 // Checks many weights' fingerprints in one call: `descriptor` is int64
 // [count, 7] of (pointer, n, k, row stride, column stride, readable elements,
 // expected fingerprint), with FINGERPRINT samples each. Returns the index of
 // the first weight whose fingerprint differs, or -1.
+//
+// Every sample's line is prefetched before any is hashed: hashing weight by
+// weight waited out each miss (and its page walk) nearly one at a time, since
+// the loads of one weight fill few of the core's miss buffers before the next
+// weight's wait.
 int64_t FingerprintsMatch(uintptr_t descriptor, size_t count, size_t samples) {
   const int64_t* rows = Array<const int64_t>(descriptor, count, "descriptor");
-  for (size_t i = 0; i < count; ++i) {
-    const int64_t* f = rows + i * 7;
-    const uint64_t h = Fingerprint(static_cast<uintptr_t>(f[0]), static_cast<size_t>(f[1]), static_cast<size_t>(f[2]),
-                                   static_cast<size_t>(f[3]), static_cast<size_t>(f[4]), static_cast<size_t>(f[5]),
-                                   samples);
-    if (h != static_cast<uint64_t>(f[6])) return static_cast<int64_t>(i);
-  }
-  return -1;
+  auto each = [&](auto&& per_weight) {
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t* f = rows + i * 7;
+      if (!per_weight(i, static_cast<uintptr_t>(f[0]), static_cast<size_t>(f[1]), static_cast<size_t>(f[2]),
+                      static_cast<size_t>(f[3]), static_cast<size_t>(f[4]), static_cast<size_t>(f[5]),
+                      static_cast<uint64_t>(f[6]))) {
+        return static_cast<int64_t>(i);
+      }
+    }
+    return int64_t{-1};
+  };
+  each([&](size_t, uintptr_t w, size_t n, size_t k, size_t rs, size_t cs, size_t elements, uint64_t) {
+    ForEachSampleRun(w, n, k, rs, cs, elements, samples, [](const uint16_t* r) { __builtin_prefetch(r); });
+    return true;
+  });
+  return each([&](size_t, uintptr_t w, size_t n, size_t k, size_t rs, size_t cs, size_t elements, uint64_t want) {
+    return Fingerprint(w, n, k, rs, cs, elements, samples) == want;
+  });
 }
 
 // Index arrays and BF16 buffers cross as (pointer, elements); the Python op checks

@@ -130,6 +130,44 @@ def test_a_stale_packed_weight_is_never_used(fusing_model):
     repack(m)
 
 
+def _down(m):
+    return m.model.layers[1].mlp.down_proj
+
+
+def _norm(m):
+    return m.model.layers[0].post_attention_layernorm
+
+
+@pytest.mark.parametrize("what", ["projection", "norm"])
+@pytest.mark.parametrize("how", ["parameter_replaced", "storage_swapped"])
+def test_the_kept_plan_sees_a_replaced_weight(fusing_model, what, how):
+    """The step's plan is kept between calls and points at the weights it was built from (and
+    keeps them alive): a new parameter object, or new storage under the same one (`.data =`),
+    must reach the next step."""
+    family, m = fusing_model
+    module = _down(m) if what == "projection" else _norm(m)
+    pool = random_pool(m)
+    fresh = decode_logits(m, decode_batch([30]), pool, fused=True)
+    original = module.weight
+    try:
+        new = original.detach() * -2
+        if how == "parameter_replaced":
+            module.weight = torch.nn.Parameter(new, requires_grad=False)
+        else:
+            original.data = new
+        got = decode_logits(m, decode_batch([30]), pool, fused=True)
+        want = decode_logits(m, decode_batch([30]), _clone(pool), fused=False)
+    finally:
+        if how == "parameter_replaced":
+            module.weight = original
+        else:
+            original.data = new.div_(-2)
+        repack(m)
+    assert not torch.equal(got, fresh)
+    assert torch.equal(got, want)
+    assert torch.equal(decode_logits(m, decode_batch([30]), pool, fused=True), fresh)
+
+
 def test_what_op_by_op_would_route_elsewhere_runs_op_by_op(fusing_model, monkeypatch):
     family, m = fusing_model
     policy = get_policy(m)
