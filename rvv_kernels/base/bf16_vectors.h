@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 namespace rvascend {
 
 // BF16 lanes -> FP32 (zero-extend, shift into the high half).
@@ -18,9 +22,28 @@ inline __attribute__((always_inline)) Vf WidenBf16(Vh h) {
   return f;
 }
 
-// Lanes BF16 values from p -> FP32.
+// Lanes BF16 values from p -> FP32. On x86, one register's worth is one
+// zero-extending load and a shift: GCC compiles the generic form to a load, two
+// 128-bit extensions, a byte shift, an insert and the shift per register (the
+// portable AVX2 GEMV, which the AVX2 set runs, spent six instructions on every
+// eight weights before its FMA).
 template <typename Vf, typename Vu, typename Vh>
 inline __attribute__((always_inline)) Vf WidenBf16(const uint16_t* p) {
+  Vf f;
+#if defined(__AVX512F__)
+  if constexpr (sizeof(Vf) == 64) {
+    const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+  }
+#endif
+#if defined(__AVX2__)
+  if constexpr (sizeof(Vf) == 32) {
+    const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+  }
+#endif
   Vh h;
   std::memcpy(&h, p, sizeof(h));
   return WidenBf16<Vf, Vu, Vh>(h);

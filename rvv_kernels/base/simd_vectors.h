@@ -45,23 +45,7 @@ RVASCEND_SIMD_INLINE VF LoadF(const float* p) {
 
 RVASCEND_SIMD_INLINE void StoreF(float* p, VF v) { std::memcpy(p, &v, sizeof(v)); }
 
-RVASCEND_SIMD_INLINE VF LoadBf16(const uint16_t* p) {
-#if defined(__AVX512F__)
-  // One zero-extending load and a shift (the generic form compiles to extracts and inserts).
-  const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
-  VF f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-#elif defined(__AVX2__)
-  // The same with AVX2 (the generic form compiles to two 128-bit extensions and an insert).
-  const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
-  VF f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-#else
-  return WidenBf16<VF, VU, VH>(p);
-#endif
-}
+RVASCEND_SIMD_INLINE VF LoadBf16(const uint16_t* p) { return WidenBf16<VF, VU, VH>(p); }
 
 // The first n <= kLanes values of p (a whole vector, or the tail of a row), the
 // other lanes `fill` (BF16 bits).
