@@ -154,12 +154,12 @@ void Linear(const std::string& kernel_set, size_t m, size_t n, size_t k, uintptr
 // 287-399 us (Zen 4, three alternations).
 constexpr size_t kFingerprintRun = 8;
 
-// Calls visit(first element of the run) for each run of a weight's samples, in
-// hashing order; returns the run length (0: nothing to sample).
+// Calls visit(first element of the run) for each run of min(kFingerprintRun, k)
+// samples of a weight, in hashing order (none for an empty weight).
 template <typename Visit>
-size_t ForEachSampleRun(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t col_stride,
-                        size_t weight_elements, size_t samples, Visit visit) {
-  if (n == 0 || k == 0) return 0;
+void ForEachSampleRun(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t col_stride,
+                      size_t weight_elements, size_t samples, Visit visit) {
+  if (n == 0 || k == 0) return;
   if ((n - 1) * row_stride + (k - 1) * col_stride >= weight_elements) {
     throw std::invalid_argument("fingerprint: the weight's strides reach past its storage");
   }
@@ -173,17 +173,17 @@ size_t ForEachSampleRun(uintptr_t weight, size_t n, size_t k, size_t row_stride,
     const size_t col = static_cast<size_t>((i * 0x9E3779B97F4A7C15ull + row) % (k - run + 1));
     visit(w + row * row_stride + col * col_stride);
   }
-  return run;
 }
 
 uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t col_stride,
                      size_t weight_elements, size_t samples) {
+  if (n == 0 || k == 0) return 0;
   uint64_t h = 1469598103934665603ull;
-  size_t run = std::min(kFingerprintRun, k);
+  const size_t run = std::min(kFingerprintRun, k);
   ForEachSampleRun(weight, n, k, row_stride, col_stride, weight_elements, samples, [&](const uint16_t* r) {
     for (size_t j = 0; j < run; ++j) h = (h ^ r[j * col_stride]) * 1099511628211ull;
   });
-  return n == 0 || k == 0 ? 0 : h;
+  return h;
 }
 
 // Checks many weights' fingerprints in one call: `descriptor` is int64
@@ -200,7 +200,7 @@ int64_t FingerprintsMatch(uintptr_t descriptor, size_t count, size_t samples) {
   auto each = [&](auto&& per_weight) {
     for (size_t i = 0; i < count; ++i) {
       const int64_t* f = rows + i * 7;
-      if (!per_weight(i, static_cast<uintptr_t>(f[0]), static_cast<size_t>(f[1]), static_cast<size_t>(f[2]),
+      if (!per_weight(static_cast<uintptr_t>(f[0]), static_cast<size_t>(f[1]), static_cast<size_t>(f[2]),
                       static_cast<size_t>(f[3]), static_cast<size_t>(f[4]), static_cast<size_t>(f[5]),
                       static_cast<uint64_t>(f[6]))) {
         return static_cast<int64_t>(i);
@@ -208,11 +208,11 @@ int64_t FingerprintsMatch(uintptr_t descriptor, size_t count, size_t samples) {
     }
     return int64_t{-1};
   };
-  each([&](size_t, uintptr_t w, size_t n, size_t k, size_t rs, size_t cs, size_t elements, uint64_t) {
+  each([&](uintptr_t w, size_t n, size_t k, size_t rs, size_t cs, size_t elements, uint64_t) {
     ForEachSampleRun(w, n, k, rs, cs, elements, samples, [](const uint16_t* r) { __builtin_prefetch(r); });
     return true;
   });
-  return each([&](size_t, uintptr_t w, size_t n, size_t k, size_t rs, size_t cs, size_t elements, uint64_t want) {
+  return each([&](uintptr_t w, size_t n, size_t k, size_t rs, size_t cs, size_t elements, uint64_t want) {
     return Fingerprint(w, n, k, rs, cs, elements, samples) == want;
   });
 }
