@@ -161,7 +161,7 @@ void ValidateStateSlots(const DecoderShape& shape, const DecoderBatch& batch, co
 
 void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* layers, size_t n_layers,
                    const DecoderShape& s, const DecoderBatch& batch, const uint16_t* h, uint16_t* h_out,
-                   uint16_t* residual_out, size_t num_threads) {
+                   uint16_t* residual_out, const uint16_t* final_norm, size_t num_threads) {
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   ValidateDecoderBatch(s, batch);
   const DecoderLayerWeights* a_deltanet = nullptr;  // any one: the check reads the batch's slots
@@ -277,6 +277,14 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
   }
   stage = 0;
   mark();
+  if (final_norm != nullptr) {
+    // Into scratch, then back: the norm's input and output may not alias.
+    RmsNormRows(ew, t, s.hidden, h_out, s.hidden, res, s.hidden, final_norm, s.norm_eps, s.zero_centred, x,
+                res_tmp, num_threads);
+    std::swap(res, res_tmp);
+    std::memcpy(h_out, x, bytes);
+    mark();
+  }
   if (res != residual_out) std::memcpy(residual_out, res, bytes);
 }
 

@@ -115,7 +115,8 @@ struct DecoderKernels {
   const ElementwiseKernels* elementwise = nullptr;
   std::string attention;  // "" = the best this CPU runs
   // Called at every stage boundary when set (instruction counting under QEMU):
-  // before each of a layer's stages (DecoderStageNames) and once after the last layer.
+  // before each of a layer's stages (DecoderStageNames), once after the last layer and,
+  // with a final norm, once after it.
   void (*stage_marker)(int) = nullptr;
 };
 
@@ -126,11 +127,14 @@ const std::vector<std::string>& DecoderStageNames(LayerKind kind);
 // h: [tokens, hidden], the first layer's input, which is also where the
 // residual stream starts (the embedding output). On return h_out holds the
 // last layer's MLP output and residual_out the stream (both [tokens, hidden];
-// they may not alias h). Throws std::invalid_argument naming the first bad
-// value of the batch (starts, a slot outside the pool) before anything is written.
+// they may not alias h). With final_norm ([hidden], the model's last RMSNorm,
+// same eps and scale as the layers'), h_out holds that norm of the output plus
+// the stream and residual_out their sum, as the model's add + norm after its
+// layers. Throws std::invalid_argument naming the first bad value of the batch
+// (starts, a slot outside the pool) before anything is written.
 void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* layers, size_t n_layers,
                    const DecoderShape& shape, const DecoderBatch& batch, const uint16_t* h, uint16_t* h_out,
-                   uint16_t* residual_out, size_t num_threads);
+                   uint16_t* residual_out, const uint16_t* final_norm, size_t num_threads);
 
 }  // namespace rvascend
 

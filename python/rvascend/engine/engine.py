@@ -385,9 +385,11 @@ class Engine:
             rows.append(row)
         write = [s for row in rows for s in row.fresh]
         hybrid = self.states is not None
+        if len(ids) == len(rows) and logit_rows == list(range(len(ids))):
+            logit_rows = None  # every sequence's one row: forward's default, without a gather
         batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
                              new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long),
-                             logit_rows=torch.tensor(logit_rows, dtype=torch.long),
+                             logit_rows=None if logit_rows is None else torch.tensor(logit_rows, dtype=torch.long),
                              state_slots=[r.seq.next_state_slot for r in rows] if hybrid else None,
                              state_read_slots=[r.seq.state_slot for r in rows] if hybrid else None)
         states = [(r.seq.generator, r.seq.generator.get_state()) for r in rows if r.seq.generator is not None]
@@ -408,7 +410,9 @@ class Engine:
         with torch.inference_mode():
             logits = self.model(plan.batch, self.pool)
         sampling = [r for r in plan.rows if r.sample_row is not None]
-        fast = self._greedy_tokens([r.seq for r in sampling], logits[[r.sample_row for r in sampling]])
+        sample_rows = [r.sample_row for r in sampling]
+        fast = self._greedy_tokens([r.seq for r in sampling], logits if sample_rows == list(range(logits.shape[0]))
+                                   else logits[sample_rows])
         eos = tuple(self.eos_ids)
         for i, row in enumerate(sampling):
             seq = row.seq

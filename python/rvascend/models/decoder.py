@@ -258,19 +258,19 @@ class CausalLM(nn.Module):
         h = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.rotary(batch.positions, h.dtype)
         fused = fused_decoder_of(self)
-        done = fused(h, cos, sin, batch, pool) if fused is not None else None
-        if done is not None:
-            h, residual = done
+        normed = fused(h, cos, sin, batch, pool) if fused is not None else None
+        if normed is not None:
+            h = normed
         else:
             residual = None
             for layer in self.model.layers:
                 h, residual = layer(h, residual, cos, sin, batch, pool)
-        h, _ = self.model.norm.add_forward(h, residual)
+            h, _ = self.model.norm.add_forward(h, residual)
         if batch.logit_rows is not None and not all_logits:
             if batch.logit_rows.numel() == 0:  # a chunk of prompts that samples nothing yet
                 return h.new_zeros(0, self.config.vocab_size)
             h = h[batch.logit_rows]
-        elif not all_logits:
+        elif not all_logits and batch.prefill:  # else every sequence's one row is its last
             last = torch.tensor(batch.new_lens).cumsum(0) - 1
             h = h[last]
         return projection_linear(self.lm_head, h)

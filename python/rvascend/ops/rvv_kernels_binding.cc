@@ -397,6 +397,7 @@ ProjectionWeight QuantizedProjection(const int64_t* pair, size_t n, size_t k, si
 // and the batch make the step read or write; DecoderLayers then checks the
 // batch's indices before anything is written. deltanet: (NK, NV, Dk, Dv, conv
 // taps, state slots) when some layer is a Gated DeltaNet one, else empty.
+// final_norm: the model's last RMSNorm weight, run on the output (0: none).
 void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_kernel_set, size_t quant_tile,
                        uintptr_t descriptor, size_t descriptor_elements, size_t n_layers, size_t block_n, size_t hidden, size_t intermediate, size_t heads,
                        size_t kv_heads, size_t head_dim, size_t num_slots, float norm_eps, float qk_norm_eps,
@@ -406,7 +407,7 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
                        uintptr_t h, uintptr_t h_out, uintptr_t residual_out, size_t h_elements, size_t num_threads,
                        bool stage_markers, size_t rotary_dim, bool zero_centred, const std::vector<size_t>& deltanet,
                        float deltanet_norm_eps, uintptr_t state_slots, size_t n_state_slots,
-                       uintptr_t state_read_slots) {
+                       uintptr_t state_read_slots, uintptr_t final_norm, size_t final_norm_n) {
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   if (tokens == 0) return;
   if (rotary_dim > head_dim || rotary_dim % 2) {
@@ -552,8 +553,10 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
   const uint16_t* hp = Extent<const uint16_t>(h, h_elements, tokens * hidden, "h");
   uint16_t* hop = Extent<uint16_t>(h_out, h_elements, tokens * hidden, "h_out");
   uint16_t* rop = Extent<uint16_t>(residual_out, h_elements, tokens * hidden, "residual_out");
+  const uint16_t* fn = final_norm != 0 ? Extent<const uint16_t>(final_norm, final_norm_n, hidden, "final_norm")
+                                       : nullptr;
   py::gil_scoped_release release;
-  DecoderLayers(kernels, layers.data(), n_layers, shape, b, hp, hop, rop, num_threads ? num_threads : 1);
+  DecoderLayers(kernels, layers.data(), n_layers, shape, b, hp, hop, rop, fn, num_threads ? num_threads : 1);
 }
 
 // Quantized weights (rvv_kernels/quantized): GGML blocks in, the runtime layout
@@ -732,7 +735,7 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("h_elements"), py::arg("num_threads"), py::arg("stage_markers") = false,
         py::arg("rotary_dim") = 0, py::arg("zero_centred") = false, py::arg("deltanet") = std::vector<size_t>(),
         py::arg("deltanet_norm_eps") = 0.0f, py::arg("state_slots") = 0, py::arg("n_state_slots") = 0,
-        py::arg("state_read_slots") = 0,
+        py::arg("state_read_slots") = 0, py::arg("final_norm") = 0, py::arg("final_norm_n") = 0,
         "One decode step's decoder layers in one call (rvv_kernels/decoder/decoder_layers.h); every buffer "
         "comes with its element count.");
   m.def("decoder_stage_names", [](int kind) {

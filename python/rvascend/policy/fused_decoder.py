@@ -5,9 +5,10 @@ on an in-order RISC-V core the interpreter, the dispatcher and the allocator
 around each call cost as much as the kernels outside the Linears (the
 riscv64_step profile: about 1.4 M instructions of Python per layer). The fused
 path runs the same kernels in the same order from C++
-(rvv_kernels/decoder/decoder_layers.h), so its results are bit-identical to the
-op-by-op path's; what remains per step in Python is one staleness check per
-packed weight and building the layers' pointer table.
+(rvv_kernels/decoder/decoder_layers.h), the model's final add + RMSNorm
+included, so its results are bit-identical to the op-by-op path's; what remains
+per step in Python is one staleness check per packed weight and building the
+layers' pointer table.
 
 It runs when the policy's kernels are on, the rows pass the projections' row
 gate, and every layer's four projections are packed and fresh (the same check
@@ -115,6 +116,11 @@ class FusedDecoder:
         attention = [layer for layer in model.model.layers if hasattr(layer, "self_attn")]
         self.scale = float(attention[0].self_attn.scale) if attention else 1.0
         self.zero_centred = bool(self.layers) and bool(getattr(self.layers[0].input_norm, "zero_centred", False))
+        # The final add + norm runs in the call with the layers' eps and scale; a model
+        # whose last norm differs runs op by op.
+        norm = model.model.norm
+        self.final_norm = norm if (float(norm.eps) == self.norm_eps and
+                                   bool(getattr(norm, "zero_centred", False)) == self.zero_centred) else None
         self.deltanet: list[int] = []  # (NK, NV, Dk, Dv, conv taps) with DeltaNet layers
         self.deltanet_eps = 0.0
         recurrent = [layer.deltanet for layer in self.layers if layer.kind == DELTANET]
@@ -132,14 +138,15 @@ class FusedDecoder:
         attention, gated = sum(k != DELTANET for k in self.kinds), self.kinds.count(GATED_ATTENTION)
         n = len(self.kinds)
         self._kernel_calls = {kind: calls for kind, calls in (
-            ("decoder_layers", 1), ("rms_norm", 1), ("add_rms_norm", 2 * n - 1), ("silu_mul", n),
+            ("decoder_layers", 1), ("rms_norm", 1), ("add_rms_norm", 2 * n), ("silu_mul", n),
             ("rope", attention), ("kv_pool_attention", attention), ("sigmoid_mul", gated)) if calls}
         self.stage_markers = False  # the step profiler's region markers inside the call
         self._plan: Optional[_Plan] = None
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch, pool
-                 ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-        """(last layer's output, residual stream), or None: run the layers op by op."""
+                 ) -> Optional[torch.Tensor]:
+        """The model's final norm of the last layer's output plus the residual stream,
+        [tokens, hidden]; or None: run the layers and that norm op by op."""
         policy = self._policy()
         t = h.shape[0]
         why = self._why_not(policy, h, t, batch, pool)
@@ -147,7 +154,7 @@ class FusedDecoder:
         if why is None:
             plan = self._plan if self._plan is not None and self._plan.holds(pool) else None
             if plan is None:
-                self._plan, why = _Plan.build(self.layers, pool)
+                self._plan, why = _Plan.build(self.layers, self.final_norm, pool)
                 plan = self._plan
         if why is None and batch.prefill:
             why = self._prefill_why_not(policy, plan, h, t, batch)
@@ -170,9 +177,9 @@ class FusedDecoder:
             h_out.data_ptr(), residual_out.data_ptr(), h.numel(), torch.get_num_threads(), self.stage_markers,
             cos.shape[-1], self.zero_centred, self.deltanet + [pool.states.num_slots] if self.deltanet else [],
             self.deltanet_eps, index.slots.data_ptr() if index else 0, index.slots.numel() if index else 0,
-            index.read_slots.data_ptr() if index and index.read_slots is not None else 0)
+            index.read_slots.data_ptr() if index and index.read_slots is not None else 0, *plan.final_norm)
         self._count(policy, t)
-        return h_out, residual_out
+        return h_out
 
     # -- when it runs ------------------------------------------------------------
     def _why_not(self, policy: "RvvPolicy", h: torch.Tensor, t: int, batch, pool) -> Optional[str]:
@@ -180,6 +187,8 @@ class FusedDecoder:
             return "kernels_off"
         if not self.layers:
             return "no_layers"
+        if self.final_norm is None:
+            return "final_norm"
         why = kernel_routes.bf16_cpu_inference(h)
         if why is not None:
             return why
@@ -257,14 +266,18 @@ class _Plan:
         self.sources: list = []
         self.fingerprints: Optional[torch.Tensor] = None  # int64 [weights, 7] for weight_fingerprints_match
         self.quant_tables: list[torch.Tensor] = []
+        self.final_norm: list[int] = []  # the model's last norm weight: (data pointer, elements)
         self.quant_tile = 0
         # (projection, N, K) of each packed projection whose row-major weight is kept, in layer
         # order: op by op its calls pass the seed's gate for their rows (a prefill checks it).
         self.row_gated: dict[tuple[str, int, int], None] = {}
 
     @classmethod
-    def build(cls, layers: list[_Layer], pool) -> tuple[Optional["_Plan"], Optional[str]]:
+    def build(cls, layers: list[_Layer], final_norm: torch.nn.Module, pool
+              ) -> tuple[Optional["_Plan"], Optional[str]]:
         plan = cls()
+        if not plan._add_param(final_norm, "weight", plan.final_norm):
+            return None, "norm_weight_layout"
         rows, fingerprints = [], []
         for layer in layers:
             row, kinds = [], []

@@ -138,14 +138,14 @@ def _norm(m):
     return m.model.layers[0].post_attention_layernorm
 
 
-@pytest.mark.parametrize("what", ["projection", "norm"])
+@pytest.mark.parametrize("what", ["projection", "norm", "final_norm"])
 @pytest.mark.parametrize("how", ["parameter_replaced", "storage_swapped"])
 def test_the_kept_plan_sees_a_replaced_weight(fusing_model, what, how):
     """The step's plan is kept between calls and points at the weights it was built from (and
     keeps them alive): a new parameter object, or new storage under the same one (`.data =`),
     must reach the next step."""
     family, m = fusing_model
-    module = _down(m) if what == "projection" else _norm(m)
+    module = {"projection": _down, "norm": _norm, "final_norm": lambda m: m.model.norm}[what](m)
     pool = random_pool(m)
     fresh = decode_logits(m, decode_batch([30]), pool, fused=True)
     original = module.weight
@@ -246,6 +246,7 @@ def test_native_step_checks_every_extent_and_the_kernel_sets_layout(fusing_model
             (dict(rope_elements=c.head_dim), "cos has"),
             (dict(num_slots=pool.num_slots + 1), "layer 0 k_pool has"),
             (dict(intermediate=c.intermediate_size + 32), "layer 0 gate_up packed weight has"),
+            (dict(final_norm=m.model.norm.weight.data_ptr(), final_norm_n=c.hidden_size - 1), "final_norm has"),
             (dict(kernel_set="portable", block_n=2 * plan.block_n), "reads block_n .* packed with block_n"),
             (dict(kernel_set=ops.available_kernel_sets()[0], block_n=4 * plan.block_n), "packed with block_n")):
         before = [k.clone() for k in pool.k]
