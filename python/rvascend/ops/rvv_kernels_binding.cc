@@ -196,25 +196,20 @@ uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, si
 // the loads of one weight fill few of the core's miss buffers before the next
 // weight's wait.
 int64_t FingerprintsMatch(uintptr_t descriptor, size_t count, size_t samples) {
-  const int64_t* rows = Array<const int64_t>(descriptor, count, "descriptor");
-  auto each = [&](auto&& per_weight) {
-    for (size_t i = 0; i < count; ++i) {
-      const int64_t* f = rows + i * 7;
-      if (!per_weight(static_cast<uintptr_t>(f[0]), static_cast<size_t>(f[1]), static_cast<size_t>(f[2]),
-                      static_cast<size_t>(f[3]), static_cast<size_t>(f[4]), static_cast<size_t>(f[5]),
-                      static_cast<uint64_t>(f[6]))) {
-        return static_cast<int64_t>(i);
-      }
+  constexpr size_t kFields = 7;
+  const int64_t* rows = Array<const int64_t>(descriptor, count * kFields, "descriptor");
+  auto field = [&](size_t i, size_t j) { return static_cast<size_t>(rows[i * kFields + j]); };
+  for (size_t i = 0; i < count; ++i) {
+    ForEachSampleRun(field(i, 0), field(i, 1), field(i, 2), field(i, 3), field(i, 4), field(i, 5), samples,
+                     [](const uint16_t* r) { __builtin_prefetch(r); });
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t want = static_cast<uint64_t>(rows[i * kFields + 6]);
+    if (Fingerprint(field(i, 0), field(i, 1), field(i, 2), field(i, 3), field(i, 4), field(i, 5), samples) != want) {
+      return static_cast<int64_t>(i);
     }
-    return int64_t{-1};
-  };
-  each([&](uintptr_t w, size_t n, size_t k, size_t rs, size_t cs, size_t elements, uint64_t) {
-    ForEachSampleRun(w, n, k, rs, cs, elements, samples, [](const uint16_t* r) { __builtin_prefetch(r); });
-    return true;
-  });
-  return each([&](uintptr_t w, size_t n, size_t k, size_t rs, size_t cs, size_t elements, uint64_t want) {
-    return Fingerprint(w, n, k, rs, cs, elements, samples) == want;
-  });
+  }
+  return -1;
 }
 
 // Index arrays and BF16 buffers cross as (pointer, elements); the Python op checks
