@@ -168,6 +168,26 @@ def test_the_kept_plan_sees_a_replaced_weight(fusing_model, what, how):
     assert torch.equal(decode_logits(m, decode_batch([30]), pool, fused=True), fresh)
 
 
+def test_a_final_norm_unlike_the_layers_runs_op_by_op(fusing_model):
+    """The fused call runs the model's last norm with the layers' eps: a model whose last
+    norm has another eps takes the op-by-op path, which honours it."""
+    family, m = fusing_model
+    policy = get_policy(m)
+    eps, kept = m.model.norm.eps, m.__dict__[FUSED_ATTR]
+    pool = random_pool(m)
+    try:
+        m.model.norm.eps = eps * 1000
+        fused_decoder.attach(m, policy)
+        policy.kernels.counters.reset()
+        got = decode_logits(m, decode_batch([30]), _clone(pool), fused=True)
+        want = decode_logits(m, decode_batch([30]), _clone(pool), fused=False)
+    finally:
+        m.model.norm.eps = eps
+        m.__dict__[FUSED_ATTR] = kept
+    assert policy.kernels.counters.calls("decoder_layers", "fallback", "final_norm") == 1
+    assert torch.equal(got, want)
+
+
 def test_what_op_by_op_would_route_elsewhere_runs_op_by_op(fusing_model, monkeypatch):
     family, m = fusing_model
     policy = get_policy(m)
