@@ -22,12 +22,16 @@ from rvascend.bench.results import percentile, print_table, write_jsonl
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 
 FLAGS = flags.FLAGS
-engine_model.define_flags(policy="on")
-flags.DEFINE_list("sizes", ["-1", "512", "128", "64", "32"], "Chunked-prefill sizes (-1: whole prompts).")
-flags.DEFINE_integer("decoders", 4, "Requests decoding while the long prompt arrives.")
-flags.DEFINE_integer("long-input-len", 3968, "Tokens of the long prompt.")
-flags.DEFINE_integer("baseline-steps", 24, "Decode steps timed before the long prompt arrives.")
-flags.DEFINE_string("output", "bench_results/chunked_prefill.jsonl", "jsonl file to append to.")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    engine_model.define_flags(policy="on")
+    flags.DEFINE_list("sizes", ["-1", "512", "128", "64", "32"], "Chunked-prefill sizes (-1: whole prompts).")
+    flags.DEFINE_integer("decoders", 4, "Requests decoding while the long prompt arrives.")
+    flags.DEFINE_integer("long-input-len", 3968, "Tokens of the long prompt.")
+    flags.DEFINE_integer("baseline-steps", 24, "Decode steps timed before the long prompt arrives.")
+    flags.DEFINE_string("output", "bench_results/chunked_prefill.jsonl", "jsonl file to append to.")
 
 
 def run(model, size: int, decoders: int, long_len: int, baseline_steps: int) -> dict[str, Any]:
@@ -79,4 +83,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))

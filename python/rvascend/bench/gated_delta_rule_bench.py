@@ -24,10 +24,16 @@ from rvascend.bench.results import print_table, write_jsonl
 from rvascend.bench.timing import time_calls
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("batches", ["1", "8", "32"], "Sequences per step.")
-flags.DEFINE_list("mtp", ["1", "4"], "Tokens per sequence.")
-flags.DEFINE_integer("cold-bytes", 256 << 20, "Bytes the cold runs cycle through (several times the last-level cache).")
-flags.DEFINE_string("output", "bench_results/gated_delta_rule.jsonl", "jsonl file to append to.")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_list("batches", ["1", "8", "32"], "Sequences per step.")
+    flags.DEFINE_list("mtp", ["1", "4"], "Tokens per sequence.")
+    flags.DEFINE_integer("cold-bytes", 256 << 20,
+                         "Bytes the cold runs cycle through (several times the last-level cache).")
+    flags.DEFINE_string("output", "bench_results/gated_delta_rule.jsonl", "jsonl file to append to.")
+
 
 NK, NV, DK, DV = 16, 32, 128, 128
 
@@ -117,4 +123,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))

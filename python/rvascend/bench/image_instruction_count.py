@@ -26,18 +26,23 @@ from rvascend.bench.plugin_intervals import read_intervals
 from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("qemu", "/usr/bin/qemu-riscv64", "A qemu-riscv64 that loads TCG plugins (Debian 12's 7.2).")
-flags.DEFINE_string("image", None, "riscv64 image root.")
-flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image.")
-flags.DEFINE_string("package", None, "Directory holding the rvascend package sources.")
-flags.DEFINE_string("plugin", None, "qemu_count_plugin .so.")
-flags.DEFINE_list("projections", ["o_proj", "qkv_proj"], "Llama-3.2-1B projections to count.")
-flags.DEFINE_list("rows", ["1", "4"], "M values.")
-flags.DEFINE_integer("vlen", 256, "VLEN of the emulated CPU.")
-flags.DEFINE_string("output", "bench_results/image_instruction_count.jsonl", "jsonl file to append to.")
-flags.DEFINE_bool("grid", False, "Count the shape gate's grid (GRID_N x GRID_K x GRID_M) instead of the "
-                  "Llama-3.2-1B projections, and write the table the measured gate reads (--table).")
-flags.DEFINE_string("table", None, "With --grid: the gate table to write (policy/gate_riscv64.json).")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_string("qemu", "/usr/bin/qemu-riscv64", "A qemu-riscv64 that loads TCG plugins (Debian 12's 7.2).")
+    flags.DEFINE_string("image", None, "riscv64 image root.")
+    flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image.")
+    flags.DEFINE_string("package", None, "Directory holding the rvascend package sources.")
+    flags.DEFINE_string("plugin", None, "qemu_count_plugin .so.")
+    flags.DEFINE_list("projections", ["o_proj", "qkv_proj"], "Llama-3.2-1B projections to count.")
+    flags.DEFINE_list("rows", ["1", "4"], "M values.")
+    flags.DEFINE_integer("vlen", 256, "VLEN of the emulated CPU.")
+    flags.DEFINE_string("output", "bench_results/image_instruction_count.jsonl", "jsonl file to append to.")
+    flags.DEFINE_bool("grid", False, "Count the shape gate's grid (GRID_N x GRID_K x GRID_M) instead of the "
+                      "Llama-3.2-1B projections, and write the table the measured gate reads (--table).")
+    flags.DEFINE_string("table", None, "With --grid: the gate table to write (policy/gate_riscv64.json).")
+
 
 # The measured gate's grid: the widths of the small models people run on boards
 # (SmolLM2-135M: 576, 192 for its K/V, 1536), powers of two around them, and the
@@ -138,5 +143,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     flags.mark_flags_as_required(["image", "extension", "package", "plugin"])
     sys.exit(app.run(main))

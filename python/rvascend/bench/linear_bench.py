@@ -20,13 +20,18 @@ from rvascend.bench.results import print_table, write_jsonl
 from rvascend.bench.timing import copy_bandwidth, time_calls
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("rows", ["1", "2", "4", "8", "16", "64"], "M values (rows of the input).")
-flags.DEFINE_list("projections", ["qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"],
-                  "Which Llama-3.2-1B projections to run.")
-flags.DEFINE_integer("threads", None, "torch intra-op threads (default: torch's).")
-flags.DEFINE_string("kernel_set", None, "Pin a kernel set (default: the best available).")
-flags.DEFINE_float("min_seconds", 0.3, "Minimum measuring time per op and shape.")
-flags.DEFINE_string("output", None, "Append jsonl records here.")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_list("rows", ["1", "2", "4", "8", "16", "64"], "M values (rows of the input).")
+    flags.DEFINE_list("projections", ["qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"],
+                      "Which Llama-3.2-1B projections to run.")
+    flags.DEFINE_integer("threads", None, "torch intra-op threads (default: torch's).")
+    flags.DEFINE_string("kernel_set", None, "Pin a kernel set (default: the best available).")
+    flags.DEFINE_float("min_seconds", 0.3, "Minimum measuring time per op and shape.")
+    flags.DEFINE_string("output", None, "Append jsonl records here.")
+
 
 # (out_features N, in_features K) of Llama-3.2-1B's fused projections.
 LLAMA_3_2_1B = {
@@ -88,4 +93,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))

@@ -33,29 +33,34 @@ from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
 MODELS = ("smollm2-135m", "qwen3-0.6b", "qwen3.5-0.8b")
-flags.DEFINE_list("models", list(MODELS), f"Which models ({', '.join(MODELS)}).")
 TYPES = ("bf16", "q8_0", "q4_0", "q4_k_m")  # bf16, then what llama.cpp's quantizer writes from it
-flags.DEFINE_list("types", list(TYPES),
-                  "GGUF file types: bf16, and q8_0 / q4_0 / q4_k_m written from it by llama.cpp's quantizer.")
-flags.DEFINE_list("batch-sizes", ["1", "4"], "Sequences per batch.")
-flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
-flags.DEFINE_integer("output-len", 64, "Generated tokens per sequence.")
-flags.DEFINE_integer("repeats", 3, "Timed runs of each engine: median prefill, median decode step of all.",
-                     lower_bound=1)
-flags.DEFINE_integer("rounds", 1, "Fresh processes of every engine in turn, per model and batch size (llama.cpp, "
-                     "then each policy, then again): each figure is the median of the rounds' figures, peak RSS "
-                     "the largest. Two runs of one engine minutes apart on a shared host differ by up to 10 %.",
-                     lower_bound=1)
-flags.DEFINE_list("policy", ["off", "on", "drop"],
-                  "This engine's runs: RVV policy off, on, and on with --cpu-rvv-drop-unpacked (drop).")
-flags.DEFINE_enum("isa", "native", ["native", "avx2"],
-                  "x86 code both engines may run: native, or avx2 (an AVX2-only host's, on an AVX-512 one: "
-                  "llama.cpp built for AVX2, and this engine with RVASCEND_MAX_ISA, ATEN_CPU_CAPABILITY and "
-                  "ONEDNN_MAX_CPU_ISA capped at AVX2).")
-flags.DEFINE_integer("threads", None, "Threads for both engines (default: the CPUs this process may use).")
-flags.DEFINE_string("work-dir", None, "Venv and GGUF files (default: .deps/llama_cpp of the checkout).")
-flags.DEFINE_string("output", "bench_results/llama_cpp.jsonl", "jsonl file to append to.")
-flags.DEFINE_string("plot", "bench_results/llama_cpp.png", "PNG plot (empty: none).")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_list("models", list(MODELS), f"Which models ({', '.join(MODELS)}).")
+    flags.DEFINE_list("types", list(TYPES),
+                      "GGUF file types: bf16, and q8_0 / q4_0 / q4_k_m written from it by llama.cpp's quantizer.")
+    flags.DEFINE_list("batch-sizes", ["1", "4"], "Sequences per batch.")
+    flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
+    flags.DEFINE_integer("output-len", 64, "Generated tokens per sequence.")
+    flags.DEFINE_integer("repeats", 3, "Timed runs of each engine: median prefill, median decode step of all.",
+                         lower_bound=1)
+    flags.DEFINE_integer("rounds", 1, "Fresh processes of every engine in turn, per model and batch size (llama.cpp, "
+                         "then each policy, then again): each figure is the median of the rounds' figures, peak RSS "
+                         "the largest. Two runs of one engine minutes apart on a shared host differ by up to 10 %.",
+                         lower_bound=1)
+    flags.DEFINE_list("policy", ["off", "on", "drop"],
+                      "This engine's runs: RVV policy off, on, and on with --cpu-rvv-drop-unpacked (drop).")
+    flags.DEFINE_enum("isa", "native", ["native", "avx2"],
+                      "x86 code both engines may run: native, or avx2 (an AVX2-only host's, on an AVX-512 one: "
+                      "llama.cpp built for AVX2, and this engine with RVASCEND_MAX_ISA, ATEN_CPU_CAPABILITY and "
+                      "ONEDNN_MAX_CPU_ISA capped at AVX2).")
+    flags.DEFINE_integer("threads", None, "Threads for both engines (default: the CPUs this process may use).")
+    flags.DEFINE_string("work-dir", None, "Venv and GGUF files (default: .deps/llama_cpp of the checkout).")
+    flags.DEFINE_string("output", "bench_results/llama_cpp.jsonl", "jsonl file to append to.")
+    flags.DEFINE_string("plot", "bench_results/llama_cpp.png", "PNG plot (empty: none).")
+
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # What caps this engine's code at an ISA level: its own kernel sets, ATen's vector
@@ -220,4 +225,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))

@@ -23,10 +23,14 @@ from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.engine.tokenizer import Tokenizer
 
 FLAGS = flags.FLAGS
-engine_model.define_flags(policy="off")
-flags.DEFINE_list("at", ["16", "512"], "Output tokens around which step times are compared (early, late).")
-flags.DEFINE_integer("window", 32, "Steps timed around each point.")
-flags.DEFINE_string("output", "bench_results/long_output.jsonl", "jsonl file to append to.")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    engine_model.define_flags(policy="off")
+    flags.DEFINE_list("at", ["16", "512"], "Output tokens around which step times are compared (early, late).")
+    flags.DEFINE_integer("window", 32, "Steps timed around each point.")
+    flags.DEFINE_string("output", "bench_results/long_output.jsonl", "jsonl file to append to.")
 
 
 def run(model, tokenizer, prompt: list[int], early: int, late: int, window: int) -> dict[str, float]:
@@ -76,4 +80,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))

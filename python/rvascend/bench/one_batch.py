@@ -38,25 +38,30 @@ from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 from rvascend.policy.route import PACKED_BUFFER
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model-path", None, "Checkpoint directory (default: --shape).")
-flags.DEFINE_enum("shape", "test", random_checkpoint.CHOICES,
-                  "Without --model-path: the random-weight test model, or a random checkpoint of a real model's shape.")
-flags.DEFINE_integer("batch-size", 1, "Sequences in the batch.")
-flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
-flags.DEFINE_integer("output-len", 8, "Generated tokens per sequence.")
-flags.DEFINE_list("policy", ["off", "on"], "Runs: RVV policy off, on, and/or drop (on, with the packed copies as "
-                  "the weights and eager routes: --cpu-rvv-drop-unpacked --cpu-compile-mode eager).")
-flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "Policy compile mode.")
-flags.DEFINE_bool("hf", False, "Also time transformers' generate on the same checkpoint.")
-flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
-flags.DEFINE_integer("warmup", 1, "Untimed runs first (compiles the buckets).")
-flags.DEFINE_integer("repeats", 3, "Timed runs after the warm-up: median prefill, median decode step of all.",
-                     lower_bound=1)
-flags.DEFINE_bool("interleave", False,
-                  "Load every --policy run's model into this process and run them in turn, run by run, so a "
-                  "shared host's drift meets each alike (no peak RSS then: the models share the process).")
-flags.DEFINE_string("output", "bench_results/one_batch.jsonl", "jsonl file to append to.")
-flags.DEFINE_string("plot", "bench_results/one_batch.png", "PNG plot (empty: none).")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_string("model-path", None, "Checkpoint directory (default: --shape).")
+    flags.DEFINE_enum("shape", "test", random_checkpoint.CHOICES,
+                      "Without --model-path: the random-weight test model, or a random checkpoint of a real "
+                      "model's shape.")
+    flags.DEFINE_integer("batch-size", 1, "Sequences in the batch.")
+    flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
+    flags.DEFINE_integer("output-len", 8, "Generated tokens per sequence.")
+    flags.DEFINE_list("policy", ["off", "on"], "Runs: RVV policy off, on, and/or drop (on, with the packed copies as "
+                      "the weights and eager routes: --cpu-rvv-drop-unpacked --cpu-compile-mode eager).")
+    flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "Policy compile mode.")
+    flags.DEFINE_bool("hf", False, "Also time transformers' generate on the same checkpoint.")
+    flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
+    flags.DEFINE_integer("warmup", 1, "Untimed runs first (compiles the buckets).")
+    flags.DEFINE_integer("repeats", 3, "Timed runs after the warm-up: median prefill, median decode step of all.",
+                         lower_bound=1)
+    flags.DEFINE_bool("interleave", False,
+                      "Load every --policy run's model into this process and run them in turn, run by run, so a "
+                      "shared host's drift meets each alike (no peak RSS then: the models share the process).")
+    flags.DEFINE_string("output", "bench_results/one_batch.jsonl", "jsonl file to append to.")
+    flags.DEFINE_string("plot", "bench_results/one_batch.png", "PNG plot (empty: none).")
 
 
 POLICY_MODES = ("off", "on", "drop")
@@ -260,4 +265,5 @@ def _manifest(model_path: str) -> Optional[dict[str, Any]]:
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))

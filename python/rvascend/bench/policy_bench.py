@@ -27,12 +27,17 @@ from rvascend.ops import packed_weight_bytes
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("layers", 4, "Decoder layers (Llama-3.2-1B has 16).")
-flags.DEFINE_list("rows", ["1", "2", "3", "4", "8", "16"], "Decoding sequences (M).")
-flags.DEFINE_list("budgets", ["0", "50", "100"], "Packing budget, % of what full packing needs.")
-flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "Policy compile mode.")
-flags.DEFINE_integer("prefix", 64, "Cached tokens per sequence.")
-flags.DEFINE_string("output", "bench_results/policy.jsonl", "jsonl file to append to.")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_integer("layers", 4, "Decoder layers (Llama-3.2-1B has 16).")
+    flags.DEFINE_list("rows", ["1", "2", "3", "4", "8", "16"], "Decoding sequences (M).")
+    flags.DEFINE_list("budgets", ["0", "50", "100"], "Packing budget, % of what full packing needs.")
+    flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "Policy compile mode.")
+    flags.DEFINE_integer("prefix", 64, "Cached tokens per sequence.")
+    flags.DEFINE_string("output", "bench_results/policy.jsonl", "jsonl file to append to.")
+
 
 LLAMA_3_2_1B = {
     "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 8192,
@@ -111,4 +116,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))

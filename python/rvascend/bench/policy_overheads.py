@@ -33,12 +33,16 @@ from rvascend.bench.timing import time_calls
 from rvascend.engine import random_checkpoint
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("shape", "qwen3-0.6b", random_checkpoint.CHOICES,
-                  "Random-weight checkpoint: the test model or a real model's shape.")
-flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
-flags.DEFINE_integer("max-concurrency", 8, "Serve batches of 1..N concurrent requests after the first one.")
-flags.DEFINE_string("output", "bench_results/policy_overheads.jsonl", "jsonl file to append to.")
-flags.DEFINE_string("child", None, "(internal) run one start-up measurement in this mode and print it.")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_enum("shape", "qwen3-0.6b", random_checkpoint.CHOICES,
+                      "Random-weight checkpoint: the test model or a real model's shape.")
+    flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
+    flags.DEFINE_integer("max-concurrency", 8, "Serve batches of 1..N concurrent requests after the first one.")
+    flags.DEFINE_string("output", "bench_results/policy_overheads.jsonl", "jsonl file to append to.")
+    flags.DEFINE_string("child", None, "(internal) run one start-up measurement in this mode and print it.")
 
 
 def child(mode: str) -> dict[str, Any]:
@@ -119,4 +123,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))

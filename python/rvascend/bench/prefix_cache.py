@@ -27,13 +27,17 @@ from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.engine.sequence import Sequence
 
 FLAGS = flags.FLAGS
-engine_model.define_flags(policy="off")
-flags.DEFINE_integer("system-len", 1024, "Tokens of the shared system prompt.")
-flags.DEFINE_integer("question-len", 24, "Tokens of each distinct question.")
-flags.DEFINE_integer("output-len", 8, "Tokens generated per request.")
-flags.DEFINE_integer("concurrency", 4, "Clients sending at the same time.")
-flags.DEFINE_integer("requests-per-client", 6, "Requests each client sends, one after the other.")
-flags.DEFINE_string("output", "bench_results/prefix_cache.jsonl", "jsonl file to append to.")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    engine_model.define_flags(policy="off")
+    flags.DEFINE_integer("system-len", 1024, "Tokens of the shared system prompt.")
+    flags.DEFINE_integer("question-len", 24, "Tokens of each distinct question.")
+    flags.DEFINE_integer("output-len", 8, "Tokens generated per request.")
+    flags.DEFINE_integer("concurrency", 4, "Clients sending at the same time.")
+    flags.DEFINE_integer("requests-per-client", 6, "Requests each client sends, one after the other.")
+    flags.DEFINE_string("output", "bench_results/prefix_cache.jsonl", "jsonl file to append to.")
 
 
 def _client(engine: Engine, prompts: list[list[int]], params: SamplingParams, done: list[Sequence]) -> None:
@@ -102,4 +106,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))

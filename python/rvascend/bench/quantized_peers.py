@@ -28,10 +28,15 @@ from rvascend.bench.results import print_table, write_jsonl
 from rvascend.build import llama_cpp
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("vlens", ["128", "256", "512"], "VLENs to count at.")
-flags.DEFINE_integer("n", 2048, "Output features.")
-flags.DEFINE_integer("k", 2048, "Input features.")
-flags.DEFINE_string("output", "bench_results/quantized_peers.jsonl", "jsonl file to append to.")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_list("vlens", ["128", "256", "512"], "VLENs to count at.")
+    flags.DEFINE_integer("n", 2048, "Output features.")
+    flags.DEFINE_integer("k", 2048, "Input features.")
+    flags.DEFINE_string("output", "bench_results/quantized_peers.jsonl", "jsonl file to append to.")
+
 
 # (our format, ggml's functions for it)
 _PAIRS = (("Q4_0", ("gemv_q4_0_16x1_q8_0", "vec_dot_q4_0_q8_0")),
@@ -141,4 +146,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

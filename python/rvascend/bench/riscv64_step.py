@@ -47,31 +47,36 @@ from rvascend.bench.plugin_intervals import read_intervals
 from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("qemu", "/usr/bin/qemu-riscv64", "A qemu-riscv64 that loads TCG plugins (Debian 12's 7.2).")
-flags.DEFINE_string("image", None, "riscv64 image root (default: .deps/riscv64_image).")
-flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image (default: built with Bazel).")
-flags.DEFINE_string("rgdr_extension", None, "_rgdr.so (the gated-delta-rule op, for hybrid models) built for the "
-                    "image (default: built with Bazel).")
-flags.DEFINE_string("plugin", None, "qemu_count_plugin .so (default: built with Bazel).")
-flags.DEFINE_string("package", None, "Directory holding the rvascend package (default: this source tree).")
-flags.DEFINE_list("vlens", ["256"], "VLENs of the emulated CPU.")
-flags.DEFINE_list("layers", ["1", "2"], "Model depths to run (two, to separate per-layer and fixed costs).")
-flags.DEFINE_list("modes", ["stock", "linear", "op_by_op", "full", "q4_0", "q8_0"],
-                  "stock: no policy; linear: packed Linears only; op_by_op: every kernel, called module by "
-                  "module; full: the policy as --enable-cpu-rvv-inductor installs it (fused decode step); "
-                  "q4_0, q8_0: full, on the same weights as a Q4_0 / Q8_0 GGUF kept quantized.")
-flags.DEFINE_list("contexts", ["64", "512"], "Context lengths of the decode step.")
-flags.DEFINE_list("rows", ["1", "4"], "Sequences decoding together (M).")
-flags.DEFINE_list("prefill_lens", ["16", "64", "256"], "Prompt lengths of the prefill steps counted (one "
-                  "sequence; modes full, q4_0 and q8_0; empty: none).")
-flags.DEFINE_list("stock_prefill_lens", ["16"], "Prompt lengths of mode stock's prefill steps: scalar ATen "
-                  "runs every prompt length at the same rate per token (SmolLM2-135M: 3.81, 3.86 and 3.81 "
-                  "K1 tok/s at 16, 64 and 256 tokens), and a long stock prompt takes hours to emulate.")
-flags.DEFINE_string("shape", "qwen3-0.6b", "Whose shapes the random-weight checkpoint has "
-                    "(engine/random_checkpoint.py SHAPES: qwen3-0.6b, smollm2-135m, ...).")
-flags.DEFINE_integer("target_layers", None, "Layers to extrapolate to (default: the shape's own, Qwen3-0.6B 28).")
-flags.DEFINE_string("output", "bench_results/riscv64_step.jsonl", "jsonl file to append to.")
-flags.DEFINE_string("plot", "bench_results/riscv64_step.png", "PNG plot (empty: none).")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_string("qemu", "/usr/bin/qemu-riscv64", "A qemu-riscv64 that loads TCG plugins (Debian 12's 7.2).")
+    flags.DEFINE_string("image", None, "riscv64 image root (default: .deps/riscv64_image).")
+    flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image (default: built with Bazel).")
+    flags.DEFINE_string("rgdr_extension", None, "_rgdr.so (the gated-delta-rule op, for hybrid models) built for the "
+                        "image (default: built with Bazel).")
+    flags.DEFINE_string("plugin", None, "qemu_count_plugin .so (default: built with Bazel).")
+    flags.DEFINE_string("package", None, "Directory holding the rvascend package (default: this source tree).")
+    flags.DEFINE_list("vlens", ["256"], "VLENs of the emulated CPU.")
+    flags.DEFINE_list("layers", ["1", "2"], "Model depths to run (two, to separate per-layer and fixed costs).")
+    flags.DEFINE_list("modes", ["stock", "linear", "op_by_op", "full", "q4_0", "q8_0"],
+                      "stock: no policy; linear: packed Linears only; op_by_op: every kernel, called module by "
+                      "module; full: the policy as --enable-cpu-rvv-inductor installs it (fused decode step); "
+                      "q4_0, q8_0: full, on the same weights as a Q4_0 / Q8_0 GGUF kept quantized.")
+    flags.DEFINE_list("contexts", ["64", "512"], "Context lengths of the decode step.")
+    flags.DEFINE_list("rows", ["1", "4"], "Sequences decoding together (M).")
+    flags.DEFINE_list("prefill_lens", ["16", "64", "256"], "Prompt lengths of the prefill steps counted (one "
+                      "sequence; modes full, q4_0 and q8_0; empty: none).")
+    flags.DEFINE_list("stock_prefill_lens", ["16"], "Prompt lengths of mode stock's prefill steps: scalar ATen "
+                      "runs every prompt length at the same rate per token (SmolLM2-135M: 3.81, 3.86 and 3.81 "
+                      "K1 tok/s at 16, 64 and 256 tokens), and a long stock prompt takes hours to emulate.")
+    flags.DEFINE_string("shape", "qwen3-0.6b", "Whose shapes the random-weight checkpoint has "
+                        "(engine/random_checkpoint.py SHAPES: qwen3-0.6b, smollm2-135m, ...).")
+    flags.DEFINE_integer("target_layers", None, "Layers to extrapolate to (default: the shape's own, Qwen3-0.6B 28).")
+    flags.DEFINE_string("output", "bench_results/riscv64_step.jsonl", "jsonl file to append to.")
+    flags.DEFINE_string("plot", "bench_results/riscv64_step.png", "PNG plot (empty: none).")
+
 
 _MODE_ARG = {"stock": "off", "linear": "linear", "op_by_op": "op_by_op", "full": "full", "q4_0": "full",
              "q8_0": "full"}
@@ -321,4 +326,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))

@@ -30,14 +30,19 @@ from rvascend.repro import manifest
 from rvascend.server import scale_out
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("workers", ["1", "2", "4"], "Worker counts to measure.")
-flags.DEFINE_enum("shape", "smollm2-135m", random_checkpoint.CHOICES, "Random-weight model the workers serve.")
-flags.DEFINE_integer("concurrency", 8, "Requests in flight through the router.")
-flags.DEFINE_integer("num-prompts", 32, "Measured requests per worker count.")
-flags.DEFINE_integer("input-len", 32, "Prompt words.")
-flags.DEFINE_integer("output-len", 32, "Generated tokens (EOS ignored).")
-flags.DEFINE_integer("latency-pairs", 50, "Direct/routed one-token request pairs for the router's overhead.")
-flags.DEFINE_string("output", "bench_results/scale_out.jsonl", "jsonl file to append to.")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_list("workers", ["1", "2", "4"], "Worker counts to measure.")
+    flags.DEFINE_enum("shape", "smollm2-135m", random_checkpoint.CHOICES, "Random-weight model the workers serve.")
+    flags.DEFINE_integer("concurrency", 8, "Requests in flight through the router.")
+    flags.DEFINE_integer("num-prompts", 32, "Measured requests per worker count.")
+    flags.DEFINE_integer("input-len", 32, "Prompt words.")
+    flags.DEFINE_integer("output-len", 32, "Generated tokens (EOS ignored).")
+    flags.DEFINE_integer("latency-pairs", 50, "Direct/routed one-token request pairs for the router's overhead.")
+    flags.DEFINE_string("output", "bench_results/scale_out.jsonl", "jsonl file to append to.")
+
 
 API_KEY = "bench"
 
@@ -108,4 +113,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -29,16 +29,20 @@ from rvascend.bench.rss import peak_rss_mib
 from rvascend.server.loopback import free_port, wait_healthy
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model-path", None, "Checkpoint directory (default: the random-weight test model).")
-flags.DEFINE_list("concurrency", ["1", "2"], "Concurrency levels, in order, on the same server.")
-flags.DEFINE_integer("num-prompts", 4, "Measured requests per concurrency level.")
-flags.DEFINE_integer("warmup-requests", 2, "Unmeasured requests before each level.")
-flags.DEFINE_integer("input-len", 64, "Prompt tokens.")
-flags.DEFINE_integer("output-len", 8, "Generated tokens (EOS ignored).")
-flags.DEFINE_list("policy", ["off", "on"], "Server runs: RVV policy off and/or on.")
-flags.DEFINE_string("server-args", "", "Extra flags for the server, space-separated.")
-flags.DEFINE_string("output", "bench_results/serving.jsonl", "jsonl file to append to.")
-flags.DEFINE_string("plot", "bench_results/serving.png", "PNG plot (empty: none).")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_string("model-path", None, "Checkpoint directory (default: the random-weight test model).")
+    flags.DEFINE_list("concurrency", ["1", "2"], "Concurrency levels, in order, on the same server.")
+    flags.DEFINE_integer("num-prompts", 4, "Measured requests per concurrency level.")
+    flags.DEFINE_integer("warmup-requests", 2, "Unmeasured requests before each level.")
+    flags.DEFINE_integer("input-len", 64, "Prompt tokens.")
+    flags.DEFINE_integer("output-len", 8, "Generated tokens (EOS ignored).")
+    flags.DEFINE_list("policy", ["off", "on"], "Server runs: RVV policy off and/or on.")
+    flags.DEFINE_string("server-args", "", "Extra flags for the server, space-separated.")
+    flags.DEFINE_string("output", "bench_results/serving.jsonl", "jsonl file to append to.")
+    flags.DEFINE_string("plot", "bench_results/serving.png", "PNG plot (empty: none).")
 
 
 def _one_request(url: str, prompt: list[int], output_len: int) -> dict[str, Any]:
@@ -151,4 +155,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     sys.exit(app.run(main))
