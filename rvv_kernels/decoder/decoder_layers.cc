@@ -157,13 +157,26 @@ void ValidateStateSlots(const DecoderShape& shape, const DecoderBatch& batch, co
   rgdr::ValidateDeltaNetDecode(DeltaNetArgs(shape, batch, w, nullptr, nullptr));
 }
 
+void ValidateHead(const DecoderHead& head, const uint16_t* final_norm, size_t tokens) {
+  if (final_norm == nullptr) throw std::invalid_argument("the head projects the final norm's rows: no final_norm");
+  if (head.rows == nullptr) return;
+  for (size_t i = 0; i < head.n_rows; ++i) {
+    if (head.rows[i] < 0 || static_cast<size_t>(head.rows[i]) >= tokens) {
+      throw std::invalid_argument("head row " + std::to_string(i) + " is " + std::to_string(head.rows[i]) +
+                                  ", outside the step's " + std::to_string(tokens) + " rows");
+    }
+  }
+}
+
 }  // namespace
 
 void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* layers, size_t n_layers,
                    const DecoderShape& s, const DecoderBatch& batch, const uint16_t* h, uint16_t* h_out,
-                   uint16_t* residual_out, const uint16_t* final_norm, size_t num_threads) {
+                   uint16_t* residual_out, const uint16_t* final_norm, const DecoderHead* head,
+                   size_t num_threads) {
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   ValidateDecoderBatch(s, batch);
+  if (head != nullptr) ValidateHead(*head, final_norm, batch.tokens);
   const DecoderLayerWeights* a_deltanet = nullptr;  // any one: the check reads the batch's slots
   bool gated = false;
   for (size_t l = 0; l < n_layers; ++l) {
@@ -284,6 +297,21 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
     std::swap(res, res_tmp);
     std::memcpy(h_out, x, bytes);
     mark();
+    if (head != nullptr) {
+      const uint16_t* in = x;
+      size_t m = t;
+      if (head->rows != nullptr) {  // gathered into the attention scratch, free by now
+        uint16_t* gathered = Rows(sc.attn, head->n_rows, s.hidden);
+        for (size_t i = 0; i < head->n_rows; ++i) {
+          std::memcpy(gathered + i * s.hidden, x + static_cast<size_t>(head->rows[i]) * s.hidden,
+                      s.hidden * sizeof(uint16_t));
+        }
+        in = gathered;
+        m = head->n_rows;
+      }
+      if (m != 0) Project(kernels, head->weight, head->vocab, s.hidden, in, m, head->logits, num_threads);
+      mark();
+    }
   }
   if (res != residual_out) std::memcpy(residual_out, res, bytes);
 }

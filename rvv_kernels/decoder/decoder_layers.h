@@ -116,8 +116,18 @@ struct DecoderKernels {
   std::string attention;  // "" = the best this CPU runs
   // Called at every stage boundary when set (instruction counting under QEMU):
   // before each of a layer's stages (DecoderStageNames), once after the last layer and,
-  // with a final norm, once after it.
+  // with a final norm, once after it, and with a head once after that.
   void (*stage_marker)(int) = nullptr;
+};
+
+// The model's output projection after its final norm (lm_head, or the tied
+// embedding), over the rows whose logits the step wants.
+struct DecoderHead {
+  ProjectionWeight weight;        // [vocab, hidden]
+  size_t vocab = 0;
+  const int64_t* rows = nullptr;  // the step's rows to project, in order; null: every row
+  size_t n_rows = 0;              // with rows
+  uint16_t* logits = nullptr;     // [rows (or tokens), vocab]
 };
 
 // The stages a layer of `kind` runs, in order (the names the step profiler
@@ -130,11 +140,14 @@ const std::vector<std::string>& DecoderStageNames(LayerKind kind);
 // they may not alias h). With final_norm ([hidden], the model's last RMSNorm,
 // same eps and scale as the layers'), h_out holds that norm of the output plus
 // the stream and residual_out their sum, as the model's add + norm after its
-// layers. Throws std::invalid_argument naming the first bad value of the batch
-// (starts, a slot outside the pool) before anything is written.
+// layers. With head (which needs final_norm) the normed rows it names are
+// projected into head->logits, as the model's logits after its layers. Throws
+// std::invalid_argument naming the first bad value of the batch (starts, a slot
+// outside the pool, a head row outside the step) before anything is written.
 void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* layers, size_t n_layers,
                    const DecoderShape& shape, const DecoderBatch& batch, const uint16_t* h, uint16_t* h_out,
-                   uint16_t* residual_out, const uint16_t* final_norm, size_t num_threads);
+                   uint16_t* residual_out, const uint16_t* final_norm, const DecoderHead* head,
+                   size_t num_threads);
 
 }  // namespace rvascend
 

@@ -132,8 +132,10 @@ def instrument_fused_decoder(regions: Regions) -> None:
         finally:
             self.stage_markers = False
         if out is not None:
-            # After the layers, the model's final add + norm, then back to Python.
-            names = [name for kind in self.kinds for name in stages[kind]] + ["rms_norm", "decoder_glue"]
+            # After the layers, the model's final add + norm, the logits when the call made
+            # them, then back to Python.
+            names = [name for kind in self.kinds for name in stages[kind]] + ["rms_norm"] + \
+                (["lm_head"] if out[1] is not None else []) + ["decoder_glue"]
             regions.names.extend(names)
             global _marks
             _marks += len(names)  # the markers the C++ side placed

@@ -257,20 +257,22 @@ class CausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, pool: KVPool, all_logits: bool = False) -> torch.Tensor:
         h = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.rotary(batch.positions, h.dtype)
+        rows = None if all_logits else batch.logit_rows
+        if rows is None and not all_logits and batch.prefill:  # else every sequence's one row is its last
+            rows = torch.tensor(batch.new_lens).cumsum(0) - 1
         fused = fused_decoder_of(self)
-        normed = fused(h, cos, sin, batch, pool) if fused is not None else None
-        if normed is not None:
-            h = normed
+        out = fused(h, cos, sin, batch, pool, rows) if fused is not None else None
+        if out is not None:
+            h, logits = out
+            if logits is not None:
+                return logits
         else:
             residual = None
             for layer in self.model.layers:
                 h, residual = layer(h, residual, cos, sin, batch, pool)
             h, _ = self.model.norm.add_forward(h, residual)
-        if batch.logit_rows is not None and not all_logits:
-            if batch.logit_rows.numel() == 0:  # a chunk of prompts that samples nothing yet
+        if rows is not None:
+            if rows.numel() == 0:  # a chunk of prompts that samples nothing yet
                 return h.new_zeros(0, self.config.vocab_size)
-            h = h[batch.logit_rows]
-        elif not all_logits and batch.prefill:  # else every sequence's one row is its last
-            last = torch.tensor(batch.new_lens).cumsum(0) - 1
-            h = h[last]
+            h = h[rows]
         return projection_linear(self.lm_head, h)

@@ -38,6 +38,7 @@ from rvascend.models.loader import load_model
 from rvascend.models.quantized_layers import QuantizedEmbedding, quantized_modules
 from rvascend.models.testing import all_logits, decode_batch, decode_logits, random_pool
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.policy.fused_decoder import FUSED_ATTR
 
 Q = gguf.GGMLQuantizationType
 COMMON = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -141,6 +142,14 @@ def test_the_fused_step_reads_a_replaced_quantized_weight_or_norm(tmp_path):
     assert kernels.calls("decoder_layers", "kernel") == 4
     assert not torch.equal(scaled, swapped)
     assert torch.equal(scaled, decode_logits(model, batch, pool, fused=False))
+    # The logits come out of the same call, from the head's quantized bytes; new bytes reach
+    # the next step there too.
+    assert model.__dict__[FUSED_ATTR]._plan.head[0] == 1
+    head = model.lm_head
+    head.set_part(0, torch.zeros_like(head.qweight(0)))  # every scale 0: every logit 0
+    zeroed = decode_logits(model, batch, pool, fused=True)
+    assert kernels.calls("decoder_layers", "kernel") == 5
+    assert not torch.equal(zeroed, scaled) and torch.equal(zeroed, decode_logits(model, batch, pool, fused=False))
 
 
 _LLAMA_GUEST = r"""

@@ -393,6 +393,10 @@ ProjectionWeight QuantizedProjection(const int64_t* pair, size_t n, size_t k, si
 // batch's indices before anything is written. deltanet: (NK, NV, Dk, Dv, conv
 // taps, state slots) when some layer is a Gated DeltaNet one, else empty.
 // final_norm: the model's last RMSNorm weight, run on the output (0: none).
+// head_kind: -1 none, else the output projection of the normed rows, in the
+// descriptor's projection kinds (0 BF16 packed, 1 quantized with its parts table
+// as (head, head_n)); head_rows the rows it projects (0: every row) into logits
+// [rows, vocab].
 void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_kernel_set, size_t quant_tile,
                        uintptr_t descriptor, size_t descriptor_elements, size_t n_layers, size_t block_n, size_t hidden, size_t intermediate, size_t heads,
                        size_t kv_heads, size_t head_dim, size_t num_slots, float norm_eps, float qk_norm_eps,
@@ -402,8 +406,11 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
                        uintptr_t h, uintptr_t h_out, uintptr_t residual_out, size_t h_elements, size_t num_threads,
                        bool stage_markers, size_t rotary_dim, bool zero_centred, const std::vector<size_t>& deltanet,
                        float deltanet_norm_eps, uintptr_t state_slots, size_t n_state_slots,
-                       uintptr_t state_read_slots, uintptr_t final_norm, size_t final_norm_n) {
+                       uintptr_t state_read_slots, uintptr_t final_norm, size_t final_norm_n, int head_kind,
+                       uintptr_t head, size_t head_n, size_t vocab, uintptr_t head_rows, size_t n_head_rows,
+                       uintptr_t logits, size_t logits_n) {
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
+  if (head_kind < -1 || head_kind > 1) throw std::invalid_argument("head_kind is -1 (none), 0 or 1");
   if (tokens == 0) return;
   if (rotary_dim > head_dim || rotary_dim % 2) {
     throw std::invalid_argument("rotary_dim " + std::to_string(rotary_dim) + " is not an even number <= head_dim " +
@@ -432,7 +439,15 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
   auto packed = [&](size_t n, size_t k) { return block_n ? PackedBlocks(n, block_n) * block_n * k : 0; };
   const size_t q_n = heads * head_dim, kv_n = kv_heads * head_dim, c = dn.conv_dim(), value_n = dn.nv * dn.dv;
   std::vector<DecoderLayerWeights> layers(n_layers);
-  bool any_quantized = false;
+  DecoderHead decoder_head;
+  if (head_kind == 1) {
+    const int64_t pair[2] = {static_cast<int64_t>(head), static_cast<int64_t>(head_n)};
+    decoder_head.weight = QuantizedProjection(pair, vocab, hidden, quant_tile, "head");
+  } else if (head_kind == 0) {
+    if (block_n == 0) throw std::invalid_argument("head: a BF16 projection needs block_n");
+    decoder_head.weight.bf16 = Extent<const uint16_t>(head, head_n, packed(vocab, hidden), "head");
+  }
+  bool any_quantized = head_kind == 1;
   for (size_t l = 0; l < n_layers; ++l) {
     const int64_t* f = rows + l * kLayerFields;
     DecoderLayerWeights& w = layers[l];
@@ -550,8 +565,19 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
   uint16_t* rop = Extent<uint16_t>(residual_out, h_elements, tokens * hidden, "residual_out");
   const uint16_t* fn = final_norm != 0 ? Extent<const uint16_t>(final_norm, final_norm_n, hidden, "final_norm")
                                        : nullptr;
+  if (head_kind != -1) {
+    if (vocab == 0) throw std::invalid_argument("head: vocab is 0");
+    decoder_head.vocab = vocab;
+    size_t m = tokens;
+    if (head_rows != 0) {
+      decoder_head.rows = Array<const int64_t>(head_rows, n_head_rows, "head_rows");
+      decoder_head.n_rows = m = n_head_rows;
+    }
+    decoder_head.logits = Extent<uint16_t>(logits, logits_n, m * vocab, "logits");
+  }
   py::gil_scoped_release release;
-  DecoderLayers(kernels, layers.data(), n_layers, shape, b, hp, hop, rop, fn, num_threads ? num_threads : 1);
+  DecoderLayers(kernels, layers.data(), n_layers, shape, b, hp, hop, rop, fn, head_kind == -1 ? nullptr : &decoder_head,
+                num_threads ? num_threads : 1);
 }
 
 // Quantized weights (rvv_kernels/quantized): GGML blocks in, the runtime layout
@@ -731,6 +757,8 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("rotary_dim") = 0, py::arg("zero_centred") = false, py::arg("deltanet") = std::vector<size_t>(),
         py::arg("deltanet_norm_eps") = 0.0f, py::arg("state_slots") = 0, py::arg("n_state_slots") = 0,
         py::arg("state_read_slots") = 0, py::arg("final_norm") = 0, py::arg("final_norm_n") = 0,
+        py::arg("head_kind") = -1, py::arg("head") = 0, py::arg("head_n") = 0, py::arg("vocab") = 0,
+        py::arg("head_rows") = 0, py::arg("n_head_rows") = 0, py::arg("logits") = 0, py::arg("logits_n") = 0,
         "One decode step's decoder layers in one call (rvv_kernels/decoder/decoder_layers.h); every buffer "
         "comes with its element count.");
   m.def("decoder_stage_names", [](int kind) {

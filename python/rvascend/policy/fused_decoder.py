@@ -8,7 +8,12 @@ path runs the same kernels in the same order from C++
 (rvv_kernels/decoder/decoder_layers.h), the model's final add + RMSNorm
 included, so its results are bit-identical to the op-by-op path's; what remains
 per step in Python is one staleness check per packed weight and building the
-layers' pointer table.
+layers' pointer table. The logits come out of the same call: the output
+projection (lm_head, or the tied embedding) runs after the final norm over the
+rows the step samples, when op by op would route it to the same kernel (its
+weight packed or quantized and fresh, and, under the measured gate, its rows
+timed faster packed); otherwise the call returns the normed rows and the model
+projects them itself.
 
 It runs when the policy's kernels are on, the rows pass the projections' row
 gate, and every layer's four projections are packed and fresh (the same check
@@ -112,6 +117,8 @@ class FusedDecoder:
                           heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
                           head_dim=config.head_dim)
         self.norm_eps = float(config.rms_norm_eps)
+        self.head = model.lm_head
+        self.vocab = int(config.vocab_size)
         self.layers = [_layer(layer) for layer in model.model.layers]
         attention = [layer for layer in model.model.layers if hasattr(layer, "self_attn")]
         self.scale = float(attention[0].self_attn.scale) if attention else 1.0
@@ -143,10 +150,13 @@ class FusedDecoder:
         self.stage_markers = False  # the step profiler's region markers inside the call
         self._plan: Optional[_Plan] = None
 
-    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch, pool
-                 ) -> Optional[torch.Tensor]:
-        """The model's final norm of the last layer's output plus the residual stream,
-        [tokens, hidden]; or None: run the layers and that norm op by op."""
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch, pool,
+                 logit_rows: Optional[torch.Tensor] = None
+                 ) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+        """(the model's final norm of the last layer's output plus the residual stream,
+        [tokens, hidden]; the logits of its rows `logit_rows` (None: every row), [rows,
+        vocab], or None where the model is to project them); or None: run the layers and
+        that norm op by op."""
         policy = self._policy()
         t = h.shape[0]
         why = self._why_not(policy, h, t, batch, pool)
@@ -154,7 +164,7 @@ class FusedDecoder:
         if why is None:
             plan = self._plan if self._plan is not None and self._plan.holds(pool) else None
             if plan is None:
-                self._plan, why = _Plan.build(self.layers, self.final_norm, pool)
+                self._plan, why = _Plan.build(self.layers, self.final_norm, pool, self.head)
                 plan = self._plan
         if why is None and batch.prefill:
             why = self._prefill_why_not(policy, plan, h, t, batch)
@@ -165,6 +175,15 @@ class FusedDecoder:
         h = h if h.is_contiguous() else h.contiguous()
         cos, sin = cos.contiguous(), sin.contiguous()
         h_out, residual_out = torch.empty_like(h), torch.empty_like(h)
+        head_rows = 0 if logit_rows is None else logit_rows.shape[0]
+        head = self._head_route(policy, plan, head_rows if logit_rows is not None else t, logit_rows)
+        logits = None
+        if head is not None:
+            logits = h.new_empty(head_rows if logit_rows is not None else t, self.vocab)
+            head_args = (*plan.head, self.vocab, 0 if logit_rows is None else logit_rows.data_ptr(), head_rows,
+                         logits.data_ptr(), logits.numel())
+        else:
+            head_args = (-1, 0, 0, 0, 0, 0, 0, 0)
         s = self.shape
         n = len(self.layers)
         index = batch.recurrent_index() if self.deltanet else None
@@ -177,9 +196,29 @@ class FusedDecoder:
             h_out.data_ptr(), residual_out.data_ptr(), h.numel(), torch.get_num_threads(), self.stage_markers,
             cos.shape[-1], self.zero_centred, self.deltanet + [pool.states.num_slots] if self.deltanet else [],
             self.deltanet_eps, index.slots.data_ptr() if index else 0, index.slots.numel() if index else 0,
-            index.read_slots.data_ptr() if index and index.read_slots is not None else 0, *plan.final_norm)
+            index.read_slots.data_ptr() if index and index.read_slots is not None else 0, *plan.final_norm,
+            *head_args)
         self._count(policy, t)
-        return h_out
+        if head is not None:
+            policy.counters.record(head.projection, "packed", logits.shape[0])
+        return h_out, logits
+
+    def _head_route(self, policy: "RvvPolicy", plan: "_Plan", m: int, logit_rows: Optional[torch.Tensor]):
+        """The output projection's route when it runs in the call: where op by op would send
+        these m rows to the same kernel."""
+        if plan.head is None or m == 0:
+            return None
+        if logit_rows is not None and (logit_rows.dtype != torch.int64 or not logit_rows.is_contiguous()):
+            return None
+        route = self.head.__dict__.get("_rvv_route")
+        if route is None or getattr(route, "quantized", False) or route.owned is not None:
+            return route  # the quantized bytes or the packed copy of record: every BF16 CPU call takes them
+        weight = self.head._parameters["weight"]
+        which = policy.shape_gate
+        if shape_gate.rows_gate(route.projection, m, weight.shape[0], weight.shape[1],
+                                policy.config.small_batch, which) is not None:
+            return None
+        return route
 
     # -- when it runs ------------------------------------------------------------
     def _why_not(self, policy: "RvvPolicy", h: torch.Tensor, t: int, batch, pool) -> Optional[str]:
@@ -267,13 +306,16 @@ class _Plan:
         self.fingerprints: Optional[torch.Tensor] = None  # int64 [weights, 7] for weight_fingerprints_match
         self.quant_tables: list[torch.Tensor] = []
         self.final_norm: list[int] = []  # the model's last norm weight: (data pointer, elements)
+        # The output projection: (kind, data pointer, elements) as a descriptor projection, or
+        # None when op by op takes another path for it (its route's own reasons).
+        self.head: Optional[tuple[int, int, int]] = None
         self.quant_tile = 0
         # (projection, N, K) of each packed projection whose row-major weight is kept, in layer
         # order: op by op its calls pass the seed's gate for their rows (a prefill checks it).
         self.row_gated: dict[tuple[str, int, int], None] = {}
 
     @classmethod
-    def build(cls, layers: list[_Layer], final_norm: torch.nn.Module, pool
+    def build(cls, layers: list[_Layer], final_norm: torch.nn.Module, pool, head: Optional[torch.nn.Module] = None
               ) -> tuple[Optional["_Plan"], Optional[str]]:
         plan = cls()
         if not plan._add_param(final_norm, "weight", plan.final_norm):
@@ -285,42 +327,9 @@ class _Plan:
                 if not plan._add_param(norm, "weight", row):
                     return None, "norm_weight_layout"
             for module in layer.projections:
-                route = module.__dict__.get("_rvv_route")
-                if route is None:
-                    return None, "not_routed"
-                if getattr(route, "quantized", False):
-                    if module.bias is not None:
-                        return None, "bias"
-                    row += plan._add_quantized(module)
-                    kinds.append(1)
-                    continue
-                if route.owned is not None:
-                    # The packed buffer is the weight: only its replacement matters.
-                    packed = route.owned_packed()
-                    why = plan._add_packed(module, packed, row, kinds)
-                    if why is not None:
-                        return None, why
-                    plan._watch(module._buffers, PACKED_BUFFER, packed)
-                    continue
-                weight = module._parameters["weight"]
-                packed, why = route.packed_weight(weight)
-                if packed is None:
-                    return None, why
-                why = plan._add_packed(module, packed, row, kinds)
+                why = plan._add_projection(module, row, kinds, fingerprints, row_gated=True)
                 if why is not None:
                     return None, why
-                plan.row_gated[(route.projection, weight.shape[0], weight.shape[1])] = None
-                source = route.source
-                plan._watch(module._parameters, "weight", weight)
-                plan.weights.append(weight)
-                plan.versions.append(weight._version)
-                plan.strides.append(weight.stride())
-                plan.routes.append(route)
-                plan.sources.append(source)
-                fp = source.fingerprint
-                fingerprints.append([weight.data_ptr(), weight.shape[0], weight.shape[1], weight.stride(0),
-                                     weight.stride(1), ops.packed_linear.readable_elements(weight),
-                                     fp - (1 << 64) if fp >= 1 << 63 else fp])
             if layer.kind == DELTANET:
                 row += [0, 0] * 4  # no q/k norm, no K/V
                 d = layer.deltanet
@@ -345,10 +354,55 @@ class _Plan:
                     return None, "kv_pool_layout"
                 row += [k.data_ptr(), k.numel(), v.data_ptr(), v.numel()] + [0, 0] * 6
             rows.append(row + kinds + [layer.kind])
+        if head is not None:
+            row, kinds = [], []
+            if plan._add_projection(head, row, kinds, fingerprints, row_gated=False) is None:
+                plan.head = (kinds[0], row[0], row[1])
         plan.table = torch.tensor(rows, dtype=torch.int64)
         plan.fingerprints = torch.tensor(fingerprints or [[0] * 7], dtype=torch.int64)[:len(fingerprints)]
         plan.pool_ref = weakref.ref(pool)
         return plan, None
+
+    def _add_projection(self, module: torch.nn.Module, row: list[int], kinds: list[int], fingerprints: list,
+                        row_gated: bool) -> Optional[str]:
+        """Appends a routed projection's (pointer, elements) pair to `row` and its kind to
+        `kinds`, and watches what it reads; or says why op by op would not take the kernel."""
+        route = module.__dict__.get("_rvv_route")
+        if route is None:
+            return "not_routed"
+        if getattr(route, "quantized", False):
+            if module.bias is not None:
+                return "bias"
+            row += self._add_quantized(module)
+            kinds.append(1)
+            return None
+        if route.owned is not None:
+            # The packed buffer is the weight: only its replacement matters.
+            packed = route.owned_packed()
+            why = self._add_packed(module, packed, row, kinds)
+            if why is None:
+                self._watch(module._buffers, PACKED_BUFFER, packed)
+            return why
+        weight = module._parameters["weight"]
+        packed, why = route.packed_weight(weight)
+        if packed is None:
+            return why
+        why = self._add_packed(module, packed, row, kinds)
+        if why is not None:
+            return why
+        if row_gated:
+            self.row_gated[(route.projection, weight.shape[0], weight.shape[1])] = None
+        source = route.source
+        self._watch(module._parameters, "weight", weight)
+        self.weights.append(weight)
+        self.versions.append(weight._version)
+        self.strides.append(weight.stride())
+        self.routes.append(route)
+        self.sources.append(source)
+        fp = source.fingerprint
+        fingerprints.append([weight.data_ptr(), weight.shape[0], weight.shape[1], weight.stride(0), weight.stride(1),
+                             ops.packed_linear.readable_elements(weight), fp - (1 << 64) if fp >= 1 << 63 else fp])
+        return None
 
     def _add_packed(self, module, packed: torch.Tensor, row: list[int], kinds: list[int]) -> Optional[str]:
         if module._parameters.get("bias") is not None:

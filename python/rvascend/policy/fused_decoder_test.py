@@ -138,14 +138,15 @@ def _norm(m):
     return m.model.layers[0].post_attention_layernorm
 
 
-@pytest.mark.parametrize("what", ["projection", "norm", "final_norm"])
+@pytest.mark.parametrize("what", ["projection", "norm", "final_norm", "head"])
 @pytest.mark.parametrize("how", ["parameter_replaced", "storage_swapped"])
 def test_the_kept_plan_sees_a_replaced_weight(fusing_model, what, how):
     """The step's plan is kept between calls and points at the weights it was built from (and
     keeps them alive): a new parameter object, or new storage under the same one (`.data =`),
     must reach the next step."""
     family, m = fusing_model
-    module = {"projection": _down, "norm": _norm, "final_norm": lambda m: m.model.norm}[what](m)
+    module = {"projection": _down, "norm": _norm, "final_norm": lambda m: m.model.norm,
+              "head": lambda m: m.lm_head}[what](m)
     pool = random_pool(m)
     fresh = decode_logits(m, decode_batch([30]), pool, fused=True)
     original = module.weight
@@ -185,6 +186,40 @@ def test_a_final_norm_unlike_the_layers_runs_op_by_op(fusing_model):
         m.model.norm.eps = eps
         m.__dict__[FUSED_ATTR] = kept
     assert policy.kernels.counters.calls("decoder_layers", "fallback", "final_norm") == 1
+    assert torch.equal(got, want)
+
+
+def test_the_logits_come_out_of_the_fused_call(fusing_model, monkeypatch):
+    """The output projection runs in the fused call over the rows the step samples (no
+    packed Linear call from Python), bit-identical to op by op; where op by op's gate sends
+    it elsewhere, the call returns the normed rows and the model projects them as op by op."""
+    from rvascend import ops
+    from rvascend.policy import shape_gate
+
+    family, m = fusing_model
+    policy = get_policy(m)
+    kernels = policy.kernels.counters
+    linear_calls = []
+    packed_linear = ops.packed_bf16_linear
+    monkeypatch.setattr(ops, "packed_bf16_linear", lambda *a: linear_calls.append(a[2]) or packed_linear(*a))
+    batch, pool = step_batch(STEPS["chunked prefill"]), random_pool(m)
+    want = decode_logits(m, batch, _clone(pool), fused=False)
+    assert linear_calls[-1] == m.config.vocab_size  # op by op: the head (N = vocab), last
+    linear_calls.clear()
+    kernels.reset()
+    policy.counters.reset()
+    got = decode_logits(m, batch, _clone(pool), fused=True)
+    assert kernels.calls("decoder_layers", "kernel") == 1 and linear_calls == []
+    assert policy.counters.rows_seen("lm_head", "packed") == {3: 1}  # each sequence's last row
+    assert got.shape == (3, m.config.vocab_size) and torch.equal(got, want)
+    rows_gate = shape_gate.rows_gate
+    monkeypatch.setattr(shape_gate, "rows_gate", lambda projection, *a: "measured_slower"
+                        if projection == "lm_head" else rows_gate(projection, *a))
+    want = decode_logits(m, batch, _clone(pool), fused=False)
+    policy.counters.reset()
+    got = decode_logits(m, batch, _clone(pool), fused=True)
+    assert kernels.calls("decoder_layers", "kernel") == 2
+    assert policy.counters.calls("lm_head", "fallback", "measured_slower") == 1
     assert torch.equal(got, want)
 
 
@@ -249,6 +284,8 @@ def test_native_step_checks_every_extent_and_the_kernel_sets_layout(fusing_model
     cos, sin = cos.contiguous(), sin.contiguous()
     kv_slots, kv_starts, q_starts = batch.flat_index()
     out, res = torch.empty_like(h), torch.empty_like(h)
+    logits, bad_rows = torch.empty(2, c.vocab_size, dtype=torch.bfloat16), torch.tensor([0, 2])
+    assert plan.head is not None and plan.head[0] == 0  # the tied embedding's packed copy
     args = dict(kernel_set="", quant_kernel_set="", quant_tile=0, descriptor=plan.table.data_ptr(), descriptor_elements=plan.table.numel(),
                 n_layers=c.num_hidden_layers, block_n=plan.block_n, hidden=c.hidden_size,
                 intermediate=c.intermediate_size, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
@@ -267,6 +304,15 @@ def test_native_step_checks_every_extent_and_the_kernel_sets_layout(fusing_model
             (dict(num_slots=pool.num_slots + 1), "layer 0 k_pool has"),
             (dict(intermediate=c.intermediate_size + 32), "layer 0 gate_up packed weight has"),
             (dict(final_norm=m.model.norm.weight.data_ptr(), final_norm_n=c.hidden_size - 1), "final_norm has"),
+            (dict(final_norm=m.model.norm.weight.data_ptr(), final_norm_n=c.hidden_size, head_kind=0,
+                  head=plan.head[1], head_n=plan.head[2] - 1, vocab=c.vocab_size, logits=logits.data_ptr(),
+                  logits_n=logits.numel()), "head has"),
+            (dict(final_norm=m.model.norm.weight.data_ptr(), final_norm_n=c.hidden_size, head_kind=0,
+                  head=plan.head[1], head_n=plan.head[2], vocab=c.vocab_size, logits=logits.data_ptr(),
+                  logits_n=logits.numel() - 1), "logits has"),
+            (dict(final_norm=m.model.norm.weight.data_ptr(), final_norm_n=c.hidden_size, head_kind=0,
+                  head=plan.head[1], head_n=plan.head[2], vocab=c.vocab_size, head_rows=bad_rows.data_ptr(),
+                  n_head_rows=2, logits=logits.data_ptr(), logits_n=logits.numel()), "head row 1 is 2, outside"),
             (dict(kernel_set="portable", block_n=2 * plan.block_n), "reads block_n .* packed with block_n"),
             (dict(kernel_set=ops.available_kernel_sets()[0], block_n=4 * plan.block_n), "packed with block_n")):
         before = [k.clone() for k in pool.k]
