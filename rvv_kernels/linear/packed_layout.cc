@@ -1,6 +1,8 @@
 #include "rvv_kernels/linear/packed_layout.h"
 
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "rvv_kernels/base/huge_pages.h"
 
@@ -27,6 +29,24 @@ void PackBf16Weight(const uint16_t* weight, size_t n, size_t k, size_t row_strid
         for (size_t kk = k0; kk < k1; ++kk) dst[kk * block_n + lane] = src[kk];
       }
     }
+  }
+}
+
+void GatherPackedRows(const uint16_t* packed, size_t n, size_t k, size_t block_n, const int64_t* ids,
+                      size_t count, uint16_t* out) {
+  for (size_t i = 0; i < count; ++i) {
+    if (ids[i] < 0 || static_cast<uint64_t>(ids[i]) >= n) {
+      throw std::out_of_range("token id out of range [0, " + std::to_string(n) + "): got " + std::to_string(ids[i]));
+    }
+  }
+  const bool wide = block_n != kPackedBlockN;
+  const size_t half = block_n / 2;
+  for (size_t i = 0; i < count; ++i) {
+    const size_t row = static_cast<size_t>(ids[i]), j = row % block_n;
+    const size_t lane = wide ? (j < half ? 2 * j : 2 * (j - half) + 1) : j;
+    const uint16_t* src = packed + (row / block_n) * k * block_n + lane;
+    uint16_t* dst = out + i * k;
+    for (size_t kk = 0; kk < k; ++kk) dst[kk] = src[kk * block_n];
   }
 }
 

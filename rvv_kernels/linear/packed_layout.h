@@ -34,6 +34,13 @@ inline size_t PackedBlocks(size_t n, size_t block_n = kPackedBlockN) { return (n
 void PackBf16Weight(const uint16_t* weight, size_t n, size_t k, size_t row_stride,
                     uint16_t* packed, size_t block_n = kPackedBlockN);
 
+// Rows `ids` of the [n, k] weight packed in `packed` (layout by block_n, as
+// PackBf16Weight writes it), row-major into out [count, k]: an embedding lookup
+// from the packed copy. Throws std::out_of_range naming the first id outside
+// [0, n) before anything is written.
+void GatherPackedRows(const uint16_t* packed, size_t n, size_t k, size_t block_n, const int64_t* ids,
+                      size_t count, uint16_t* out);
+
 }  // namespace rvascend
 
 #endif  // RVV_KERNELS_LINEAR_PACKED_LAYOUT_H_

@@ -86,6 +86,21 @@ T* Extent(uintptr_t address, size_t have, size_t need, const std::string& what) 
 
 // `weight_elements` is how many BF16 elements lie readable from `weight` (the
 // rest of its storage): the last row must end inside it, whatever the stride.
+// Rows `ids` of a packed [n, k] weight into out [count, k] (data pointers; every
+// extent checked, every id against n).
+void PackedRows(uintptr_t packed, size_t packed_elements, size_t n, size_t k, size_t block_n, uintptr_t ids,
+                size_t count, uintptr_t out, size_t out_elements) {
+  if (!IsPackedBlockN(block_n)) {
+    throw std::invalid_argument("block_n " + std::to_string(block_n) + " is no packed layout's (32, or 64..512)");
+  }
+  const uint16_t* p = Extent<const uint16_t>(packed, packed_elements, PackedBlocks(n, block_n) * k * block_n,
+                                             "packed weight");
+  const int64_t* i = Array<const int64_t>(ids, count, "ids");
+  uint16_t* o = count ? Extent<uint16_t>(out, out_elements, count * k, "out") : nullptr;
+  py::gil_scoped_release release;
+  GatherPackedRows(p, n, k, block_n, i, count, o);
+}
+
 void Pack(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t weight_elements,
           uintptr_t packed, size_t block_n) {
   if (!IsPackedBlockN(block_n)) {
@@ -699,6 +714,9 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("pack_bf16_weight", &Pack, py::arg("weight"), py::arg("n"), py::arg("k"),
         py::arg("row_stride"), py::arg("weight_elements"), py::arg("packed"), py::arg("block_n"),
         "Packs a row-major BF16 [N, K] weight (data pointers): version 1 for block_n 32, else version 2.");
+  m.def("packed_rows", &PackedRows, py::arg("packed"), py::arg("packed_elements"), py::arg("n"), py::arg("k"),
+        py::arg("block_n"), py::arg("ids"), py::arg("count"), py::arg("out"), py::arg("out_elements"),
+        "Rows `ids` (int64) of a packed BF16 [N, K] weight into out [count, K]; IndexError for an id outside [0, N).");
   m.def("packed_bf16_linear", &Linear, py::arg("kernel_set"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("input"), py::arg("input_stride"), py::arg("input_elements"),
         py::arg("packed"), py::arg("packed_elements"), py::arg("block_n"), py::arg("output"), py::arg("output_stride"),

@@ -75,6 +75,33 @@ def test_embedding_lookups_from_the_packed_copy_match_and_check_their_ids():
         drop.model.embed_tokens(torch.tensor([1.0]))
 
 
+def test_packed_rows_reads_every_layout_and_checks_ids_and_extents():
+    """The native gather behind those lookups, at layout version 1 and version 2's every
+    block (whatever this host packs), against the row-major weight."""
+    from rvascend.ops.packed_linear import _native
+
+    torch.manual_seed(0)
+    w = torch.randn(300, 40).bfloat16()
+    ids = torch.tensor([0, 31, 32, 63, 64, 299, 150, 0, 255, 256])
+    out = torch.empty(len(ids), 40, dtype=torch.bfloat16)
+    for version, b in ((1, 32), (2, 64), (2, 128), (2, 256), (2, 512)):
+        packed = pack_reference(w, version, b)
+        args = dict(packed=packed.data_ptr(), packed_elements=packed.numel(), n=300, k=40, block_n=b,
+                    ids=ids.data_ptr(), count=len(ids), out=out.data_ptr(), out_elements=out.numel())
+        out.zero_()
+        _native.packed_rows(**args)
+        assert torch.equal(out, w[ids]), b
+        with pytest.raises(ValueError, match="packed weight has"):
+            _native.packed_rows(**{**args, "packed_elements": packed.numel() - 1})
+        with pytest.raises(ValueError, match="out has"):
+            _native.packed_rows(**{**args, "out_elements": out.numel() - 1})
+        bad = torch.tensor([5, 300])
+        out.zero_()
+        with pytest.raises(IndexError, match=r"token id out of range \[0, 300\): got 300"):
+            _native.packed_rows(**{**args, "ids": bad.data_ptr(), "count": 2})
+        assert not out.any()  # checked before anything is written
+
+
 def test_a_transformers_lm_head_tied_by_weight_keeps_both_copies():
     keep = transformers_llama()
     drop = copy.deepcopy(keep)

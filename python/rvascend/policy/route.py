@@ -212,17 +212,18 @@ class ProjectionRoute:
         """The weight's rows `ids` (an embedding lookup), gathered from the packed copy."""
         if ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"{self.name}: token ids must be int64 or int32, got {ids.dtype}")
-        n = self.owned.shape[0]
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
-            raise IndexError(f"{self.name}: token id out of range [0, {n}): got "
-                             f"{int(ids.min()) if int(ids.min()) < 0 else int(ids.max())}")
+        n, k = self.owned.shape
         packed = self.owned_packed()
-        b = packed.shape[2]
-        ids = ids.long()
-        lane = ids % b
-        if self.owned.layout_version == 2:  # row t of a block sits in lane 2t, row B/2 + t in lane 2t + 1
-            lane = lane % (b // 2) * 2 + lane // (b // 2)
-        return packed[ids // b, :, lane]
+        flat = ids.reshape(-1)
+        if flat.dtype != torch.int64 or not flat.is_contiguous():
+            flat = flat.to(torch.int64).contiguous()
+        out = torch.empty(*ids.shape, k, dtype=packed.dtype)
+        try:
+            ops.packed_linear._native.packed_rows(packed.data_ptr(), packed.numel(), n, k, packed.shape[2],
+                                                  flat.data_ptr(), flat.numel(), out.data_ptr(), out.numel())
+        except IndexError as e:
+            raise IndexError(f"{self.name}: {e}") from None
+        return out
 
     def owned_packed(self) -> torch.Tensor:
         """The weight of record, in this machine's packed layout."""
