@@ -73,6 +73,7 @@ class Sequence:
         self.status = Status.WAITING
         self.slots: list[int] = []   # changes only by extend() or by assigning a new list
         self._slot_buffer = torch.empty(0, dtype=torch.long)  # self.slots[:_mirrored_len] as int64
+        self._slot_view = self._slot_buffer.numpy()  # the same memory, written without torch's indexing
         self._mirrored: Optional[list[int]] = None
         self._mirrored_len = 0
         self.prefilled = 0    # prompt tokens already in the KV pool (chunked prefill)
@@ -102,20 +103,21 @@ class Sequence:
     def kv_slot_tensor(self, fresh: list[int]) -> torch.Tensor:
         """self.slots then `fresh` as an int64 view of a buffer kept in step with self.slots:
         only the slots added since the last call cross from Python. (Converting the whole list
-        every step cost a 4096-token context 3.7M instructions per step on riscv64.) The view
-        is valid until the next call."""
+        every step cost a 4096-token context 3.7M instructions per step on riscv64; writing them
+        through a numpy view of the buffer, not torch's indexing, cut a decode step's call from
+        12 to 2 us warm on x86.) The view is valid until the next call."""
         if self._mirrored is not self.slots or self._mirrored_len > len(self.slots):
             self._mirrored, self._mirrored_len = self.slots, 0
         n, need = len(self.slots), len(self.slots) + len(fresh)
         if self._slot_buffer.numel() < need:
             grown = torch.empty(max(need, 2 * self._slot_buffer.numel(), 64), dtype=torch.long)
             grown[:self._mirrored_len] = self._slot_buffer[:self._mirrored_len]
-            self._slot_buffer = grown
+            self._slot_buffer, self._slot_view = grown, grown.numpy()
         if self._mirrored_len < n:
-            self._slot_buffer[self._mirrored_len:n] = torch.tensor(self.slots[self._mirrored_len:], dtype=torch.long)
+            self._slot_view[self._mirrored_len:n] = self.slots[self._mirrored_len:]
             self._mirrored_len = n
         if fresh:
-            self._slot_buffer[n:need] = torch.tensor(fresh, dtype=torch.long)
+            self._slot_view[n:need] = fresh
         return self._slot_buffer[:need]
 
     @property

@@ -9,6 +9,7 @@ vLLM, so the RVV policy sees one large Linear each.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import NamedTuple, Optional
 
 import torch
@@ -80,10 +81,11 @@ class ForwardBatch:
         """(all sequences' slots concatenated, kv_starts [B+1], q_starts [B+1]) for
         kv_pool_attention; built once per batch, shared by every layer."""
         if self._flat is None:
-            kv_lens = torch.tensor([0] + [len(s) for s in self.kv_slots])
-            q_lens = torch.tensor([0] + list(self.new_lens))
-            self._flat = (torch.cat(self.kv_slots) if self.kv_slots else torch.zeros(0, dtype=torch.long),
-                          kv_lens.cumsum(0), q_lens.cumsum(0))
+            kv_starts = list(itertools.accumulate((len(s) for s in self.kv_slots), initial=0))
+            q_starts = list(itertools.accumulate(self.new_lens, initial=0))
+            slots = self.kv_slots[0].contiguous() if len(self.kv_slots) == 1 else \
+                torch.cat(self.kv_slots) if self.kv_slots else torch.zeros(0, dtype=torch.long)
+            self._flat = (slots, torch.tensor(kv_starts, dtype=torch.long), torch.tensor(q_starts, dtype=torch.long))
         return self._flat
 
 

@@ -20,6 +20,13 @@ class RouteCounters:
             self._calls[(projection, route, reason or "")] += calls
             self._rows[(projection, route, rows)] += calls
 
+    def record_bulk(self, calls: dict[tuple[str, str, str], int], rows: dict[tuple[str, str, int], int]) -> None:
+        """Many records at once: calls per (projection, route, reason) and per (projection,
+        route, rows), as `record` keys them."""
+        with self._lock:
+            self._calls.update(calls)
+            self._rows.update(rows)
+
     def calls(self, projection: Optional[str] = None, route: Optional[str] = None,
               reason: Optional[str] = None) -> int:
         with self._lock:

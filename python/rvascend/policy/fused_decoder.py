@@ -147,6 +147,7 @@ class FusedDecoder:
         self._kernel_calls = {kind: calls for kind, calls in (
             ("decoder_layers", 1), ("rms_norm", 1), ("add_rms_norm", 2 * n), ("silu_mul", n),
             ("rope", attention), ("kv_pool_attention", attention), ("sigmoid_mul", gated)) if calls}
+        self._bulk: dict[int, tuple] = {}  # rows -> _count's keyed counts
         self.stage_markers = False  # the step profiler's region markers inside the call
         self._plan: Optional[_Plan] = None
 
@@ -263,11 +264,17 @@ class FusedDecoder:
         return None
 
     def _count(self, policy: "RvvPolicy", t: int) -> None:
-        """The op-by-op path's counts, in bulk."""
-        for projection, n in self._projection_calls.items():
-            policy.counters.record(projection, "packed", t, calls=n)
-        for kind, n in self._kernel_calls.items():
-            policy.kernels.counters.record(kind, "kernel", t, calls=n)
+        """The op-by-op path's counts, in bulk (one lock per counter set, the keys made once
+        per row count)."""
+        bulk = self._bulk.get(t)
+        if bulk is None:
+            bulk = tuple(
+                ({(name, route, ""): n for name, n in calls.items()}, {(name, route, t): n for name, n in calls.items()})
+                for calls, route in ((self._projection_calls, "packed"), (self._kernel_calls, "kernel")))
+            if len(self._bulk) < 64:  # decode batch sizes; a prompt's row counts vary without end
+                self._bulk[t] = bulk
+        policy.counters.record_bulk(*bulk[0])
+        policy.kernels.counters.record_bulk(*bulk[1])
 
 
 class _Plan:
