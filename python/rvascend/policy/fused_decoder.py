@@ -176,15 +176,12 @@ class FusedDecoder:
         h = h if h.is_contiguous() else h.contiguous()
         cos, sin = cos.contiguous(), sin.contiguous()
         h_out, residual_out = torch.empty_like(h), torch.empty_like(h)
-        head_rows = 0 if logit_rows is None else logit_rows.shape[0]
-        head = self._head_route(policy, plan, head_rows if logit_rows is not None else t, logit_rows)
-        logits = None
-        if head is not None:
-            logits = h.new_empty(head_rows if logit_rows is not None else t, self.vocab)
-            head_args = (*plan.head, self.vocab, 0 if logit_rows is None else logit_rows.data_ptr(), head_rows,
-                         logits.data_ptr(), logits.numel())
-        else:
-            head_args = (-1, 0, 0, 0, 0, 0, 0, 0)
+        m = t if logit_rows is None else logit_rows.shape[0]
+        head = self._head_route(policy, plan, m, logit_rows)
+        logits = None if head is None else h.new_empty(m, self.vocab)
+        head_args = (-1, 0, 0, 0, 0, 0, 0, 0) if head is None else (
+            *plan.head, self.vocab, 0 if logit_rows is None else logit_rows.data_ptr(),
+            0 if logit_rows is None else m, logits.data_ptr(), logits.numel())
         s = self.shape
         n = len(self.layers)
         index = batch.recurrent_index() if self.deltanet else None
@@ -209,7 +206,8 @@ class FusedDecoder:
         these m rows to the same kernel."""
         if plan.head is None or m == 0:
             return None
-        if logit_rows is not None and (logit_rows.dtype != torch.int64 or not logit_rows.is_contiguous()):
+        if logit_rows is not None and (logit_rows.dtype != torch.int64 or logit_rows.dim() != 1
+                                       or not logit_rows.is_contiguous()):
             return None
         route = self.head.__dict__.get("_rvv_route")
         if route is None or getattr(route, "quantized", False) or route.owned is not None:
