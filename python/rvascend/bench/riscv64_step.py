@@ -194,28 +194,53 @@ def run_guest(qemu: str, image: str, stage: str, plugin: str, checkpoint: str, m
     return steps
 
 
+# Regions a step runs once whatever its depth. Their counts move by some ten thousand
+# instructions between two guest runs (the interpreter's allocations), which a linear
+# fit over depths 1 and 2 would multiply by the model's depth: they take the mean of
+# the two runs instead.
+FIXED_REGIONS = ("embedding", "engine", "lm_head", "model_glue", "rotary", "sampling")
+
+
 def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int, measured: tuple[int, int] = (1, 2)
                 ) -> dict[str, Any]:
     """fixed + layers * per_layer from runs at the two `measured` depths (per region, per
-    library); a hybrid model's depths are whole periods of its layer pattern."""
+    library), the FIXED_REGIONS as the two runs' mean; a hybrid model's depths are whole
+    periods of its layer pattern."""
     n1, n2 = measured
 
     def ext(a: float, b: float) -> float:
         per_layer = (b - a) / (n2 - n1)
         return a - n1 * per_layer + layers * per_layer
 
+    def fixed_part(run: dict[str, Any]) -> tuple[float, float, collections.Counter]:
+        libs: collections.Counter = collections.Counter()
+        for name in FIXED_REGIONS:
+            libs.update(run["region_libraries"].get(name, {}))
+        regions = [run["regions"].get(name, (0, 0)) for name in FIXED_REGIONS]
+        return sum(n for n, _ in regions), sum(v for _, v in regions), libs
+
+    def combine(a: float, b: float, fixed: bool) -> float:
+        return (a + b) / 2 if fixed else ext(a, b)
+
     regions = {}
     for name in set(one["regions"]) | set(two["regions"]):
         a, b = one["regions"].get(name, (0, 0)), two["regions"].get(name, (0, 0))
-        regions[name] = (ext(a[0], b[0]), ext(a[1], b[1]))
-    def ext_libs(a: dict[str, int], b: dict[str, int]) -> dict[str, float]:
-        return {k: ext(a.get(k, 0), b.get(k, 0)) for k in set(a) | set(b)}
+        regions[name] = (combine(a[0], b[0], name in FIXED_REGIONS), combine(a[1], b[1], name in FIXED_REGIONS))
 
-    region_libs = {name: ext_libs(one["region_libraries"].get(name, {}), two["region_libraries"].get(name, {}))
-                   for name in regions}
-    return {"total": ext(one["total"], two["total"]), "vector": ext(one["vector"], two["vector"]),
-            "regions": regions, "libraries": ext_libs(one["libraries"], two["libraries"]),
-            "region_libraries": region_libs,
+    def ext_libs(a: dict[str, float], b: dict[str, float], fixed: bool = False) -> dict[str, float]:
+        return {k: combine(a.get(k, 0), b.get(k, 0), fixed) for k in set(a) | set(b)}
+
+    region_libs = {name: ext_libs(one["region_libraries"].get(name, {}), two["region_libraries"].get(name, {}),
+                                  name in FIXED_REGIONS) for name in regions}
+    # The totals: the rest of each run extrapolated, the fixed regions' mean added.
+    (fa, fva, la), (fb, fvb, lb) = fixed_part(one), fixed_part(two)
+    rest = ext_libs({k: v - la.get(k, 0) for k, v in one["libraries"].items()},
+                    {k: v - lb.get(k, 0) for k, v in two["libraries"].items()})
+    fixed_libs = ext_libs(la, lb, fixed=True)
+    libraries = {k: rest.get(k, 0) + fixed_libs.get(k, 0) for k in set(rest) | set(fixed_libs)}
+    return {"total": ext(one["total"] - fa, two["total"] - fb) + (fa + fb) / 2,
+            "vector": ext(one["vector"] - fva, two["vector"] - fvb) + (fva + fvb) / 2,
+            "regions": regions, "libraries": libraries, "region_libraries": region_libs,
             "marker_overhead": ext(one["marker_overhead"], two["marker_overhead"])}
 
 

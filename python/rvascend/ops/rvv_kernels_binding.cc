@@ -13,6 +13,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
@@ -74,14 +75,29 @@ const Bf16PackedKernelSet& KernelSet(const std::string& name, size_t block_n) {
   return *set;
 }
 
+// A buffer's name for an error: a string, or a callable that makes it (built only
+// when a check fails: a step checks hundreds of buffers).
+inline const std::string& Named(const std::string& what) { return what; }
+template <typename F, typename = decltype(std::declval<const F&>()())>
+std::string Named(const F& what) {
+  return what();
+}
+
+// Pointer, with the name made only for the error.
+template <typename T, typename What>
+T* PointerTo(uintptr_t address, const What& what) {
+  if (address == 0 || address % alignof(T) != 0) return Pointer<T>(address, Named(what).c_str());
+  return reinterpret_cast<T*>(address);
+}
+
 // A pointer to `need` elements of T, from a buffer that holds `have`.
-template <typename T>
-T* Extent(uintptr_t address, size_t have, size_t need, const std::string& what) {
+template <typename T, typename What>
+T* Extent(uintptr_t address, size_t have, size_t need, const What& what) {
   if (have < need) {
-    throw std::invalid_argument(what + " has " + std::to_string(have) + " elements; the call reads or writes " +
+    throw std::invalid_argument(Named(what) + " has " + std::to_string(have) + " elements; the call reads or writes " +
                                 std::to_string(need));
   }
-  return need == 0 ? reinterpret_cast<T*>(address) : Pointer<T>(address, what.c_str());
+  return need == 0 ? reinterpret_cast<T*>(address) : PointerTo<T>(address, what);
 }
 
 // `weight_elements` is how many BF16 elements lie readable from `weight` (the
@@ -368,26 +384,26 @@ enum Buffer : size_t { kInputNorm, kPostNorm, kQkv, kO, kGateUp, kDown, kQNorm, 
 void StageMarker(int id);
 
 // A projection's quantized parts from their descriptor table, checked against (n, k).
-ProjectionWeight QuantizedProjection(const int64_t* pair, size_t n, size_t k, size_t quant_tile,
-                                     const std::string& what) {
+template <typename What>
+ProjectionWeight QuantizedProjection(const int64_t* pair, size_t n, size_t k, size_t quant_tile, const What& what) {
   ProjectionWeight w;
   const size_t n_parts = static_cast<size_t>(pair[1]) / kQuantPartFields;
   if (n_parts == 0 || n_parts > std::size(w.parts) || static_cast<size_t>(pair[1]) % kQuantPartFields) {
-    throw std::invalid_argument(what + ": a quantized projection has 1 to " + std::to_string(std::size(w.parts)) +
+    throw std::invalid_argument(Named(what) + ": a quantized projection has 1 to " + std::to_string(std::size(w.parts)) +
                                 " parts");
   }
-  const int64_t* parts = Pointer<const int64_t>(static_cast<uintptr_t>(pair[0]), what.c_str());
+  const int64_t* parts = PointerTo<const int64_t>(static_cast<uintptr_t>(pair[0]), what);
   size_t rows_total = 0;
   for (size_t q = 0; q < n_parts; ++q) {
     const int64_t* part = parts + q * kQuantPartFields;
     static const QuantFormat kFormats[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1,
                                            QuantFormat::kQ4_K, QuantFormat::kQ6_K};
-    if (part[0] < 0 || part[0] > 4) throw std::invalid_argument(what + ": unknown quantized format");
+    if (part[0] < 0 || part[0] > 4) throw std::invalid_argument(Named(what) + ": unknown quantized format");
     ProjectionWeight::Part& out = w.parts[q];
     out.format = kFormats[part[0]];
     out.rows = static_cast<size_t>(part[1]);
     if (k % FormatInfo(out.format).block_k) {
-      throw std::invalid_argument(what + ": K = " + std::to_string(k) + " is not a whole number of " +
+      throw std::invalid_argument(Named(what) + ": K = " + std::to_string(k) + " is not a whole number of " +
                                   FormatInfo(out.format).name + " blocks");
     }
     out.data = Extent<const uint8_t>(static_cast<uintptr_t>(part[2]), static_cast<size_t>(part[3]),
@@ -395,7 +411,7 @@ ProjectionWeight QuantizedProjection(const int64_t* pair, size_t n, size_t k, si
     rows_total += out.rows;
   }
   if (rows_total != n) {
-    throw std::invalid_argument(what + ": quantized parts cover " + std::to_string(rows_total) + " of " +
+    throw std::invalid_argument(Named(what) + ": quantized parts cover " + std::to_string(rows_total) + " of " +
                                 std::to_string(n) + " rows");
   }
   w.n_parts = n_parts;
@@ -499,13 +515,13 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
       if (!used[i] || i == kSsmState) continue;
       const bool optional = i == kQNorm || i == kKNorm;  // absent without q/k norm
       const bool projection = i >= kQkv && i <= kDown;
-      const std::string what = "layer " + std::to_string(l) + " " + kLayerBufferNames[i];
+      const auto what = [l, i] { return "layer " + std::to_string(l) + " " + kLayerBufferNames[i]; };
       if (projection && f[2 * kLayerBuffers + (i - kQkv)] == 1) {
         proj[i - kQkv] = QuantizedProjection(f + 2 * i, proj_n[i - kQkv], proj_k[i - kQkv], quant_tile, what);
         any_quantized = true;
         continue;
       }
-      if (projection && block_n == 0) throw std::invalid_argument(what + ": a BF16 projection needs block_n");
+      if (projection && block_n == 0) throw std::invalid_argument(what() + ": a BF16 projection needs block_n");
       p[i] = optional && f[2 * i] == 0 ? nullptr
                                        : Extent<const uint16_t>(static_cast<uintptr_t>(f[2 * i]),
                                                                 static_cast<size_t>(f[2 * i + 1]), need[i], what);
@@ -529,7 +545,7 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
       w.deltanet.conv_state = const_cast<uint16_t*>(p[kConvState]);
       w.deltanet.ssm_state =
           Extent<float>(static_cast<uintptr_t>(f[2 * kSsmState]), static_cast<size_t>(f[2 * kSsmState + 1]),
-                        need[kSsmState], "layer " + std::to_string(l) + " ssm_state");
+                        need[kSsmState], [l] { return "layer " + std::to_string(l) + " ssm_state"; });
     }
   }
   if (any_quantized) {
