@@ -100,8 +100,6 @@ T* Extent(uintptr_t address, size_t have, size_t need, const What& what) {
   return need == 0 ? reinterpret_cast<T*>(address) : PointerTo<T>(address, what);
 }
 
-// `weight_elements` is how many BF16 elements lie readable from `weight` (the
-// rest of its storage): the last row must end inside it, whatever the stride.
 // Rows `ids` of a packed [n, k] weight into out [count, k] (data pointers; every
 // extent checked, every id against n).
 void PackedRows(uintptr_t packed, size_t packed_elements, size_t n, size_t k, size_t block_n, uintptr_t ids,
@@ -117,6 +115,8 @@ void PackedRows(uintptr_t packed, size_t packed_elements, size_t n, size_t k, si
   GatherPackedRows(p, n, k, block_n, i, count, o);
 }
 
+// `weight_elements` is how many BF16 elements lie readable from `weight` (the
+// rest of its storage): the last row must end inside it, whatever the stride.
 void Pack(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t weight_elements,
           uintptr_t packed, size_t block_n) {
   if (!IsPackedBlockN(block_n)) {
