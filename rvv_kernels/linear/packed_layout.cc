@@ -11,8 +11,6 @@ namespace rvascend {
 void PackBf16Weight(const uint16_t* weight, size_t n, size_t k, size_t row_stride,
                     uint16_t* packed, size_t block_n) {
   const size_t blocks = PackedBlocks(n, block_n);
-  const bool wide = block_n != kPackedBlockN;
-  const size_t half = block_n / 2;
   AdviseHugePages(packed, blocks * k * block_n * sizeof(uint16_t));
   for (size_t b = 0; b < blocks; ++b) {
     uint16_t* dst = packed + b * k * block_n;
@@ -24,8 +22,7 @@ void PackBf16Weight(const uint16_t* weight, size_t n, size_t k, size_t row_strid
       const size_t k1 = k0 + kTile < k ? k0 + kTile : k;
       for (size_t j = 0; j < rows; ++j) {
         const uint16_t* src = weight + (b * block_n + j) * row_stride;
-        // Version 2 pairs column t with column half + t (see packed_layout.h).
-        const size_t lane = wide ? (j < half ? 2 * j : 2 * (j - half) + 1) : j;
+        const size_t lane = PackedLane(j, block_n);
         for (size_t kk = k0; kk < k1; ++kk) dst[kk * block_n + lane] = src[kk];
       }
     }
@@ -39,12 +36,9 @@ void GatherPackedRows(const uint16_t* packed, size_t n, size_t k, size_t block_n
       throw std::out_of_range("token id out of range [0, " + std::to_string(n) + "): got " + std::to_string(ids[i]));
     }
   }
-  const bool wide = block_n != kPackedBlockN;
-  const size_t half = block_n / 2;
   for (size_t i = 0; i < count; ++i) {
-    const size_t row = static_cast<size_t>(ids[i]), j = row % block_n;
-    const size_t lane = wide ? (j < half ? 2 * j : 2 * (j - half) + 1) : j;
-    const uint16_t* src = packed + (row / block_n) * k * block_n + lane;
+    const size_t row = static_cast<size_t>(ids[i]);
+    const uint16_t* src = packed + (row / block_n) * k * block_n + PackedLane(row % block_n, block_n);
     uint16_t* dst = out + i * k;
     for (size_t kk = 0; kk < k; ++kk) dst[kk] = src[kk * block_n];
   }

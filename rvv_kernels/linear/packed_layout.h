@@ -28,6 +28,13 @@ inline bool IsPackedBlockN(size_t block_n) { return block_n == kPackedBlockN || 
 
 inline size_t PackedBlocks(size_t n, size_t block_n = kPackedBlockN) { return (n + block_n - 1) / block_n; }
 
+// The lane of a k-row that holds row j of its block: j in version 1; in version 2
+// row t sits in lane 2t and row block_n/2 + t in lane 2t + 1.
+inline size_t PackedLane(size_t j, size_t block_n) {
+  const size_t half = block_n / 2;
+  return block_n == kPackedBlockN ? j : j < half ? 2 * j : 2 * (j - half) + 1;
+}
+
 // Packs a row-major weight (rows `row_stride` elements apart) into `packed`,
 // which holds PackedBlocks(n, block_n) * k * block_n elements: version 1 for
 // block_n = 32, version 2 for a wide block_n.
