@@ -9,7 +9,10 @@ Q4_0 and Q4_K_M written from it by llama.cpp's quantizer (with the policy on, th
 keeps those weights quantized where it has kernels for their types; off, it dequantizes
 them to BF16). Batch 1 and 4, 64 tokens in
 and 64 out, greedy: prefill tok/s, median decode tok/s, TTFT, peak RSS, and this
-engine's ratios to llama.cpp. Every step is timed by itself on both sides
+engine's ratios to llama.cpp. Beside them, the weights each engine streams in a decode step
+(the file's matrices, tok/s times the bytes a step reads) as GB/s and as a fraction of
+the copy bandwidth this engine's processes measured: at batch 1 both engines are bound
+by it, so a ratio near 1.0 there is the host's ceiling, not a tie short of it. Every step is timed by itself on both sides
 (llama_cpp_peer_guest.py; one_batch.py). `--rounds` alternates fresh processes of the
 engines and takes medians; `--isa=avx2` runs both engines as an AVX2-only host would.
 """
@@ -125,6 +128,28 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
     return files
 
 
+def decode_step_bytes(path: str) -> int:
+    """Bytes of a GGUF's weights a decode step reads: every matrix but the token
+    embedding (a lookup reads a row per token), which counts when the file has no
+    `output.weight` and the output projection reads it instead (tied)."""
+    from rvascend.models import gguf_file
+
+    f = gguf_file.GgufFile(path)
+    try:
+        tied = "output.weight" not in f.tensors
+        return sum(t.n_bytes for t in f.tensors.values()
+                   if len(t.dims) >= 2 and (tied or t.name != "token_embd.weight"))
+    finally:
+        f.close()
+
+
+def with_weight_rate(record: dict[str, Any], step_bytes: int, copy_gbps: float) -> dict[str, Any]:
+    """`record` with the weights it streamed a decode step, in GB/s and as a fraction of
+    the copy bandwidth."""
+    gbps = step_bytes / record["median_decode_latency"] / 1e9
+    return {**record, "weight_gbps": gbps, "bandwidth_fraction": gbps / copy_gbps}
+
+
 def _last_json_line(out: str) -> dict[str, Any]:
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
 
@@ -189,22 +214,32 @@ def main(argv: list[str]) -> int:
                 for policy in FLAGS.policy:
                     logging.info("%s bs %d: rvascend, policy %s", name, batch, policy)
                     runs.setdefault(policy, []).append(run_ours(path, batch, policy, threads))
+            # Every process of this engine probes the copy bandwidth; the group's median serves both.
+            probes = [r["copy_gbps"] for rounds in runs.values() for r in rounds if "copy_gbps" in r]
+            copy_gbps = statistics.median(probes) if probes else float("nan")
+            step_bytes = decode_step_bytes(path)
+            base["weight_bytes_per_step"] = step_bytes
             peer = median_of_rounds(runs.pop("llama.cpp"))
-            records.append({**base, "run_name": "llama.cpp", "backend": "llama.cpp", **peer})
+            records.append(with_weight_rate({**base, "run_name": "llama.cpp", "backend": "llama.cpp", **peer,
+                                             "copy_gbps": copy_gbps}, step_bytes, copy_gbps))
             for policy, rounds in runs.items():
                 ours = median_of_rounds(rounds)
                 ratios = {f"ratio_{k}": ours[k] / peer[k] for k in keys}
-                records.append({**base, "run_name": f"rvascend-policy-{policy}", "backend": "rvascend",
-                                "policy": policy, **{k: ours[k] for k in keys}, **ratios})
+                records.append(with_weight_rate({**base, "run_name": f"rvascend-policy-{policy}",
+                                                 "backend": "rvascend", "policy": policy,
+                                                 **{k: ours[k] for k in keys}, **ratios, "copy_gbps": copy_gbps},
+                                                step_bytes, copy_gbps))
     print_table(records, [("model", "model", "s"), ("batch_size", "bs", "d"), ("run_name", "run", "s"),
                           ("prefill_throughput", "prefill tok/s", ".1f"),
                           ("median_decode_throughput", "decode tok/s", ".2f"), ("ttft", "TTFT s", ".4f"),
                           ("peak_rss_mib", "peak RSS MiB", ".0f"),
+                          ("weight_gbps", "weights GB/s", ".1f"), ("bandwidth_fraction", "of copy BW", ".2f"),
                           ("ratio_prefill_throughput", "prefill x", ".2f"),
                           ("ratio_median_decode_throughput", "decode x", ".2f"),
                           ("ratio_ttft", "TTFT x", ".2f"), ("ratio_peak_rss_mib", "RSS x", ".2f")])
     print("x: this engine / llama.cpp, measured in this run (decode x > 1: faster than llama.cpp; "
-          "TTFT x and RSS x < 1: better)")
+          "TTFT x and RSS x < 1: better). weights GB/s: the file's matrices a decode step reads, per second; "
+          "of copy BW: that over the copy bandwidth measured by this engine's processes in the same run")
     manifest = None
     try:
         from rvascend.repro import manifest as repro
