@@ -145,6 +145,34 @@ def test_weight_fingerprint_sees_any_sampled_change_and_ignores_strides():
         ops.weight_fingerprint(w.float())
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3, 16])
+def test_weight_fingerprints_match_names_the_first_changed_weight_on_any_thread_count(threads):
+    from rvascend.ops.packed_linear import _native
+
+    torch.manual_seed(5)
+    weights = [torch.randn(64 + 8 * i, 96).bfloat16() for i in range(7)]
+    weights[3] = weights[3].T.contiguous().T  # a column-major one: its strides are checked too
+    samples = 128
+
+    def descriptor() -> torch.Tensor:
+        rows = []
+        for w in weights:
+            fp = ops.weight_fingerprint(w, samples)
+            rows.append([w.data_ptr(), w.shape[0], w.shape[1], w.stride(0), w.stride(1),
+                         ops.packed_linear.readable_elements(w), fp - (1 << 64) if fp >= 1 << 63 else fp])
+        return torch.tensor(rows, dtype=torch.int64)
+
+    table = descriptor()
+    check = lambda: _native.weight_fingerprints_match(table.data_ptr(), len(weights), samples, threads)  # noqa: E731
+    assert check() == -1
+    weights[5].neg_()  # in place: the descriptor's pointers now read changed content
+    assert check() == 5
+    weights[1].mul_(2)  # an earlier one too, in another thread's share: the first is named
+    assert check() == 1
+    weights[0][0, 0] += 1  # the first row's first run is always sampled
+    assert check() == 0
+
+
 SHAPES = [(m, n, k) for m in list(range(1, 18)) + [64, 128] for n, k in [(1, 7), (33, 64), (100, 129)]]
 SHAPES += [(m, 1024, 2048) for m in (1, 2, 3, 4, 8, 16, 64)] + [(1, 3072, 2048), (4, 2048, 8192)]
 

@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <iterator>
 #include <stdexcept>
@@ -225,22 +226,38 @@ uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, si
 // Every sample's line is prefetched before any is hashed: hashing weight by
 // weight waited out each miss (and its page walk) nearly one at a time, since
 // the loads of one weight fill few of the core's miss buffers before the next
-// weight's wait.
-int64_t FingerprintsMatch(uintptr_t descriptor, size_t count, size_t samples) {
+// weight's wait. The weights are split over num_threads threads, whose cores
+// bring their own miss buffers and page walkers to the same wait.
+int64_t FingerprintsMatch(uintptr_t descriptor, size_t count, size_t samples, size_t num_threads) {
   constexpr size_t kFields = 7;
   const int64_t* rows = Array<const int64_t>(descriptor, count * kFields, "descriptor");
   auto field = [&](size_t i, size_t j) { return static_cast<size_t>(rows[i * kFields + j]); };
-  for (size_t i = 0; i < count; ++i) {
-    ForEachSampleRun(field(i, 0), field(i, 1), field(i, 2), field(i, 3), field(i, 4), field(i, 5), samples,
-                     [](const uint16_t* r) { __builtin_prefetch(r); });
-  }
-  for (size_t i = 0; i < count; ++i) {
-    const uint64_t want = static_cast<uint64_t>(rows[i * kFields + 6]);
-    if (Fingerprint(field(i, 0), field(i, 1), field(i, 2), field(i, 3), field(i, 4), field(i, 5), samples) != want) {
-      return static_cast<int64_t>(i);
+  const size_t parts = std::max<size_t>(1, std::min(num_threads, count));
+  std::atomic<size_t> first_changed{count};
+  auto check = [&](size_t part) {
+    const size_t begin = part * count / parts, end = (part + 1) * count / parts;
+    for (size_t i = begin; i < end; ++i) {
+      ForEachSampleRun(field(i, 0), field(i, 1), field(i, 2), field(i, 3), field(i, 4), field(i, 5), samples,
+                       [](const uint16_t* r) { __builtin_prefetch(r); });
     }
+    for (size_t i = begin; i < end; ++i) {
+      const uint64_t want = static_cast<uint64_t>(rows[i * kFields + 6]);
+      if (Fingerprint(field(i, 0), field(i, 1), field(i, 2), field(i, 3), field(i, 4), field(i, 5), samples) !=
+          want) {
+        size_t seen = first_changed.load();
+        while (i < seen && !first_changed.compare_exchange_weak(seen, i)) {
+        }
+        return;
+      }
+    }
+  };
+  if (parts == 1) {
+    check(0);
+  } else {
+    ThreadPool::Global().ParallelFor(parts, parts, check);
   }
-  return -1;
+  const size_t changed = first_changed.load();
+  return changed == count ? -1 : static_cast<int64_t>(changed);
 }
 
 // Index arrays and BF16 buffers cross as (pointer, elements); the Python op checks
@@ -742,7 +759,8 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("row_stride"), py::arg("col_stride"), py::arg("weight_elements"), py::arg("samples"),
         "A content fingerprint of a BF16 [N, K] weight from `samples` spread elements.");
   m.def("weight_fingerprints_match", &FingerprintsMatch, py::arg("descriptor"), py::arg("count"),
-        py::arg("samples"), "Index of the first weight whose fingerprint changed, or -1.");
+        py::arg("samples"), py::arg("num_threads") = 1,
+        "Index of the first weight whose fingerprint changed, or -1.");
   m.def("kv_pool_attention", &Attention, py::arg("kernel"), py::arg("batch"), py::arg("q_starts"),
         py::arg("q_starts_n"), py::arg("q_rows"), py::arg("kv_starts"), py::arg("kv_starts_n"), py::arg("kv_slots"),
         py::arg("n_kv_slots"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("q"),

@@ -464,7 +464,7 @@ class _Plan:
                 or not all(map(operator.is_, map(_source, self.routes), self.sources))):
             return False
         return _native.weight_fingerprints_match(self.fingerprints.data_ptr(), self.fingerprints.shape[0],
-                                                 ops.packed_linear.FINGERPRINT_SAMPLES) < 0
+                                                 ops.packed_linear.FINGERPRINT_SAMPLES, torch.get_num_threads()) < 0
 
 
 def attach(model: torch.nn.Module, policy: "RvvPolicy") -> Optional[FusedDecoder]:
