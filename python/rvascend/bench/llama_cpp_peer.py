@@ -9,12 +9,13 @@ Q4_0 and Q4_K_M written from it by llama.cpp's quantizer (with the policy on, th
 keeps those weights quantized where it has kernels for their types; off, it dequantizes
 them to BF16). Batch 1 and 4, 64 tokens in
 and 64 out, greedy: prefill tok/s, median decode tok/s, TTFT, peak RSS, and this
-engine's ratios to llama.cpp. Beside them, the weights each engine streams in a decode step
-(the file's matrices, tok/s times the bytes a step reads) as GB/s and as a fraction of
-the copy bandwidth this engine's processes measured: at batch 1 both engines are bound
-by it, so a ratio near 1.0 there is the host's ceiling, not a tie short of it. Every step is timed by itself on both sides
-(llama_cpp_peer_guest.py; one_batch.py). `--rounds` alternates fresh processes of the
-engines and takes medians; `--isa=avx2` runs both engines as an AVX2-only host would.
+engine's ratios to llama.cpp. Beside them, the weights each engine streams in a decode
+step (the file's matrices, tok/s times the bytes a step reads) as GB/s and as a fraction
+of the copy bandwidth this engine's processes measured: at batch 1 both engines are bound
+by it, so a ratio near 1.0 there is the host's ceiling, not a tie short of it. Every
+step is timed by itself on both sides (llama_cpp_peer_guest.py; one_batch.py).
+`--rounds` alternates fresh processes of the engines and takes medians; `--isa=avx2`
+runs both engines as an AVX2-only host would.
 """
 
 from __future__ import annotations
