@@ -169,6 +169,11 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
     except BaseException:
         _uninstall(model, policy)
         raise
+    from rvascend.engine import allocator  # not at import: the engine imports the policy
+
+    # The shape gate's timing weights and the packers' scratch were freed into the heap;
+    # a process that did not pin glibc's thresholds (the server does) would keep them.
+    allocator.release_free_heap()
     logging.info("%s", report.summary())
     return report
 
