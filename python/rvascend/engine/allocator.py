@@ -41,7 +41,7 @@ def _glibc() -> Optional[ctypes.CDLL]:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
-def _mallopt(settings: dict[int, int], trim: bool = False) -> bool:
+def _mallopt(settings: dict[int, int]) -> bool:
     libc = _glibc()
     if libc is None:
         return False
@@ -50,8 +50,6 @@ def _mallopt(settings: dict[int, int], trim: bool = False) -> bool:
         if not libc.mallopt(param, value):
             logging.warning("mallopt(%d, %d) failed", param, value)
             ok = False
-    if trim:
-        libc.malloc_trim(0)
     return ok
 
 
@@ -70,7 +68,9 @@ def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     """Before loading weights: every allocation above `threshold` is its own mapping,
     and freed heap memory is returned, what the heap kept until now included
     (process-wide); False where the C library is not glibc."""
-    return _mallopt({_M_MMAP_THRESHOLD: threshold, _M_TRIM_THRESHOLD: TRIM_THRESHOLD_BYTES}, trim=True)
+    pinned = _mallopt({_M_MMAP_THRESHOLD: threshold, _M_TRIM_THRESHOLD: TRIM_THRESHOLD_BYTES})
+    release_free_heap()
+    return pinned
 
 
 def keep_step_buffers(size: int = STEP_BUFFER_BYTES) -> bool:

@@ -208,6 +208,15 @@ def weight_fingerprint(weight: torch.Tensor, samples: int = FINGERPRINT_SAMPLES)
                                           readable_elements(weight), samples))
 
 
+def fingerprint_descriptor_row(weight: torch.Tensor, fingerprint: int) -> list[int]:
+    """One weight's row of `weight_fingerprints_match`'s int64 descriptor: (data pointer,
+    N, K, row stride, column stride, readable elements, the fingerprint it must still have,
+    as a signed int64)."""
+    signed = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint
+    return [weight.data_ptr(), weight.shape[0], weight.shape[1], weight.stride(0), weight.stride(1),
+            readable_elements(weight), signed]
+
+
 torch.library.impl("rvascend::pack_bf16_weight", "CPU")(_pack_cpu)
 torch.library.impl("rvascend::packed_bf16_linear", "CPU")(_linear_cpu)
 

@@ -154,15 +154,8 @@ def test_weight_fingerprints_match_names_the_first_changed_weight_on_any_thread_
     weights[3] = weights[3].T.contiguous().T  # a column-major one: its strides are checked too
     samples = 128
 
-    def descriptor() -> torch.Tensor:
-        rows = []
-        for w in weights:
-            fp = ops.weight_fingerprint(w, samples)
-            rows.append([w.data_ptr(), w.shape[0], w.shape[1], w.stride(0), w.stride(1),
-                         ops.packed_linear.readable_elements(w), fp - (1 << 64) if fp >= 1 << 63 else fp])
-        return torch.tensor(rows, dtype=torch.int64)
-
-    table = descriptor()
+    table = torch.tensor([ops.packed_linear.fingerprint_descriptor_row(w, ops.weight_fingerprint(w, samples))
+                          for w in weights], dtype=torch.int64)
     check = lambda: _native.weight_fingerprints_match(table.data_ptr(), len(weights), samples, threads)  # noqa: E731
     assert check() == -1
     weights[5].neg_()  # in place: the descriptor's pointers now read changed content

@@ -251,11 +251,7 @@ int64_t FingerprintsMatch(uintptr_t descriptor, size_t count, size_t samples, si
       }
     }
   };
-  if (parts == 1) {
-    check(0);
-  } else {
-    ThreadPool::Global().ParallelFor(parts, parts, check);
-  }
+  ThreadPool::Global().ParallelFor(parts, parts, check);  // one part runs on this thread
   const size_t changed = first_changed.load();
   return changed == count ? -1 : static_cast<int64_t>(changed);
 }

@@ -404,9 +404,7 @@ class _Plan:
         self.strides.append(weight.stride())
         self.routes.append(route)
         self.sources.append(source)
-        fp = source.fingerprint
-        fingerprints.append([weight.data_ptr(), weight.shape[0], weight.shape[1], weight.stride(0), weight.stride(1),
-                             ops.packed_linear.readable_elements(weight), fp - (1 << 64) if fp >= 1 << 63 else fp])
+        fingerprints.append(ops.packed_linear.fingerprint_descriptor_row(weight, source.fingerprint))
         return None
 
     def _add_packed(self, module, packed: torch.Tensor, row: list[int], kinds: list[int]) -> Optional[str]:
