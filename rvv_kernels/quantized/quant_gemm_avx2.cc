@@ -507,7 +507,7 @@ void StoreBf16Avx2(const float* c, size_t n, uint16_t* out) {
 }  // namespace
 
 const QuantKernelSet kAvx2QuantKernels = {
-    "avx2", kTile, kMaxRows,
+    "avx2", kTile, false, kMaxRows,
     {ByRows<Gemm32<QuantFormat::kQ8_0>::Rows>, ByRows<Gemm32<QuantFormat::kQ4_0>::Rows>,
      ByRows<Gemm32<QuantFormat::kQ4_1>::Rows>, GemmQ4KAvx2, GemmQ6KAvx2},
     QuantizeRowAvx2, StoreBf16Avx2};

@@ -149,7 +149,7 @@ void StoreBf16(const float* c, size_t n, uint16_t* out) {
 }  // namespace
 
 const QuantKernelSet kPortableQuantKernels = {
-    "portable", 64, 4,
+    "portable", 64, true, 4,
     {Gemm32<QuantFormat::kQ8_0>, Gemm32<QuantFormat::kQ4_0>, Gemm32<QuantFormat::kQ4_1>, GemmQ4K, GemmQ6K},
     QuantizeRowPortable, StoreBf16};
 

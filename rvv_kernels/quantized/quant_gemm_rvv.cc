@@ -367,7 +367,7 @@ void StoreBf16Rvv(const float* c, size_t n, uint16_t* out) {
 
 // tile 0: T = VLEN/4, one e8 m2 group (the driver passes it as t).
 const QuantKernelSet kRvvQuantKernels = {
-    "rvv", 0, 4,
+    "rvv", 0, false, 4,
     {Gemm<QuantFormat::kQ8_0>, Gemm<QuantFormat::kQ4_0>, Gemm<QuantFormat::kQ4_1>, Gemm<QuantFormat::kQ4_K>,
      Gemm<QuantFormat::kQ6_K>},
     QuantizeRowRvv, StoreBf16Rvv};

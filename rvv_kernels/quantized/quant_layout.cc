@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "rvv_kernels/base/checked_size.h"
 #include "rvv_kernels/base/huge_pages.h"
 #include "rvv_kernels/base/thread_pool.h"
 
@@ -19,7 +20,7 @@ uint16_t U16(const uint8_t* p) {
 
 void PutU16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
 
-size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
+size_t CeilDiv(size_t a, size_t b) { return a / b + (a % b != 0); }
 
 // Q4_K's 6-bit scale and min of sub-block j (GGML's packing of 12 bytes).
 void ScaleMinK4(size_t j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
@@ -126,15 +127,16 @@ void RepackBlock(QuantFormat f, const uint8_t* src, size_t t, size_t c, uint8_t*
 
 size_t GgmlWeightBytes(QuantFormat format, size_t n, size_t k) {
   const QuantFormatInfo& info = FormatInfo(format);
-  return n * (k / info.block_k) * info.ggml_block_bytes;
+  return CheckedProduct("GGML weight bytes", n, k / info.block_k, info.ggml_block_bytes);
 }
 
 size_t QuantLayoutBytes(QuantFormat format, size_t n, size_t k, size_t tile) {
   const QuantFormatInfo& info = FormatInfo(format);
-  return CeilDiv(n, tile) * tile * (k / info.block_k) * info.tile_block_bytes;
+  if (tile == 0) throw std::invalid_argument("quantized tile width 0");
+  return CheckedProduct("quantized layout bytes", CeilDiv(n, tile), tile, k / info.block_k, info.tile_block_bytes);
 }
 
-void CheckGgmlWeight(QuantFormat format, const uint8_t* ggml, size_t n, size_t k, size_t tile) {
+void CheckGgmlShape(QuantFormat format, size_t n, size_t k, size_t tile) {
   const QuantFormatInfo& info = FormatInfo(format);
   if (k == 0 || k % info.block_k) {
     throw std::invalid_argument(std::string(info.name) + " weight rows of " + std::to_string(k) +
@@ -144,6 +146,14 @@ void CheckGgmlWeight(QuantFormat format, const uint8_t* ggml, size_t n, size_t k
     throw std::invalid_argument("quantized tile width " + std::to_string(tile) +
                                 " is not a multiple of 16 in 16..256");
   }
+  GgmlWeightBytes(format, n, k);
+  QuantLayoutBytes(format, n, k, tile);
+  CheckedProduct("dequantized elements", n, k);
+}
+
+void CheckGgmlWeight(QuantFormat format, const uint8_t* ggml, size_t n, size_t k, size_t tile) {
+  CheckGgmlShape(format, n, k, tile);
+  const QuantFormatInfo& info = FormatInfo(format);
   const HalfFields fields = ScaleFields(format);
   const size_t blocks = k / info.block_k;
   for (size_t r = 0; r < n; ++r) {

@@ -9,13 +9,18 @@
 
 namespace rvascend {
 
-// Bytes of a GGML weight [n, k] and of its runtime layout with tiles of `tile` columns.
+// Bytes of a GGML weight [n, k] and of its runtime layout with tiles of `tile` columns;
+// std::invalid_argument if the product overflows.
 size_t GgmlWeightBytes(QuantFormat format, size_t n, size_t k);
 size_t QuantLayoutBytes(QuantFormat format, size_t n, size_t k, size_t tile);
 
 // Throws std::invalid_argument naming the problem: K not a whole number of blocks
 // (as llama.cpp refuses it), a tile width that is not a positive multiple of 16
-// up to 256, or a scale that is NaN or infinite (row and block named).
+// up to 256, or sizes that overflow. Reads nothing: check a buffer's byte count
+// against GgmlWeightBytes after this and before CheckGgmlWeight.
+void CheckGgmlShape(QuantFormat format, size_t n, size_t k, size_t tile);
+
+// CheckGgmlShape, then every scale: NaN or infinite is an error (row and block named).
 void CheckGgmlWeight(QuantFormat format, const uint8_t* ggml, size_t n, size_t k, size_t tile);
 
 // ggml [n rows of k/block_k blocks] -> out [QuantLayoutBytes] (after CheckGgmlWeight).

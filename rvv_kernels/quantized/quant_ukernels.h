@@ -42,6 +42,7 @@ using StoreBf16Fn = void (*)(const float* c, size_t n, uint16_t* out);
 struct QuantKernelSet {
   const char* name;
   size_t tile;      // the tile width T it reads; 0: VLEN/4 of this machine (one e8 m2 group)
+  bool any_tile;    // reads any tile width (a multiple of 16 up to 256), not only `tile`
   size_t max_rows;  // rows per call
   QuantUkernel ukernel[5];  // indexed by QuantFormat
   QuantizeRowFn quantize_row;

@@ -26,7 +26,9 @@ void Check(const QuantKernelSet& kernels, const QuantizedLinearArgs& args) {
   if (args.tile == 0 || args.tile % 16 || args.tile > 256) {
     throw std::invalid_argument("quantized tile width " + std::to_string(args.tile) + " is invalid");
   }
-  if (kernels.tile == 0 && args.tile != QuantKernelSetTile(kernels)) {
+  // The scratch and the x86 kernels' loads are sized for the set's own tile: a
+  // weight repacked with another width read NaN or past the scratch (an abort).
+  if (!kernels.any_tile && args.tile != QuantKernelSetTile(kernels)) {
     throw std::invalid_argument("kernel set '" + std::string(kernels.name) + "' reads tiles of " +
                                 std::to_string(QuantKernelSetTile(kernels)) + " columns, the weight was repacked "
                                 "with tiles of " + std::to_string(args.tile) + ": repack it on this machine");

@@ -9,6 +9,7 @@ decoding, so the answers are the same on every worker.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import subprocess
@@ -23,6 +24,7 @@ import pytest
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.server import scale_out
 from rvascend.server.loopback import free_port, wait_healthy
+from rvascend.server.limits import API_KEY_ENV
 from rvascend.server.testing import API_KEY, Server, slow_steps
 
 # A board-sized KV pool: it holds three of the test's six system prompts (about 375 tokens
@@ -35,8 +37,8 @@ WATCHDOG_SECONDS = 5.0
 # The seed's shape gate: every worker routes alike (the measured gate times each worker's host
 # on its own, and workers that differ in speed make the router balance load instead of prefixes).
 WORKER_ARGS = [f"--model-path={ensure_random_model()}", "--enable-cpu-rvv-inductor", "--cpu-compile-mode=eager",
-               "--cpu-rvv-shape-gate=seed", f"--max-total-tokens={POOL_TOKENS}", "--max-running-requests=8",
-               f"--api-key={API_KEY}"]
+               "--cpu-rvv-shape-gate=seed", f"--max-total-tokens={POOL_TOKENS}", "--max-running-requests=8"]
+# (The key reaches the workers and the router through the environment: Cluster(api_key=...).)
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 TIMEOUT = 120.0
 
@@ -73,6 +75,18 @@ def cluster():
         c.stop()
         local.stop()
 
+
+
+def test_the_key_is_on_no_command_line_and_still_guards_every_process(cluster):
+    """Every user can read a process's command line (`ps`): the key travels in the
+    environment of the workers and the router instead."""
+    import psutil
+    for proc in [cluster.router, *cluster.procs]:
+        assert API_KEY not in " ".join(psutil.Process(proc.pid).cmdline())
+    for url in [cluster.url, *cluster.urls]:
+        assert httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1},
+                          timeout=TIMEOUT).status_code == 401, url
+        assert _complete(httpx.Client(base_url=url, headers=HEADERS, timeout=TIMEOUT), "hi").status_code == 200, url
 
 def test_the_router_gives_a_single_servers_answers(cluster):
     direct = cluster.local.http
@@ -147,7 +161,8 @@ def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin(cluster
     with open(f"{cluster.logs}/round_robin.log", "w") as log:
         round_robin = subprocess.Popen(
             scale_out.router_command(workers, "127.0.0.1", port, API_KEY, prometheus_port=free_port(),
-                                     policy="round_robin"), stdout=log, stderr=subprocess.STDOUT)
+                                     policy="round_robin"), stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, API_KEY_ENV: API_KEY})  # the router reads its key there, not from argv
     try:
         url = f"http://127.0.0.1:{port}"
         scale_out.wait_router(url, round_robin, 3, API_KEY, 60)

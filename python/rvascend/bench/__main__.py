@@ -56,6 +56,8 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         # Not in the default set: 1, 2 and 4 servers behind sglang-router (about 5 minutes).
         "scale_out": ["rvascend.bench.scale_out", f"--output={out}/scale_out.jsonl"]
         + (["--workers=1,2", "--num-prompts=8", "--latency-pairs=10", "--shape=test"] if quick else []),
+        # Not in the default set: 16 clients, valid and hostile requests mixed, for --seconds (default 60).
+        "soak": ["rvascend.bench.soak", f"--output={out}/soak.jsonl"] + model + (["--seconds=20"] if quick else []),
         # Not in the default set: about 30 minutes of emulation.
         "riscv64_step": ["rvascend.bench.riscv64_step", f"--output={out}/riscv64_step.jsonl",
                          f"--plot={out}/riscv64_step.png"]

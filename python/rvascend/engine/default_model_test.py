@@ -136,5 +136,19 @@ def test_default_answers_from_its_gguf(tmp_path, monkeypatch, quantized):
     assert default_model.ensure_default_model() == path and os.path.getmtime(path) == mtime
 
 
+def test_a_cached_file_that_changed_is_extracted_again(tmp_path, monkeypatch):
+    """What the cache holds is checked against the lock before it is served: a GGUF
+    changed in place (another user's plant, a cut-short copy) is replaced."""
+    monkeypatch.setenv("RVASCEND_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(default_model, "_verified", set())
+    path = default_model.ensure_default_model()
+    with open(path, "r+b") as f:
+        f.seek(1 << 20)
+        f.write(b"planted")
+    monkeypatch.setattr(default_model, "_verified", set())  # a new process
+    assert default_model.ensure_default_model() == path
+    assert default_model._matches_lock(path)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -14,6 +14,13 @@ from typing import Protocol, Sequence
 # Prompt tokens the window starts with, so the first output token decodes
 # in context (e.g. keeps its leading space).
 _PROMPT_CONTEXT = 5
+# A UTF-8 character spans at most 4 bytes, so at most 4 tokens: while more are
+# held back and the text still ends in U+FFFD, the first held token cannot be
+# part of a character still to be completed, and it is given out as it decodes
+# (U+FFFD for its invalid bytes, as decoding everything at once gives). Without
+# the cap a client could force an ever-longer window (a lone continuation byte
+# sampled every step: 8k tokens cost 19 s) on the engine thread.
+_MAX_HELD_TOKENS = 4
 
 
 class _Decoder(Protocol):
@@ -33,11 +40,17 @@ class IncrementalDetokenizer:
         self._ids.append(token)
         prefix_text = self._decode(self._ids[self._prefix:self._read])
         text = self._decode(self._ids[self._prefix:])
-        if len(text) <= len(prefix_text) or text.endswith("\ufffd"):
+        if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
+            return self._advance(text[len(prefix_text):], len(self._ids))
+        if len(self._ids) - self._read <= _MAX_HELD_TOKENS:
             return ""  # a partial UTF-8 character, or a token with no text
-        delta = text[len(prefix_text):]
-        # Keep the window short: drop what can no longer affect new text.
-        self._prefix, self._read = self._read, len(self._ids)
+        first = self._decode(self._ids[self._prefix:self._read + 1])
+        return self._advance(first[len(prefix_text):], self._read + 1)
+
+    def _advance(self, delta: str, read: int) -> str:
+        """Marks the tokens before `read` as text; keeps the window short by dropping
+        what can no longer affect new text."""
+        self._prefix, self._read = self._read, read
         if self._prefix > 64:
             del self._ids[:self._prefix]
             self._read -= self._prefix

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import sys
+import os
 import random
+import sys
 
 import pytest
 
@@ -40,6 +41,35 @@ def test_random_ids_including_split_characters(tokenizer):
         text = "".join(pieces)
         assert text == tokenizer.decode(ids)
         assert all("\ufffd" not in p for p in pieces[:-1] if p) or "\ufffd" in tokenizer.decode(ids)
+
+
+class _CountingDecoder:
+    """Wraps a tokenizer and records how many ids each decode call was given."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.longest = tokenizer, 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.longest = max(self.longest, len(ids))
+        return self.tokenizer.decode(ids, skip_special_tokens)
+
+
+def test_a_run_of_invalid_bytes_keeps_the_window_short(tokenizer):
+    """A lone continuation byte sampled every step (a client's logit_bias can force it):
+    the window must not grow with the output, and the text is the whole decode's."""
+    from tokenizers import Tokenizer as HfTokenizer  # the byte alphabet's token of 0x80
+    from rvascend.engine.bpe_tokenizer import byte_to_unicode
+    vocab = HfTokenizer.from_file(os.path.join(ensure_random_model(), "tokenizer.json"))
+    cont = vocab.token_to_id(byte_to_unicode()[0x80])
+    lead = vocab.token_to_id(byte_to_unicode()[0xF0])
+    emoji = tokenizer.encode("🙂", add_special_tokens=False)
+    ids = [cont] * 3000 + [lead] + emoji + [cont] * 5 + tokenizer.encode(" ok", add_special_tokens=False)
+    counting = _CountingDecoder(tokenizer)
+    detok = IncrementalDetokenizer(counting, [])
+    pieces = [detok.add(t) for t in ids] + [detok.flush()]
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert counting.longest <= 80, counting.longest  # 3k+ before the cap
+    assert sum(p.count("\ufffd") for p in pieces[:3000]) >= 2990  # handed out as they come, not at the end
 
 
 if __name__ == "__main__":

@@ -179,6 +179,8 @@ class Engine:
     def stats(self) -> dict[str, float]:
         """kv_used_tokens: slots requests hold (free slots and evictable cache excluded);
         kv_cached_tokens: slots the prefix cache holds (shared with requests or evictable);
+        kv_locked_tokens: of those, pinned by running requests; state_slots_free /
+        state_slots_total: recurrent-state slots (hybrid models; 0 otherwise);
         cache_retirements: times the cache was emptied because the weights changed."""
         with self._lock:
             cache = self.cache
@@ -186,6 +188,9 @@ class Engine:
             return {"running": len(self._running), "waiting": len(self._waiting) + len(self._pending),
                     "kv_used_tokens": self.config.max_total_tokens - len(self._free_slots) - evictable,
                     "kv_cached_tokens": cache.size if cache else 0,
+                    "kv_locked_tokens": cache.locked_size if cache else 0,
+                    "state_slots_free": len(self._free_states),
+                    "state_slots_total": self.states.num_slots if self.states is not None else 0,
                     "kv_reserved_tokens": self._reserved, "kv_total_tokens": self.config.max_total_tokens,
                     "cache_hit_rate": cache.hit_rate if cache else 0.0,
                     "cache_retirements": cache.retirements if cache else 0}
@@ -311,16 +316,19 @@ class Engine:
                 if self._shares_a_prefill_under_way(seq, admitted):
                     deferred.append(self._waiting.popleft())
                     continue
-                if self._reserved + seq.reserved > self.config.max_total_tokens:
+                if self._reserved + seq.reservation > self.config.max_total_tokens:
                     break  # FCFS: the head waits for memory, nobody overtakes it
+                if self.states is not None and len(self._free_states) < 2:
+                    break  # every pair held (unreachable while running requests <= pairs)
                 if admitted and tokens + len(seq.prompt_ids) > self.config.max_prefill_tokens:
                     break
                 self._waiting.popleft()
+                seq.reserved = seq.reservation
                 self._reserved += seq.reserved
                 tokens += len(seq.prompt_ids)
                 seq.status = Status.RUNNING
                 seq.weights_generation = self._weights_generation
-                if self.states is not None:  # running requests <= pairs of slots: a pair is always free here
+                if self.states is not None:
                     seq.state_slot, seq.next_state_slot = self._free_states.pop(), self._free_states.pop()
                 self._reuse_cached_prefix(seq)
                 admitted.append(seq)
@@ -475,6 +483,9 @@ class Engine:
                     if seq.status is not Status.FINISHED:
                         self._fail(seq, str(e) if isinstance(e, sampler.SamplingError)
                                    else f"{type(e).__name__}: {e}")
+                    # Finished by its last token before the callback raised: what it
+                    # holds goes back all the same.
+                    self._release(seq)
                 continue
             if seq.finish_reason is not None:
                 finished.append(seq)
@@ -533,8 +544,7 @@ class Engine:
 
     def _finish(self, seq: Sequence, reason: str, error: Optional[str] = None) -> None:
         seq.finish_reason = reason
-        if seq.status is Status.RUNNING:
-            self._release(seq)
+        self._release(seq)
         seq.status = Status.FINISHED
         if seq.on_output is not None:
             try:
@@ -580,8 +590,10 @@ class Engine:
         seq.cache_node = node
 
     def _release(self, seq: Sequence) -> None:
-        """Returns a finished sequence's slots and reservation. Its K/V go to the prefix
-        cache unless it failed (nothing of a request that errored is worth keeping)."""
+        """Returns whatever a sequence holds: slots, reservation, prefix-cache lock,
+        recurrent-state slots. Idempotent, and decided on what is held, not on the
+        sequence's status, so every way a sequence ends can call it. Its K/V go to the
+        prefix cache unless it failed (nothing of a request that errored is worth keeping)."""
         if self.cache is not None:
             if seq.error is None and seq.slots:
                 self._cache_tokens(seq)

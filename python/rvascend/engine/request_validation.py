@@ -6,6 +6,15 @@ from __future__ import annotations
 from rvascend.engine.sequence import SamplingParams
 
 
+# Every generated token is checked against each stop string, stop token and bias:
+# their count and length bound that per-token work (20,000 stop strings of 1,000
+# characters once made a 4 ms step take 35 ms). OpenAI allows 4 stop strings.
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024
+
+
 class RequestError(ValueError):
     """A request that can never be served as asked (the client's fault)."""
 
@@ -43,6 +52,16 @@ def validate_request(prompt_ids: list[int], params: SamplingParams, vocab: int, 
             raise RequestError(f"{name} must be in [-2, 2], got {value}")
     if not 0 <= params.min_tokens <= params.max_tokens:
         raise RequestError(f"min_tokens must be in [0, max_tokens = {params.max_tokens}], got {params.min_tokens}")
+    if len(params.stop) > MAX_STOP_STRINGS:
+        raise RequestError(f"stop has {len(params.stop)} strings; at most {MAX_STOP_STRINGS} are allowed")
+    for i, stop in enumerate(params.stop):
+        if len(stop) > MAX_STOP_CHARS:
+            raise RequestError(f"stop[{i}] is {len(stop)} characters long; at most {MAX_STOP_CHARS} are allowed")
+    if len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise RequestError(f"stop_token_ids has {len(params.stop_token_ids)} ids; at most {MAX_STOP_TOKEN_IDS} "
+                           "are allowed")
+    if len(params.logit_bias) > MAX_LOGIT_BIAS:
+        raise RequestError(f"logit_bias has {len(params.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are allowed")
     for t in params.stop_token_ids:
         if not 0 <= t < vocab:
             raise RequestError(f"stop_token_ids: {t} is outside the vocabulary of {vocab}")

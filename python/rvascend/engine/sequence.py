@@ -83,7 +83,8 @@ class Sequence:
         # writes (the two swap when a step commits; engine/engine.py).
         self.state_slot: Optional[int] = None
         self.next_state_slot: Optional[int] = None
-        self.reserved = len(prompt_ids) + params.max_tokens
+        self.reservation = len(prompt_ids) + params.max_tokens  # KV tokens it may need
+        self.reserved = 0     # of which the engine has reserved for it (from admission to release)
         self.generator: Optional[torch.Generator] = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)

@@ -284,3 +284,30 @@ def test_flush_cache_during_a_step_is_refused_without_waiting(model):
         hook.remove()
     assert answers[0] is False and answers[1] < 1.0
     assert engine.flush_cache()  # idle: flushed
+
+
+@pytest.mark.parametrize("when", ["last token", "first token", "every token"])
+def test_a_callback_that_raises_leaks_nothing(model, when):
+    """The server's callback raises once its event loop is closed. Raised on a
+    sequence's last token (which has already marked it finished), it once left
+    the sequence's slots, reservation and prefix-cache lock held for good."""
+    engine = _engine(model, max_total_tokens=96)
+    idle = {"free": len(engine._free_slots), "reserved": 0}
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+    def callback(seq, out):
+        if when == "every token" or (when == "last token" and out.finished) or \
+                (when == "first token" and len(seq.output_ids) == 1):
+            raise RuntimeError("the event loop is closed")
+    seqs = [engine.add_request(_prompt(24, i), params, callback) for i in range(3)]
+    for _ in range(100):
+        if not engine.has_work():
+            break
+        engine.step()
+    assert all(s.status is Status.FINISHED for s in seqs)
+    assert engine._reserved == idle["reserved"] and engine.cache.locked_size == 0
+    assert len(engine._free_slots) + engine.cache.evictable_size == idle["free"]
+    assert all(not s.slots and s.reserved == 0 and s.cache_node is None for s in seqs)
+    # The pool is whole: a request that needs all of it is served.
+    (seq,) = engine.generate([_prompt(40, 9)], SamplingParams(max_tokens=56, temperature=0, ignore_eos=True))
+    assert len(seq.output_ids) == 56

@@ -170,10 +170,27 @@ def _hybrid_fields(arch: str, raw: dict[str, Any], rope: dict[str, Any]) -> dict
     linear = LinearAttentionConfig(int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"]),
                                    int(raw["linear_key_head_dim"]), int(raw["linear_value_head_dim"]),
                                    int(raw["linear_conv_kernel_dim"]))
+    dims = {"linear_num_key_heads": linear.num_key_heads, "linear_num_value_heads": linear.num_value_heads,
+            "linear_key_head_dim": linear.key_head_dim, "linear_value_head_dim": linear.value_head_dim}
+    for name, value in dims.items():
+        if not 1 <= value <= 4096:
+            raise ValueError(f"{name} = {value} is not in [1, 4096]")
     if linear.num_value_heads % linear.num_key_heads:
         raise ValueError(f"linear_num_value_heads = {linear.num_value_heads} is not a multiple of "
                          f"linear_num_key_heads = {linear.num_key_heads}")
+    if "full_attention" not in types:
+        raise ValueError(f"layer_types has no full_attention layer ({layers} linear_attention): this engine "
+                         "serves hybrid models with at least one")
+    if not 2 <= linear.conv_kernel <= 64:
+        # The short convolution keeps conv_kernel - 1 past inputs: a kernel of 1 keeps none.
+        raise ValueError(f"linear_conv_kernel_dim = {linear.conv_kernel} is not in [2, 64]")
     factor = float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
     if not 0.0 < factor <= 1.0:
         raise ValueError(f"partial_rotary_factor must be in (0, 1], got {factor}")
+    heads = int(raw["num_attention_heads"])
+    head_dim = int(raw.get("head_dim") or int(raw["hidden_size"]) // heads)
+    rotary = head_dim * factor
+    if rotary != int(rotary) or int(rotary) % 2:
+        raise ValueError(f"partial_rotary_factor {factor} of head_dim {head_dim} gives {rotary} rotary dims, not an "
+                         "even whole number")
     return {"layer_types": tuple(types), "linear_attention": linear, "partial_rotary_factor": factor}

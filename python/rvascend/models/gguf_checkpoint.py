@@ -83,7 +83,11 @@ class GgufCheckpoint:
         except gguf_file.GgufFormatError as e:
             raise GgufError(str(e)) from None
         self.meta: dict[str, Any] = self._file.metadata
-        arch = self.meta.get("general.architecture")
+        try:
+            arch = gguf_file.typed(self.meta, "general.architecture", "string", source=path)
+        except gguf_file.GgufFormatError as e:
+            self._file.close()
+            raise GgufError(str(e)) from None
         if arch not in ARCHITECTURES:
             raise GgufError(f"{path}: architecture {arch!r} is not supported; supported: "
                             f"{', '.join(sorted(ARCHITECTURES))}")
@@ -98,6 +102,13 @@ class GgufCheckpoint:
         if value is None and required:
             raise GgufError(f"{self.path}: metadata {self.arch}.{name} is missing")
         return value
+
+    def _typed(self, name: str, kind: str, default: Any = None) -> Any:
+        """This architecture's metadata `name`, checked to be a `kind` (gguf_file.typed)."""
+        try:
+            return gguf_file.typed(self.meta, f"{self.arch}.{name}", kind, default, self.path)
+        except gguf_file.GgufFormatError as e:
+            raise GgufError(str(e)) from None
 
     def _int(self, name: str, default: Optional[int] = None, low: int = 1, high: int = 1 << 24) -> int:
         value = self._key(name, default, required=default is None)
@@ -139,7 +150,7 @@ class GgufCheckpoint:
         rope_dim = self._int("rope.dimension_count", head_dim, high=4096)
         if rope_dim != head_dim and self.arch != "qwen35":  # Qwen3.5's partial rotary: gguf_qwen35.py
             raise GgufError(f"{self.path}: partial rotary ({rope_dim} of {head_dim} dims) is not supported")
-        scaling = self._key("rope.scaling.type")
+        scaling = self._typed("rope.scaling.type", "string")
         if scaling not in (None, "none"):
             raise GgufError(f"{self.path}: rope scaling {scaling!r} is not supported")
         layers = self._int("block_count", high=4096)
@@ -169,7 +180,7 @@ class GgufCheckpoint:
             "max_position_embeddings": self._int("context_length", 4096, high=1 << 22),
             "tie_word_embeddings": "output.weight" not in self._tensors,
             "eos_token_id": gguf_tokenizer.end_of_generation_ids(self.meta),
-            "bos_token_id": self.meta.get("tokenizer.ggml.bos_token_id"),
+            "bos_token_id": gguf_file.typed(self.meta, "tokenizer.ggml.bos_token_id", "integer", source=self.path),
             "attention_bias": "blk.0.attn_q.bias" in self._tensors,
             "torch_dtype": "bfloat16",
         }
@@ -363,9 +374,9 @@ class GgufCheckpoint:
         if view.is_contiguous():
             self._file.release_bytes(view.data_ptr(), view.numel() * view.element_size())
 
-    def close(self) -> None:
-        """Unmaps the file (no view of it may be alive)."""
-        self._file.close()
+    def close(self, after_error: bool = False) -> None:
+        """Unmaps the file (no view of it may be alive, unless `after_error`: gguf_file.py)."""
+        self._file.close(after_error)
 
 
 def _unpermute_rotary_rows(w, heads: int):

@@ -33,6 +33,12 @@ _SCALARS = {0: ("UINT8", "<u1", "<B"), 1: ("INT8", "<i1", "<b"), 2: ("UINT16", "
             6: ("FLOAT32", "<f4", "<f"), 7: ("BOOL", "<u1", "<B"), 10: ("UINT64", "<u8", "<Q"),
             11: ("INT64", "<i8", "<q"), 12: ("FLOAT64", "<f8", "<d")}
 _STRING, _ARRAY, _BOOL = 8, 9, 7
+# The string arrays the engine reads; any other key's string array longer than
+# _MAX_UNREAD_STRINGS is stepped over, not kept (a Python string costs about
+# 50 bytes beside its text: a file of many short strings multiplied its size
+# in memory tenfold before anything checked it).
+_READ_STRING_ARRAYS = frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.merges"})
+_MAX_UNREAD_STRINGS = 1 << 16
 
 # ggml tensor types: id -> (name, elements per block, bytes per block).
 TENSOR_TYPES: dict[int, tuple[str, int, int]] = {
@@ -49,6 +55,47 @@ TENSOR_TYPES: dict[int, tuple[str, int, int]] = {
 
 class GgufFormatError(ValueError):
     """The file is not a well-formed GGUF; the message names where and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Unread:
+    """A metadata value this reader stepped over (a long string array no part of the
+    engine reads); `what` says what it held."""
+    what: str
+
+
+# What a metadata value must be, for typed(): a check and its name in errors.
+_KINDS = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "integer array": lambda v: isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu",
+    "boolean array": lambda v: isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype == np.bool_,
+}
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"an array of {value.shape[0]} {value.dtype}"
+    if isinstance(value, list):
+        return f"an array of {len(value)} values"
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+def typed(meta: dict[str, Any], key: str, kind: str, default: Any = None, source: str = "") -> Any:
+    """meta[key] (or `default` when absent) if it is a `kind` (a key of _KINDS), else a
+    GgufFormatError naming the key, the kind and what the file holds. Every read of a
+    model file's metadata goes through here: a file is untrusted, and an array where a
+    string belongs once surfaced as a TypeError deep in the loader."""
+    value = meta.get(key)
+    if value is None:
+        return default
+    if not _KINDS[kind](value):
+        raise GgufFormatError(f"{source + ': ' if source else ''}metadata {key!r} must be a {kind}, "
+                              f"the file holds {_describe(value)}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +142,15 @@ class GgufFile:
         except struct.error as e:  # a read past the end that slipped a check: still a format error
             raise GgufFormatError(f"{path}: truncated header ({e})") from None
 
-    def close(self) -> None:
-        self._map.close()
+    def close(self, after_error: bool = False) -> None:
+        """Unmaps the file. After an error (`after_error`), views of it may still be held
+        by the error's traceback: then the map goes with them, and the error that is
+        propagating is not replaced by mmap's BufferError."""
+        try:
+            self._map.close()
+        except BufferError:
+            if not after_error:
+                raise
 
     # -- reading primitives, each bounded by the file ---------------------------------
     def _need(self, n: int, what: str) -> None:
@@ -140,14 +194,23 @@ class GgufFile:
                     raise GgufFormatError(f"{self.path}: metadata {key!r} declares {count} elements of "
                                           f"{_SCALARS[elem][0]}, more than the {self.size - self._pos} bytes "
                                           "left in the file hold")
+                # Kept as numpy (a copy: the map may be closed first), as compact as in the file.
                 values = np.frombuffer(self._map, dtype=dtype, count=count, offset=self._pos).copy()
                 self._pos += count * dtype.itemsize
-                return [bool(v) for v in values] if elem == _BOOL else values.tolist()
+                values = values.astype(bool) if elem == _BOOL else values
+                values.flags.writeable = False
+                return values
             if elem in (_STRING, _ARRAY):
                 minimum = 8 if elem == _STRING else 12  # a length, or an element type and a length
                 if count > (self.size - self._pos) // minimum:
                     raise GgufFormatError(f"{self.path}: metadata {key!r} declares {count} elements, more than "
                                           f"the {self.size - self._pos} bytes left in the file hold")
+                if elem == _STRING and key not in _READ_STRING_ARRAYS and count > _MAX_UNREAD_STRINGS:
+                    for _ in range(count):
+                        n = self._unpack("<Q", f"the length of an element of metadata {key!r}")
+                        self._need(n, f"metadata {key!r}")
+                        self._pos += n
+                    return Unread(f"{count} strings")
                 return [self._value(elem, key, depth + 1) for _ in range(count)]
             raise GgufFormatError(f"{self.path}: metadata {key!r} is an array of unknown type {elem}")
         raise GgufFormatError(f"{self.path}: metadata {key!r} has unknown value type {type_id}")
@@ -177,7 +240,7 @@ class GgufFile:
             self.metadata_types[key] = type_id
             self.metadata[key] = self._value(type_id, key)
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 or \
+        if not _KINDS["integer"](alignment) or alignment <= 0 or \
                 alignment & (alignment - 1) or alignment > 1 << 16:
             raise GgufFormatError(f"{self.path}: general.alignment = {alignment!r} is not a power of two "
                                   "up to 65536")

@@ -63,19 +63,20 @@ def config_fields(ckpt: "GgufCheckpoint", layers: int, head_dim: int) -> dict[st
     if value_heads % key_heads:
         raise ckpt.error(f"ssm.time_step_rank = {value_heads} value heads do not split into "
                          f"ssm.group_count = {key_heads} key heads")
-    recurrent = ckpt._key("attention.recurrent_layers")
+    recurrent = ckpt._typed("attention.recurrent_layers", "boolean array")
     if recurrent is None:
         interval = ckpt._int("full_attention_interval", 4, high=layers)
         recurrent = [(i + 1) % interval != 0 for i in range(layers)]
-    if not isinstance(recurrent, list) or len(recurrent) != layers or not all(isinstance(r, bool) for r in recurrent):
+    if len(recurrent) != layers:
         raise ckpt.error(f"attention.recurrent_layers must hold one boolean per layer ({layers})")
+    recurrent = [bool(r) for r in recurrent]
     rope_dim = ckpt._int("rope.dimension_count", head_dim, high=head_dim)
     if rope_dim % 2:
         raise ckpt.error(f"rope.dimension_count = {rope_dim} is odd (rotary needs pairs)")
-    sections = ckpt._key("rope.dimension_sections")
+    sections = ckpt._typed("rope.dimension_sections", "integer array")
     rope = {"rope_type": "default", "rope_theta": ckpt._float("rope.freq_base", 10000.0),
             "partial_rotary_factor": rope_dim / head_dim}
-    if isinstance(sections, list) and len(sections) >= 3:
+    if sections is not None and len(sections) >= 3:
         # Interleaved multi-axis RoPE; for text every axis carries the same position.
         rope["mrope_section"] = [int(s) for s in sections[:3]]
     return {

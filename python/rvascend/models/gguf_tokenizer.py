@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 from absl import logging
 
+from rvascend.models.gguf_file import typed
+
 # GPT-2's word split; also what the ByteLevel pre-tokenizer applies with use_regex.
 _GPT2 = None  # ByteLevel(use_regex=True) carries it
 # Llama 3 (tiktoken cl100k-style) and Qwen 2 splits: contractions, words with one
@@ -52,20 +54,21 @@ class UnsupportedGgufTokenizer(ValueError):
 
 def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tokenizer.json, tokenizer_config.json) contents from GGUF metadata (key -> value)."""
-    kind = meta.get("tokenizer.ggml.model")
+    kind = typed(meta, "tokenizer.ggml.model", "string")
     if kind != "gpt2":
         raise UnsupportedGgufTokenizer(
             f"tokenizer model {kind!r} is not supported (only 'gpt2', byte-level BPE: GPT-2, Llama 3, "
             "Qwen 2/3, SmolLM); SentencePiece vocabularies ('llama') are not")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+    tokens = typed(meta, "tokenizer.ggml.tokens", "list of strings")
+    if not tokens:
         raise UnsupportedGgufTokenizer("tokenizer.ggml.tokens is missing or not a list of strings")
-    merges = meta.get("tokenizer.ggml.merges")
-    if not merges or not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
+    merges = typed(meta, "tokenizer.ggml.merges", "list of strings")
+    if not merges or not all(" " in m for m in merges):
         raise UnsupportedGgufTokenizer("a byte-level BPE vocabulary without valid tokenizer.ggml.merges "
                                        "(a list of 'left right' strings)")
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    if not isinstance(types, list) or len(types) != len(tokens):
+    types = typed(meta, "tokenizer.ggml.token_type", "integer array")
+    types = [1] * len(tokens) if types is None else types.tolist()
+    if len(types) != len(tokens):
         raise UnsupportedGgufTokenizer(f"tokenizer.ggml.token_type does not give one type for each of the "
                                        f"{len(tokens)} tokens")
 
@@ -77,7 +80,7 @@ def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
             added.append({"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
                           "normalized": False, "special": kind_of == _CONTROL})
 
-    pre = meta.get("tokenizer.ggml.pre", "(none)")
+    pre = typed(meta, "tokenizer.ggml.pre", "string", "(none)")
     splits = PRE_TOKENIZER_SPLITS.get(pre)
     if splits is None:
         logging.warning("GGUF pre-tokenizer type %r is not known here: splitting text as GPT-2 does, "
@@ -89,18 +92,18 @@ def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
                   "use_regex": _GPT2 in splits})
 
     def token_of(key: str) -> Optional[str]:
-        i = meta.get(f"tokenizer.ggml.{key}")
+        i = typed(meta, f"tokenizer.ggml.{key}", "integer")
         if i is None:
             return None
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(tokens):
+        if not 0 <= i < len(tokens):
             raise UnsupportedGgufTokenizer(f"tokenizer.ggml.{key} = {i!r} is not a token of the "
                                            f"{len(tokens)}-token vocabulary")
         return tokens[i]
 
     bos, eos = token_of("bos_token_id"), token_of("eos_token_id")
     llama3 = pre in _LLAMA3_DEFAULTS
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", llama3)) and bos is not None
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
+    add_bos = typed(meta, "tokenizer.ggml.add_bos_token", "boolean", llama3) and bos is not None
+    add_eos = typed(meta, "tokenizer.ggml.add_eos_token", "boolean", False) and eos is not None
     post = None
     if add_bos or add_eos:
         def special(token: str, key: str) -> dict[str, Any]:
@@ -127,7 +130,7 @@ def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     }
     config = {"bos_token": bos, "eos_token": eos, "pad_token": token_of("padding_token_id"),
               "add_bos_token": add_bos, "add_eos_token": add_eos}
-    template = meta.get("tokenizer.chat_template")
+    template = typed(meta, "tokenizer.chat_template", "string")
     if template:
         config["chat_template"] = template
     return tokenizer_json, config
@@ -137,7 +140,7 @@ def end_of_generation_ids(meta: dict[str, Any]) -> list[int]:
     """Token ids that end a generation: EOS, and EOT/EOM where the file names them."""
     ids = []
     for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
-        i = meta.get(f"tokenizer.ggml.{key}")
+        i = typed(meta, f"tokenizer.ggml.{key}", "integer")
         if i is not None and i not in ids:
             ids.append(int(i))
     return ids

@@ -56,10 +56,14 @@ def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16, keep_quanti
     or Q6_K stay quantized (models/quantized_load.py); everything else is `dtype`."""
     gguf_file = gguf_checkpoint.GgufCheckpoint(model_path) if gguf_checkpoint.is_gguf(model_path) else None
     try:
-        return _load(model_path, gguf_file, dtype, keep_quantized)
-    finally:
+        model = _load(model_path, gguf_file, dtype, keep_quantized)
+    except BaseException:
         if gguf_file is not None:
-            gguf_file.close()  # the map's pages leave RSS with it
+            gguf_file.close(after_error=True)  # never hides the error with mmap's BufferError
+        raise
+    if gguf_file is not None:
+        gguf_file.close()  # the map's pages leave RSS with it
+    return model
 
 
 def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool) -> CausalLM:

@@ -233,6 +233,41 @@ def test_a_failing_sequence_gives_its_state_slot_back(pair, monkeypatch):
     assert engine.states_free == engine.states.num_slots // 2
 
 
+def test_a_callback_raising_on_the_last_token_gives_the_state_slots_back(pair):
+    _, ours, _ = pair
+    engine = Engine(ours, None, EngineConfig(max_total_tokens=256, max_running_requests=2))
+
+    def callback(seq, out):
+        if out.finished:
+            raise RuntimeError("the event loop is closed")
+    for round_ in range(3):  # once the pairs leaked, the third round's admission raised IndexError
+        seqs = [engine.add_request([1 + i, 2, 3], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
+                                   callback) for i in range(2)]
+        for _ in range(50):  # bounded: leaked slots would leave the requests waiting for ever
+            if engine.step() == 0 and not engine.has_work():
+                break
+        assert all(s.finish_reason == "length" for s in seqs), round_
+        assert engine.states_free == engine.states.num_slots // 2
+        assert engine.stats()["kv_reserved_tokens"] == 0
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"linear_conv_kernel_dim": 1}, "linear_conv_kernel_dim = 1 is not in"),
+    ({"layer_types": ["linear_attention"] * 4}, "has no full_attention layer"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.3}},
+     "gives 9.6 rotary dims"),
+    ({"linear_num_key_heads": 0}, "linear_num_key_heads = 0"),
+])
+def test_hybrid_configs_that_cannot_serve_are_refused_at_load(change, message):
+    """Each of these once loaded and failed later: a conv state of no inputs, a KV pool
+    of zero bytes per token (a division by zero at start-up), a truncated rotary width."""
+    from rvascend.models.config import ModelConfig
+    raw = {**tiny_qwen3_5_config(VOCAB, True).to_dict(), **change}
+    ModelConfig.from_dict(tiny_qwen3_5_config(VOCAB, True).to_dict())
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_dict(raw)
+
+
 def test_the_prefix_cache_is_off_for_hybrid_models(pair):
     _, ours, _ = pair
     engine = Engine(ours, None, EngineConfig(max_total_tokens=256))

@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from rvascend.ops.packed_linear import _native, eager_call, register_fake
+from rvascend.ops.packed_linear import _native, eager_call, readable_elements, register_fake
 
 for schema in (
         "rms_norm(Tensor x, Tensor weight, float eps, bool zero_centred=False) -> Tensor",
@@ -81,10 +81,11 @@ def _norm(name: str, x, residual, weight, eps, zero_centred):
     if residual is not None:
         r2 = _rows(name, residual, d)
         res_out = torch.empty((rows, d), dtype=torch.bfloat16)
-    _native.rms_norm(rows, d, x2.data_ptr(), x2.stride(0) if rows > 1 else d,
+    _native.rms_norm(rows, d, x2.data_ptr(), x2.stride(0) if rows > 1 else d, readable_elements(x2),
                      r2.data_ptr() if r2 is not None else 0, r2.stride(0) if r2 is not None and rows > 1 else d,
-                     w.data_ptr(), float(eps), bool(zero_centred), out.data_ptr(), res_out.data_ptr() if res_out is not None else 0,
-                     torch.get_num_threads())
+                     readable_elements(r2) if r2 is not None else 0, w.data_ptr(), readable_elements(w), float(eps),
+                     bool(zero_centred), out.data_ptr(), out.numel(), res_out.data_ptr() if res_out is not None else 0,
+                     res_out.numel() if res_out is not None else 0, torch.get_num_threads())
     if x.dim() == 2:
         return out, res_out
     return out.reshape(x.shape), res_out.reshape(x.shape) if res_out is not None else None
@@ -105,8 +106,8 @@ def _silu_mul_cpu(x):
     d = x.shape[-1] // 2
     x2 = _rows("silu_mul", x, 2 * d)
     out = torch.empty((x2.shape[0], d), dtype=torch.bfloat16)
-    _native.silu_mul(x2.shape[0], d, x2.data_ptr(), x2.stride(0) if x2.shape[0] > 1 else 2 * d, out.data_ptr(),
-                     torch.get_num_threads())
+    _native.silu_mul(x2.shape[0], d, x2.data_ptr(), x2.stride(0) if x2.shape[0] > 1 else 2 * d,
+                     readable_elements(x2), out.data_ptr(), out.numel(), torch.get_num_threads())
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], d)
 
 
@@ -129,9 +130,10 @@ def _rope_cpu(x, heads, norm_weight, eps, cos, sin, zero_centred=False, head_dim
     cos, sin = cos.contiguous(), sin.contiguous()
     w = norm_weight.contiguous() if norm_weight is not None else None
     out = torch.empty((t, heads, d), dtype=torch.bfloat16)
-    _native.rope(t, heads, d, stride, r, x.data_ptr(), x.stride(0) if t > 1 else heads * stride,
-                 w.data_ptr() if w is not None else 0, float(eps), bool(zero_centred), cos.data_ptr(), sin.data_ptr(),
-                 out.data_ptr(), torch.get_num_threads())
+    _native.rope(t, heads, d, stride, r, x.data_ptr(), x.stride(0) if t > 1 else heads * stride, readable_elements(x),
+                 w.data_ptr() if w is not None else 0, readable_elements(w) if w is not None else 0, float(eps),
+                 bool(zero_centred), cos.data_ptr(), sin.data_ptr(), min(readable_elements(cos), readable_elements(sin)),
+                 out.data_ptr(), out.numel(), torch.get_num_threads())
     return out
 
 
@@ -148,8 +150,9 @@ def _sigmoid_mul_cpu(x, gate, heads, gate_head_stride):
     if gate.stride(1) != 1 or (t > 1 and gate.stride(0) < need):
         gate = gate.contiguous()
     out = torch.empty((t, heads * d), dtype=torch.bfloat16)
-    _native.sigmoid_mul(t, heads, d, x.data_ptr(), x.stride(0) if t > 1 else heads * d, gate.data_ptr(),
-                        gate.stride(0) if t > 1 else need, gate_head_stride, out.data_ptr(), torch.get_num_threads())
+    _native.sigmoid_mul(t, heads, d, x.data_ptr(), x.stride(0) if t > 1 else heads * d, readable_elements(x),
+                        gate.data_ptr(), gate.stride(0) if t > 1 else need, gate_head_stride, readable_elements(gate),
+                        out.data_ptr(), out.numel(), torch.get_num_threads())
     return out
 
 
@@ -160,7 +163,7 @@ def _argmax_cpu(x):
     x2 = _rows("argmax", x, x.shape[1])
     out = torch.empty(x2.shape[0], dtype=torch.int64)
     _native.argmax(x2.shape[0], x2.shape[1], x2.data_ptr(), x2.stride(0) if x2.shape[0] > 1 else x2.shape[1],
-                   out.data_ptr(), torch.get_num_threads())
+                   readable_elements(x2), out.data_ptr(), out.numel(), torch.get_num_threads())
     return out
 
 

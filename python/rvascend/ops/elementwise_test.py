@@ -176,5 +176,33 @@ def test_ops_trace_under_torch_compile():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def test_the_native_entry_points_check_their_own_extents():
+    """Each buffer crosses with the elements readable from its pointer; a bypassed op
+    check (a caller of the binding itself) is a ValueError naming the buffer, not a
+    read past the end."""
+    from rvascend.ops.packed_linear import _native
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    w = torch.ones(64, dtype=torch.bfloat16)
+    out = torch.empty(4, 64, dtype=torch.bfloat16)
+    idx = torch.empty(4, dtype=torch.int64)
+    cos = torch.zeros(4, 16, dtype=torch.bfloat16)
+    p = lambda t: t.data_ptr()  # noqa: E731
+    calls = {
+        "x": lambda: _native.rms_norm(4, 64, p(x), 64, 200, 0, 64, 0, p(w), 64, 1e-6, False, p(out), 256, 0, 0, 1),
+        "weight": lambda: _native.rms_norm(4, 64, p(x), 64, 256, 0, 64, 0, p(w), 32, 1e-6, False, p(out), 256, 0, 0,
+                                           1),
+        "out": lambda: _native.silu_mul(4, 32, p(x), 64, 256, p(out), 100, 1),
+        "cos and sin": lambda: _native.rope(4, 2, 32, 32, 16, p(x), 64, 256, 0, 0, 1e-6, False, p(cos), p(cos), 32,
+                                            p(out), 256, 1),
+        "gate": lambda: _native.sigmoid_mul(4, 2, 16, p(x), 32, 256, p(x), 64, 48, 100, p(out), 256, 1),
+        "argmax out": lambda: _native.argmax(4, 64, p(x), 64, 256, p(idx), 3, 1),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=name.split()[-1] if name == "argmax out" else name):
+            call()
+    with pytest.raises(ValueError, match="overflows a 64-bit size"):
+        _native.silu_mul(4, 2**63, p(x), 64, 256, p(out), 256, 1)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -81,6 +81,9 @@ def dequantize_ggml(raw: np.ndarray, fmt: str, n: int, k: int) -> torch.Tensor:
     """FP32 [n, k] values of a GGML weight of a kept format (no `gguf` package needed)."""
     _check_format(fmt)
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    want = int(_native.quant_ggml_bytes(fmt, n, k))  # checked before the output is allocated
+    if raw.nbytes != want:
+        raise ValueError(f"dequantize_ggml: a {fmt} weight [{n}, {k}] takes {want} bytes, got {raw.nbytes}")
     out = torch.empty((n, k), dtype=torch.float32)
     _native.quant_dequantize_ggml(fmt, raw.ctypes.data, raw.nbytes, n, k, out.data_ptr(), out.numel(),
                                   torch.get_num_threads())

@@ -4,6 +4,8 @@ F.linear on them, clear errors for every bad input, and tracing under torch.comp
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import sys
 
 import gguf
@@ -102,6 +104,64 @@ def test_every_kernel_set_gives_the_same_bits():
         with q.use_quant_kernel_set(name):
             results.append(q.quantized_linear(x, packed, "Q4_1", 130, q.quant_tile()))
     assert all(torch.equal(r, results[0]) for r in results)
+
+
+@pytest.mark.parametrize("tile", [16, 128])
+def test_a_set_refuses_a_tile_it_cannot_read(tile):
+    """Every set but the portable one reads one tile width. The x86 sets once took any
+    width: 16 or 128 columns gave NaN or 135 % error, then a double free (abort)."""
+    raw, want = _weight("Q8_0", 256, 64)
+    packed = q.repack_ggml(raw, "Q8_0", 256, 64, tile)
+    x = torch.randn(3, 64).bfloat16()
+    for name in q.available_quant_kernel_sets():
+        with q.use_quant_kernel_set(name):
+            if name == "portable" or q.quant_tile(name) == tile:
+                got = q.quantized_linear(x, packed, "Q8_0", 256, tile)
+                assert torch.isfinite(got).all()
+                continue
+            with pytest.raises(ValueError, match=f"reads tiles of {q.quant_tile(name)} columns.*tiles of {tile}"):
+                q.quantized_linear(x, packed, "Q8_0", 256, tile)
+
+
+def _guarded(data: bytes):
+    """`data` placed right before a page the process may not touch: a read past its end
+    faults instead of reading a neighbour. (address, keep-alive handle)"""
+    page = mmap.PAGESIZE
+    region = mmap.mmap(-1, 2 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + page), page, 0) == 0
+    region[page - len(data):page] = data
+    return base + page - len(data), region
+
+
+def test_ggml_bytes_are_checked_before_any_is_read():
+    """dequantize_ggml once checked every block's scale before the byte count: 2 KB
+    read past a 34-byte buffer (a fault beside a guard page)."""
+    raw, _ = _weight("Q8_0", 1, 32)
+    address, _keep = _guarded(raw.tobytes())
+    out = torch.empty(64 * 64)
+    for call in (lambda: q._native.quant_dequantize_ggml("Q8_0", address, 34, 64, 64, out.data_ptr(), out.numel(), 1),
+                 lambda: q._native.quant_repack("Q8_0", address, 34, 64, 64, 64, out.data_ptr(), 4 * out.numel(), 1)):
+        with pytest.raises(ValueError, match=r"\[64, 64\] takes 4352 bytes, got 34"):
+            call()
+    with pytest.raises(ValueError, match="takes 4352 bytes, got 34"):
+        q.dequantize_ggml(raw, "Q8_0", 64, 64)
+
+
+@pytest.mark.parametrize("n,k", [(2**63 + 1, 32), (2**60, 2**10), (2**40, 2**40)])
+def test_size_products_that_overflow_are_refused(n, k):
+    """layout_bytes("Q8_0", 2**63 + 1, 32, 64) once wrapped to 2176, and a kernel then
+    read row 190 of a 34-byte buffer."""
+    with pytest.raises(ValueError, match="overflows a 64-bit size"):
+        q.layout_bytes("Q8_0", n, k, 64)
+    with pytest.raises(ValueError, match="overflows a 64-bit size"):
+        q._native.quant_ggml_bytes("Q8_0", n, k)
+    raw, _ = _weight("Q8_0", 1, 32)
+    packed = q.repack_ggml(raw, "Q8_0", 1, 32)
+    out = torch.empty(4, dtype=torch.bfloat16)
+    with pytest.raises(ValueError):
+        q._native.quant_linear("", "Q8_0", 1, n, k, out.data_ptr(), k, out.numel(), packed.data_ptr(),
+                               packed.numel(), q.quant_tile(), out.data_ptr(), n, out.numel(), 1, False)
 
 
 if __name__ == "__main__":

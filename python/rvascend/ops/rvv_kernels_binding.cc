@@ -19,6 +19,7 @@
 
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
 #include "rvv_kernels/attention/kv_pool_attention.h"
+#include "rvv_kernels/base/checked_size.h"
 #include "rvv_kernels/base/cpu_features.h"
 #include "rvv_kernels/base/huge_pages.h"
 #include "rvv_kernels/base/thread_pool.h"
@@ -108,10 +109,10 @@ void PackedRows(uintptr_t packed, size_t packed_elements, size_t n, size_t k, si
   if (!IsPackedBlockN(block_n)) {
     throw std::invalid_argument("block_n " + std::to_string(block_n) + " is no packed layout's (32, or 64..512)");
   }
-  const uint16_t* p = Extent<const uint16_t>(packed, packed_elements, PackedBlocks(n, block_n) * k * block_n,
+  const uint16_t* p = Extent<const uint16_t>(packed, packed_elements, CheckedProduct("packed", PackedBlocks(n, block_n), k, block_n),
                                              "packed weight");
   const int64_t* i = Array<const int64_t>(ids, count, "ids");
-  uint16_t* o = count ? Extent<uint16_t>(out, out_elements, count * k, "out") : nullptr;
+  uint16_t* o = count ? Extent<uint16_t>(out, out_elements, CheckedProduct("out", count, k), "out") : nullptr;
   py::gil_scoped_release release;
   GatherPackedRows(p, n, k, block_n, i, count, o);
 }
@@ -140,7 +141,7 @@ void Pack(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t weight
 }
 
 void CheckExtent(const char* what, size_t rows, size_t cols, size_t row_stride, size_t elements) {
-  if (rows && cols && (rows - 1) * row_stride + cols > elements) {
+  if (SpannedElements(what, rows, cols, row_stride) > elements) {
     throw std::invalid_argument(std::string(what) + " [" + std::to_string(rows) + ", " + std::to_string(cols) +
                                 "] with row stride " + std::to_string(row_stride) + " reaches past its " +
                                 std::to_string(elements) + " elements");
@@ -157,7 +158,8 @@ void Linear(const std::string& kernel_set, size_t m, size_t n, size_t k, uintptr
   if (m > 1 && output_stride < n) throw std::invalid_argument("output row stride is smaller than N");
   CheckExtent("input", m, k, input_stride, input_elements);
   CheckExtent("output", m, n, output_stride, output_elements);
-  CheckExtent("packed weight", 1, PackedBlocks(n, block_n) * k * block_n, 0, packed_elements);
+  CheckExtent("packed weight", 1, CheckedProduct("packed weight", PackedBlocks(n, block_n), k, block_n), 0,
+              packed_elements);
   const Bf16PackedKernelSet& set = KernelSet(kernel_set, block_n);
   PackedLinearArgs args;
   args.m = m;
@@ -192,7 +194,9 @@ template <typename Visit>
 void ForEachSampleRun(uintptr_t weight, size_t n, size_t k, size_t row_stride, size_t col_stride,
                       size_t weight_elements, size_t samples, Visit visit) {
   if (n == 0 || k == 0) return;
-  if ((n - 1) * row_stride + (k - 1) * col_stride >= weight_elements) {
+  const size_t last = CheckedSum("fingerprint", CheckedProduct("fingerprint", n - 1, row_stride),
+                                  CheckedProduct("fingerprint", k - 1, col_stride));
+  if (last >= weight_elements) {
     throw std::invalid_argument("fingerprint: the weight's strides reach past its storage");
   }
   const uint16_t* w = Pointer<const uint16_t>(weight, "weight");
@@ -230,7 +234,7 @@ uint64_t Fingerprint(uintptr_t weight, size_t n, size_t k, size_t row_stride, si
 // bring their own miss buffers and page walkers to the same wait.
 int64_t FingerprintsMatch(uintptr_t descriptor, size_t count, size_t samples, size_t num_threads) {
   constexpr size_t kFields = 7;
-  const int64_t* rows = Array<const int64_t>(descriptor, count * kFields, "descriptor");
+  const int64_t* rows = Array<const int64_t>(descriptor, CheckedProduct("descriptor", count, kFields), "descriptor");
   auto field = [&](size_t i, size_t j) { return static_cast<size_t>(rows[i * kFields + j]); };
   const size_t parts = std::max<size_t>(1, std::min(num_threads, count));
   std::atomic<size_t> first_changed{count};
@@ -311,13 +315,25 @@ void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, size
 
 // The elementwise ops: shapes, strides and dtypes are checked by the torch ops
 // (elementwise.py) and the row drivers; only pointers cross here.
-void RmsNorm(size_t rows, size_t d, uintptr_t x, size_t x_stride, uintptr_t residual, size_t residual_stride,
-             uintptr_t weight, float eps, bool zero_centred, uintptr_t out, uintptr_t residual_out,
-             size_t num_threads) {
+// The elementwise entry points: every buffer comes with the elements readable
+// (or writable) from its pointer, checked against what the call touches.
+void RmsNorm(size_t rows, size_t d, uintptr_t x, size_t x_stride, size_t x_elements, uintptr_t residual,
+             size_t residual_stride, size_t residual_elements, uintptr_t weight, size_t weight_elements, float eps,
+             bool zero_centred, uintptr_t out, size_t out_elements, uintptr_t residual_out,
+             size_t residual_out_elements, size_t num_threads) {
   if (rows == 0) return;
   const ElementwiseKernels& k = ChooseElementwiseKernels("");
-  const uint16_t* res = residual ? Pointer<const uint16_t>(residual, "residual") : nullptr;
-  uint16_t* res_out = residual ? Pointer<uint16_t>(residual_out, "residual_out") : nullptr;
+  CheckExtent("x", rows, d, x_stride, x_elements);
+  CheckExtent("weight", 1, d, 0, weight_elements);
+  CheckExtent("out", rows, d, d, out_elements);
+  const uint16_t* res = nullptr;
+  uint16_t* res_out = nullptr;
+  if (residual) {
+    CheckExtent("residual", rows, d, residual_stride, residual_elements);
+    CheckExtent("residual_out", rows, d, d, residual_out_elements);
+    res = Pointer<const uint16_t>(residual, "residual");
+    res_out = Pointer<uint16_t>(residual_out, "residual_out");
+  }
   const uint16_t* xp = Pointer<const uint16_t>(x, "x");
   const uint16_t* wp = Pointer<const uint16_t>(weight, "weight");
   uint16_t* op = Pointer<uint16_t>(out, "out");
@@ -326,9 +342,12 @@ void RmsNorm(size_t rows, size_t d, uintptr_t x, size_t x_stride, uintptr_t resi
               num_threads ? num_threads : 1);
 }
 
-void SiluMul(size_t rows, size_t d, uintptr_t x, size_t x_stride, uintptr_t out, size_t num_threads) {
+void SiluMul(size_t rows, size_t d, uintptr_t x, size_t x_stride, size_t x_elements, uintptr_t out,
+             size_t out_elements, size_t num_threads) {
   if (rows == 0) return;
   const ElementwiseKernels& k = ChooseElementwiseKernels("");
+  CheckExtent("x", rows, CheckedProduct("x", 2, d), x_stride, x_elements);
+  CheckExtent("out", rows, d, d, out_elements);
   const uint16_t* xp = Pointer<const uint16_t>(x, "x");
   uint16_t* op = Pointer<uint16_t>(out, "out");
   py::gil_scoped_release release;
@@ -336,16 +355,29 @@ void SiluMul(size_t rows, size_t d, uintptr_t x, size_t x_stride, uintptr_t out,
 }
 
 void Rope(size_t tokens, size_t heads, size_t d, size_t head_stride, size_t rotary_dim, uintptr_t x, size_t x_stride,
-          uintptr_t norm_weight, float eps, bool zero_centred, uintptr_t cos, uintptr_t sin, uintptr_t out,
+          size_t x_elements, uintptr_t norm_weight, size_t norm_weight_elements, float eps, bool zero_centred,
+          uintptr_t cos, uintptr_t sin, size_t cos_sin_elements, uintptr_t out, size_t out_elements,
           size_t num_threads) {
   if (tokens == 0) return;
+  if (heads == 0 || d == 0 || d > head_stride || rotary_dim == 0 || rotary_dim > d || rotary_dim % 2) {
+    throw std::invalid_argument("rope: heads " + std::to_string(heads) + ", head_dim " + std::to_string(d) +
+                                ", head stride " + std::to_string(head_stride) + " and rotary_dim " +
+                                std::to_string(rotary_dim) + " do not describe heads");
+  }
   const ElementwiseKernels& k = ChooseElementwiseKernels("");
+  CheckExtent("x", tokens, SpannedElements("x", heads, d, head_stride), x_stride, x_elements);
+  CheckExtent("cos and sin", tokens, rotary_dim, rotary_dim, cos_sin_elements);
+  CheckExtent("out", tokens, CheckedProduct("out", heads, d), CheckedProduct("out", heads, d), out_elements);
   RopeHeads h;
   h.heads = heads;
   h.d = d;
   h.stride = head_stride;
   h.rotary_dim = rotary_dim;
-  h.norm_weight = norm_weight ? Pointer<const uint16_t>(norm_weight, "norm_weight") : nullptr;
+  h.norm_weight = nullptr;
+  if (norm_weight) {
+    CheckExtent("norm_weight", 1, d, 0, norm_weight_elements);
+    h.norm_weight = Pointer<const uint16_t>(norm_weight, "norm_weight");
+  }
   h.eps = eps;
   h.zero_centred = zero_centred;
   const uint16_t* xp = Pointer<const uint16_t>(x, "x");
@@ -356,10 +388,15 @@ void Rope(size_t tokens, size_t heads, size_t d, size_t head_stride, size_t rota
   RopeRows(k, tokens, h, xp, x_stride, cp, sp, op, num_threads ? num_threads : 1);
 }
 
-void SigmoidMul(size_t tokens, size_t heads, size_t d, uintptr_t x, size_t x_stride, uintptr_t gate,
-                size_t gate_stride, size_t gate_head_stride, uintptr_t out, size_t num_threads) {
+void SigmoidMul(size_t tokens, size_t heads, size_t d, uintptr_t x, size_t x_stride, size_t x_elements,
+                uintptr_t gate, size_t gate_stride, size_t gate_head_stride, size_t gate_elements, uintptr_t out,
+                size_t out_elements, size_t num_threads) {
   if (tokens == 0) return;
   const ElementwiseKernels& k = ChooseElementwiseKernels("");
+  const size_t row = CheckedProduct("x", heads, d);
+  CheckExtent("x", tokens, row, x_stride, x_elements);
+  CheckExtent("gate", tokens, SpannedElements("gate", heads, d, gate_head_stride), gate_stride, gate_elements);
+  CheckExtent("out", tokens, row, row, out_elements);
   const uint16_t* xp = Pointer<const uint16_t>(x, "x");
   const uint16_t* gp = Pointer<const uint16_t>(gate, "gate");
   uint16_t* op = Pointer<uint16_t>(out, "out");
@@ -368,9 +405,12 @@ void SigmoidMul(size_t tokens, size_t heads, size_t d, uintptr_t x, size_t x_str
                  num_threads ? num_threads : 1);
 }
 
-void Argmax(size_t rows, size_t n, uintptr_t x, size_t x_stride, uintptr_t out, size_t num_threads) {
+void Argmax(size_t rows, size_t n, uintptr_t x, size_t x_stride, size_t x_elements, uintptr_t out,
+            size_t out_elements, size_t num_threads) {
   if (rows == 0) return;
   const ElementwiseKernels& k = ChooseElementwiseKernels("");
+  CheckExtent("x", rows, n, x_stride, x_elements);
+  CheckExtent("out", 1, rows, 0, out_elements);
   const uint16_t* xp = Pointer<const uint16_t>(x, "x");
   int64_t* op = Pointer<int64_t>(out, "out");
   py::gil_scoped_release release;
@@ -480,7 +520,7 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
   kernels.stage_marker = stage_markers ? &StageMarker : nullptr;
   const int64_t* rows = Extent<const int64_t>(descriptor, descriptor_elements, n_layers * kLayerFields,
                                               "descriptor");
-  auto packed = [&](size_t n, size_t k) { return block_n ? PackedBlocks(n, block_n) * block_n * k : 0; };
+  auto packed = [&](size_t n, size_t k) { return block_n ? CheckedProduct("packed weight", PackedBlocks(n, block_n), block_n, k) : 0; };
   const size_t q_n = heads * head_dim, kv_n = kv_heads * head_dim, c = dn.conv_dim(), value_n = dn.nv * dn.dv;
   std::vector<DecoderLayerWeights> layers(n_layers);
   DecoderHead decoder_head;
@@ -604,9 +644,9 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
       b.state_read_slots = Extent<const int64_t>(state_read_slots, n_state_slots, batch, "state_read_slots");
     }
   }
-  const uint16_t* hp = Extent<const uint16_t>(h, h_elements, tokens * hidden, "h");
-  uint16_t* hop = Extent<uint16_t>(h_out, h_elements, tokens * hidden, "h_out");
-  uint16_t* rop = Extent<uint16_t>(residual_out, h_elements, tokens * hidden, "residual_out");
+  const uint16_t* hp = Extent<const uint16_t>(h, h_elements, CheckedProduct("h", tokens, hidden), "h");
+  uint16_t* hop = Extent<uint16_t>(h_out, h_elements, CheckedProduct("h_out", tokens, hidden), "h_out");
+  uint16_t* rop = Extent<uint16_t>(residual_out, h_elements, CheckedProduct("residual_out", tokens, hidden), "residual_out");
   const uint16_t* fn = final_norm != 0 ? Extent<const uint16_t>(final_norm, final_norm_n, hidden, "final_norm")
                                        : nullptr;
   if (head_kind != -1) {
@@ -617,7 +657,7 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
       decoder_head.rows = Array<const int64_t>(head_rows, n_head_rows, "head_rows");
       decoder_head.n_rows = m = n_head_rows;
     }
-    decoder_head.logits = Extent<uint16_t>(logits, logits_n, m * vocab, "logits");
+    decoder_head.logits = Extent<uint16_t>(logits, logits_n, CheckedProduct("logits", m, vocab), "logits");
   }
   py::gil_scoped_release release;
   DecoderLayers(kernels, layers.data(), n_layers, shape, b, hp, hop, rop, fn, head_kind == -1 ? nullptr : &decoder_head,
@@ -626,15 +666,25 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
 
 // Quantized weights (rvv_kernels/quantized): GGML blocks in, the runtime layout
 // out; every buffer comes with its size in bytes (or elements) and is checked.
-void QuantRepack(const std::string& format, uintptr_t ggml, size_t ggml_bytes, size_t n, size_t k, size_t tile,
-                 uintptr_t out, size_t out_bytes, size_t num_threads) {
-  const QuantFormat f = FormatFromName(format);
-  if (k % FormatInfo(f).block_k == 0 && ggml_bytes != GgmlWeightBytes(f, n, k)) {
+
+// A GGML weight's bytes, checked in that order: the shape (no read), the buffer's
+// size against it, then every block's scale (reads the whole buffer).
+const uint8_t* GgmlBuffer(const std::string& format, QuantFormat f, uintptr_t ggml, size_t ggml_bytes, size_t n,
+                          size_t k, size_t tile) {
+  CheckGgmlShape(f, n, k, tile);
+  if (ggml_bytes != GgmlWeightBytes(f, n, k)) {
     throw std::invalid_argument(format + " weight [" + std::to_string(n) + ", " + std::to_string(k) + "] takes " +
                                 std::to_string(GgmlWeightBytes(f, n, k)) + " bytes, got " + std::to_string(ggml_bytes));
   }
-  const uint8_t* src = Pointer<const uint8_t>(ggml, "GGML weight");
+  const uint8_t* src = Array<const uint8_t>(ggml, ggml_bytes, "GGML weight");
   CheckGgmlWeight(f, src, n, k, tile);
+  return src;
+}
+
+void QuantRepack(const std::string& format, uintptr_t ggml, size_t ggml_bytes, size_t n, size_t k, size_t tile,
+                 uintptr_t out, size_t out_bytes, size_t num_threads) {
+  const QuantFormat f = FormatFromName(format);
+  const uint8_t* src = GgmlBuffer(format, f, ggml, ggml_bytes, n, k, tile);
   uint8_t* dst = Extent<uint8_t>(out, out_bytes, QuantLayoutBytes(f, n, k, tile), "repacked weight");
   py::gil_scoped_release release;
   RepackGgmlWeight(f, src, n, k, tile, dst, num_threads ? num_threads : 1);
@@ -685,7 +735,7 @@ void QuantRows(const std::string& format, uintptr_t weight, size_t weight_bytes,
   const QuantFormat f = FormatFromName(format);
   const uint8_t* w = Extent<const uint8_t>(weight, weight_bytes, QuantLayoutBytes(f, n, k, tile), "quantized weight");
   const int64_t* rows = Array<const int64_t>(ids, count, "ids");
-  float* dst = Extent<float>(out, out_elements, count * k, "out");
+  float* dst = Extent<float>(out, out_elements, CheckedProduct("out", count, k), "out");
   for (size_t i = 0; i < count; ++i) {
     if (rows[i] < 0 || static_cast<size_t>(rows[i]) >= n) {
       throw std::invalid_argument("row id " + std::to_string(rows[i]) + " is outside the " + std::to_string(n) +
@@ -699,10 +749,8 @@ void QuantRows(const std::string& format, uintptr_t weight, size_t weight_bytes,
 void QuantDequantizeGgml(const std::string& format, uintptr_t ggml, size_t ggml_bytes, size_t n, size_t k,
                          uintptr_t out, size_t out_elements, size_t num_threads) {
   const QuantFormat f = FormatFromName(format);
-  const uint8_t* src = Pointer<const uint8_t>(ggml, "GGML weight");
-  CheckGgmlWeight(f, src, n, k, 16);
-  if (ggml_bytes != GgmlWeightBytes(f, n, k)) throw std::invalid_argument(format + ": wrong number of bytes");
-  float* dst = Extent<float>(out, out_elements, n * k, "out");
+  const uint8_t* src = GgmlBuffer(format, f, ggml, ggml_bytes, n, k, 16);
+  float* dst = Extent<float>(out, out_elements, CheckedProduct("out", n, k), "out");
   py::gil_scoped_release release;
   DequantizeGgmlRows(f, src, n, k, dst, num_threads ? num_threads : 1);
 }
@@ -771,20 +819,25 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("attention_kernel_has_block_form", &AttentionKernelHasBlockForm, py::arg("kernel") = "",
         "Whether the kernel (default: the best this CPU runs) computes prefill rows as blocks.");
   m.def("rms_norm", &RmsNorm, py::arg("rows"), py::arg("d"), py::arg("x"), py::arg("x_stride"),
-        py::arg("residual"), py::arg("residual_stride"), py::arg("weight"), py::arg("eps"),
-        py::arg("zero_centred"), py::arg("out"), py::arg("residual_out"), py::arg("num_threads"),
+        py::arg("x_elements"), py::arg("residual"), py::arg("residual_stride"), py::arg("residual_elements"),
+        py::arg("weight"), py::arg("weight_elements"), py::arg("eps"), py::arg("zero_centred"), py::arg("out"),
+        py::arg("out_elements"), py::arg("residual_out"), py::arg("residual_out_elements"), py::arg("num_threads"),
         "RMSNorm of BF16 rows (scaled by 1 + weight when zero_centred), optionally after a residual add.");
-  m.def("silu_mul", &SiluMul, py::arg("rows"), py::arg("d"), py::arg("x"), py::arg("x_stride"), py::arg("out"),
-        py::arg("num_threads"), "silu(x[:, :d]) * x[:, d:] of BF16 rows.");
+  m.def("silu_mul", &SiluMul, py::arg("rows"), py::arg("d"), py::arg("x"), py::arg("x_stride"),
+        py::arg("x_elements"), py::arg("out"), py::arg("out_elements"), py::arg("num_threads"),
+        "silu(x[:, :d]) * x[:, d:] of BF16 rows.");
   m.def("rope", &Rope, py::arg("tokens"), py::arg("heads"), py::arg("d"), py::arg("head_stride"),
-        py::arg("rotary_dim"), py::arg("x"), py::arg("x_stride"), py::arg("norm_weight"), py::arg("eps"),
-        py::arg("zero_centred"), py::arg("cos"), py::arg("sin"), py::arg("out"), py::arg("num_threads"),
+        py::arg("rotary_dim"), py::arg("x"), py::arg("x_stride"), py::arg("x_elements"), py::arg("norm_weight"),
+        py::arg("norm_weight_elements"), py::arg("eps"), py::arg("zero_centred"), py::arg("cos"), py::arg("sin"),
+        py::arg("cos_sin_elements"), py::arg("out"), py::arg("out_elements"), py::arg("num_threads"),
         "Rotate-half RoPE on the first rotary_dim of each BF16 head, after an optional per-head RMSNorm.");
   m.def("sigmoid_mul", &SigmoidMul, py::arg("tokens"), py::arg("heads"), py::arg("d"), py::arg("x"),
-        py::arg("x_stride"), py::arg("gate"), py::arg("gate_stride"), py::arg("gate_head_stride"), py::arg("out"),
+        py::arg("x_stride"), py::arg("x_elements"), py::arg("gate"), py::arg("gate_stride"),
+        py::arg("gate_head_stride"), py::arg("gate_elements"), py::arg("out"), py::arg("out_elements"),
         py::arg("num_threads"), "Per head, BF16 x times sigmoid(gate), the gate's heads gate_head_stride apart.");
-  m.def("argmax", &Argmax, py::arg("rows"), py::arg("n"), py::arg("x"), py::arg("x_stride"), py::arg("out"),
-        py::arg("num_threads"), "First index of the maximum of each BF16 row; -1 for a row with a NaN.");
+  m.def("argmax", &Argmax, py::arg("rows"), py::arg("n"), py::arg("x"), py::arg("x_stride"), py::arg("x_elements"),
+        py::arg("out"), py::arg("out_elements"), py::arg("num_threads"),
+        "First index of the maximum of each BF16 row; -1 for a row with a NaN.");
   m.def("available_elementwise_kernels", &AvailableElementwiseKernels,
         "Elementwise kernel sets this build has and this CPU runs, best first.");
   m.def("available_kernel_sets", [] { return Names(AvailableKernelSets()); },
@@ -816,6 +869,11 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("quant_repack", &QuantRepack, py::arg("format"), py::arg("ggml"), py::arg("ggml_bytes"), py::arg("n"),
         py::arg("k"), py::arg("tile"), py::arg("out"), py::arg("out_bytes"), py::arg("num_threads"),
         "GGML blocks of a [n, k] weight -> the runtime layout (scales checked finite).");
+  m.def("quant_ggml_bytes", [](const std::string& format, size_t n, size_t k) {
+          const QuantFormat f = FormatFromName(format);
+          CheckGgmlShape(f, n, k, 16);
+          return GgmlWeightBytes(f, n, k);
+        }, py::arg("format"), py::arg("n"), py::arg("k"), "Bytes of a GGML weight [n, k] (overflow checked).");
   m.def("quant_layout_bytes", [](const std::string& format, size_t n, size_t k, size_t tile) {
     return QuantLayoutBytes(FormatFromName(format), n, k, tile);
   });

@@ -164,6 +164,10 @@ class FusedDecoder:
         plan = None
         if why is None:
             plan = self._plan if self._plan is not None and self._plan.holds(pool) else None
+            if plan is None and self._plan is not None and self._plan.pool_ref() is pool:
+                # A parameter, buffer or weight content changed under the same pool: K/V
+                # cached from the old weights are stale, declared or not.
+                policy.weights_changed()
             if plan is None:
                 self._plan, why = _Plan.build(self.layers, self.final_norm, pool, self.head)
                 plan = self._plan

@@ -15,6 +15,7 @@ from rvascend.models.loader import load_model
 from rvascend.models.testing import decode_batch, decode_logits, random_pool, step_batch
 from rvascend.ops import attention_kernel_has_block_form
 from rvascend.policy import RvvPolicyConfig, fused_decoder, get_policy, install_rvv_policy, kernel_routes, repack
+from rvascend.policy import weights_generation
 from rvascend.policy.fused_decoder import FUSED_ATTR
 
 COMMON = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
@@ -156,7 +157,10 @@ def test_the_kept_plan_sees_a_replaced_weight(fusing_model, what, how):
             module.weight = torch.nn.Parameter(new, requires_grad=False)
         else:
             original.data = new
+        generation = weights_generation.current(m)
         got = decode_logits(m, decode_batch([30]), pool, fused=True)
+        # Undeclared, yet K/V computed from the old weights are retired all the same.
+        changed = weights_generation.current(m) > generation
         want = decode_logits(m, decode_batch([30]), _clone(pool), fused=False)
     finally:
         if how == "parameter_replaced":
@@ -166,6 +170,7 @@ def test_the_kept_plan_sees_a_replaced_weight(fusing_model, what, how):
         repack(m)
     assert not torch.equal(got, fresh)
     assert torch.equal(got, want)
+    assert changed
     assert torch.equal(decode_logits(m, decode_batch([30]), pool, fused=True), fresh)
 
 

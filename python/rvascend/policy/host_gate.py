@@ -84,14 +84,35 @@ def time_shape(n: int, k: int) -> dict:
 
 
 def _load(path: str) -> dict[str, dict]:
+    """The valid entries of the table at `path` ({} if none): an entry is read in the
+    middle of a step, so one that is malformed (hand-edited, another version's, cut
+    short) is dropped here and timed again, never a KeyError then."""
     try:
         with open(path, encoding="utf-8") as f:
             shapes = json.load(f)["shapes"]
-        if isinstance(shapes, dict):
-            return shapes
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return {}
+        return {}
+    if not isinstance(shapes, dict):
+        return {}
+    valid = {name: entry for name, entry in shapes.items() if valid_entry(name, entry)}
+    if len(valid) < len(shapes):
+        logging.warning("shape gate: %d malformed entries of %s dropped (timed again when needed)",
+                        len(shapes) - len(valid), path)
+    return valid
+
+
+def valid_entry(name: object, entry: object) -> bool:
+    """Whether `entry` is a timing of shape `name` ("NxK") as time_shape writes it."""
+    if not isinstance(name, str) or not re.fullmatch(r"[1-9]\d{0,6}x[1-9]\d{0,6}", name) or \
+            not isinstance(entry, dict):
+        return False
+    m, f_linear, packed = (entry.get(k) for k in ("m", "f_linear_seconds", "packed_seconds"))
+    if not all(isinstance(v, list) for v in (m, f_linear, packed)) or not m or not len(m) == len(f_linear) == \
+            len(packed):
+        return False
+    if not all(type(x) is int and x >= 1 for x in m) or m != sorted(set(m)):
+        return False
+    return all(type(t) in (int, float) and math.isfinite(t) and t > 0 for t in (*f_linear, *packed))
 
 
 def _save(path: str, shapes: dict[str, dict]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Optional
 
 import torch
@@ -54,6 +55,15 @@ class RvvPolicy:
         self.kernels = kernel_routes.KernelRoutes(config.kernels)
         self.shape_gate = shape_gate.resolve(config.shape_gate)  # "seed" or "measured" (shape_gate.py)
         self.kernel_modules: list[nn.Module] = []
+        self.model_ref: Optional[weakref.ReferenceType] = None  # set by install_rvv_policy
+
+    def weights_changed(self) -> None:
+        """A staleness check saw the model's weights change without a declaration
+        (a `.data` write or swap): whatever was computed from the old ones and kept
+        (the engine's prefix cache) is retired, as after a declared change."""
+        model = self.model_ref() if self.model_ref is not None else None
+        if model is not None:
+            weights_generation.bump(model)
 
     @property
     def compile_mode(self) -> str:
@@ -151,6 +161,7 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
     _check_tied_lm_head(model)
     projections = list(chosen.projections(model))
     policy = RvvPolicy(config, chosen)
+    policy.model_ref = weakref.ref(model)
     try:
         embed = adapters.embed_tokens(model)
         for name, module, projection in projections:

@@ -14,7 +14,7 @@ from torch import nn
 
 from rvascend import ops
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, invalidate_packed_weights, repack
-from rvascend.policy import shape_gate
+from rvascend.policy import shape_gate, weights_generation
 from rvascend.policy.install import packed_buffer_names
 from rvascend.policy.testing import make, transformers_llama
 
@@ -196,10 +196,16 @@ def test_writes_that_bypass_the_version_counter_are_never_served_stale(write):
     else:
         w.data.view(torch.int16).numpy()[:] ^= -0x8000  # flip every sign bit behind torch's back
     assert w._version == version, "this write path must bypass the version counter"
+    generation = weights_generation.current(model)
     got = _qkv_out(model, x)
     want = F.linear(x.float(), w.detach().float()).bfloat16()
     assert close(got, want)
     assert _counted(model, "weight_content_changed") == 1
+    # The check that fired retires what was computed from the old weights (the prefix
+    # cache), once per change: the next call sees the same stale copy and moves nothing.
+    assert weights_generation.current(model) == generation + 1
+    _qkv_out(model, x)
+    assert weights_generation.current(model) == generation + 1
 
 
 def test_staleness_check_costs_little_per_call():

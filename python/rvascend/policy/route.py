@@ -58,6 +58,7 @@ class ProjectionRoute:
         # Set while the packed buffer is the weight of record (take_weight): the row-major
         # weight's shape, requires_grad, the packed layout, the hooks' handles.
         self.owned: Optional[_OwnedWeight] = None
+        self.stale_reported = False  # this packing's staleness has retired the model's cached K/V
         self.id = next(_ids)
         _routes[self.id] = self
 
@@ -95,6 +96,7 @@ class ProjectionRoute:
         module.register_buffer(PACKED_BUFFER, packed, persistent=False)
         self.source = PackedWeightSource.capture(weight, ops.LAYOUT_VERSION)
         self.unpacked_reason = None
+        self.stale_reported = False
         return packed.numel() * packed.element_size()
 
     def drop(self, reason: str) -> None:
@@ -237,6 +239,11 @@ class ProjectionRoute:
         if self.source is None:
             return None, self.unpacked_reason
         why = self.source.mismatch(weight)
+        if why is not None and not self.stale_reported:
+            self.stale_reported = True
+            policy = self._policy()
+            if policy is not None:
+                policy.weights_changed()
         if why is None and self.source.layout_version != ops.LAYOUT_VERSION:
             why = "layout_version_changed"
         if why is not None:

@@ -178,3 +178,25 @@ def test_a_corrupt_cache_file_is_timed_again(host_cache, monkeypatch):
     assert shape_gate.measured_packed_wins(1, 256, 256)
     with open(path, encoding="utf-8") as f:
         assert json.load(f)["shapes"] == {"256x256": _timed_entry(wins_from_m=1)}
+
+
+@pytest.mark.parametrize("bad", [
+    {"m": [1, 4], "f_linear_seconds": [1.0, 1.0]},                                   # no packed_seconds
+    {"m": [1, 4], "f_linear_seconds": [1.0], "packed_seconds": [0.5, 0.5]},          # lengths differ
+    {"m": ["1"], "f_linear_seconds": [1.0], "packed_seconds": [0.5]},                # not an int
+    {"m": [1], "f_linear_seconds": [float("nan")], "packed_seconds": [0.5]},
+    {"m": [], "f_linear_seconds": [], "packed_seconds": []},
+    [1, 2, 3],
+])
+def test_a_malformed_entry_is_timed_again_not_a_key_error(host_cache, monkeypatch, bad):
+    """A malformed entry once passed the load and raised KeyError inside a step."""
+    path = host_gate.table_path()
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"shapes": {"256x256": bad, "x512": _timed_entry(wins_from_m=1)}}, f)
+    timed = []
+    monkeypatch.setattr(host_gate, "time_shape", lambda n, k: timed.append((n, k)) or _timed_entry(wins_from_m=1))
+    assert shape_gate.measured_packed_wins(1, 256, 256)
+    assert timed == [(256, 256)]
+    with open(path, encoding="utf-8") as f:
+        assert json.load(f)["shapes"] == {"256x256": _timed_entry(wins_from_m=1)}

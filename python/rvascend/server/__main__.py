@@ -8,12 +8,15 @@ from its pinned GGUF into the cache at first use.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import uvicorn
 from absl import app, flags, logging
 
+from rvascend.server import limits
 from rvascend.server.app import create_app
+from rvascend.server.limits import API_KEY_ENV
 from rvascend.server.launch import ServeOptions, build_engine
 
 flags.DEFINE_string("model-path", None,
@@ -36,7 +39,11 @@ flags.DEFINE_bool("cpu-rvv-drop-unpacked", False,
 flags.DEFINE_string("host", "127.0.0.1", "Address to bind.")
 flags.DEFINE_integer("port", 30000, "Port to bind.")
 flags.DEFINE_string("api-key", None, "Require `Authorization: Bearer KEY` on every endpoint but /health and "
-                    "/metrics.")
+                    f"/metrics. {API_KEY_ENV} in the environment does the same and keeps the key off the "
+                    "process list.")
+flags.DEFINE_list("allowed-hosts", [], "Host header names served besides the loopback names and --host (a web "
+                  "page that rebinds its DNS name to this machine is refused); '*': any. Bound to 0.0.0.0, any "
+                  "host is served unless this lists them.")
 flags.DEFINE_integer("max-running-requests", 8, "Sequences decoding together at most.")
 flags.DEFINE_integer("max-total-tokens", None, "KV pool size in tokens (default: from free memory).")
 flags.DEFINE_integer("max-queued-requests", 64, "Requests queued or running before 503s.")
@@ -82,7 +89,9 @@ def main(argv: list[str]) -> int:
                    "enable_cpu_rvv_inductor": opts.enable_cpu_rvv_inductor,
                    "max_running_requests": opts.max_running_requests,
                    "max_total_tokens": engine.config.max_total_tokens}
-    app_ = create_app(engine, name, policy, FLAGS["api-key"].value, FLAGS["watchdog-timeout"].value, server_args)
+    api_key = FLAGS["api-key"].value or os.environ.get(API_KEY_ENV) or None
+    app_ = create_app(engine, name, policy, api_key, FLAGS["watchdog-timeout"].value, server_args,
+                      limits.allowed_hosts(FLAGS.host, FLAGS["allowed-hosts"].value))
     uvicorn.run(app_, host=FLAGS.host, port=FLAGS.port, log_level="warning",
                 timeout_graceful_shutdown=FLAGS["graceful-shutdown-timeout"].value)
     return 0

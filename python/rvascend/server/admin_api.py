@@ -36,9 +36,9 @@ def admin_routes(ctx: ServerContext) -> APIRouter:
             return Response("Cache flushed.\n", media_type="text/plain")
         return error(400, "the prefix cache was not flushed: requests are queued or running; retry when idle")
 
-    # SGLang serves it on both methods.
-    router.add_api_route("/flush_cache", flush_cache, methods=["POST"], operation_id="flush_cache_post")
-    router.add_api_route("/flush_cache", flush_cache, methods=["GET"], operation_id="flush_cache_get")
+    # POST only (SGLang also answers GET): a GET is what a web page's <img> or link
+    # can send, and it changes the server's state.
+    router.add_api_route("/flush_cache", flush_cache, methods=["POST"])
 
     @router.get("/version")
     async def version():

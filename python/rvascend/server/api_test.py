@@ -160,7 +160,7 @@ def test_prefix_cache_usage_metrics_and_flush(server):
     assert native["meta_info"]["cached_tokens"] >= cached
     assert _metric(server.http.get("/metrics").text, "sglang:cache_hit_rate") > 0
     server.wait_idle()
-    flushed = server.http.get("/flush_cache")
+    flushed = server.http.post("/flush_cache")
     assert flushed.status_code == 200 and server.engine.stats()["kv_cached_tokens"] == 0
     again = _complete(server, prompt=system + "Second question?")
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

@@ -26,7 +26,8 @@ DEFAULT_WATCHDOG_SECONDS = 300.0
 
 def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = None,
                api_key: Optional[str] = None, watchdog_timeout: float = DEFAULT_WATCHDOG_SECONDS,
-               server_args: Optional[dict[str, Any]] = None) -> FastAPI:
+               server_args: Optional[dict[str, Any]] = None,
+               allowed_hosts: Optional[frozenset[str]] = None) -> FastAPI:
     stop = threading.Event()
     thread = threading.Thread(target=engine.run_forever, args=(stop,), name="engine", daemon=True)
     ctx = ServerContext(engine, model_name, ServerMetrics(engine.stats, policy), thread, watchdog_timeout,
@@ -56,7 +57,8 @@ def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = No
 
     # Bodies larger than any prompt that can fit (JSON escapes take up to 6
     # bytes a character) are refused before they are parsed.
-    app.add_middleware(limits.RequestGuard, api_key=api_key, body_limit=8 * ctx.max_prompt_bytes + (1 << 20))
+    app.add_middleware(limits.RequestGuard, api_key=api_key, body_limit=8 * ctx.max_prompt_bytes + (1 << 20),
+                       allowed_hosts=allowed_hosts)
     for routes in (openai_routes, native_routes, admin_routes):
         app.include_router(routes(ctx))
     return app

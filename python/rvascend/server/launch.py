@@ -14,6 +14,7 @@ from absl import logging
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.engine import allocator, default_model
+from rvascend.engine.chat_template import ChatTemplateError
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import KVPool
 from rvascend.models.loader import load_model
@@ -90,6 +91,11 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     # Q4_1, Q4_K, Q6_K); without it the stock path serves them dequantized.
     model = load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_inductor)
     tokenizer = Tokenizer(path)
+    if tokenizer.chat_template is not None:
+        try:
+            tokenizer.chat_template.probe()
+        except ChatTemplateError as e:
+            raise ValueError(f"{name}'s chat template cannot serve a chat: {e}") from None
     policy = None
     if opts.enable_cpu_rvv_inductor:
         # Without a C++ compiler for Inductor (a board, the riscv64 image) the

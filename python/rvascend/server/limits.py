@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Optional, Sequence
 
 from absl import logging
 
 ASGIApp = Callable[..., Awaitable[None]]
+
+# The API key in the environment: what --workers hands its servers and router, so the
+# key is never on a command line (visible to every user in `ps`).
+API_KEY_ENV = "RVASCEND_API_KEY"
 
 # Paths open without the API key: probes and scrapers carry no credentials.
 UNGUARDED_PATHS = frozenset({"/health", "/metrics"})
@@ -47,25 +51,59 @@ async def send_json_error(send, status: int, message: str, kind: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def host_name(host: str) -> str:
+    """The name in a Host header, without its port ("[::1]:30000" -> "::1"), lower-cased."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def allowed_hosts(bind_host: str, extra: Sequence[str] = ()) -> Optional[frozenset[str]]:
+    """The Host header values a server bound to `bind_host` answers to: on a loopback
+    address, the loopback names and `extra` (a web page's DNS-rebound name is none of
+    them, so it cannot drive a local server); on every address (0.0.0.0, ::), any host,
+    unless `extra` lists them ("*": any)."""
+    names = frozenset(host_name(h) for h in extra if h)
+    if "*" in names:
+        return None
+    bind = host_name(bind_host)
+    if bind in ("0.0.0.0", "::", "") and not names:
+        return None
+    return _LOOPBACK_NAMES | names | ({bind} if bind not in ("0.0.0.0", "::", "") else frozenset())
+
+
 class RequestGuard:
-    """Pure ASGI middleware in front of every endpoint: the API key on every path
-    but /health and /metrics (as SGLang guards them), a 413 for bodies over
+    """Pure ASGI middleware in front of every endpoint: the Host header (DNS
+    rebinding) and the API key on every path but /health and /metrics (as SGLang
+    guards them), a 413 for bodies over
     `body_limit` bytes (announced or read), and a JSON 500 for any unhandled error.
 
     Pure ASGI (not Starlette's BaseHTTPMiddleware) so that the endpoint's
     `request.is_disconnected()` sees the client leave.
     """
 
-    def __init__(self, app: ASGIApp, api_key: Optional[str], body_limit: int) -> None:
+    def __init__(self, app: ASGIApp, api_key: Optional[str], body_limit: int,
+                 allowed_hosts: Optional[frozenset[str]] = None) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode() if api_key else None
         self.limit = body_limit
+        self.allowed_hosts = allowed_hosts
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", ()))
+        if self.allowed_hosts is not None and scope["path"] not in UNGUARDED_PATHS:
+            host = host_name(headers.get(b"host", b"").decode("latin-1"))
+            if host not in self.allowed_hosts:
+                await send_json_error(send, 421, f"Host {host!r} is not one this server answers to "
+                                      "(--allowed-hosts)", "invalid_request_error")
+                return
         if self.expected is not None and scope["path"] not in UNGUARDED_PATHS:
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
                 await send_json_error(send, 401, "missing or wrong API key", "authentication_error")
@@ -75,40 +113,43 @@ class RequestGuard:
             await self._too_large(send, int(announced))
             return
         received = 0
-        started = False
+        started = too_large = False
 
         async def counting_receive():
-            nonlocal received
+            # Past the limit the app sees its client leave (it stops reading) and the
+            # 413 is sent here: an exception raised into the app's body read became
+            # the framework's 400 ("error parsing the body") for a chunked body.
+            nonlocal received, too_large
+            if too_large:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
-                    raise _TooLarge(received)
+                    too_large = True
+                    return {"type": "http.disconnect"}
             return message
 
         async def tracking_send(message):
             nonlocal started
+            if too_large:
+                return  # the 413 below is the response
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge as e:
-            if not started:
-                await self._too_large(send, e.size)
         except Exception as e:  # noqa: BLE001 - every failure a client sees is JSON
-            logging.exception("unhandled error in %s", scope["path"])
-            if started:
-                raise
-            await send_json_error(send, 500, f"internal error: {type(e).__name__}: {e}", "server_error")
+            if not too_large:
+                logging.exception("unhandled error in %s", scope["path"])
+                if started:
+                    raise
+                await send_json_error(send, 500, f"internal error: {type(e).__name__}: {e}", "server_error")
+                return
+        if too_large and not started:
+            await self._too_large(send, received)
 
     async def _too_large(self, send, size: int) -> None:
         await send_json_error(send, 413, f"request body of {size} bytes exceeds the limit of {self.limit} bytes",
                               "invalid_request_error")
-
-
-class _TooLarge(Exception):
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self.size = size

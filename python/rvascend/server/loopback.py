@@ -28,7 +28,22 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, describe: Cal
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on (bind to 0 and let the kernel choose)."""
+    """A loopback port nobody listens on now (bind to 0 and let the kernel choose). Another
+    process may take it before the caller binds it: bind through bound_loopback_socket
+    where the server runs in this process, or retry on "address already in use"."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def bound_loopback_socket() -> socket.socket:
+    """A listening-ready TCP socket bound to a free loopback port (uvicorn's `sockets`)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
+
+
+def address_in_use(message: str) -> bool:
+    """Whether a server's error output says its port was taken."""
+    return "address already in use" in message.lower()

@@ -71,7 +71,10 @@ class _EngineCollector:
         for key, help_text in (("running", "Requests decoding"), ("waiting", "Requests queued"),
                                ("kv_used_tokens", "KV pool slots in use"),
                                ("kv_reserved_tokens", "KV pool slots reserved by admitted requests"),
-                               ("kv_total_tokens", "KV pool size")):
+                               ("kv_total_tokens", "KV pool size"),
+                               ("kv_locked_tokens", "Prefix-cache slots pinned by running requests"),
+                               ("state_slots_free", "Recurrent-state slots free (hybrid models)"),
+                               ("state_slots_total", "Recurrent-state slots (hybrid models)")):
             g = GaugeMetricFamily(f"rvascend_{key}", help_text)
             g.add_metric([], stats[key])
             yield g

@@ -163,6 +163,8 @@ def _sglang_params(req: GenerateRequest, prompt_len: int, context_length: int) -
         if key not in _SGLANG_PARAMS:
             raise UnsupportedField(f"sampling_params.{key} is not supported by this server")
         name = _SGLANG_PARAMS[key]
+        if value is None:  # SGLang's null: the default
+            continue
         expected = SamplingParams.__dataclass_fields__[name].type
         if name == "stop":
             value = (value,) if isinstance(value, str) else value

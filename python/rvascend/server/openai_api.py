@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any, Optional
@@ -59,7 +60,9 @@ def openai_routes(ctx: ServerContext) -> APIRouter:
             if ctx.tokenizer is None:
                 raise limits.InputError("this server has no tokenizer: chat needs one")
             add, cont, kwargs = req.template_options()
-            prompt = ctx.tokenizer.apply_chat_template(messages, add, cont, kwargs)
+            # Off the event loop: a model file's template is untrusted code (its budget
+            # bounds the render, engine/template_budget.py), and /health must not wait.
+            prompt = await asyncio.to_thread(ctx.tokenizer.apply_chat_template, messages, add, cont, kwargs)
             ids = await ctx.tokenize("the chat prompt", prompt, add_special_tokens=False)
             for s in req.stop_list():
                 limits.check_text("stop", s)

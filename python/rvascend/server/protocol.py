@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
 from rvascend.engine import SamplingParams
 
@@ -28,12 +28,24 @@ class UnsupportedField(ValueError):
     pass
 
 
+class _NullIsDefault(BaseModel):
+    """An explicit JSON null in a field means the field's default, as OpenAI's
+    API types its optional fields "X or null" and SGLang's clients send them."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: StrictBool = False
 
 
-class _Request(BaseModel):
+class _Request(_NullIsDefault):
     model_config = ConfigDict(extra="allow")
 
     model: Optional[StrictStr] = None
@@ -116,7 +128,7 @@ class TextPart(BaseModel):
     text: Optional[StrictStr] = None
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(_NullIsDefault):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
@@ -179,7 +191,7 @@ class ChatCompletionRequest(_Request):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(_NullIsDefault):
     """SGLang's native /generate: text or input_ids, sampling_params, stream, the
     log-probabilities (return_logprob, logprob_start_len, top_logprobs_num,
     return_text_in_logprobs) and rid. log_metrics and no_logs, which sglang-router

@@ -24,7 +24,8 @@ from typing import Callable, Optional, Sequence
 import httpx
 from absl import logging
 
-from rvascend.server.loopback import free_port, wait_healthy
+from rvascend.server.limits import API_KEY_ENV
+from rvascend.server.loopback import address_in_use, free_port, wait_healthy
 
 ROUTER_SETTINGS = (
     # Cache-aware: a prompt goes where its prefix is cached, unless the workers' queues
@@ -61,7 +62,10 @@ def router_command(worker_urls: Sequence[str], host: str, port: int, api_key: Op
     if prometheus_port is not None:
         cmd += ["--prometheus-host", host, "--prometheus-port", str(prometheus_port)]
     if api_key:
-        cmd += ["--api-key", api_key]
+        # The router takes its key only as a flag: a two-line launcher adds it from the
+        # environment inside the process, so it never shows on the command line.
+        cmd[1:3] = ["-c", "import os, sys; from sglang_router import launch_router; "
+                    f"sys.argv += ['--api-key', os.environ['{API_KEY_ENV}']]; launch_router.main()"]
     return cmd
 
 
@@ -96,8 +100,7 @@ def split_args(args: Sequence[str]) -> tuple[list[str], str, int, Optional[str]]
                     raise ValueError(f"--port must be a port number, got {value!r}")
                 port = int(value)
             else:
-                key = value
-                rest.append(f"--api-key={value}")
+                key = value  # to the workers through the environment (Cluster)
         else:
             rest.append(arg)
     return rest, host, port, key
@@ -134,6 +137,8 @@ class Cluster:
         self.worker_args, self.factory, self.log_dir = list(worker_args), factory, log_dir
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
+        if api_key:
+            os.environ[API_KEY_ENV] = api_key  # inherited by the workers and the router
         self.ports = [free_port() for _ in range(workers)]
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
         self.procs: list[Optional[subprocess.Popen]] = [None] * workers
@@ -142,7 +147,7 @@ class Cluster:
             for i in range(workers):
                 self.start_worker(i)
             for i in range(workers):
-                wait_healthy(self.urls[i], self.procs[i], startup_timeout, lambda i=i: self._log_tail(f"worker{i}"))
+                self._wait_worker(i, startup_timeout)
             self.port = port or free_port()
             self.url = f"http://{host}:{self.port}"
             metrics_port = free_port()
@@ -154,6 +159,21 @@ class Cluster:
         except BaseException:
             self.stop()
             raise
+
+    def _wait_worker(self, i: int, timeout: float, attempts: int = 3) -> None:
+        """Until worker i is healthy. Its port was free when picked, not necessarily when the
+        worker bound it: a worker that exits because the port was taken gets another."""
+        for attempt in range(attempts):
+            try:
+                wait_healthy(self.urls[i], self.procs[i], timeout, lambda: self._log_tail(f"worker{i}"))
+                return
+            except RuntimeError as e:
+                if attempt == attempts - 1 or not address_in_use(str(e)):
+                    raise
+                logging.warning("worker %d: port %d was taken meanwhile; starting it on another", i, self.ports[i])
+                self.ports[i] = free_port()
+                self.urls[i] = f"http://127.0.0.1:{self.ports[i]}"
+                self.start_worker(i)
 
     def start_worker(self, i: int) -> None:
         """(Re)starts worker i on its port."""

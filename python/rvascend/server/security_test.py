@@ -77,6 +77,60 @@ def test_a_model_files_template_cannot_run_code_and_its_errors_are_400(server, t
     server.wait_idle()
 
 
+def test_a_looping_template_is_a_400_and_health_answers_meanwhile(server):
+    """A model file's template that loops renders off the event loop and stops at its
+    budget: a clear 400 for that request, and /health answers all along. (It once ran
+    on the event loop for ever, and every request waited.)"""
+    import concurrent.futures
+    import time
+
+    from rvascend.engine.chat_template import ChatTemplate
+    tok = server.engine.tokenizer
+    original = tok.chat_template
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    try:
+        tok.chat_template = ChatTemplate("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                                         "{% endfor %}")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(server.http.post, "/v1/chat/completions", json=chat, timeout=60)
+            waits = []
+            while not pending.done():
+                start = time.monotonic()
+                assert server.http.get("/health", timeout=5).status_code == 200
+                waits.append(time.monotonic() - start)
+                time.sleep(0.05)
+            r = pending.result()
+    finally:
+        tok.chat_template = original
+    assert r.status_code == 400 and "went over its budget" in r.json()["error"]["message"], r.text
+    assert waits and max(waits) < 1.0, waits
+    server.wait_idle()
+
+
+def test_a_rebound_host_name_is_refused_and_flush_is_post_only(server):
+    """DNS rebinding: a web page whose name now points at 127.0.0.1 sends its own name in
+    Host; the server answers only to its loopback names. And a GET (an <img>) cannot
+    flush the cache."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    for host in ("evil.example", "evil.example:30000", "127.0.0.1.evil.example"):
+        r = server.http.post("/v1/chat/completions", json=chat, headers={"Host": host})
+        assert r.status_code == 421 and "is not one this server answers to" in r.json()["error"]["message"], host
+    for host in (f"127.0.0.1:{server.port}", "localhost", f"[::1]:{server.port}"):
+        assert server.http.post("/v1/chat/completions", json=chat, headers={"Host": host}).status_code == 200, host
+    assert server.http.get("/health", headers={"Host": "evil.example"}).status_code == 200  # probes stay open
+    assert server.http.get("/flush_cache").status_code == 405
+    assert server.http.post("/flush_cache").status_code == 200
+    server.wait_idle()
+
+
+def test_allowed_hosts():
+    from rvascend.server.limits import allowed_hosts
+    assert allowed_hosts("0.0.0.0") is None and allowed_hosts("127.0.0.1", ["*"]) is None
+    assert allowed_hosts("127.0.0.1") == {"localhost", "127.0.0.1", "::1"}
+    assert allowed_hosts("0.0.0.0", ["Board.local:30000"]) == {"localhost", "127.0.0.1", "::1", "board.local"}
+    assert "10.0.0.5" in allowed_hosts("10.0.0.5")
+
+
 def test_chat_template_flags(server):
     """add_generation_prompt and continue_final_message at the top level (and inside
     chat_template_kwargs, as vLLM allows) change the prompt the model sees."""

@@ -11,9 +11,10 @@ import openai
 import uvicorn
 
 from rvascend.engine.random_model import ensure_random_model
+from rvascend.server import limits
 from rvascend.server.app import create_app
 from rvascend.server.launch import ServeOptions, build_engine
-from rvascend.server.loopback import free_port
+from rvascend.server.loopback import bound_loopback_socket
 
 API_KEY = "test-key"
 
@@ -41,13 +42,17 @@ class Server:
                     cpu_rvv_shape_gate="seed", max_total_tokens=4096, max_running_requests=8)
         opts.update(options)
         self.engine, self.name, self.policy = build_engine(ServeOptions(**opts))
-        self.port = free_port()
+        # Bound here and handed to uvicorn: a port picked free and bound later can be taken
+        # in between by another test's server.
+        self.socket = bound_loopback_socket()
+        self.port = self.socket.getsockname()[1]
         app_options = {"server_args": {"model_path": opts["model_path"], "served_model_name": self.name},
                        **(app_options or {})}
+        app_options.setdefault("allowed_hosts", limits.allowed_hosts("127.0.0.1"))
         self.app = create_app(self.engine, self.name, self.policy, api_key=API_KEY, **app_options)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
         self.thread.start()
         deadline = time.time() + 30
         while not self.server.started:

@@ -1,0 +1,30 @@
+"""The soak's short version: 16 clients for 60 s, valid and hostile requests mixed,
+against a fresh server with the RVV policy on. Nothing a client sends may cost a 5xx,
+stall /health, change a valid greedy answer, or leave anything held."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from rvascend.bench import soak
+from rvascend.engine.random_model import ensure_random_model
+
+
+def test_sixty_seconds_of_mixed_load_leave_the_server_whole():
+    proc, url = soak.start_server(ensure_random_model(), ["--enable-cpu-rvv-inductor", "--cpu-compile-mode=eager",
+                                                          "--max-running-requests=8"])
+    try:
+        record = soak.run(url, proc.pid, seconds=60, clients=16)
+    finally:
+        soak.stop_server(proc)
+    print({k: v for k, v in record.items() if k != "end_metrics"})
+    assert record["failures"] == [] and record["server_errors"] == 0
+    assert record["idle"] and record["health_p99_s"] < 1.0
+    assert record["counts"]["valid"] > 100 and len(record["counts"]) >= 12  # every kind was sent
+    assert record["rss_growth_mib"] < 256
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-s"]))
