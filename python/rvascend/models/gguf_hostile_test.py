@@ -202,15 +202,33 @@ def test_type_confused_metadata_is_named(valid, tmp_path, key, value):
     _refused(path, f"metadata {key!r} must be a")
 
 
-def test_a_missing_layer_tensor_is_named_not_hidden(valid, tmp_path):
-    """The loader closes the file's map on its way out of an error; views of it held by
-    the traceback once made that close raise BufferError in place of the error."""
+def test_a_missing_layer_tensor_is_named_not_hidden(valid, tmp_path, monkeypatch):
+    """The loader closes the file's map on its way out of an error; a view of the map
+    that the error's traceback still holds once made that close raise BufferError in
+    place of the error."""
+    from rvascend.models import loader
     metadata, tensors = valid
     path = str(tmp_path / "m.gguf")
     write(path, metadata, [t for t in tensors if t[0] != "blk.1.ffn_down.weight"])
     for keep in (False, True):
         with pytest.raises(ValueError, match="lacks tensors: model.layers.1.mlp.down_proj"):
             load_model(path, keep_quantized=keep)
+    write(path, *valid)
+    original = loader._load
+
+    def fails_holding_a_view(model_path, ckpt, *args):
+        view = ckpt._file.raw("blk.0.ffn_down.weight")  # alive in this frame of the traceback
+        original(model_path, ckpt, *args)
+        raise ValueError(f"tensor blk.0.ffn_down.weight of {view.shape} is wrong")
+    monkeypatch.setattr(loader, "_load", fails_holding_a_view)
+    with pytest.raises(ValueError, match="blk.0.ffn_down.weight of"):
+        load_model(path)
+    f = gguf_file.GgufFile(path)
+    view = f.raw("blk.0.ffn_down.weight")
+    with pytest.raises(BufferError):
+        f.close()  # outside an error, a live view is still the caller's bug, and said so
+    f.close(after_error=True)
+    del view
 
 
 def test_metadata_arrays_stay_as_compact_as_the_file(valid, tmp_path):
