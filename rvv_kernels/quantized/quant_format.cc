@@ -6,34 +6,44 @@ namespace rvascend {
 namespace {
 
 const QuantFormatInfo kFormats[] = {
-    {"Q8_0", 8, 32, 34, 34, 32},
-    {"Q4_0", 2, 32, 18, 18, 32},
-    {"Q4_1", 3, 32, 20, 20, 32},
-    {"Q4_K", 12, 256, 144, 148, 256},
-    {"Q6_K", 14, 256, 210, 210, 256},
+#define QUANT_FORMAT(name, ggml_type, block_k, ggml_bytes, tile_bytes, act_block) \
+  {#name, ggml_type, block_k, ggml_bytes, tile_bytes, act_block},
+#include "rvv_kernels/quantized/quant_formats.inc"
+#undef QUANT_FORMAT
 };
+static_assert(std::size(kFormats) == kQuantFormatCount);
 
-constexpr QuantFormat kAll[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1, QuantFormat::kQ4_K,
-                                QuantFormat::kQ6_K};
+std::string KeptNames() {
+  std::string names;
+  for (const QuantFormatInfo& info : kFormats) names += std::string(names.empty() ? "" : ", ") + info.name;
+  return names;
+}
 
 }  // namespace
 
 const QuantFormatInfo& FormatInfo(QuantFormat format) { return kFormats[static_cast<int>(format)]; }
 
-QuantFormat FormatFromGgmlType(int ggml_type) {
-  for (QuantFormat f : kAll) {
-    if (FormatInfo(f).ggml_type == ggml_type) return f;
+QuantFormat FormatAt(int64_t index) {
+  if (index < 0 || static_cast<size_t>(index) >= kQuantFormatCount) {
+    throw std::invalid_argument("quantized format index " + std::to_string(index) + " is not one of the " +
+                                std::to_string(kQuantFormatCount) + " kept formats (" + KeptNames() + ")");
   }
-  throw std::invalid_argument("GGML type " + std::to_string(ggml_type) +
-                              " is not a quantized format kept quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)");
+  return static_cast<QuantFormat>(index);
+}
+
+QuantFormat FormatFromGgmlType(int ggml_type) {
+  for (size_t i = 0; i < kQuantFormatCount; ++i) {
+    if (kFormats[i].ggml_type == ggml_type) return static_cast<QuantFormat>(i);
+  }
+  throw std::invalid_argument("GGML type " + std::to_string(ggml_type) + " is not a quantized format kept quantized (" +
+                              KeptNames() + ")");
 }
 
 QuantFormat FormatFromName(const std::string& name) {
-  for (QuantFormat f : kAll) {
-    if (name == FormatInfo(f).name) return f;
+  for (size_t i = 0; i < kQuantFormatCount; ++i) {
+    if (name == kFormats[i].name) return static_cast<QuantFormat>(i);
   }
-  throw std::invalid_argument("quantized format '" + name +
-                              "' is not kept quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)");
+  throw std::invalid_argument("quantized format '" + name + "' is not kept quantized (" + KeptNames() + ")");
 }
 
 }  // namespace rvascend

@@ -36,7 +36,18 @@
 
 namespace rvascend {
 
-enum class QuantFormat { kQ8_0, kQ4_0, kQ4_1, kQ4_K, kQ6_K };
+// kQ8_0, kQ4_0, ... in quant_formats.inc's order.
+enum class QuantFormat {
+#define QUANT_FORMAT(name, ...) k##name,
+#include "rvv_kernels/quantized/quant_formats.inc"
+#undef QUANT_FORMAT
+};
+
+constexpr size_t kQuantFormatCount = 0
+#define QUANT_FORMAT(...) +1
+#include "rvv_kernels/quantized/quant_formats.inc"
+#undef QUANT_FORMAT
+    ;
 
 constexpr int kQuantLayoutVersion = 1;
 
@@ -50,6 +61,10 @@ struct QuantFormatInfo {
 };
 
 const QuantFormatInfo& FormatInfo(QuantFormat format);
+
+// The format at `index` in quant_formats.inc's order (a descriptor's field); throws
+// std::invalid_argument naming the index if there is none.
+QuantFormat FormatAt(int64_t index);
 
 // The format of a GGML type id or name; throws std::invalid_argument naming it if
 // it is not one of the kept formats.

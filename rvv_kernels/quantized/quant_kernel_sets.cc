@@ -36,4 +36,9 @@ size_t QuantKernelSetTile(const QuantKernelSet& set) {
   return set.tile ? set.tile : GetCpuFeatures().vlen_bits / 4;
 }
 
+QuantUkernel QuantUkernelFor(const QuantKernelSet& set, QuantFormat format) {
+  const QuantUkernel own = set.ukernel[static_cast<int>(format)];
+  return own != nullptr ? own : kPortableQuantKernels.ukernel[static_cast<int>(format)];
+}
+
 }  // namespace rvascend

@@ -28,6 +28,10 @@ const QuantKernelSet& FindQuantKernelSet(const std::string& name);
 // The tile width a set reads (resolves 0: VLEN/4 of this machine).
 size_t QuantKernelSetTile(const QuantKernelSet& set);
 
+// The set's kernel for `format`, or the portable one where the set leaves it out (as
+// ggml's arch-fallback.h does): the portable kernels read any tile width.
+QuantUkernel QuantUkernelFor(const QuantKernelSet& set, QuantFormat format);
+
 }  // namespace rvascend
 
 #endif  // RVV_KERNELS_QUANTIZED_QUANT_KERNEL_SETS_H_

@@ -44,7 +44,8 @@ struct QuantKernelSet {
   size_t tile;      // the tile width T it reads; 0: VLEN/4 of this machine (one e8 m2 group)
   bool any_tile;    // reads any tile width (a multiple of 16 up to 256), not only `tile`
   size_t max_rows;  // rows per call
-  QuantUkernel ukernel[5];  // indexed by QuantFormat
+  // Indexed by QuantFormat; an empty slot runs the portable kernel (QuantUkernelFor).
+  QuantUkernel ukernel[kQuantFormatCount];
   QuantizeRowFn quantize_row;
   StoreBf16Fn store_bf16;
 };

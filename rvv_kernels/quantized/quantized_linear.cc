@@ -49,7 +49,7 @@ void Run(const QuantKernelSet& kernels, const QuantizedLinearArgs& args, size_t 
   if (tiles * tile_bytes < kMinParallelBytes) num_threads = 1;
   const size_t chunks = std::min(tiles, std::max<size_t>(1, num_threads) * 4);
   const size_t per_chunk = CeilDiv(tiles, chunks);
-  const QuantUkernel ukernel = kernels.ukernel[static_cast<int>(args.format)];
+  const QuantUkernel ukernel = QuantUkernelFor(kernels, args.format);
   const size_t scratch_floats = std::min(mr, args.m) * t;
   ThreadPool::Global().ParallelFor(chunks, num_threads, [&](size_t chunk) {
     // Per thread and grown once: a vector per chunk cost a malloc and a zero fill of

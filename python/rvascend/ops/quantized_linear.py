@@ -20,10 +20,12 @@ import torch
 from rvascend.ops.packed_linear import _native, eager_call, readable_elements, register_fake
 
 QUANT_LAYOUT_VERSION: int = int(_native.QUANT_LAYOUT_VERSION)
-# GGML type id -> format name, and each format's weights per block along K.
-GGML_TYPES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 12: "Q4_K", 14: "Q6_K"}
-BLOCK_K = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q4_K": 256, "Q6_K": 256}
-FORMATS = tuple(BLOCK_K)
+# The kept formats, read from the native registry (rvv_kernels/quantized/quant_formats.inc)
+# in its order, which the fused step's descriptor indexes: GGML type id -> name, and each
+# format's weights per block along K.
+FORMATS: tuple[str, ...] = tuple(f[0] for f in _native.quant_formats())
+GGML_TYPES: dict[int, str] = {int(f[1]): f[0] for f in _native.quant_formats()}
+BLOCK_K: dict[str, int] = {f[0]: int(f[2]) for f in _native.quant_formats()}
 
 
 # The quantized kernel set in use: "" = the best available; RVASCEND_QUANT_KERNELS pins one.

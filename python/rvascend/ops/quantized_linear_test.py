@@ -123,6 +123,18 @@ def test_a_set_refuses_a_tile_it_cannot_read(tile):
                 q.quantized_linear(x, packed, "Q8_0", 256, tile)
 
 
+def test_the_format_registry_agrees_with_the_gguf_package():
+    """One registry (rvv_kernels/quantized/quant_formats.inc) gives the native enum and these
+    tables; each entry's GGML type id and block geometry must be the gguf package's."""
+    assert q.FORMATS == tuple(f[0] for f in q._native.quant_formats()) and len(q.FORMATS) >= 5
+    for name, type_id, block_k, ggml_bytes, tile_bytes, act_block in q._native.quant_formats():
+        kind = gguf.GGMLQuantizationType[name]
+        assert kind.value == type_id and q.GGML_TYPES[type_id] == name
+        assert gguf.GGML_QUANT_SIZES[kind] == (block_k, ggml_bytes) and q.BLOCK_K[name] == block_k
+        assert tile_bytes >= ggml_bytes and act_block in (32, 256)
+        assert q.layout_bytes(name, 1, block_k, 16) == 16 * tile_bytes
+
+
 def _guarded(data: bytes):
     """`data` placed right before a page the process may not touch: a read past its end
     faults instead of reading a neighbour. (address, keep-alive handle)"""

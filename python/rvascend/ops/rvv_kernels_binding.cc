@@ -449,11 +449,12 @@ ProjectionWeight QuantizedProjection(const int64_t* pair, size_t n, size_t k, si
   size_t rows_total = 0;
   for (size_t q = 0; q < n_parts; ++q) {
     const int64_t* part = parts + q * kQuantPartFields;
-    static const QuantFormat kFormats[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1,
-                                           QuantFormat::kQ4_K, QuantFormat::kQ6_K};
-    if (part[0] < 0 || part[0] > 4) throw std::invalid_argument(Named(what) + ": unknown quantized format");
     ProjectionWeight::Part& out = w.parts[q];
-    out.format = kFormats[part[0]];
+    try {
+      out.format = FormatAt(part[0]);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(Named(what) + ": " + e.what());
+    }
     out.rows = static_cast<size_t>(part[1]);
     if (k % FormatInfo(out.format).block_k) {
       throw std::invalid_argument(Named(what) + ": K = " + std::to_string(k) + " is not a whole number of " +
@@ -869,6 +870,16 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("quant_repack", &QuantRepack, py::arg("format"), py::arg("ggml"), py::arg("ggml_bytes"), py::arg("n"),
         py::arg("k"), py::arg("tile"), py::arg("out"), py::arg("out_bytes"), py::arg("num_threads"),
         "GGML blocks of a [n, k] weight -> the runtime layout (scales checked finite).");
+  m.def("quant_formats", [] {
+          std::vector<py::tuple> out;
+          for (size_t i = 0; i < kQuantFormatCount; ++i) {
+            const QuantFormatInfo& f = FormatInfo(static_cast<QuantFormat>(i));
+            out.push_back(py::make_tuple(f.name, f.ggml_type, f.block_k, f.ggml_block_bytes, f.tile_block_bytes,
+                                         f.act_block));
+          }
+          return out;
+        }, "The kept quantized formats in the registry's order (quant_formats.inc): (name, GGML type id, "
+           "weights per block, GGML block bytes, layout bytes per column of a block, activation block).");
   m.def("quant_ggml_bytes", [](const std::string& format, size_t n, size_t k) {
           const QuantFormat f = FormatFromName(format);
           CheckGgmlShape(f, n, k, 16);

@@ -19,6 +19,7 @@
 #include "rvv_kernels/base/cpu_features.h"
 #include "rvv_kernels/base/kernel_testing.h"
 #include "rvv_kernels/quantized/quant_activations.h"
+#include "rvv_kernels/quantized/quant_format.h"
 #include "rvv_kernels/quantized/quant_kernel_sets.h"
 #include "rvv_kernels/quantized/quant_layout.h"
 #include "rvv_kernels/quantized/quantized_linear.h"
@@ -26,8 +27,13 @@
 namespace rvascend {
 namespace {
 
-constexpr QuantFormat kFormats[] = {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1,
-                                    QuantFormat::kQ4_K, QuantFormat::kQ6_K};
+// Every format of the registry (quant_formats.inc): a new one is tested without a line here.
+std::vector<QuantFormat> AllFormats() {
+  std::vector<QuantFormat> all;
+  for (size_t i = 0; i < kQuantFormatCount; ++i) all.push_back(static_cast<QuantFormat>(i));
+  return all;
+}
+const std::vector<QuantFormat> kFormats = AllFormats();
 
 uint16_t Half(std::mt19937& rng) {
   // Scales of both signs, normal and subnormal, now and then zero.
@@ -393,6 +399,20 @@ int main() {
       TestShape(*set, f, 39, 2 * t - 3, k1, rng);
     }
     TestErrors(*set, rng);
+    // A set may leave a format out: the portable kernel serves that slot, at the set's tile.
+    QuantKernelSet hollow = *set;
+    for (QuantUkernel& u : hollow.ukernel) u = nullptr;
+    for (QuantFormat f : kFormats) {
+      EXPECT(QuantUkernelFor(hollow, f) == kPortableQuantKernels.ukernel[static_cast<int>(f)],
+             "%s without its %s kernel does not fall back to the portable one", set->name, FormatInfo(f).name);
+      TestShape(hollow, f, 3, t + 1, FormatInfo(f).block_k == 32 ? 96 : 256, rng);
+    }
   }
+  for (size_t i = 0; i < kQuantFormatCount; ++i) {
+    EXPECT(FormatAt(static_cast<int64_t>(i)) == static_cast<QuantFormat>(i), "FormatAt(%zu)", i);
+  }
+  EXPECT(Throws([] { FormatAt(static_cast<int64_t>(kQuantFormatCount)); }, "is not one of the"),
+         "FormatAt past the registry is refused");
+  EXPECT(Throws([] { FormatAt(-1); }, "is not one of the"), "FormatAt(-1) is refused");
   return testing::Summary();
 }
