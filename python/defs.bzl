@@ -1,6 +1,18 @@
 """Thin wrappers that keep python/BUILD.bazel uniform (JAX-style repo-local macros)."""
 
-load("@rules_python//python:defs.bzl", "py_binary", "py_test")
+load("@rules_python//python:defs.bzl", "py_binary", "py_library", "py_test")
+
+def rvascend_subpackage(name, deps = [], data = []):
+    """One subpackage of rvascend (python/rvascend/NAME) as its own py_library,
+    :rvascend_NAME; `deps` are the subpackages below it (rvascend/layering_test.py
+    holds the order)."""
+    py_library(
+        name = "rvascend_" + name,
+        srcs = native.glob(["rvascend/%s/**/*.py" % name], exclude = ["rvascend/**/*_test.py"]),
+        data = data,
+        imports = ["."],
+        deps = [":rvascend_root"] + [":rvascend_" + d for d in deps],
+    )
 
 def rvascend_py_test(src, size = "medium", data = [], args = [], **kwargs):
     """A pytest file of the rvascend package as a Bazel test named after the file,

@@ -157,7 +157,7 @@ DEFAULT_CHAT = [{"role": "user", "content": "What is the capital of France? Answ
 
 
 def serve_default_quantized(args, site: str, tmp: str) -> int:
-    from rvascend.engine import default_model
+    from rvascend.models import default_model
 
     gguf = default_model.ensure_default_model()
     # Policy off on the host: the same file dequantized to BF16, stock F.linear.

@@ -1,7 +1,7 @@
 """Repository rule exposing one pinned file that `./dev setup` downloads into
 `.deps/<deps_dir>` (named by a field of its lock file) as `@<name>//:<target>`.
 
-Serves the default model's wheel (python/rvascend/engine/default_model.lock.json)
+Serves the default model's wheel (python/rvascend/models/default_model.lock.json)
 and the llama.cpp peer's source distribution (python/rvascend/build/llama_cpp.lock.json).
 If the file is missing, building the target fails with the set-up command to run.
 """

@@ -41,7 +41,7 @@ def _define_flags() -> None:
     flags.DEFINE_string("output", "bench_results/image_instruction_count.jsonl", "jsonl file to append to.")
     flags.DEFINE_bool("grid", False, "Count the shape gate's grid (GRID_N x GRID_K x GRID_M) instead of the "
                       "Llama-3.2-1B projections, and write the table the measured gate reads (--table).")
-    flags.DEFINE_string("table", None, "With --grid: the gate table to write (policy/gate_riscv64.json).")
+    flags.DEFINE_string("table", None, "With --grid: the gate table to write (dispatch/gate_riscv64.json).")
 
 
 # The measured gate's grid: the widths of the small models people run on boards

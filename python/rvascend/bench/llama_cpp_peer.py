@@ -78,7 +78,8 @@ ISA_ENVIRONMENT = {
 def prepare_models(work: str, names: list[str], types: list[str], python: str, threads: int) -> dict[str, str]:
     """"name type" -> GGUF file, written once: BF16 by this project's exporter, the
     quantized types from it by llama.cpp's quantizer (its default recipe)."""
-    from rvascend.engine import default_model, random_checkpoint
+    from rvascend.engine import random_checkpoint
+    from rvascend.models import default_model
     from rvascend.models import gguf_checkpoint, gguf_export
 
     def smollm2(tmp: str, out: str) -> None:

@@ -75,7 +75,7 @@ def staleness_check_costs(path: str) -> dict[str, float]:
     from rvascend.models.decoder import KVPool
     from rvascend.models.loader import load_model
     from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
-    from rvascend.policy import fused_decoder
+    from rvascend.dispatch import fused_decoder
 
     model = load_model(path)
     install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode="eager"))

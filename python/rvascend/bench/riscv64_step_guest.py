@@ -28,8 +28,8 @@ from rvascend.models import decoder, layers  # noqa: E402
 from rvascend.models.loader import load_model  # noqa: E402
 from rvascend.ops.packed_linear import _native  # noqa: E402
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy  # noqa: E402
-from rvascend.policy import fused_decoder  # noqa: E402
-from rvascend.policy.fused_decoder import FusedDecoder  # noqa: E402
+from rvascend.dispatch import fused_decoder  # noqa: E402
+from rvascend.dispatch.fused_decoder import FusedDecoder  # noqa: E402
 
 _marks = 0
 

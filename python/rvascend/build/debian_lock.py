@@ -20,6 +20,7 @@ from typing import Iterable, Optional
 from absl import logging
 
 from rvascend.build.debian import SetupError, apt_mirror_uri
+from rvascend.runtime.pinned_download import sha256_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +62,6 @@ class DebianLock:
         for p in sorted(self.packages, key=lambda p: p.name):
             h.update(f"{p.name} {p.version} {p.sha256}\n".encode())
         return h.hexdigest()
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _download(url: str, dest: str) -> None:

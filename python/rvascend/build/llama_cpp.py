@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from absl import logging
 
 from rvascend import checkout
-from rvascend.build import pinned_download
+from rvascend.runtime import pinned_download
 
 PYTHON_ENV = "RVASCEND_LLAMA_CPP_PYTHON"
 SDIST_ENV = "RVASCEND_LLAMA_CPP_SDIST"

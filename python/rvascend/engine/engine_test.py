@@ -19,8 +19,10 @@ import transformers
 from rvascend.ops import attention_kernel_has_block_form
 from rvascend.engine import Engine, EngineConfig, QueueFullError, RequestError, SamplingParams
 from rvascend.models.loader import load_model
-from rvascend.models.testing import all_logits, greedy
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, kernel_routes
+from rvascend.engine.testing import greedy
+from rvascend.models.testing import all_logits
+from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.dispatch import kernel_routes
 
 COMMON = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
               num_key_value_heads=4, vocab_size=2048, max_position_embeddings=256, initializer_range=0.05)

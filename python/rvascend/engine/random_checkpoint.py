@@ -16,7 +16,7 @@ import sys
 from absl import app, flags, logging
 from safetensors.torch import save_file
 
-from rvascend.engine import model_cache
+from rvascend.runtime import model_cache
 from rvascend.engine.random_model import ensure_random_model, random_weights
 
 SHAPES = {

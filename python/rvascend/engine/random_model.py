@@ -16,7 +16,7 @@ import pydoc
 import torch
 from safetensors.torch import save_file
 
-from rvascend.engine import model_cache
+from rvascend.runtime import model_cache
 
 VERSION = 2
 NAME = "rvascend-random-llama"

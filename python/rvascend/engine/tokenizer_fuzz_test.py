@@ -17,7 +17,7 @@ import pytest
 from tokenizers import Tokenizer as HfTokenizer
 
 from rvascend.build import llama_cpp
-from rvascend.engine import default_model
+from rvascend.models import default_model
 from rvascend.engine.bpe_tokenizer import BpeTokenizer
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.models import gguf_checkpoint

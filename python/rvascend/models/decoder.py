@@ -19,9 +19,9 @@ from torch import nn
 from rvascend.models.config import ModelConfig
 from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, SiluAndMul, apply_rotary, maybe_norm
 from rvascend import ops
-from rvascend.policy import projection_linear
-from rvascend.policy.fused_decoder import fused_decoder_of
-from rvascend.policy.kernel_routes import routes_of
+from rvascend.dispatch.route import projection_linear
+from rvascend.dispatch.fused_decoder import fused_decoder_of
+from rvascend.dispatch.kernel_routes import routes_of
 
 
 class RecurrentIndex(NamedTuple):
@@ -240,7 +240,7 @@ class CausalLM(nn.Module):
     batch's `logit_rows`."""
 
     rvv_kernels = ("argmax",)  # used by the engine's greedy sampling
-    rvv_fused_decoder = True  # the policy may run a decode step's layers in one call (policy/fused_decoder.py)
+    rvv_fused_decoder = True  # the policy may run a decode step's layers in one call (dispatch/fused_decoder.py)
 
     # checkpoint name -> (fused module attribute, shard)
     STACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),

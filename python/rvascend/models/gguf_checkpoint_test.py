@@ -19,7 +19,8 @@ from rvascend.engine.random_model import ensure_random_model
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models import gguf_checkpoint, gguf_export, gguf_widen
 from rvascend.models.loader import load_model
-from rvascend.models.testing import all_logits, greedy
+from rvascend.engine.testing import greedy
+from rvascend.models.testing import all_logits
 from rvascend.ops import quantized_linear
 
 Q = gguf.GGMLQuantizationType

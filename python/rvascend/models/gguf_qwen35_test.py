@@ -20,11 +20,12 @@ import torch
 import transformers
 
 from rvascend.build import llama_cpp
-from rvascend.engine import default_model
+from rvascend.models import default_model
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models import gguf_checkpoint
 from rvascend.models.loader import load_model
-from rvascend.models.testing import Runner, assert_fused_decode_matches_op_by_op, tiny_qwen3_5_config
+from rvascend.engine.testing import assert_fused_decode_matches_op_by_op
+from rvascend.models.testing import Runner, tiny_qwen3_5_config
 
 
 def _checkpoint(tmp, **overrides) -> tuple[transformers.PreTrainedModel, str]:
@@ -135,7 +136,8 @@ def test_a_q8_0_file_serves_kept_quantized_with_the_policy(tmp_path, monkeypatch
     the dequantized file gives; the logits are the dequantized file's within the error of
     quantizing the activations to 8 bits; the fused decode step is bit-identical to op by op."""
     from rvascend.models.quantized_layers import quantized_modules
-    from rvascend.policy import RvvPolicyConfig, install_rvv_policy, shape_gate
+    from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+    from rvascend.dispatch import shape_gate
 
     _, hf_dir = _checkpoint(tmp_path, linear_value_head_dim=32)
     path = _convert(hf_dir, str(tmp_path), "q8_0")

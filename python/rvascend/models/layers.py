@@ -12,7 +12,7 @@ from torch import nn
 
 from rvascend import ops
 from rvascend.models.config import ModelConfig
-from rvascend.policy.kernel_routes import routes_of
+from rvascend.dispatch.kernel_routes import routes_of
 
 
 class RMSNorm(nn.Module):

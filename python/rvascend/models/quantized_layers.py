@@ -23,7 +23,7 @@ from torch import nn
 
 from rvascend.ops import quantized_linear as qops
 
-ROUTE_ATTR = "_rvv_route"  # the policy's route, as for nn.Linear projections (policy/route.py)
+ROUTE_ATTR = "_rvv_route"  # the policy's route, as for nn.Linear projections (dispatch/route.py)
 
 
 @dataclasses.dataclass(frozen=True)

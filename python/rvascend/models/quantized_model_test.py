@@ -30,7 +30,8 @@ import transformers
 
 from rvascend.bench.rss import fresh_process_json
 from rvascend.build import llama_cpp
-from rvascend.engine import Engine, EngineConfig, SamplingParams, default_model
+from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.models import default_model
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models import gguf_export
@@ -38,7 +39,7 @@ from rvascend.models.loader import load_model
 from rvascend.models.quantized_layers import QuantizedEmbedding, quantized_modules
 from rvascend.models.testing import all_logits, decode_batch, decode_logits, random_pool
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
-from rvascend.policy.fused_decoder import FUSED_ATTR
+from rvascend.dispatch.fused_decoder import FUSED_ATTR
 
 Q = gguf.GGMLQuantizationType
 COMMON = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,

@@ -28,7 +28,7 @@ from rvascend.models.chunked_delta_rule import chunked_gated_delta_rule
 from rvascend.models.config import ModelConfig
 from rvascend.models.decoder import MLP, Attention, CausalLM, DecoderModel, ForwardBatch, KVPool
 from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, apply_rotary
-from rvascend.policy.kernel_routes import routes_of
+from rvascend.dispatch.kernel_routes import routes_of
 
 # Prompts through the one native call (the conv, norms and the delta rule's rows token by
 # token) instead of ATen and the chunked form's matrix products, on every CPU: on riscv64
@@ -239,7 +239,7 @@ class HybridDecoderLayer(nn.Module):
 class Qwen3_5CausalLM(CausalLM):
     """Qwen3.5 (dense text) for causal LM, with CausalLM's batch, pool and logits contract."""
 
-    rvv_fused_decoder = True  # both layer kinds run in the fused decode step (policy/fused_decoder.py)
+    rvv_fused_decoder = True  # both layer kinds run in the fused decode step (dispatch/fused_decoder.py)
 
     STACKED = {**CausalLM.STACKED, "in_proj_qkv": ("in_proj", "qkv"), "in_proj_z": ("in_proj", "z"),
                "in_proj_b": ("in_proj", "b"), "in_proj_a": ("in_proj", "a")}

@@ -14,8 +14,10 @@ from rvascend.models import qwen3_5
 from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
 from rvascend.models.state_pool import RecurrentStatePool
-from rvascend.models.testing import Runner, assert_fused_decode_matches_op_by_op, tiny_qwen3_5_config
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, shape_gate
+from rvascend.engine.testing import assert_fused_decode_matches_op_by_op
+from rvascend.models.testing import Runner, tiny_qwen3_5_config
+from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.dispatch import shape_gate
 
 VOCAB = 256
 

@@ -1,4 +1,6 @@
-"""Helpers the model tests share: whole-prompt logits and greedy continuations."""
+"""Helpers the model tests share: whole-prompt logits, decode and step batches, a pool of
+random K/V, and a Runner that drives a model as the engine does (engine/testing.py has
+the helpers that need the engine or the policy)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,9 @@ from typing import Union
 
 import torch
 
-from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
 from rvascend.models.state_pool import RecurrentStatePool
-from rvascend.policy.fused_decoder import held_off
+from rvascend.dispatch.fused_decoder import held_off
 
 
 def all_logits(model: CausalLM, ids: torch.Tensor) -> torch.Tensor:
@@ -55,15 +56,6 @@ def decode_logits(model: CausalLM, batch: ForwardBatch, pool: KVPool, fused: boo
         return model(batch, pool)
 
 
-def greedy(model: CausalLM, ids: Union[list[int], torch.Tensor], n: int) -> list[int]:
-    """n greedy tokens after `ids` through the engine (EOS ignored); the pool must end empty."""
-    ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-    engine = Engine(model, None, EngineConfig(max_total_tokens=len(ids) + n + 64))
-    (seq,) = engine.generate([ids], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
-    assert engine.stats()["kv_used_tokens"] == 0
-    return seq.output_ids
-
-
 class Runner:
     """Drives a model as the engine does (KV slots, recurrent state slots, chunked prefill,
     decode steps), without the engine's scheduler."""
@@ -102,39 +94,6 @@ class Runner:
         for i, _, _ in rows:
             self.state_slots[i], self.next_state_slots[i] = self.next_state_slots[i], self.state_slots[i]
         return logits
-
-
-def assert_fused_decode_matches_op_by_op(model, prompts: list[list[int]], steps: int, vocab: int) -> None:
-    """Prefills `prompts`, then runs `steps` decode steps twice, op by op and through the
-    policy's fused step (on two Runners from the same stale state): the logits, the K/V pool
-    and a hybrid model's conv and delta-rule states are bit for bit equal after every step,
-    and so are the route counts (but the fused step's own)."""
-    from rvascend.policy import get_policy
-
-    policy = get_policy(model)
-    runners = Runner(model, len(prompts), 0), Runner(model, len(prompts), 0)
-    for runner in runners:
-        runner.step([(i, p, 0) for i, p in enumerate(prompts)])  # prompts: the same path for both
-
-    def pool_tensors(runner: Runner) -> list[torch.Tensor]:
-        pool = runner.pool
-        return [*pool.k, *pool.v, *pool.states.conv, *pool.states.ssm] if pool.states else [*pool.k, *pool.v]
-
-    for step in range(steps):
-        rows = [(i, [(7 * step + 3 * i) % vocab], len(p) + step) for i, p in enumerate(prompts)]
-        logits, counts = [], []
-        for runner, fused in zip(runners, (False, True)):
-            policy.counters.reset()
-            policy.kernels.counters.reset()
-            with contextlib.nullcontext() if fused else held_off(model):
-                logits.append(runner.step(rows))
-            counts.append((policy.counters.snapshot(),
-                           [c for c in policy.kernels.counters.snapshot() if c["projection"] != "decoder_layers"]))
-        assert policy.kernels.counters.calls("decoder_layers", "kernel") == 1, policy.kernels.counters.snapshot()
-        assert torch.equal(logits[1], logits[0]), (step, (logits[1].float() - logits[0].float()).abs().max())
-        assert counts[0] == counts[1]
-        for a, b in zip(pool_tensors(runners[0]), pool_tensors(runners[1])):
-            assert torch.equal(a, b)
 
 
 def tiny_qwen3_5_config(vocab_size: int, tie: bool):

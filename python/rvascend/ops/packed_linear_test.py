@@ -328,7 +328,7 @@ def _vm_flags(address: int) -> list[str]:
 def test_weights_are_packed_and_loaded_into_huge_page_advised_memory():
     """The packers (BF16 and GGML repack) and the loader's weights ask for huge pages before
     they write; a buffer with no whole 2 MiB page is left alone."""
-    from rvascend.engine import allocator
+    from rvascend.runtime import allocator
     from rvascend.models.loader import _materialize
     from rvascend.ops import quantized_linear as q
 

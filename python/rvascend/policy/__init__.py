@@ -1,13 +1,15 @@
 """The RVV policy layer (P4 + P5): installs the packed BF16 kernels into a loaded model.
 
-Owns packed-weight ownership (a non-persistent buffer per module), staleness
-detection and reload invalidation, the tied lm_head check, the memory budget,
-the shape gate with its row buckets, the regional compile of the decoder layer and the route
-counters. Engine-agnostic: a model family is described by an adapter.
+Owns installing: packed-weight ownership (a non-persistent buffer per module),
+reload invalidation, the tied lm_head check, the memory budget, the regional
+compile of the decoder layer. What runs at call time (the routes and their
+staleness checks, the shape gate, the fused step) is rvascend.dispatch, which
+the models call. Engine-agnostic: a model family is described by an adapter.
 """
 
+from rvascend.dispatch.counters import RouteCounters
+from rvascend.dispatch.route import projection_linear
 from rvascend.policy.config import RvvPolicyConfig
-from rvascend.policy.counters import RouteCounters
 from rvascend.policy.install import (
     PolicyReport,
     RvvPolicy,
@@ -16,7 +18,6 @@ from rvascend.policy.install import (
     invalidate_packed_weights,
     repack,
 )
-from rvascend.policy.route import projection_linear
 
 __all__ = [
     "PolicyReport",

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rvascend.policy import (RvvPolicyConfig, get_policy, install_rvv_policy, invalidate_packed_weights,
-                             repack, weights_generation)
+from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, invalidate_packed_weights, repack
+from rvascend.dispatch import weights_generation
 from rvascend.policy.testing import make, pack_reference, transformers_llama
-from rvascend.policy.route import PACKED_BUFFER
+from rvascend.dispatch.route import PACKED_BUFFER
 
 KEEP = RvvPolicyConfig(compile_mode="eager", shape_gate="seed")
 DROP = RvvPolicyConfig(compile_mode="eager", shape_gate="seed", drop_unpacked=True)
@@ -215,7 +215,7 @@ def test_calls_no_packed_kernel_takes_run_f_linear_on_an_unpacked_copy():
 def test_a_failed_install_gives_every_weight_back(monkeypatch):
     model = make(tie=False, layers=1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    from rvascend.policy import route as route_module
+    from rvascend.dispatch import route as route_module
 
     taken = []
     own = route_module.ProjectionRoute._own
@@ -282,7 +282,7 @@ def test_weights_are_packed_in_their_own_storage_unless_someone_else_holds_them(
 _MEMORY_GUEST = r"""
 import json, sys, torch
 from rvascend.bench.rss import current_rss_mib, peak_rss_mib, reset_peak_rss
-from rvascend.engine import allocator
+from rvascend.runtime import allocator
 from rvascend.models import gguf_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy

@@ -10,12 +10,13 @@ import torch
 from absl import logging
 from torch import nn
 
-from rvascend.policy import adapters, budget, fused_decoder, kernel_routes, regional_compile, shape_gate, \
-    weights_generation
+from rvascend.dispatch import fused_decoder, kernel_routes, shape_gate, weights_generation
+from rvascend.dispatch.counters import RouteCounters
+from rvascend.dispatch.quantized_route import QuantizedRoute
+from rvascend.dispatch.route import PACKED_BUFFER, ProjectionRoute
+from rvascend.policy import adapters, budget, regional_compile
 from rvascend.policy.config import RvvPolicyConfig
-from rvascend.policy.counters import RouteCounters
-from rvascend.policy.quantized_route import QuantizedRoute
-from rvascend.policy.route import PACKED_BUFFER, ProjectionRoute
+from rvascend.runtime import allocator
 
 _POLICY_ATTR = "_rvv_policy"
 
@@ -180,7 +181,6 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
     except BaseException:
         _uninstall(model, policy)
         raise
-    from rvascend.engine import allocator  # not at import: the engine imports the policy
 
     # The shape gate's timing weights and the packers' scratch were freed into the heap;
     # a process that did not pin glibc's thresholds (the server does) would keep them.

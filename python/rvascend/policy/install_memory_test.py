@@ -13,7 +13,7 @@ import sys
 import pytest
 
 _INSTALL = """
-from rvascend.engine import default_model
+from rvascend.models import default_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 

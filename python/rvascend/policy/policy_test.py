@@ -14,7 +14,7 @@ from torch import nn
 
 from rvascend import ops
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, invalidate_packed_weights, repack
-from rvascend.policy import shape_gate, weights_generation
+from rvascend.dispatch import shape_gate, weights_generation
 from rvascend.policy.install import packed_buffer_names
 from rvascend.policy.testing import make, transformers_llama
 
@@ -58,7 +58,7 @@ def test_same_logits_and_greedy_tokens(pair, rows):
 
 
 def test_rows_take_packed_path_through_buckets(pair, monkeypatch):
-    from rvascend.policy import route as route_module
+    from rvascend.dispatch import route as route_module
 
     _, routed, _ = pair
     policy = get_policy(routed)
@@ -239,7 +239,7 @@ def test_bad_budget_leaves_the_model_untouched():
 
 def test_failure_while_packing_undoes_the_install(monkeypatch):
     model = make(layers=1)
-    from rvascend.policy import route as route_module
+    from rvascend.dispatch import route as route_module
 
     def fail(self):
         raise MemoryError("simulated")

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rvascend import ops
-from rvascend.policy.route import projection_linear
+from rvascend.dispatch.route import projection_linear
 
 
 class Layer(nn.Module):

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Optional
 
 from rvascend import checkout
+from rvascend.runtime import pinned_download
 
 REPO_ROOT = checkout.ROOT or os.getcwd()  # without a checkout: no git, no .deps (the fields say so)
 SCHEMA = 1
@@ -36,11 +37,7 @@ VOLATILE = {"captured_at", "compile_cache.hits", "compile_cache.misses", "compil
 @functools.lru_cache(maxsize=None)
 def _sha256(path: str, size: int, mtime: float) -> str:
     del size, mtime  # cache key only
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return pinned_download.sha256_file(path)
 
 
 def sha256_file(path: str) -> str:

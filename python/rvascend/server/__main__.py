@@ -2,7 +2,7 @@
 
   bazel run //python:serve -- [--model-path DIR|FILE.gguf] [--enable-cpu-rvv-inductor] [--port 30000]
 
-Without --model-path it serves SmolLM2-135M-Instruct (engine/default_model.py), converted
+Without --model-path it serves SmolLM2-135M-Instruct (models/default_model.py), converted
 from its pinned GGUF into the cache at first use.
 """
 

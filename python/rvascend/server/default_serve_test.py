@@ -11,7 +11,7 @@ import sys
 import openai
 import pytest
 
-from rvascend.engine import default_model
+from rvascend.models import default_model
 from rvascend.server.loopback import free_port, wait_healthy
 from rvascend.server.testing import Server
 

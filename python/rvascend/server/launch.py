@@ -13,12 +13,14 @@ import torch
 from absl import logging
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine import allocator, default_model
+from rvascend.runtime import allocator
+from rvascend.models import default_model
 from rvascend.engine.chat_template import ChatTemplateError
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models.decoder import KVPool
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicy, RvvPolicyConfig, fused_decoder, get_policy, install_rvv_policy, shape_gate
+from rvascend.policy import RvvPolicy, RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.dispatch import fused_decoder, shape_gate
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # Without --max-total-tokens the KV pool gets at most this share of free memory.

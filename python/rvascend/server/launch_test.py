@@ -7,7 +7,7 @@ import platform
 import pytest
 
 from rvascend.engine.random_model import ensure_random_model
-from rvascend.models.testing import greedy
+from rvascend.engine.testing import greedy
 from rvascend.server import launch
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from absl import logging
 
 from rvascend import ops
+from rvascend.runtime import model_cache
 
 GRID_M = (1, 4, 16, 64)
 MAX_TIMED_MACS = 1 << 28  # larger M of a large shape are not timed: the nearest smaller M decides
@@ -35,8 +36,6 @@ _tables: dict[str, dict[str, dict]] = {}  # path -> "NxK" -> {"m": [...], "f_lin
 
 
 def table_path() -> str:
-    from rvascend.engine import model_cache  # not at import: the engine imports the policy
-
     kernel_set = ops.packed_linear._kernel_set or ops.available_kernel_sets()[0]
     # What F.linear may use is part of the host too: ATen's vector level and oneDNN's ISA cap.
     aten = torch.backends.cpu.get_cpu_capability()
@@ -121,7 +120,7 @@ def _save(path: str, shapes: dict[str, dict]) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"comment": "Seconds of one BF16 Linear call on this host, F.linear against the packed "
-                              "kernel, per weight shape and M (rvascend.policy.host_gate).",
+                              "kernel, per weight shape and M (rvascend.dispatch.host_gate).",
                    "cpu_features": ops.cpu_features(), "threads": torch.get_num_threads(),
                    "torch": torch.__version__, "shapes": shapes}, f, indent=1)
     os.replace(tmp, path)

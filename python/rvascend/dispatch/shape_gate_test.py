@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rvascend.bench import image_instruction_count
-from rvascend.policy import host_gate, shape_gate
+from rvascend.dispatch import host_gate, shape_gate
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ machine's own index configuration, and --require-hashes refuses any other bytes.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import subprocess
@@ -13,7 +14,15 @@ from typing import Any
 
 from absl import logging
 
-from rvascend.build.debian_lock import sha256_file
+
+
+def sha256_file(path: str) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,9 +14,10 @@ from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
 from rvascend.models.testing import decode_batch, decode_logits, random_pool, step_batch
 from rvascend.ops import attention_kernel_has_block_form
-from rvascend.policy import RvvPolicyConfig, fused_decoder, get_policy, install_rvv_policy, kernel_routes, repack
-from rvascend.policy import weights_generation
-from rvascend.policy.fused_decoder import FUSED_ATTR
+from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, repack
+from rvascend.dispatch import fused_decoder, kernel_routes
+from rvascend.dispatch import weights_generation
+from rvascend.dispatch.fused_decoder import FUSED_ATTR
 
 COMMON = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
               num_key_value_heads=4, vocab_size=2048, max_position_embeddings=256, initializer_range=0.05)
@@ -199,7 +200,7 @@ def test_the_logits_come_out_of_the_fused_call(fusing_model, monkeypatch):
     packed Linear call from Python), bit-identical to op by op; where op by op's gate sends
     it elsewhere, the call returns the normed rows and the model projects them as op by op."""
     from rvascend import ops
-    from rvascend.policy import shape_gate
+    from rvascend.dispatch import shape_gate
 
     family, m = fusing_model
     policy = get_policy(m)
@@ -330,7 +331,7 @@ def test_smollm2_shaped_fused_step_under_the_measured_gate(tmp_path, monkeypatch
     """Width 576 (SmolLM2-135M: 9 heads and 3 KV heads of 64, intermediate 1536, tied):
     the seed's gate packs none of it; under the measured gate every projection is packed,
     the decode step runs in one native call, bit-identical to module by module."""
-    from rvascend.policy import shape_gate
+    from rvascend.dispatch import shape_gate
 
     monkeypatch.setattr(shape_gate, "measured_packed_wins", lambda m, n, k: True)
     torch.manual_seed(0)

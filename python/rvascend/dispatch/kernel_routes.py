@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from rvascend.policy.counters import RouteCounters
+from rvascend.dispatch.counters import RouteCounters
 
 ROUTES_ATTR = "_rvv_kernel_routes"
 

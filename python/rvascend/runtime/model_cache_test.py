@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rvascend.engine import model_cache
+from rvascend.runtime import model_cache
 
 
 def test_the_cache_root_is_made_private(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from rvascend.policy.gated_delta_net import install_gated_delta_net_decode
+from rvascend.dispatch.gated_delta_net import install_gated_delta_net_decode
 
 transformers = pytest.importorskip("transformers")
 

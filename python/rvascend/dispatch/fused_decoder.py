@@ -48,8 +48,8 @@ import torch
 
 from rvascend import ops
 from rvascend.ops.packed_linear import _native
-from rvascend.policy import kernel_routes, shape_gate
-from rvascend.policy.route import PACKED_BUFFER
+from rvascend.dispatch import kernel_routes, shape_gate
+from rvascend.dispatch.route import PACKED_BUFFER
 
 if TYPE_CHECKING:
     from rvascend.policy.install import RvvPolicy

@@ -133,7 +133,7 @@ def measured_packed_wins(m: int, n: int, k: int) -> bool:
     if min(m, n, k) < 1:
         return False
     if _TABLE is None:
-        from rvascend.policy import host_gate
+        from rvascend.dispatch import host_gate
 
         return host_gate.packed_wins(m, n, k)
     lm, ln, lk = math.log(m), math.log(n), math.log(k)

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rvascend import ops
-from rvascend.policy import shape_gate
-from rvascend.policy.packed_source import PackedWeightSource
+from rvascend.dispatch import shape_gate
+from rvascend.dispatch.packed_source import PackedWeightSource
 
 if TYPE_CHECKING:
     from rvascend.policy.install import RvvPolicy

@@ -11,12 +11,14 @@ import pytest
 import torch
 import transformers
 
-from rvascend.engine import Engine, EngineConfig, SamplingParams, default_model
+from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.models import default_model
 from rvascend.engine.bpe_tokenizer import BpeTokenizer
 from rvascend.engine.tokenizer import Tokenizer
 from rvascend.models import gguf_checkpoint
 from rvascend.models.loader import load_model
-from rvascend.models.testing import all_logits, greedy
+from rvascend.engine.testing import greedy
+from rvascend.models.testing import all_logits
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
              "How do I reverse a list in Python?", "Count from 1 to 10."]

@@ -20,9 +20,8 @@ from typing import Any, Optional
 from absl import logging
 
 from rvascend import checkout
-from rvascend.build import pinned_download
-from rvascend.build.debian_lock import sha256_file
-from rvascend.engine import model_cache
+from rvascend.runtime import model_cache, pinned_download
+from rvascend.runtime.pinned_download import sha256_file
 
 # Bumped when what the cache holds changes, so stale entries are not served.
 CACHE_VERSION = 2

@@ -14,7 +14,10 @@ import pytest
 _FAULTS = """
 import resource
 import torch
-from rvascend.engine import allocator
+# A server's imports first: serving is measured on a heap like a server's (in a bare torch
+# process, whose heap is nearly empty, the buffers' pages were faulted in afresh each time).
+import rvascend.server.app
+from rvascend.runtime import allocator
 
 def faults(n=20, mib=4):
     start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

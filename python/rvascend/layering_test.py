@@ -1,0 +1,112 @@
+"""The package's layers, enforced: a module imports only its own subpackage and the
+subpackages below it, and no two modules import each other, however indirectly.
+
+From the top: the tooling (bench, which drives build, and repro), then the request path
+server -> engine -> policy (installs) -> models -> dispatch (what models call
+at run time) -> ops (the kernels) -> runtime (allocator, cache, pinned files);
+the package's own modules (rvascend/*.py) import none of them. Imports under
+`if TYPE_CHECKING:` run never and are not counted. No exceptions list: a new
+upward import or cycle fails here with its file and line.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+
+import pytest
+
+LAYERS = ("bench", "build", "repro", "server", "engine", "policy", "models", "dispatch", "ops", "runtime")
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _modules() -> dict[str, str]:
+    """Dotted name -> path of every module of the package but the tests."""
+    out = {}
+    for directory, _, files in os.walk(ROOT):
+        for f in files:
+            if f.endswith(".py") and not f.endswith("_test.py"):
+                rel = os.path.relpath(os.path.join(directory, f), os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
+                out[rel.removesuffix(".__init__")] = os.path.join(directory, f)
+    return out
+
+
+def _runtime_imports(node: ast.AST):
+    """(module, line) of every rvascend import that can run (TYPE_CHECKING blocks skipped)."""
+    if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+        children = node.orelse
+    else:
+        children = list(ast.iter_child_nodes(node))
+    if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "rvascend":
+        for alias in node.names:
+            yield (f"{node.module}.{alias.name}", node.module), node.lineno
+    elif isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name.split(".")[0] == "rvascend":
+                yield (alias.name, alias.name), node.lineno
+    for child in children:
+        yield from _runtime_imports(child)
+
+
+def _graph() -> dict[str, list[tuple[str, int]]]:
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        edges = []
+        for (full, base), line in _runtime_imports(tree):
+            target = full if full in modules else base  # `from pkg import module` or `from module import name`
+            if target in modules and target != name:
+                edges.append((target, line))
+        graph[name] = edges
+    return graph
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in LAYERS:
+        return len(LAYERS)  # rvascend itself and its own modules: below every layer
+    return LAYERS.index(parts[1])
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = []
+    for name, edges in _graph().items():
+        for target, line in edges:
+            if _layer(target) < _layer(name) and target != "rvascend":
+                upward.append(f"{name} (line {line}) imports {target}")
+    assert not upward, "imports that go up the layers:\n" + "\n".join(sorted(upward))
+
+
+def test_every_subpackage_has_a_layer():
+    subpackages = {d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "__init__.py"))}
+    assert subpackages - {"_native"} == set(LAYERS)  # _native: the extensions ./dev setup installs
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for target, _ in graph.get(node, ()):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
