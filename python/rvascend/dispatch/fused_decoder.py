@@ -257,7 +257,7 @@ class FusedDecoder:
         why = kernel_routes.KERNELS["kv_pool_attention"].gate(h, prefill_keys=batch.prefill_keys)
         if why is not None:
             return why
-        if policy.shape_gate != "seed":
+        if policy.shape_gate != "bucketed":
             return None
         for projection, n, k in plan.row_gated:
             why = shape_gate.rows_gate(projection, t, n, k, policy.config.small_batch)

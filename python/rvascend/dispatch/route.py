@@ -292,7 +292,7 @@ class ProjectionRoute:
         rows = x.numel() // k if k and x.shape[-1] == k else 0
         # The seed's gate: cheap, and where it passes the rows fit its buckets (the measured
         # gate buckets nothing).
-        why = shape_gate.gate(self.projection, x, module._buffers[SHAPE_BUFFER], None, config.small_batch, "seed")
+        why = shape_gate.gate(self.projection, x, module._buffers[SHAPE_BUFFER], None, config.small_batch, "bucketed")
         if why in shape_gate.UNSUPPORTED:
             policy.counters.record(self.projection, "fallback", rows, why)
             return F.linear(x, self.unpacked_weight(module, owned))

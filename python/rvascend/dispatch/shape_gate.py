@@ -37,28 +37,30 @@ MIN_FEATURES = 1024
 MIN_MACS = 1_000_000
 SMALL_BATCH_BUCKETS = (2, 4, 8, 16)
 PREFILL_BUCKETS = (16, 32, 64, 128)
-GATES = ("seed", "measured")
+GATES = ("bucketed", "measured")
+# The gate's earlier name (it restates the seed document's contract), still accepted.
+_ALIASES = {"seed": "bucketed"}
 RISCV64_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate_riscv64.json")
 # The measured gate's table file; None: this host's timed table (host_gate.py).
 _TABLE: Optional[str] = RISCV64_TABLE if platform.machine() == "riscv64" else None
 
 
 def default_gate() -> str:
-    """`measured` on every host: the seed's gate stays selectable (`seed`), but on
+    """`measured` on every host: the seed's gate stays selectable (`bucketed`), but on
     riscv64 its shapes refuse every small model, and on x86 its refusals cost the
     fused decode step (measured: 1.7x slower decode for SmolLM2 on an AVX2 host)."""
     return "measured"
 
 
 def resolve(gate: Optional[str]) -> str:
-    gate = gate or default_gate()
+    gate = _ALIASES.get(gate, gate) or default_gate()
     if gate not in GATES:
         raise ValueError(f"--cpu-rvv-shape-gate must be one of {', '.join(GATES)}, got {gate!r}")
     return gate
 
 
 def gate(projection: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-         small_batch: bool, which: str = "seed") -> Optional[str]:
+         small_batch: bool, which: str = "bucketed") -> Optional[str]:
     """None if the call may take the packed path, else the fallback reason."""
     why = _type_gate(x, weight, bias)
     if why is None:
@@ -92,10 +94,10 @@ def _type_gate(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return None
 
 
-def rows_gate(projection: str, m: int, n: int, k: int, small_batch: bool, which: str = "seed") -> Optional[str]:
+def rows_gate(projection: str, m: int, n: int, k: int, small_batch: bool, which: str = "bucketed") -> Optional[str]:
     """None if a call of m rows through a [n, k] weight that passes the type checks may
     take the packed path, else the fallback reason."""
-    return _seed_shapes(projection, m, n, k, small_batch) if which == "seed" else _measured_shapes(m, n, k)
+    return _seed_shapes(projection, m, n, k, small_batch) if which == "bucketed" else _measured_shapes(m, n, k)
 
 
 def _seed_shapes(projection: str, m: int, n: int, k: int, small_batch: bool) -> Optional[str]:
@@ -142,13 +144,13 @@ def measured_packed_wins(m: int, n: int, k: int) -> bool:
 
 def packable(n: int, k: int, which: str) -> bool:
     """Whether packing a [n, k] weight can pay: some call the gate routes can use it."""
-    if which == "seed":
+    if which == "bucketed":
         return n >= MIN_FEATURES and k >= MIN_FEATURES
     return any(measured_packed_wins(m, n, k) for m in (1, 4, 16, 64))
 
 
-def bucket_rows(m: int, small_batch: bool, which: str = "seed") -> int:
-    """The row count a call of m rows is padded to (seed: m = 3 runs the 4-row callable; measured: m)."""
+def bucket_rows(m: int, small_batch: bool, which: str = "bucketed") -> int:
+    """The row count a call of m rows is padded to (bucketed: m = 3 runs the 4-row callable; measured: m)."""
     if which == "measured" or m == 1:
         return m
     buckets = SMALL_BATCH_BUCKETS + PREFILL_BUCKETS[1:] if small_batch else PREFILL_BUCKETS

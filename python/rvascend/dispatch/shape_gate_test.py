@@ -50,11 +50,11 @@ def test_nearest_point_is_taken_in_log_space(synthetic_table):
 def test_measured_gate_routes_where_the_table_says(synthetic_table):
     x, w = _call(3, 1024, 1024)
     assert shape_gate.gate("o_proj", x, w, None, small_batch=False, which="measured") is None
-    # The seed gate refuses the same call (3 rows without small batches).
-    assert shape_gate.gate("o_proj", x, w, None, small_batch=False, which="seed") == "small_batch_off"
+    # The bucketed gate refuses the same call (3 rows without small batches).
+    assert shape_gate.gate("o_proj", x, w, None, small_batch=False, which="bucketed") == "small_batch_off"
     x, w = _call(1, 64, 1024)
     assert shape_gate.gate("o_proj", x, w, None, small_batch=False, which="measured") == "measured_slower"
-    assert shape_gate.gate("o_proj", x, w, None, small_batch=False, which="seed") == "small_features"
+    assert shape_gate.gate("o_proj", x, w, None, small_batch=False, which="bucketed") == "small_features"
     # Type checks come first in both gates.
     x, w = _call(1, 1024, 1024, dtype=torch.float32)
     assert shape_gate.gate("o_proj", x, w, None, small_batch=False, which="measured") == "input_dtype"
@@ -65,16 +65,16 @@ def test_measured_gate_routes_where_the_table_says(synthetic_table):
 
 def test_measured_gate_never_pads_rows(synthetic_table):
     assert [shape_gate.bucket_rows(m, False, "measured") for m in (1, 3, 17, 300)] == [1, 3, 17, 300]
-    assert [shape_gate.bucket_rows(m, True, "seed") for m in (1, 3, 17)] == [1, 4, 32]
+    assert [shape_gate.bucket_rows(m, True, "bucketed") for m in (1, 3, 17)] == [1, 4, 32]
     with pytest.raises(ValueError, match="largest bucket"):
-        shape_gate.bucket_rows(300, True, "seed")
+        shape_gate.bucket_rows(300, True, "bucketed")
 
 
 def test_packable_follows_the_gate(synthetic_table):
     assert shape_gate.packable(1024, 1024, "measured")
     assert not shape_gate.packable(64, 1024, "measured")
-    assert shape_gate.packable(1024, 1024, "seed")
-    assert not shape_gate.packable(576, 576, "seed")
+    assert shape_gate.packable(1024, 1024, "bucketed")
+    assert not shape_gate.packable(576, 576, "bucketed")
 
 
 def test_default_gate_per_machine(monkeypatch):
@@ -83,7 +83,8 @@ def test_default_gate_per_machine(monkeypatch):
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     assert shape_gate.resolve(None) == "measured"
     assert shape_gate.resolve("measured") == "measured"
-    with pytest.raises(ValueError, match="--cpu-rvv-shape-gate must be one of seed, measured"):
+    assert shape_gate.resolve("seed") == "bucketed"  # the gate's earlier name, still accepted
+    with pytest.raises(ValueError, match="--cpu-rvv-shape-gate must be one of bucketed, measured"):
         shape_gate.resolve("fast")
 
 
@@ -107,7 +108,7 @@ def test_committed_table_packs_the_default_model(monkeypatch):
     shape_gate.measured_packed_wins.cache_clear()
     for n, k in ((576 + 2 * 192, 576), (576, 576), (2 * 1536, 576), (576, 1536)):
         assert shape_gate.packable(n, k, "measured"), (n, k)
-        assert not shape_gate.packable(n, k, "seed"), (n, k)
+        assert not shape_gate.packable(n, k, "bucketed"), (n, k)
         assert shape_gate.measured_packed_wins(1, n, k), (n, k)
 
 

@@ -33,7 +33,7 @@ FAMILIES = {
     "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=128, tie_word_embeddings=True),
     "qwen2": lambda: transformers.Qwen2Config(**COMMON, tie_word_embeddings=False),
 }
-EAGER = RvvPolicyConfig(compile_mode="eager", shape_gate="seed")  # its routes on any host (M = 2 packed)
+EAGER = RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed")  # its routes on any host (M = 2 packed)
 PROMPT = 20
 
 

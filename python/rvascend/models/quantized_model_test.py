@@ -123,7 +123,7 @@ def test_the_fused_step_reads_a_replaced_quantized_weight_or_norm(tmp_path):
     """The fused decode step keeps its table of buffer pointers between steps: a part
     replaced through set_part, or a new norm weight, reaches the very next step."""
     model = load_model(_write("llama", "Q8_0", tmp_path), keep_quantized=True)
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="seed"))
+    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed"))
     kernels = get_policy(model).kernels.counters
     batch, pool = decode_batch([30]), random_pool(model)  # one pool: the plan is kept
     fresh = decode_logits(model, batch, pool, fused=True)

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Literal, Optional
 
 CompileMode = Literal["regional", "eager"]
-ShapeGate = Literal["seed", "measured"]
+ShapeGate = Literal["bucketed", "measured", "seed"]  # "seed": bucketed's earlier name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +23,8 @@ class RvvPolicyConfig:
     compile_mode: CompileMode = "regional"
     memory_budget_mib: Optional[int] = None  # None: derived from available memory
     kernels: bool = True              # the RVV kernels beyond Linear (attention, ...): kernel_routes.KERNELS
-    # "seed": the seed's contract (N, K >= 1024, ...); "measured": this ISA's measured table
+    # "bucketed": the seed's contract (N, K >= 1024, row buckets; "seed" is its earlier
+    # name); "measured": this ISA's measured table
     # (shape_gate.py). None: measured.
     shape_gate: Optional[ShapeGate] = None
     # --cpu-rvv-drop-unpacked: a packed projection's row-major weight is freed and the packed

@@ -14,8 +14,8 @@ from rvascend.dispatch import weights_generation
 from rvascend.policy.testing import make, pack_reference, transformers_llama
 from rvascend.dispatch.route import PACKED_BUFFER
 
-KEEP = RvvPolicyConfig(compile_mode="eager", shape_gate="seed")
-DROP = RvvPolicyConfig(compile_mode="eager", shape_gate="seed", drop_unpacked=True)
+KEEP = RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed")
+DROP = RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed", drop_unpacked=True)
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
@@ -293,7 +293,7 @@ reset_peak_rss()
 model = load_model(path, torch.bfloat16, keep_quantized=True)
 dense = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
 loaded, loaded_peak = current_rss_mib(), peak_rss_mib()
-report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="seed",
+report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed",
                                                    drop_unpacked=mode == "drop"))
 print(json.dumps({"base": base, "loaded": loaded, "loaded_peak": loaded_peak, "after": current_rss_mib(), "peak": peak_rss_mib(),
                   "dense": dense, "packed": report.packed_bytes / 2**20}))

@@ -30,7 +30,7 @@ class PolicyReport:
     packed: list[tuple[str, str, int]]        # (module, projection, bytes)
     not_packed: list[tuple[str, str, str]]    # (module, projection, reason)
     compile_mode: str = "eager"               # what runs: "regional" (the decoder layer compiled) or "eager"
-    shape_gate: str = "seed"                  # the gate in force: "seed" or "measured"
+    shape_gate: str = "bucketed"              # the gate in force: "bucketed" or "measured"
 
     @property
     def packed_bytes(self) -> int:
@@ -54,7 +54,7 @@ class RvvPolicy:
         self.report: Optional[PolicyReport] = None
         self.hook = None  # the load_state_dict post-hook's handle
         self.kernels = kernel_routes.KernelRoutes(config.kernels)
-        self.shape_gate = shape_gate.resolve(config.shape_gate)  # "seed" or "measured" (shape_gate.py)
+        self.shape_gate = shape_gate.resolve(config.shape_gate)  # "bucketed" or "measured" (shape_gate.py)
         self.kernel_modules: list[nn.Module] = []
         self.model_ref: Optional[weakref.ReferenceType] = None  # set by install_rvv_policy
 

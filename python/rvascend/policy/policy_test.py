@@ -21,7 +21,7 @@ from rvascend.policy.testing import make, transformers_llama
 MIB = 1 << 20
 # The seed's gate: its contract (N, K >= 1024, buckets, lm_head prefill rows) routes alike
 # on every host; the measured gate's routes are tested in shape_gate_test.py.
-EAGER = RvvPolicyConfig(compile_mode="eager", shape_gate="seed")
+EAGER = RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed")
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -227,7 +227,7 @@ def test_bad_budget_leaves_the_model_untouched():
     model = make(layers=1)
     before = {n: m.__dict__.copy() for n, m in model.named_modules()}
     with pytest.raises(ValueError, match="memory budget"):
-        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="seed", memory_budget_mib=-1))
+        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed", memory_budget_mib=-1))
     assert get_policy(model) is None and not packed_buffer_names(model)
     assert not model._load_state_dict_post_hooks
     for n, m in model.named_modules():
@@ -352,7 +352,7 @@ def test_budget_packs_exactly_the_modules_that_fit():
     model = make(layers=1)
     reference = copy.deepcopy(model)
     # qkv 6 MiB, o 2 MiB, gate_up 8 MiB, down 4 MiB, lm_head 4 MiB (in order).
-    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="seed", memory_budget_mib=12))
+    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed", memory_budget_mib=12))
     assert [p for _, p, _ in report.packed] == ["qkv_proj", "o_proj", "down_proj"]
     assert [(p, why) for _, p, why in report.not_packed] == [("gate_up_proj", "not_packed_budget"),
                                                             ("lm_head", "not_packed_budget")]
@@ -365,7 +365,7 @@ def test_budget_packs_exactly_the_modules_that_fit():
 
 def test_zero_budget_still_serves_row_major():
     model = make(layers=1)
-    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="seed", memory_budget_mib=0))
+    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed", memory_budget_mib=0))
     assert not report.packed and report.packed_bytes == 0
     with torch.no_grad():
         model(torch.arange(2))
@@ -382,7 +382,7 @@ def test_installing_twice_is_an_error():
 def test_regional_compile_without_a_repeated_block_runs_eagerly_and_says_so():
     base = make(layers=1)
     routed = copy.deepcopy(base)
-    report = install_rvv_policy(routed, RvvPolicyConfig.from_flag(memory_budget_mib=None, shape_gate="seed"))
+    report = install_rvv_policy(routed, RvvPolicyConfig.from_flag(memory_budget_mib=None, shape_gate="bucketed"))
     assert report.compile_mode == "eager"
     assert get_policy(routed).counters.calls("regional_compile", "fallback", "no_repeated_block") == 1
     with torch.no_grad():

@@ -21,7 +21,7 @@ CONFIG = transformers.Qwen3Config(hidden_size=1024, intermediate_size=2048, num_
                                   num_attention_heads=8, num_key_value_heads=4, head_dim=128, vocab_size=2048,
                                   max_position_embeddings=512, initializer_range=0.05, tie_word_embeddings=True)
 # kernels=False: no fused decode step, so decode steps run the compiled layer too.
-REGIONAL = RvvPolicyConfig(compile_mode="regional", kernels=False, shape_gate="seed")  # its buckets
+REGIONAL = RvvPolicyConfig(compile_mode="regional", kernels=False, shape_gate="bucketed")  # its buckets
 
 
 @pytest.fixture(scope="module")

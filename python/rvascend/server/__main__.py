@@ -29,10 +29,10 @@ flags.DEFINE_bool("enable-cpu-rvv-inductor", False,
                   "Packed BF16 RVV kernels with regional compile and small-batch buckets.")
 flags.DEFINE_integer("cpu-rvv-memory-budget-mib", None, "Memory budget for packed weights (default: derived).")
 flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "How routed projections run.")
-flags.DEFINE_enum("cpu-rvv-shape-gate", None, ["seed", "measured"],
-                  "Which Linears the policy packs: the seed's contract (N, K >= 1024), or where the packed kernel "
-                  "measured faster than ATen here: instruction counts on riscv64, timed once on other hosts "
-                  "(default: measured).")
+flags.DEFINE_enum("cpu-rvv-shape-gate", None, ["bucketed", "measured", "seed"],
+                  "Which Linears the policy packs: bucketed, the seed's contract (BF16, N and K >= 1024, rows "
+                  "padded to buckets; 'seed' is its earlier name), or measured, where the packed kernel measured "
+                  "faster than ATen here: instruction counts on riscv64, timed once on other hosts (default).")
 flags.DEFINE_bool("cpu-rvv-drop-unpacked", False,
                   "Free each packed projection's row-major weight: the packed copy is the weight (a tied lm_head "
                   "keeps both; state_dict() unpacks).")

@@ -37,7 +37,7 @@ class ServeOptions:
     enable_cpu_rvv_inductor: bool = False
     cpu_rvv_memory_budget_mib: Optional[int] = None
     cpu_compile_mode: str = "regional"
-    cpu_rvv_shape_gate: Optional[str] = None  # seed | measured; None: measured
+    cpu_rvv_shape_gate: Optional[str] = None  # bucketed (or its earlier name, seed) | measured; None: measured
     cpu_rvv_drop_unpacked: bool = False
     max_running_requests: int = 8
     max_total_tokens: Optional[int] = None
@@ -113,7 +113,7 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
                 "the RVV policy packed none of %s's Linears (%s; the %s shape gate: %s): they run through F.linear; "
                 "the attention and elementwise kernels still apply. /metrics' rvascend_rvv_projection_calls_total "
                 "shows the route of every call", name, ", ".join(reasons), policy.shape_gate,
-                "N, K >= %d, BF16" % shape_gate.MIN_FEATURES if policy.shape_gate == "seed"
+                "N, K >= %d, BF16" % shape_gate.MIN_FEATURES if policy.shape_gate == "bucketed"
                 else "where the packed kernel measured cheaper")
     tokens = opts.max_total_tokens
     if tokens is None:

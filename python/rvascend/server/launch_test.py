@@ -27,7 +27,7 @@ def test_the_engine_gets_the_flag_or_the_machine_default(monkeypatch, given, wan
 
 def test_drop_unpacked_serves_the_same_tokens_from_the_packed_weights_alone():
     opts = dict(model_path=ensure_random_model(), enable_cpu_rvv_inductor=True, cpu_compile_mode="eager",
-                cpu_rvv_shape_gate="seed", max_total_tokens=256)
+                cpu_rvv_shape_gate="bucketed", max_total_tokens=256)
     keep, _, _ = launch.build_engine(launch.ServeOptions(**opts))
     drop, _, policy = launch.build_engine(launch.ServeOptions(**opts, cpu_rvv_drop_unpacked=True))
     assert policy.config.drop_unpacked
