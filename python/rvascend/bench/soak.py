@@ -105,9 +105,8 @@ def _lone_margin(http: httpx.Client, path: str, body: dict[str, Any]) -> tuple[s
     return _text(path, data), margins
 
 
-# Each hostile request: (name, call(client, base url) -> response, statuses it must get).
-def _hostile(vocab_byte_token: Optional[int]) -> list[tuple[str, Callable[[httpx.Client, str], httpx.Response],
-                                                            set[int]]]:
+# Each hostile request: (name, call(client) -> response, statuses it must get).
+def _hostile(vocab_byte_token: Optional[int]) -> list[tuple[str, Callable[[httpx.Client], httpx.Response], set[int]]]:
     word = "".join(random.Random(1).choice("etaoinshrdlu") for _ in range(500_000))
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     limit_chunks = 40  # 40 x 1 MiB: over any server's body limit for these models
@@ -118,34 +117,35 @@ def _hostile(vocab_byte_token: Optional[int]) -> list[tuple[str, Callable[[httpx
             yield b"x" * (1 << 20)
         yield b'"}'
     cases = [
-        ("huge single word", lambda h, u: h.post("/v1/completions", json={"prompt": word, "max_tokens": 1}),
+        ("huge single word", lambda h: h.post("/v1/completions", json={"prompt": word, "max_tokens": 1}),
          {400}),
-        ("65 stop strings", lambda h, u: h.post("/v1/completions", json={
+        ("65 stop strings", lambda h: h.post("/v1/completions", json={
             "prompt": "hi", "max_tokens": 2, "stop": [f"s{i}" for i in range(65)]}), {400}),
-        ("a 2000-character stop", lambda h, u: h.post("/v1/completions", json={
+        ("a 2000-character stop", lambda h: h.post("/v1/completions", json={
             "prompt": "hi", "max_tokens": 2, "stop": ["y" * 2000]}), {400}),
-        ("explicit nulls", lambda h, u: h.post("/v1/chat/completions", json={
+        ("explicit nulls", lambda h: h.post("/v1/chat/completions", json={
             **chat, "temperature": None, "top_p": None, "n": None, "stream": None, "tools": None}), {200}),
-        ("oversize chunked body", lambda h, u: h.post("/v1/completions", content=chunked(),
+        ("oversize chunked body", lambda h: h.post("/v1/completions", content=chunked(),
                                                       headers={"content-type": "application/json"}), {413}),
-        ("huge logit_bias", lambda h, u: h.post("/v1/completions", json={
+        ("huge logit_bias", lambda h: h.post("/v1/completions", json={
             "prompt": "hi", "max_tokens": 2, "logit_bias": {str(i): 1 for i in range(5000)}}), {400}),
-        ("rebound Host", lambda h, u: h.post("/v1/chat/completions", json=chat, headers={"Host": "evil.example"}),
+        ("rebound Host", lambda h: h.post("/v1/chat/completions", json=chat, headers={"Host": "evil.example"}),
          {421}),
-        ("GET /flush_cache", lambda h, u: h.get("/flush_cache"), {405}),
-        ("malformed JSON", lambda h, u: h.post("/v1/completions", content=b'{"prompt": ',
+        ("GET /flush_cache", lambda h: h.get("/flush_cache"), {405}),
+        ("malformed JSON", lambda h: h.post("/v1/completions", content=b'{"prompt": ',
                                                headers={"content-type": "application/json"}), {400}),
-        ("bad token id", lambda h, u: h.post("/v1/completions", json={"prompt": [10**9], "max_tokens": 1}), {400}),
+        ("bad token id", lambda h: h.post("/v1/completions", json={"prompt": [10**9], "max_tokens": 1}), {400}),
     ]
     if vocab_byte_token is not None:
-        cases.append(("a forced lone continuation byte", lambda h, u: h.post("/v1/completions", json={
+        cases.append(("a forced lone continuation byte", lambda h: h.post("/v1/completions", json={
             "prompt": "hi", "max_tokens": 300, "temperature": 0, "ignore_eos": True,
             "logit_bias": {str(vocab_byte_token): 100}}), {200}))
     return cases
 
 
 def _continuation_byte_token(http: httpx.Client) -> Optional[int]:
-    """A token whose text is the lone byte 0x80 (byte-level BPE's alphabet), or None."""
+    """A token that decodes to U+FFFD alone (a byte-level token holding part of a
+    character, such as a lone continuation byte), or None."""
     for token in range(512):
         d = http.post("/detokenize", json={"tokens": [token]})
         if d.status_code == 200 and d.json().get("prompt") == "\ufffd":
@@ -215,7 +215,7 @@ def _client(url: str, seed: int, deadline: float, valid: list, lone: dict, hosti
                 tally.count("left mid-stream", status)
             else:
                 name, call, expected = hostile[rng.randrange(len(hostile))]
-                r = call(http, url)
+                r = call(http)
                 tally.count(name, r.status_code)
                 if r.status_code not in expected:
                     tally.fail(f"{name}: {r.status_code} (expected {sorted(expected)}): {r.text[:200]}")
