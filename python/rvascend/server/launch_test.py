@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import platform
+import shutil
 
 import pytest
 
@@ -37,3 +39,17 @@ def test_drop_unpacked_serves_the_same_tokens_from_the_packed_weights_alone():
     assert greedy(drop.model, prompt, 8) == greedy(keep.model, prompt, 8)
     with pytest.raises(ValueError, match="--cpu-rvv-drop-unpacked .* needs --enable-cpu-rvv-inductor"):
         launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), cpu_rvv_drop_unpacked=True))
+
+
+def test_a_model_whose_chat_template_cannot_render_is_refused_at_start(tmp_path):
+    """The template is probed once at start-up, within its budget: a model file whose
+    template loops is refused by name then, not at every chat request."""
+    model = tmp_path / "looping"
+    shutil.copytree(ensure_random_model(), model)
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="looping's chat template cannot serve a chat: .* went over its budget"):
+        launch.build_engine(launch.ServeOptions(model_path=str(model), max_total_tokens=256))
+
