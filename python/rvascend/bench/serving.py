@@ -15,7 +15,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -26,7 +25,7 @@ from absl import app, flags, logging
 from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import percentile, print_table, write_jsonl
 from rvascend.bench.rss import peak_rss_mib
-from rvascend.server.loopback import free_port, wait_healthy
+from rvascend.server.loopback import server_process
 
 FLAGS = flags.FLAGS
 
@@ -89,16 +88,9 @@ def _level(url: str, concurrency: int, n: int, warmup: int, input_len: int, outp
 
 
 def run_server(policy: str, model_path: str, extra: list[str]) -> list[dict[str, Any]]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "rvascend.server", f"--port={port}", f"--model-path={model_path}"]
-    if policy == "on":
-        cmd.append("--enable-cpu-rvv-inductor")
-    cmd += extra
-    logging.info("starting %s", " ".join(cmd))
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, 600, lambda: proc.stderr.read()[-2000:] if proc.poll() is not None else "")
+    flags_ = (["--enable-cpu-rvv-inductor"] if policy == "on" else []) + extra
+    logging.info("starting a server on %s with %s", model_path, " ".join(flags_))
+    with server_process(model_path, flags_) as (proc, url):
         vocab = _vocab(model_path)
         records = []
         for c in FLAGS.concurrency:
@@ -109,12 +101,6 @@ def run_server(policy: str, model_path: str, extra: list[str]) -> list[dict[str,
                        input_len=FLAGS["input-len"].value, output_len=FLAGS["output-len"].value)
             records.append(rec)
         return records
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _vocab(model_path: str) -> int:

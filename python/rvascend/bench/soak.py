@@ -26,14 +26,11 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging as std_logging
-import os
 import random
 import re
-import subprocess
-import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import httpx
 import psutil
@@ -41,7 +38,7 @@ from absl import app, flags, logging
 
 from rvascend.bench.results import percentile, print_table, write_jsonl
 from rvascend.server.limits import API_KEY_ENV
-from rvascend.server.loopback import free_port, wait_healthy
+from rvascend.server.loopback import server_process
 
 FLAGS = flags.FLAGS
 API_KEY = "soak-key"
@@ -297,23 +294,9 @@ def run(url: str, server_pid: int, seconds: float, clients: int, near_tie: float
     }
 
 
-def start_server(model_path: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "rvascend.server", f"--port={port}", f"--model-path={model_path}", *extra]
-    logging.info("starting %s", " ".join(cmd))
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, API_KEY_ENV: API_KEY})
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, proc, 900, lambda: proc.stderr.read()[-3000:] if proc.poll() is not None else "")
-    return proc, url
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def soak_server(model_path: str, extra: Sequence[str]):
+    """The server under soak (server_process), asking clients for API_KEY."""
+    return server_process(model_path, extra, timeout=900, env={API_KEY_ENV: API_KEY})
 
 
 def main(argv: list[str]) -> int:
@@ -322,11 +305,8 @@ def main(argv: list[str]) -> int:
     from rvascend.repro import manifest
 
     model_path = FLAGS["model-path"].value or ensure_random_model()
-    proc, url = start_server(model_path, FLAGS["server-args"].value.split())
-    try:
+    with soak_server(model_path, FLAGS["server-args"].value.split()) as (proc, url):
         record = run(url, proc.pid, FLAGS.seconds, FLAGS.clients, FLAGS["near-tie"].value)
-    finally:
-        stop_server(proc)
     record["model_path"] = model_path
     print_table([record], [("seconds", "s", ".0f"), ("clients", "clients", "d"), ("requests", "requests", "d"),
                            ("server_errors", "5xx", "d"), ("near_ties", "near ties", "d"),

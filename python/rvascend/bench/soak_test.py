@@ -13,12 +13,9 @@ from rvascend.engine.random_model import ensure_random_model
 
 
 def test_sixty_seconds_of_mixed_load_leave_the_server_whole():
-    proc, url = soak.start_server(ensure_random_model(), ["--enable-cpu-rvv-inductor", "--cpu-compile-mode=eager",
-                                                          "--max-running-requests=8"])
-    try:
+    with soak.soak_server(ensure_random_model(), ["--enable-cpu-rvv-inductor", "--cpu-compile-mode=eager",
+                                                  "--max-running-requests=8"]) as (proc, url):
         record = soak.run(url, proc.pid, seconds=60, clients=16)
-    finally:
-        soak.stop_server(proc)
     print({k: v for k, v in record.items() if k != "end_metrics"})
     assert record["failures"] == [] and record["server_errors"] == 0
     assert record["idle"] and record["health_p99_s"] < 1.0

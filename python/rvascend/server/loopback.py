@@ -1,11 +1,15 @@
-"""Servers as processes on loopback ports: a free port, and waiting until one is healthy."""
+"""Servers as processes on loopback ports: a free port, waiting until one is healthy,
+and a server process started and stopped around a block."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import subprocess
+import sys
 import time
-from typing import Callable
+from typing import Callable, Iterator, Optional, Sequence
 
 import httpx
 
@@ -47,3 +51,26 @@ def bound_loopback_socket() -> socket.socket:
 def address_in_use(message: str) -> bool:
     """Whether a server's error output says its port was taken."""
     return "address already in use" in message.lower()
+
+
+@contextlib.contextmanager
+def server_process(model_path: str, extra: Sequence[str] = (), timeout: float = 600,
+                   env: Optional[dict[str, str]] = None) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`python -m rvascend.server` on a free loopback port with `extra` flags and `env`
+    added to this process's environment: (process, base URL) once it is healthy (the
+    end of its stderr in the error if it exits first); stopped (SIGTERM, then SIGKILL
+    after 30 s) when the block ends, however it ends."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "rvascend.server", f"--port={port}", f"--model-path={model_path}", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, timeout, lambda: proc.stderr.read()[-3000:] if proc.poll() is not None else "")
+        yield proc, url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
