@@ -5,8 +5,6 @@ the helpers that need the engine or the policy)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Union
-
 import torch
 
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool

@@ -132,8 +132,9 @@ def _rope_cpu(x, heads, norm_weight, eps, cos, sin, zero_centred=False, head_dim
     out = torch.empty((t, heads, d), dtype=torch.bfloat16)
     _native.rope(t, heads, d, stride, r, x.data_ptr(), x.stride(0) if t > 1 else heads * stride, readable_elements(x),
                  w.data_ptr() if w is not None else 0, readable_elements(w) if w is not None else 0, float(eps),
-                 bool(zero_centred), cos.data_ptr(), sin.data_ptr(), min(readable_elements(cos), readable_elements(sin)),
-                 out.data_ptr(), out.numel(), torch.get_num_threads())
+                 bool(zero_centred), cos.data_ptr(), sin.data_ptr(),
+                 min(readable_elements(cos), readable_elements(sin)), out.data_ptr(), out.numel(),
+                 torch.get_num_threads())
     return out
 
 

@@ -23,9 +23,10 @@ QUANT_LAYOUT_VERSION: int = int(_native.QUANT_LAYOUT_VERSION)
 # The kept formats, read from the native registry (rvv_kernels/quantized/quant_formats.inc)
 # in its order, which the fused step's descriptor indexes: GGML type id -> name, and each
 # format's weights per block along K.
-FORMATS: tuple[str, ...] = tuple(f[0] for f in _native.quant_formats())
-GGML_TYPES: dict[int, str] = {int(f[1]): f[0] for f in _native.quant_formats()}
-BLOCK_K: dict[str, int] = {f[0]: int(f[2]) for f in _native.quant_formats()}
+_REGISTRY = _native.quant_formats()
+FORMATS: tuple[str, ...] = tuple(f[0] for f in _REGISTRY)
+GGML_TYPES: dict[int, str] = {int(f[1]): f[0] for f in _REGISTRY}
+BLOCK_K: dict[str, int] = {f[0]: int(f[2]) for f in _REGISTRY}
 
 
 # The quantized kernel set in use: "" = the best available; RVASCEND_QUANT_KERNELS pins one.

@@ -109,8 +109,8 @@ void PackedRows(uintptr_t packed, size_t packed_elements, size_t n, size_t k, si
   if (!IsPackedBlockN(block_n)) {
     throw std::invalid_argument("block_n " + std::to_string(block_n) + " is no packed layout's (32, or 64..512)");
   }
-  const uint16_t* p = Extent<const uint16_t>(packed, packed_elements, CheckedProduct("packed", PackedBlocks(n, block_n), k, block_n),
-                                             "packed weight");
+  const uint16_t* p = Extent<const uint16_t>(
+      packed, packed_elements, CheckedProduct("packed", PackedBlocks(n, block_n), k, block_n), "packed weight");
   const int64_t* i = Array<const int64_t>(ids, count, "ids");
   uint16_t* o = count ? Extent<uint16_t>(out, out_elements, CheckedProduct("out", count, k), "out") : nullptr;
   py::gil_scoped_release release;
@@ -367,7 +367,8 @@ void Rope(size_t tokens, size_t heads, size_t d, size_t head_stride, size_t rota
   const ElementwiseKernels& k = ChooseElementwiseKernels("");
   CheckExtent("x", tokens, SpannedElements("x", heads, d, head_stride), x_stride, x_elements);
   CheckExtent("cos and sin", tokens, rotary_dim, rotary_dim, cos_sin_elements);
-  CheckExtent("out", tokens, CheckedProduct("out", heads, d), CheckedProduct("out", heads, d), out_elements);
+  const size_t out_row = CheckedProduct("out", heads, d);
+  CheckExtent("out", tokens, out_row, out_row, out_elements);
   RopeHeads h;
   h.heads = heads;
   h.d = d;
@@ -521,7 +522,9 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
   kernels.stage_marker = stage_markers ? &StageMarker : nullptr;
   const int64_t* rows = Extent<const int64_t>(descriptor, descriptor_elements, n_layers * kLayerFields,
                                               "descriptor");
-  auto packed = [&](size_t n, size_t k) { return block_n ? CheckedProduct("packed weight", PackedBlocks(n, block_n), block_n, k) : 0; };
+  auto packed = [&](size_t n, size_t k) {
+    return block_n ? CheckedProduct("packed weight", PackedBlocks(n, block_n), block_n, k) : 0;
+  };
   const size_t q_n = heads * head_dim, kv_n = kv_heads * head_dim, c = dn.conv_dim(), value_n = dn.nv * dn.dv;
   std::vector<DecoderLayerWeights> layers(n_layers);
   DecoderHead decoder_head;
@@ -647,7 +650,8 @@ void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_k
   }
   const uint16_t* hp = Extent<const uint16_t>(h, h_elements, CheckedProduct("h", tokens, hidden), "h");
   uint16_t* hop = Extent<uint16_t>(h_out, h_elements, CheckedProduct("h_out", tokens, hidden), "h_out");
-  uint16_t* rop = Extent<uint16_t>(residual_out, h_elements, CheckedProduct("residual_out", tokens, hidden), "residual_out");
+  uint16_t* rop =
+      Extent<uint16_t>(residual_out, h_elements, CheckedProduct("residual_out", tokens, hidden), "residual_out");
   const uint16_t* fn = final_norm != 0 ? Extent<const uint16_t>(final_norm, final_norm_n, hidden, "final_norm")
                                        : nullptr;
   if (head_kind != -1) {

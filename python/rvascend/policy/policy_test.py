@@ -352,7 +352,8 @@ def test_budget_packs_exactly_the_modules_that_fit():
     model = make(layers=1)
     reference = copy.deepcopy(model)
     # qkv 6 MiB, o 2 MiB, gate_up 8 MiB, down 4 MiB, lm_head 4 MiB (in order).
-    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed", memory_budget_mib=12))
+    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed",
+                                                       memory_budget_mib=12))
     assert [p for _, p, _ in report.packed] == ["qkv_proj", "o_proj", "down_proj"]
     assert [(p, why) for _, p, why in report.not_packed] == [("gate_up_proj", "not_packed_budget"),
                                                             ("lm_head", "not_packed_budget")]
@@ -365,7 +366,8 @@ def test_budget_packs_exactly_the_modules_that_fit():
 
 def test_zero_budget_still_serves_row_major():
     model = make(layers=1)
-    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed", memory_budget_mib=0))
+    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed",
+                                                       memory_budget_mib=0))
     assert not report.packed and report.packed_bytes == 0
     with torch.no_grad():
         model(torch.arange(2))

@@ -15,7 +15,6 @@ from typing import Any
 from absl import logging
 
 
-
 def sha256_file(path: str) -> str:
     """The hex sha256 of a file's bytes, read in 1 MiB chunks."""
     h = hashlib.sha256()

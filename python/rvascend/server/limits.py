@@ -52,6 +52,7 @@ async def send_json_error(send, status: int, message: str, kind: str) -> None:
 
 
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_EVERY_ADDRESS = frozenset({"0.0.0.0", "::", ""})
 
 
 def host_name(host: str) -> str:
@@ -71,9 +72,9 @@ def allowed_hosts(bind_host: str, extra: Sequence[str] = ()) -> Optional[frozens
     if "*" in names:
         return None
     bind = host_name(bind_host)
-    if bind in ("0.0.0.0", "::", "") and not names:
-        return None
-    return _LOOPBACK_NAMES | names | ({bind} if bind not in ("0.0.0.0", "::", "") else frozenset())
+    if bind in _EVERY_ADDRESS:
+        return _LOOPBACK_NAMES | names if names else None
+    return _LOOPBACK_NAMES | names | {bind}
 
 
 class RequestGuard:
