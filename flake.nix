@@ -2,7 +2,7 @@
   description = "rvascend: RVV and AscendC kernels for LLM inference, driven from Python";
 
   # nixpkgs is pinned by flake.lock (rev + narHash). Offline, the flake is
-  # evaluated against toolchains/nix/stub-nixpkgs (see README, "Nix").
+  # evaluated against toolchains/nix/stub-nixpkgs (see docs/reproducibility.md, "Nix").
   inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-24.11";
 
   outputs = { self, nixpkgs }:

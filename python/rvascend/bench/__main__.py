@@ -1,6 +1,7 @@
 """The benchmark suite (`./dev bench`, `nix run .#bench`): kernels, policy, one batch, serving,
-and (asked for by name) riscv64_step, the whole decode step counted on riscv64, and
-llama_cpp, llama.cpp measured side by side with this engine on the same GGUF files.
+and (asked for by name) riscv64_step, the whole decode step counted on riscv64,
+llama_cpp, llama.cpp measured side by side with this engine on the same GGUF files, and
+llama_cpp_riscv64, llama.cpp counted on the emulated board.
 
 Each part runs as its own process (fresh memory, fresh compile state) and
 appends jsonl records, each carrying the reproducibility manifest, under
@@ -58,6 +59,10 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         + (["--workers=1,2", "--num-prompts=8", "--latency-pairs=10", "--shape=test"] if quick else []),
         # Not in the default set: 16 clients, valid and hostile requests mixed, for --seconds (default 60).
         "soak": ["rvascend.bench.soak", f"--output={out}/soak.jsonl"] + model + (["--seconds=20"] if quick else []),
+        # Not in the default set: llama.cpp's riscv64 build counted under QEMU on the files of llama.cpp's
+        # public BPI-F3 tables (about an hour of emulation; bench/calibration fits the board model to them).
+        "llama_cpp_riscv64": ["rvascend.bench.llama_cpp_riscv64", f"--output={out}/llama_cpp_riscv64.jsonl"]
+        + (["--types=q4_0", "--variants=repack", "--prompts=16,64"] if quick else []),
         # Not in the default set: about 30 minutes of emulation.
         "riscv64_step": ["rvascend.bench.riscv64_step", f"--output={out}/riscv64_step.jsonl",
                          f"--plot={out}/riscv64_step.png"]

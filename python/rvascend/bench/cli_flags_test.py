@@ -23,7 +23,7 @@ def _modules() -> list[str]:
     """The bench modules this interpreter runs (a *_guest module runs in another: llama.cpp's
     venv, the riscv64 image)."""
     return sorted(m.name for m in pkgutil.iter_modules(rvascend.bench.__path__)
-                  if not m.name.endswith(("_test", "_guest")) and not m.name.startswith("_"))
+                  if not m.ispkg and not m.name.endswith(("_test", "_guest")) and not m.name.startswith("_"))
 
 
 def _programs() -> list[str]:

@@ -35,6 +35,69 @@ CPI_VECTOR = 4.0
 BANDWIDTH_ALL_CORES = 7.0e9   # bytes/s
 BANDWIDTH_ONE_THREAD = 2.6e9  # bytes/s
 
+
+@dataclasses.dataclass(frozen=True)
+class Board:
+    """The time model's constants. `efficiency[t]` is the share of t cores' issue rate the
+    counted instructions get (synchronisation, imbalance, two clusters sharing DRAM);
+    `bandwidth[t]` the DRAM bytes/s t threads stream."""
+    name: str
+    clock_hz: float
+    ipc_scalar: float
+    cpi_vector: float
+    bandwidth: dict[int, float]
+    efficiency: dict[int, float]
+    sources: str
+
+    def _at(self, table: dict[int, float], threads: int) -> float:
+        known = sorted(table)
+        below = [t for t in known if t <= threads]
+        return table[below[-1] if below else known[0]]
+
+    def compute_seconds(self, instructions: float, vector: float, threads: int, ipc: float | None = None) -> float:
+        scalar = instructions - vector
+        cycles = scalar / (ipc or self.ipc_scalar) + vector * self.cpi_vector
+        return cycles / (self.clock_hz * threads * self._at(self.efficiency, threads))
+
+    def seconds(self, instructions: float, vector: float, bytes_: float, threads: int,
+                ipc: float | None = None) -> float:
+        """A step's time: its compute or its DRAM traffic, whichever is longer."""
+        return max(self.compute_seconds(instructions, vector, threads, ipc),
+                   bytes_ / self._at(self.bandwidth, threads))
+
+
+# The constants the projections used before any measured board was compared with them.
+ASSUMED = Board(
+    "assumed", CLOCK_HZ, IPC_SCALAR, CPI_VECTOR, {1: BANDWIDTH_ONE_THREAD, 2: BANDWIDTH_ALL_CORES},
+    {1: 1.0}, "this module's docstring: product briefs, sbc-bench's memcpy, IPC and CPI assumed")
+
+
+# Fitted by bench/calibration/fit.py (`python -m rvascend.bench.calibration.fit`) to public
+# llama-bench measurements of plain-RVV llama.cpp on a BPI-F3 (bench/calibration/public_points.json:
+# TinyLlama-1.1B in Q2_K, repacked and vec_dot, from llama.cpp PR #19121, and IQ4_NL from #18859,
+# 8 threads), each projected from llama.cpp's own riscv64 build counted under QEMU on a file of the
+# same model and type (bench/calibration/counted_llama_cpp.jsonl, whose sha256 is below). 11 points
+# fitted, 8 held out. What the points constrain: scalar IPC and vector CPI at 8 threads (the per-core
+# rates are fitted there, so the 4-thread projection assumes the same rates: no public plain-RVV
+# point at 4 threads names its model). No point is bound by DRAM, so the bandwidths stay the
+# assumed ones. Residuals: bench/calibration/fit.py prints every point; the largest are the
+# repacked Q2_K prompts, which the board runs 2.0-2.1x as fast as the vec_dot ones while
+# counting only 1.47x fewer instructions (vector instructions differ in cost by kind).
+CALIBRATION_COUNTS_SHA256 = "423d35eff56a963f233073e2eab585503020724e1cd12c299b4d807f72e87a3b"
+CALIBRATION_ERRORS = (0.406, 0.259)  # largest |measured / projected - 1|: fitted points, held-out points
+CALIBRATED = Board(
+    "calibrated", CLOCK_HZ, 0.9695212533305682, 2.226912833840489,
+    {1: BANDWIDTH_ONE_THREAD, 4: BANDWIDTH_ALL_CORES, 8: 6999980711.707836}, {1: 1.0},
+    "bench/calibration: llama.cpp PRs #19121 and #18859 on a BPI-F3, fitted to llama.cpp counted under QEMU")
+
+
+def qemu_cpu(vlen: int = 256) -> str:
+    """QEMU's -cpu for the K1's X60 cores as counted here: RVV 1.0 at `vlen` with the scalar
+    and vector half-precision extensions (Zfh, Zvfh) and the cache-block prefetch and pause
+    hints llama.cpp's riscv64 build uses (SpacemiT's K1 ISA string lists them all)."""
+    return f"rv64,v=true,vext_spec=v1.0,vlen={vlen},zfh=true,zvfh=true,zicbop=true,zihintpause=true"
+
+
 # Every packed projection (a hybrid's in_proj / out_proj too) and attention.
 PARALLEL_REGIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head", "in_proj", "out_proj", "attention")
 
@@ -47,17 +110,15 @@ class Region:
     bytes: float  # DRAM traffic the region cannot avoid (weights, K/V)
 
 
-def region_seconds(r: Region, threads: int, ipc: float = IPC_SCALAR) -> float:
+def region_seconds(r: Region, threads: int, ipc: float | None = None, board: Board = ASSUMED) -> float:
     t = threads if r.name in PARALLEL_REGIONS else 1
-    scalar = r.instructions - r.vector_instructions
-    compute = (scalar / ipc + r.vector_instructions * CPI_VECTOR) / (CLOCK_HZ * t)
-    bandwidth = BANDWIDTH_ALL_CORES if t > 1 else BANDWIDTH_ONE_THREAD
-    return max(compute, r.bytes / bandwidth)
+    return board.seconds(r.instructions, r.vector_instructions, r.bytes, t, ipc)
 
 
-def tokens_per_second(regions: list[Region], sequences: int, threads: int, ipc: float = IPC_SCALAR) -> float:
-    """`ipc`: scalar instructions per cycle (the model's 1.0; 0.5 is the conservative case)."""
-    return sequences / sum(region_seconds(r, threads, ipc) for r in regions)
+def tokens_per_second(regions: list[Region], sequences: int, threads: int, ipc: float | None = None,
+                      board: Board = ASSUMED) -> float:
+    """`ipc`: scalar instructions per cycle (the board's own when None; 0.5 is the conservative case)."""
+    return sequences / sum(region_seconds(r, threads, ipc, board) for r in regions)
 
 
 def unavoidable_bytes(region: str, config: dict, context: int, layers: int, kv_reads: float = 1.0,

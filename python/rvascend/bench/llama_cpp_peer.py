@@ -38,6 +38,8 @@ from rvascend.bench.results import print_table, write_jsonl
 FLAGS = flags.FLAGS
 MODELS = ("smollm2-135m", "qwen3-0.6b", "qwen3.5-0.8b")
 TYPES = ("bf16", "q8_0", "q4_0", "q4_k_m")  # bf16, then what llama.cpp's quantizer writes from it
+# Every type prepare_models can write (the riscv64 count adds the types of llama.cpp's public tables).
+FILE_TYPES = (*TYPES, "q4_1", "q2_k", "iq4_nl")
 
 
 def _define_flags() -> None:
@@ -75,9 +77,11 @@ ISA_ENVIRONMENT = {
 }
 
 
-def prepare_models(work: str, names: list[str], types: list[str], python: str, threads: int) -> dict[str, str]:
+def prepare_models(work: str, names: list[str], types: list[str], python: str, threads: int,
+                   layers: int | None = None) -> dict[str, str]:
     """"name type" -> GGUF file, written once: BF16 by this project's exporter, the
-    quantized types from it by llama.cpp's quantizer (its default recipe)."""
+    quantized types from it by llama.cpp's quantizer (its default recipe). `layers`
+    truncates a random-weight model to that many layers (files named -<layers>l)."""
     from rvascend.engine import random_checkpoint
     from rvascend.models import default_model
     from rvascend.models import gguf_checkpoint, gguf_export
@@ -86,9 +90,6 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
         checkpoint = os.path.join(tmp, "checkpoint")
         gguf_checkpoint.convert(default_model.ensure_default_model(), checkpoint)
         gguf_export.export(checkpoint, out)
-
-    def qwen3(tmp: str, out: str) -> None:
-        gguf_export.export(random_checkpoint.write("qwen3-0.6b", os.path.join(tmp, "checkpoint")), out)
 
     def qwen3_5(tmp: str, out: str) -> None:
         # llama.cpp's converter writes this family (its value-head order, norms as 1 + w); it
@@ -105,18 +106,26 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
         subprocess.run([sys.executable, script, checkpoint, "--outfile", out, "--outtype", "bf16", "--no-mtp"],
                        check=True, capture_output=True)
 
-    sources = {"smollm2-135m": smollm2, "qwen3-0.6b": qwen3, "qwen3.5-0.8b": qwen3_5}
-    unknown = [n for n in names if n not in sources] + [t for t in types if t not in TYPES]
+    def random_shape(shape: str):
+        return lambda tmp, out: gguf_export.export(
+            random_checkpoint.write(shape, os.path.join(tmp, "checkpoint"), layers=layers), out)
+
+    random_shapes = ("qwen3-0.6b", "tinyllama-1.1b", "qwen2.5-0.5b")
+    sources = {"smollm2-135m": smollm2, "qwen3.5-0.8b": qwen3_5, **{n: random_shape(n) for n in random_shapes}}
+    unknown = [n for n in names if n not in sources] + [t for t in types if t not in FILE_TYPES]
     if unknown:
         raise ValueError(f"unknown model(s) or type(s) {unknown}; models: {sorted(sources)}, "
-                         f"types: {', '.join(TYPES)}")
+                         f"types: {', '.join(FILE_TYPES)}")
+    if layers is not None and any(n not in random_shapes for n in names):
+        raise ValueError(f"only the random-weight models {random_shapes} can be truncated to {layers} layers")
     files = {}
-    for name in names:
+    for base in names:
+        name = base if layers is None else f"{base}-{layers}l"
         bf16 = os.path.join(work, f"{name}-bf16.gguf")
         if not os.path.exists(bf16):
             logging.info("%s: writing %s", name, bf16)
             with tempfile.TemporaryDirectory(dir=work) as tmp:
-                sources[name](tmp, bf16 + ".part")
+                sources[base](tmp, bf16 + ".part")
             os.replace(bf16 + ".part", bf16)
         for kind in types:
             path = bf16 if kind == "bf16" else os.path.join(work, f"{name}-{kind}.gguf")
@@ -126,7 +135,7 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
                                 f"--quantize-from={bf16}", f"--ftype={kind}", f"--model={path}.part",
                                 f"--threads={threads}"], check=True, capture_output=True)
                 os.replace(path + ".part", path)
-            files[f"{name} {kind}"] = path
+            files[f"{base} {kind}"] = path
     return files
 
 

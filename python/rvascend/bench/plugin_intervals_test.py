@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 from rvascend.bench import image_instruction_count
-from rvascend.bench.plugin_intervals import read_intervals
+from rvascend.bench.plugin_intervals import interval_totals, read_intervals, read_thread_intervals
 
 # Start-up, then markers 0..3: regions (0, 1) and (2, 3); interval 2 (a gap) is empty.
 OUTPUT = """I 0
 10 500 0
+T 0 500 0
 I 1
 7a 30 12
 7b 5 0
+T 0 20 12
+T 1 15 0
 I 2
 I 3
 7a 70 40
+T 1 70 40
 I 4
 10 9 0
+T 0 9 0
 """
 
 
@@ -31,3 +36,12 @@ def test_marked_regions_are_the_odd_intervals(tmp_path):
     path = tmp_path / "counts.txt"
     path.write_text(OUTPUT)
     assert image_instruction_count.marked_counts(str(path)) == [35, 70]
+
+
+def test_threads_and_totals(tmp_path):
+    path = tmp_path / "counts.txt"
+    path.write_text(OUTPUT)
+    threads = read_thread_intervals(str(path))
+    assert threads[1] == {0: (20, 12), 1: (15, 0)}
+    assert threads[2] == {} and threads[3] == {1: (70, 40)}
+    assert interval_totals(str(path)) == [(500, 0), (35, 12), (0, 0), (70, 40), (9, 0)]

@@ -1,35 +1,46 @@
 // A QEMU TCG plugin (user mode) that counts every guest instruction executed,
-// split into intervals at marker instructions and binned by 4 KiB code page.
+// split into intervals at marker instructions, binned by 4 KiB code page and
+// by guest thread.
 //
-// Each translated block gets an inline counter (QEMU adds the block's
-// instruction count on every execution, no callback). A block that contains
-// the marker hint `addi x0, x0, 0x7a5` (encoding 0x7a500013, a no-op HINT the
-// guest executes in rvascend_count_marker) also gets an execution callback:
-// at every marker, the counters' growth since the previous marker is folded
-// into per-page totals and written out as one interval. The host side maps
-// pages to libraries with the guest's /proc/self/maps.
+// Each translated block gets inline counters (QEMU adds the block's
+// instruction count on every execution, no callback): one per block and
+// guest thread (vCPU), so threads never race on a counter. A block that
+// contains the marker hint `addi x0, x0, 0x7a5` (encoding 0x7a500013, a no-op
+// HINT the guest executes in rvascend_count_marker) also gets an execution
+// callback: at every marker, the counters' growth since the previous marker is
+// folded into per-page and per-thread totals and written out as one interval.
+// The host side maps pages to libraries with the guest's /proc/self/maps.
 //
 // Vector instructions (RVV: OP-V, and loads/stores with a vector width) are
 // also counted on their own, for the time model's vector/scalar split.
 //
 // Output (file given as out=PATH): "I <n>" starts interval n, then lines
-// "<page> <instructions> <vector instructions>" (page = guest address >> 12, hex).
+// "<page> <instructions> <vector instructions>" (page = guest address >> 12,
+// hex) and "T <thread> <instructions> <vector instructions>" (thread = vCPU
+// index in the order the guest's threads started).
 //
-// The plugin API is QEMU's C ABI (include/qemu/qemu-plugin.h, version 1 as in
-// QEMU 7.2, Debian 12's qemu-user): only the few entry points used here are
-// declared, with their documented signatures.
+// The plugin API is QEMU's C ABI (include/qemu/qemu-plugin.h, version 3 and
+// later: QEMU 9.1 and 10, per-vCPU scoreboards and a copying
+// qemu_plugin_insn_data): only the entry points used here are declared, with
+// their documented signatures.
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 extern "C" {
 typedef uint64_t qemu_plugin_id_t;
 struct qemu_plugin_tb;
 struct qemu_plugin_insn;
+struct qemu_plugin_scoreboard;
+typedef struct {
+  struct qemu_plugin_scoreboard* score;
+  size_t offset;
+} qemu_plugin_u64;
 enum qemu_plugin_cb_flags { QEMU_PLUGIN_CB_NO_REGS = 0 };
 enum qemu_plugin_op { QEMU_PLUGIN_INLINE_ADD_U64 = 0 };
 typedef void (*qemu_plugin_vcpu_tb_trans_cb_t)(qemu_plugin_id_t id, struct qemu_plugin_tb* tb);
@@ -38,16 +49,18 @@ typedef void (*qemu_plugin_udata_cb_t)(qemu_plugin_id_t id, void* userdata);
 void qemu_plugin_register_vcpu_tb_trans_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_tb_trans_cb_t cb);
 void qemu_plugin_register_vcpu_tb_exec_cb(struct qemu_plugin_tb* tb, qemu_plugin_vcpu_udata_cb_t cb,
                                           enum qemu_plugin_cb_flags flags, void* userdata);
-void qemu_plugin_register_vcpu_tb_exec_inline(struct qemu_plugin_tb* tb, enum qemu_plugin_op op, void* ptr,
-                                              uint64_t imm);
+void qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(struct qemu_plugin_tb* tb, enum qemu_plugin_op op,
+                                                       qemu_plugin_u64 entry, uint64_t imm);
 void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb, void* userdata);
 size_t qemu_plugin_tb_n_insns(const struct qemu_plugin_tb* tb);
 uint64_t qemu_plugin_tb_vaddr(const struct qemu_plugin_tb* tb);
 struct qemu_plugin_insn* qemu_plugin_tb_get_insn(const struct qemu_plugin_tb* tb, size_t idx);
-const void* qemu_plugin_insn_data(const struct qemu_plugin_insn* insn);
-size_t qemu_plugin_insn_size(const struct qemu_plugin_insn* insn);
+size_t qemu_plugin_insn_data(const struct qemu_plugin_insn* insn, void* dest, size_t len);
+int qemu_plugin_num_vcpus(void);
+struct qemu_plugin_scoreboard* qemu_plugin_scoreboard_new(size_t element_size);
+void* qemu_plugin_scoreboard_find(struct qemu_plugin_scoreboard* score, unsigned int vcpu_index);
 
-__attribute__((visibility("default"))) int qemu_plugin_version = 1;
+__attribute__((visibility("default"))) int qemu_plugin_version = 3;
 __attribute__((visibility("default"))) int qemu_plugin_install(qemu_plugin_id_t id, const void* info, int argc,
                                                                char** argv);
 }
@@ -56,12 +69,19 @@ namespace {
 
 constexpr uint32_t kMarkerHint = 0x7a500013u;  // addi x0, x0, 0x7a5
 
-struct Block {
-  uint64_t page;
-  uint64_t count = 0;   // instructions executed in this block (inline add)
-  uint64_t vcount = 0;  // of which vector instructions (inline add)
-  uint64_t seen = 0;    // count at the last marker
-  uint64_t vseen = 0;
+// Blocks' counters live in chunks: one scoreboard holds kChunk blocks' pairs
+// (instructions, vector instructions) for every vCPU, so a run of a million
+// translated blocks needs a few hundred scoreboards, not a million.
+constexpr size_t kChunk = 4096;
+struct Counters {
+  uint64_t count;
+  uint64_t vcount;
+};
+
+struct Chunk {
+  struct qemu_plugin_scoreboard* score;
+  std::vector<uint64_t> pages;                 // page of each block in the chunk
+  std::vector<std::vector<Counters>> seen;     // per vCPU: the counters at the last marker
 };
 
 // RVV 1.0 encodings: OP-V (0x57) and LOAD-FP/STORE-FP (0x07/0x27) whose width
@@ -72,25 +92,42 @@ bool IsVector(uint32_t word) {
 }
 
 std::mutex g_mutex;
-std::vector<Block*> g_blocks;  // never freed: QEMU keeps pointers into them
+std::vector<Chunk*> g_chunks;  // never freed: QEMU keeps pointers into their scoreboards
 FILE* g_out = nullptr;
 uint64_t g_interval = 0;
 
 void Flush() {
-  std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> pages;
-  for (Block* b : g_blocks) {
-    if (b->count != b->seen) {
-      auto& p = pages[b->page];
-      p.first += b->count - b->seen;
-      p.second += b->vcount - b->vseen;
-      b->seen = b->count;
-      b->vseen = b->vcount;
+  std::map<uint64_t, Counters> pages;
+  std::map<unsigned, Counters> threads;
+  const unsigned vcpus = static_cast<unsigned>(qemu_plugin_num_vcpus());
+  for (Chunk* c : g_chunks) {
+    if (c->seen.size() < vcpus) c->seen.resize(vcpus);
+    for (unsigned v = 0; v < vcpus; ++v) {
+      const auto* now = static_cast<const Counters*>(qemu_plugin_scoreboard_find(c->score, v));
+      std::vector<Counters>& seen = c->seen[v];
+      seen.resize(c->pages.size(), Counters{0, 0});
+      for (size_t b = 0; b < c->pages.size(); ++b) {
+        const Counters n = now[b];
+        if (n.count == seen[b].count) continue;
+        const Counters d{n.count - seen[b].count, n.vcount - seen[b].vcount};
+        seen[b] = n;
+        Counters& p = pages[c->pages[b]];
+        p.count += d.count;
+        p.vcount += d.vcount;
+        Counters& t = threads[v];
+        t.count += d.count;
+        t.vcount += d.vcount;
+      }
     }
   }
   std::fprintf(g_out, "I %llu\n", static_cast<unsigned long long>(g_interval++));
   for (const auto& [page, n] : pages) {
     std::fprintf(g_out, "%llx %llu %llu\n", static_cast<unsigned long long>(page),
-                 static_cast<unsigned long long>(n.first), static_cast<unsigned long long>(n.second));
+                 static_cast<unsigned long long>(n.count), static_cast<unsigned long long>(n.vcount));
+  }
+  for (const auto& [thread, n] : threads) {
+    std::fprintf(g_out, "T %u %llu %llu\n", thread, static_cast<unsigned long long>(n.count),
+                 static_cast<unsigned long long>(n.vcount));
   }
 }
 
@@ -101,23 +138,31 @@ void OnMarker(unsigned int, void*) {
 
 void OnTranslate(qemu_plugin_id_t, struct qemu_plugin_tb* tb) {
   const size_t n = qemu_plugin_tb_n_insns(tb);
-  Block* block = new Block;
-  block->page = qemu_plugin_tb_vaddr(tb) >> 12;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    g_blocks.push_back(block);
-  }
-  qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &block->count, n);
   size_t vector = 0;
   bool marker = false;
   for (size_t i = 0; i < n; ++i) {
     const struct qemu_plugin_insn* insn = qemu_plugin_tb_get_insn(tb, i);
     uint32_t word = 0;
-    if (qemu_plugin_insn_size(insn) == 4) std::memcpy(&word, qemu_plugin_insn_data(insn), 4);
+    if (qemu_plugin_insn_data(insn, &word, sizeof(word)) != sizeof(word)) word = 0;  // compressed: scalar
     marker |= word == kMarkerHint;
     vector += IsVector(word);
   }
-  if (vector) qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &block->vcount, vector);
+  qemu_plugin_u64 count, vcount;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_chunks.empty() || g_chunks.back()->pages.size() == kChunk) {
+      Chunk* c = new Chunk;
+      c->score = qemu_plugin_scoreboard_new(kChunk * sizeof(Counters));
+      g_chunks.push_back(c);
+    }
+    Chunk* c = g_chunks.back();
+    const size_t slot = c->pages.size();
+    c->pages.push_back(qemu_plugin_tb_vaddr(tb) >> 12);
+    count = {c->score, slot * sizeof(Counters) + offsetof(Counters, count)};
+    vcount = {c->score, slot * sizeof(Counters) + offsetof(Counters, vcount)};
+  }
+  qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, QEMU_PLUGIN_INLINE_ADD_U64, count, n);
+  if (vector) qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, QEMU_PLUGIN_INLINE_ADD_U64, vcount, vector);
   if (marker) qemu_plugin_register_vcpu_tb_exec_cb(tb, OnMarker, QEMU_PLUGIN_CB_NO_REGS, nullptr);
 }
 

@@ -25,7 +25,7 @@ from absl import app, flags, logging
 from rvascend import checkout
 from rvascend.bench.qemu_exec_count import count, function_ranges
 from rvascend.bench.results import print_table, write_jsonl
-from rvascend.build import llama_cpp
+from rvascend.build import llama_cpp, toolchain_root
 
 FLAGS = flags.FLAGS
 
@@ -52,11 +52,7 @@ _SKIP = r"Repack|main"
 
 def _root_tool(root: str, work: str, tool: str, args: list[str]) -> None:
     """Runs a compiler of the pinned toolchain root (Debian 13) inside it, as the Bazel wrappers do."""
-    cmd = ["bwrap", "--tmpfs", "/", "--ro-bind", f"{root}/usr", "/usr", "--ro-bind", f"{root}/etc", "/etc",
-           "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
-           "--bind", work, work, "--bind", "/tmp", "/tmp", "--proc", "/proc", "--dev", "/dev", "--chdir", work,
-           "--setenv", "PATH", "/usr/bin:/bin", tool, *args]
-    subprocess.run(cmd, check=True)
+    subprocess.run(toolchain_root.command(tool, args, [work, "/tmp"], work, root), check=True)
 
 
 def build_peer(work: str) -> str:

@@ -13,7 +13,7 @@ with M = 1 and 4 sequences, and prefill of one 16-, 64- and 256-token prompt
 (full, q4_0, q8_0; stock: 16, its rate per token does not depend on the
 length). Modes: stock (no policy), linear (the policy with packed Linears
 only), op_by_op (every kernel, each called from Python as the modules call
-it), full (the policy as --enable-cpu-rvv-inductor installs it: a decode
+it), full (the policy as --enable-cpu-rvv-kernels installs it: a decode
 step's layers in one native call), q4_0 and q8_0 (full, on the same weights
 exported to a GGUF of that type and kept quantized). All code is
 counted: the interpreter, libtorch, libc, our extension. Output: a table per
@@ -21,9 +21,10 @@ step (instructions by region, share outside the Linears, projected K1 tok/s
 at 1 and 8 threads, and at 8 threads with IPC 0.5; prefill: prompt tokens
 per second), jsonl records with the manifest, and a stacked-bar plot per region.
 
-QEMU: Debian 12's qemu-user 7.2 (the pinned QEMU 10 is a static build and
-cannot load plugins). 7.2 has no Zvfbf* (the shift-widening kernels run, as
-on the K1) and no riscv_hwprobe (glibc takes its generic memcpy).
+QEMU: 10, built with TCG plugins from the pinned source (build/qemu_plugins.py), with
+the K1's extensions (k1_model.qemu_cpu: Zfh, Zvfh, no Zvfbf*, so the shift-widening
+BF16 kernels run, as on the K1). The q4_0 / q8_0 files are this project's export or,
+with --gguf_source=llama_cpp, the very files llama.cpp is counted on.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ FLAGS = flags.FLAGS
 
 def _define_flags() -> None:
     """This program's flags, defined when it runs (tests import several bench modules at once)."""
-    flags.DEFINE_string("qemu", "/usr/bin/qemu-riscv64", "A qemu-riscv64 that loads TCG plugins (Debian 12's 7.2).")
+    flags.DEFINE_string("qemu", None, "A qemu-riscv64 that loads TCG plugins (default: QEMU 10 built with them, "
+                        "build/qemu_plugins.py).")
     flags.DEFINE_string("image", None, "riscv64 image root (default: .deps/riscv64_image).")
     flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image (default: built with Bazel).")
     flags.DEFINE_string("rgdr_extension", None, "_rgdr.so (the gated-delta-rule op, for hybrid models) built for the "
@@ -62,7 +64,7 @@ def _define_flags() -> None:
     flags.DEFINE_list("layers", ["1", "2"], "Model depths to run (two, to separate per-layer and fixed costs).")
     flags.DEFINE_list("modes", ["stock", "linear", "op_by_op", "full", "q4_0", "q8_0"],
                       "stock: no policy; linear: packed Linears only; op_by_op: every kernel, called module by "
-                      "module; full: the policy as --enable-cpu-rvv-inductor installs it (fused decode step); "
+                      "module; full: the policy as --enable-cpu-rvv-kernels installs it (fused decode step); "
                       "q4_0, q8_0: full, on the same weights as a Q4_0 / Q8_0 GGUF kept quantized.")
     flags.DEFINE_list("contexts", ["64", "512"], "Context lengths of the decode step.")
     flags.DEFINE_list("rows", ["1", "4"], "Sequences decoding together (M).")
@@ -73,6 +75,10 @@ def _define_flags() -> None:
                       "K1 tok/s at 16, 64 and 256 tokens), and a long stock prompt takes hours to emulate.")
     flags.DEFINE_string("shape", "qwen3-0.6b", "Whose shapes the random-weight checkpoint has "
                         "(engine/random_checkpoint.py SHAPES: qwen3-0.6b, smollm2-135m, ...).")
+    flags.DEFINE_enum("gguf_source", "ours", ["ours", "llama_cpp"],
+                      "Who writes the q4_0 / q8_0 files: this project's exporter (every matrix in that type) or "
+                      "llama.cpp's quantizer with its default recipe (bench/llama_cpp_peer.prepare_models: the "
+                      "files llama.cpp is counted on by bench/llama_cpp_riscv64.py, for a same-file comparison).")
     flags.DEFINE_integer("target_layers", None, "Layers to extrapolate to (default: the shape's own, Qwen3-0.6B 28).")
     flags.DEFINE_string("output", "bench_results/riscv64_step.jsonl", "jsonl file to append to.")
     flags.DEFINE_string("plot", "bench_results/riscv64_step.png", "PNG plot (empty: none).")
@@ -151,11 +157,31 @@ def _gguf_type(mode: str):
     return {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q8_0": gguf.GGMLQuantizationType.Q8_0}[mode]
 
 
+def _llama_cpp_files(shape: str, modes: list[str], layers: list[int], target_layers: int
+                     ) -> tuple[dict[tuple[str, int], str], dict[str, float]]:
+    """llama.cpp's quantized files of `shape` at each measured depth, and each mode's bytes per
+    weight as a decode step of the full-depth file streams them (its recipe mixes types:
+    the output matrix stays in Q6_K for Q4_0)."""
+    from rvascend.bench import llama_cpp_peer
+    from rvascend.build import llama_cpp
+    from rvascend.engine import random_checkpoint
+
+    work, python, threads = llama_cpp.work_dir(), llama_cpp.python_path(), len(os.sched_getaffinity(0))
+    files = {(mode, n): llama_cpp_peer.prepare_models(work, [shape], [mode], python, threads, layers=n)[f"{shape} {mode}"]
+             for mode in modes for n in layers}
+    config = random_checkpoint.SHAPES[shape]
+    weights = sum(k1_model.unavoidable_bytes(r, config, 0, target_layers, bytes_per_weight=1.0) for r in LINEARS)
+    own_depth = target_layers == config["num_hidden_layers"]
+    full = llama_cpp_peer.prepare_models(work, [shape], modes, python, threads,
+                                         layers=None if own_depth else target_layers)
+    return files, {mode: llama_cpp_peer.decode_step_bytes(full[f"{shape} {mode}"]) / weights for mode in modes}
+
+
 def run_guest(qemu: str, image: str, stage: str, plugin: str, checkpoint: str, mode: str,
               configs: list[tuple[int, int]], vlen: int, tmp: str) -> list[dict[str, Any]]:
     """One guest process: every (context, rows) config of one model and mode."""
     out = os.path.join(tmp, f"counts-{mode}-{os.path.basename(checkpoint)}-{vlen}.txt")
-    cpu = f"rv64,v=true,vext_spec=v1.0,vlen={vlen}"
+    cpu = k1_model.qemu_cpu(vlen)
     args = json.dumps({"checkpoint": checkpoint, "mode": _MODE_ARG[mode], "configs": configs,
                        "keep_quantized": mode in _BYTES_PER_WEIGHT})
     cmd = [qemu, "-plugin", f"{plugin},out={out}", "-L", image, "-cpu", cpu, f"{image}/usr/bin/python3.13", "-B",
@@ -245,8 +271,8 @@ def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int, measured:
 
 
 def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: int, layers: int,
-            threads: int, bytes_per_weight: float = 2.0, ipc: float = k1_model.IPC_SCALAR,
-            prefill: bool = False) -> float:
+            threads: int, bytes_per_weight: float = 2.0, ipc: float | None = None,
+            prefill: bool = False, board: k1_model.Board = k1_model.ASSUMED) -> float:
     """K1 tok/s (decode: tokens generated; prefill: prompt tokens processed). Regions are
     scaled so they add up to the unmarked total (the markers' own cost removed in proportion)."""
     marked = sum(n for n, _ in step["regions"].values())
@@ -255,7 +281,18 @@ def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: in
                                k1_model.unavoidable_bytes(name, config, context * rows, layers,
                                                           bytes_per_weight=bytes_per_weight, sequences=rows))
                for name, (n, v) in step["regions"].items()]
-    return k1_model.tokens_per_second(regions, rows * context if prefill else rows, threads, ipc)
+    return k1_model.tokens_per_second(regions, rows * context if prefill else rows, threads, ipc, board)
+
+
+def project_record(record: dict[str, Any], threads: int, board: k1_model.Board) -> float:
+    """project() of a stored record (its regions with their vector counts, its shape and bytes)."""
+    from rvascend.engine import random_checkpoint
+
+    step = {"total": record["instructions"],
+            "regions": {k: (n, record["region_vectors"][k]) for k, n in record["regions"].items()}}
+    config = random_checkpoint.SHAPES[record["shape"]]
+    return project(step, config, record["context"], record["rows"], record["layers"], threads,
+                   record["weight_bytes_per_weight"], prefill=record["kind"] == "prefill", board=board)
 
 
 def main(argv: list[str]) -> int:
@@ -268,7 +305,10 @@ def main(argv: list[str]) -> int:
     if extension is None or plugin is None or rgdr is None:
         built_ext, built_plugin, built_rgdr = _bazel_outputs()
         extension, plugin, rgdr = extension or built_ext, plugin or built_plugin, rgdr or built_rgdr
-    qemu_version = _check_qemu(FLAGS.qemu)
+    from rvascend.build import qemu_plugins
+
+    qemu = FLAGS.qemu or qemu_plugins.emulator(os.path.join(checkout.root(), ".deps"))
+    qemu_version = _check_qemu(qemu)
     logging.info("QEMU: %s", qemu_version)
     layers = [int(x) for x in FLAGS.layers]
     configs = [(int(c), int(m), "decode") for c in FLAGS.contexts for m in FLAGS.rows]
@@ -287,8 +327,11 @@ def main(argv: list[str]) -> int:
         target_layers = FLAGS.target_layers or random_checkpoint.SHAPES[FLAGS.shape]["num_hidden_layers"]
         checkpoints = {n: random_checkpoint.write(FLAGS.shape, os.path.join(tmp, f"model-{n}l"), layers=n)
                        for n in layers}
-        quantized = {}
-        for mode in (m for m in FLAGS.modes if m in _BYTES_PER_WEIGHT):
+        quantized, bytes_per_weight = {}, dict(_BYTES_PER_WEIGHT)
+        quantized_modes = [m for m in FLAGS.modes if m in _BYTES_PER_WEIGHT]
+        if FLAGS.gguf_source == "llama_cpp" and quantized_modes:
+            quantized, bytes_per_weight = _llama_cpp_files(FLAGS.shape, quantized_modes, layers, target_layers)
+        for mode in quantized_modes if FLAGS.gguf_source == "ours" else ():
             from rvascend.models import gguf_export
 
             for n in layers:  # the same weights, every projection and the embedding quantized
@@ -302,7 +345,7 @@ def main(argv: list[str]) -> int:
             for mode in FLAGS.modes:
                 for n in layers:
                     logging.info("VLEN %d, %s, %d layer(s): %d steps", vlen, mode, n, len(configs))
-                    measured[(mode, n)] = run_guest(FLAGS.qemu, image, stage, plugin,
+                    measured[(mode, n)] = run_guest(qemu, image, stage, plugin,
                                                     quantized.get((mode, n), checkpoints[n]), mode,
                                                     configs + prefills.get(mode, []), vlen, tmp)
             for mode in FLAGS.modes:
@@ -313,13 +356,14 @@ def main(argv: list[str]) -> int:
                         if len(runs) == 2 else runs[0]
                     target = target_layers if len(runs) == 2 else layers[0]
                     linear = sum(step["regions"].get(p, (0, 0))[0] for p in LINEARS)
-                    bpw = _BYTES_PER_WEIGHT.get(mode, 2.0)
+                    bpw = bytes_per_weight.get(mode, 2.0)
                     marked = sum(n for n, _ in step["regions"].values())
                     records.append({
                         "bench": "riscv64_step", "shape": FLAGS.shape, "vlen": vlen, "mode": mode, "kind": kind,
                         "context": context, "rows": rows,
                         "layers": target, "instructions": step["total"], "vector_instructions": step["vector"],
                         "regions": {k: v[0] for k, v in sorted(step["regions"].items())},
+                        "region_vectors": {k: v[1] for k, v in sorted(step["regions"].items())},
                         "libraries": dict(sorted(step["libraries"].items())),
                         "region_libraries": {k: dict(sorted(v.items(), key=lambda kv: -kv[1]))
                                              for k, v in sorted(step["region_libraries"].items())},
@@ -333,17 +377,22 @@ def main(argv: list[str]) -> int:
                                                               k1_model.CORES, bpw, ipc=0.5, prefill=kind == "prefill"),
                         "weight_bytes_per_weight": bpw,
                         "measured_layers": layers})
+                    for t in (4, 8):  # the board model fitted to measured boards (bench/calibration)
+                        records[-1][f"k1_calibrated_tok_s_{t}_threads"] = project_record(records[-1], t,
+                                                                                         k1_model.CALIBRATED)
     print_table(records, [("vlen", "VLEN", "d"), ("mode", "mode", "s"), ("kind", "step", "s"),
                           ("context", "ctx/prompt", "d"), ("rows", "M", "d"),
                           ("instructions", "insns/step", ",.0f"), ("share_outside_linears", "outside Linear", ".1%"),
                           ("k1_tok_s_1_thread", "K1 tok/s 1T", ".2f"), ("k1_tok_s_8_threads", "K1 tok/s 8T", ".2f"),
-                          ("k1_tok_s_8_threads_ipc_0.5", "8T, IPC 0.5", ".2f")])
+                          ("k1_tok_s_8_threads_ipc_0.5", "8T, IPC 0.5", ".2f"),
+                          ("k1_calibrated_tok_s_4_threads", "calibrated 4T", ".2f"),
+                          ("k1_calibrated_tok_s_8_threads", "calibrated 8T", ".2f")])
     for r in records:
         top = sorted(r["regions"].items(), key=lambda kv: -kv[1])[:8]
         print(f"VLEN {r['vlen']} {r['mode']:6s} {r['kind']:7s} ctx {r['context']:4d} M {r['rows']}: " +
               ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in top))
     write_jsonl(FLAGS.output, records, manifest.capture(
-        qemu_cpu=f"{qemu_version}: -cpu rv64,v=true,vext_spec=v1.0,vlen={'|'.join(FLAGS.vlens)}"))
+        qemu_cpu=f"{qemu_version}: -cpu {k1_model.qemu_cpu(int(FLAGS.vlens[0]))} (VLEN {'|'.join(FLAGS.vlens)})"))
     if FLAGS.plot:
         from rvascend.bench.plots import stacked_region_plot
         stacked_region_plot(records, FLAGS.plot)

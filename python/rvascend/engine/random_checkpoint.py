@@ -32,6 +32,18 @@ SHAPES = {
         "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
         "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
         "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 1},
+    # TinyLlama-1.1B: the model of llama.cpp's public BPI-F3 tables (the board model's calibration).
+    "tinyllama-1.1b": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632,
+        "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 64,
+        "vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
+        "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1},
+    # Qwen2.5-0.5B: llama.cpp's public K1 table of #15288 (4 threads).
+    "qwen2.5-0.5b": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "head_dim": 64,
+        "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+        "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 1},
     # The served default's shapes (SmolLM2-135M-Instruct).
     "smollm2-135m": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,

@@ -13,7 +13,7 @@ ShapeGate = Literal["bucketed", "measured", "seed"]  # "seed": bucketed's earlie
 class RvvPolicyConfig:
     """What `install_rvv_policy` turns on.
 
-    `--enable-cpu-rvv-inductor` is `RvvPolicyConfig.from_flag()`: regional
+    `--enable-cpu-rvv-kernels` is `RvvPolicyConfig.from_flag()`: regional
     compile, explicit packed weights, small-batch buckets and the kernels
     beyond Linear together; full-graph capture stays off.
     """

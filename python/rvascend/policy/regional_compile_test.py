@@ -105,7 +105,7 @@ def test_server_compiles_before_it_serves():
     from rvascend.engine.random_model import ensure_random_model
     from rvascend.server.launch import ServeOptions, build_engine
 
-    engine, _, policy = build_engine(ServeOptions(model_path=ensure_random_model(), enable_cpu_rvv_inductor=True,
+    engine, _, policy = build_engine(ServeOptions(model_path=ensure_random_model(), enable_cpu_rvv_kernels=True,
                                                   cpu_compile_mode="regional", max_total_tokens=512))
     assert policy.compile_mode == "regional" and policy.regional.graphs
     # The warm-up request leaves nothing behind: no counts, no cached prefix.

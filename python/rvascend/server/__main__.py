@@ -1,6 +1,6 @@
 """`serve`: an OpenAI-compatible server (flags follow SGLang's names).
 
-  bazel run //python:serve -- [--model-path DIR|FILE.gguf] [--enable-cpu-rvv-inductor] [--port 30000]
+  bazel run //python:serve -- [--model-path DIR|FILE.gguf] [--enable-cpu-rvv-kernels] [--port 30000]
 
 Without --model-path it serves SmolLM2-135M-Instruct (models/default_model.py), converted
 from its pinned GGUF into the cache at first use.
@@ -25,8 +25,12 @@ flags.DEFINE_string("served-model-name", None, "Model name reported by the API."
 flags.DEFINE_string("device", "cpu", "Device (cpu).")
 flags.DEFINE_string("dtype", "bfloat16", "Weights and activations: bfloat16 or float32.")
 flags.DEFINE_string("attention-backend", "torch_native", "Attention backend (torch_native: SDPA per request).")
-flags.DEFINE_bool("enable-cpu-rvv-inductor", False,
-                  "Packed BF16 RVV kernels with regional compile and small-batch buckets.")
+flags.DEFINE_bool("enable-cpu-rvv-kernels", False,
+                  "The project's kernels (RVV, or AVX2 / AVX-512 on x86) for Linears, quantized weights kept "
+                  "quantized, attention and elementwise ops, and on a decode step the whole model in one native "
+                  "call (the fused step); routed projections compiled regionally, small batches bucketed.")
+# SGLang's name for the CPU kernels switch, which users of this project already type.
+flags.DEFINE_alias("enable-cpu-rvv-inductor", "enable-cpu-rvv-kernels")
 flags.DEFINE_integer("cpu-rvv-memory-budget-mib", None, "Memory budget for packed weights (default: derived).")
 flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "How routed projections run.")
 flags.DEFINE_enum("cpu-rvv-shape-gate", None, ["bucketed", "measured", "seed"],
@@ -66,7 +70,7 @@ def main(argv: list[str]) -> int:
     opts = ServeOptions(
         model_path=FLAGS["model-path"].value, dtype=FLAGS["dtype"].value, device=FLAGS["device"].value,
         attention_backend=FLAGS["attention-backend"].value,
-        enable_cpu_rvv_inductor=FLAGS["enable-cpu-rvv-inductor"].value,
+        enable_cpu_rvv_kernels=FLAGS["enable-cpu-rvv-kernels"].value,
         cpu_rvv_memory_budget_mib=FLAGS["cpu-rvv-memory-budget-mib"].value,
         cpu_compile_mode=FLAGS["cpu-compile-mode"].value,
         cpu_rvv_shape_gate=FLAGS["cpu-rvv-shape-gate"].value,
@@ -86,7 +90,7 @@ def main(argv: list[str]) -> int:
     logging.info("serving %s on http://%s:%d", name, FLAGS.host, FLAGS.port)
     server_args = {"model_path": opts.model_path, "served_model_name": name, "dtype": opts.dtype,
                    "device": opts.device, "attention_backend": opts.attention_backend,
-                   "enable_cpu_rvv_inductor": opts.enable_cpu_rvv_inductor,
+                   "enable_cpu_rvv_kernels": opts.enable_cpu_rvv_kernels,
                    "max_running_requests": opts.max_running_requests,
                    "max_total_tokens": engine.config.max_total_tokens}
     api_key = FLAGS["api-key"].value or os.environ.get(API_KEY_ENV) or None

@@ -34,7 +34,7 @@ class ServeOptions:
     dtype: str = "bfloat16"
     device: str = "cpu"
     attention_backend: str = "torch_native"
-    enable_cpu_rvv_inductor: bool = False
+    enable_cpu_rvv_kernels: bool = False
     cpu_rvv_memory_budget_mib: Optional[int] = None
     cpu_compile_mode: str = "regional"
     cpu_rvv_shape_gate: Optional[str] = None  # bucketed (or its earlier name, seed) | measured; None: measured
@@ -78,9 +78,9 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         raise ValueError(f"--device {opts.device!r} is not supported: this engine serves on the CPU")
     if opts.attention_backend != "torch_native":
         raise ValueError(f"--attention-backend {opts.attention_backend!r} is not supported (torch_native only)")
-    if opts.cpu_rvv_drop_unpacked and not opts.enable_cpu_rvv_inductor:
+    if opts.cpu_rvv_drop_unpacked and not opts.enable_cpu_rvv_kernels:
         raise ValueError("--cpu-rvv-drop-unpacked frees the weights the policy's packed copies replace: it needs "
-                         "--enable-cpu-rvv-inductor")
+                         "--enable-cpu-rvv-kernels")
     if opts.dtype not in _DTYPES:
         raise ValueError(f"--dtype {opts.dtype!r} is not supported ({', '.join(_DTYPES)})")
     _log_cpu()
@@ -91,7 +91,7 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     logging.info("model: %s (%s)", name, path)
     # With the RVV policy, a GGUF file's quantized projections stay quantized (Q8_0, Q4_0,
     # Q4_1, Q4_K, Q6_K); without it the stock path serves them dequantized.
-    model = load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_inductor)
+    model = load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_kernels)
     tokenizer = Tokenizer(path)
     if tokenizer.chat_template is not None:
         try:
@@ -99,7 +99,7 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         except ChatTemplateError as e:
             raise ValueError(f"{name}'s chat template cannot serve a chat: {e}") from None
     policy = None
-    if opts.enable_cpu_rvv_inductor:
+    if opts.enable_cpu_rvv_kernels:
         # Without a C++ compiler for Inductor (a board, the riscv64 image) the
         # policy itself falls back to eager routes, logged and counted.
         config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib,

@@ -28,7 +28,7 @@ def test_the_engine_gets_the_flag_or_the_machine_default(monkeypatch, given, wan
 
 
 def test_drop_unpacked_serves_the_same_tokens_from_the_packed_weights_alone():
-    opts = dict(model_path=ensure_random_model(), enable_cpu_rvv_inductor=True, cpu_compile_mode="eager",
+    opts = dict(model_path=ensure_random_model(), enable_cpu_rvv_kernels=True, cpu_compile_mode="eager",
                 cpu_rvv_shape_gate="bucketed", max_total_tokens=256)
     keep, _, _ = launch.build_engine(launch.ServeOptions(**opts))
     drop, _, policy = launch.build_engine(launch.ServeOptions(**opts, cpu_rvv_drop_unpacked=True))
@@ -37,7 +37,7 @@ def test_drop_unpacked_serves_the_same_tokens_from_the_packed_weights_alone():
     assert "weight" not in layer.mlp.down_proj._parameters and "weight" not in layer.self_attn.qkv_proj._parameters
     prompt = list(range(5, 40))
     assert greedy(drop.model, prompt, 8) == greedy(keep.model, prompt, 8)
-    with pytest.raises(ValueError, match="--cpu-rvv-drop-unpacked .* needs --enable-cpu-rvv-inductor"):
+    with pytest.raises(ValueError, match="--cpu-rvv-drop-unpacked .* needs --enable-cpu-rvv-kernels"):
         launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), cpu_rvv_drop_unpacked=True))
 
 
@@ -53,3 +53,17 @@ def test_a_model_whose_chat_template_cannot_render_is_refused_at_start(tmp_path)
     with pytest.raises(ValueError, match="looping's chat template cannot serve a chat: .* went over its budget"):
         launch.build_engine(launch.ServeOptions(model_path=str(model), max_total_tokens=256))
 
+
+
+@pytest.mark.parametrize("flag", ["--enable-cpu-rvv-kernels", "--enable-cpu-rvv-inductor"])
+def test_the_kernels_flag_and_its_sglang_name_turn_on_the_same_option(flag):
+    from absl import flags
+
+    from rvascend.server import __main__ as serve  # defines the server's flags
+
+    try:
+        flags.FLAGS(["serve", flag])
+        assert flags.FLAGS["enable-cpu-rvv-kernels"].value is True
+        assert "--enable-cpu-rvv-kernels" in serve.__doc__
+    finally:
+        flags.FLAGS.unparse_flags()

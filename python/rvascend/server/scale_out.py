@@ -3,7 +3,7 @@
 `./dev serve --workers N [SERVER FLAGS]` starts N servers on loopback ports and the
 router in front of them on the usual --host/--port; with --riscv64 the workers are the
 riscv64 wheel's server under QEMU. For boards, `router_command` is the command line
-the README gives (the router runs on any x86-64 machine of the LAN, not on a board).
+docs/riscv64.md gives (the router runs on any x86-64 machine of the LAN, not on a board).
 
 The router's reliability settings (`ROUTER_SETTINGS`) are chosen so that a dead
 worker costs no client a 5xx: one failed attempt opens that worker's circuit, so the

@@ -57,7 +57,7 @@ def test_seeded_sampling_is_reproducible(server):
     texts = []
     for _ in range(2):
         # From the same cache state: a prompt whose prefix is cached runs its last token
-        # in a one-row step, whose BF16 logits may differ in the last bits (README).
+        # in a one-row step, whose BF16 logits may differ in the last bits (docs/serving.md).
         server.wait_idle()
         assert server.http.post("/flush_cache").status_code == 200
         texts.append(server.client.completions.create(**kw).choices[0].text)

@@ -1,0 +1,173 @@
+"""The K1 board model fitted to public plain-RVV llama.cpp measurements.
+
+  python -m rvascend.bench.calibration.fit [--counts=FILE]
+
+Inputs, both checked in next to this file:
+- public_points.json: llama-bench figures from llama.cpp's PRs, each with its source, the
+  thread count and the llama.cpp version it was measured on;
+- counted_llama_cpp.jsonl: llama.cpp's own riscv64 build counted under QEMU on files of
+  the same model and type (bench/llama_cpp_riscv64.py; its records, manifest included).
+
+A point's projection is the counted test (a P-token prompt, or a generated token at the
+point's context) timed by a k1_model.Board. The free constants, scalar IPC, cycles per
+vector instruction and DRAM bandwidth at the points' thread count, minimise the squared
+log error over the points not held out, plus a weak pull toward the assumed board's
+values (PRIOR_WEIGHT; Nelder-Mead over their logarithms, from the assumed board). Printed: every point with measured / projected, and the error of the fit
+and of the held-out points apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from absl import app, flags
+
+from rvascend.bench import k1_model
+from rvascend.bench.results import print_table
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+POINTS = os.path.join(HERE, "public_points.json")
+COUNTS = os.path.join(HERE, "counted_llama_cpp.jsonl")
+FLAGS = flags.FLAGS
+# Weight of the pull toward the assumed constants, per squared log: a factor e away from
+# a cited value costs as much as a 10 % misfit of one point.
+PRIOR_WEIGHT = 0.01
+
+
+def load_points(path: str = POINTS) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)["points"]
+
+
+def load_counts(path: str = COUNTS) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(model, type, variant) -> the latest llama_cpp_riscv64 record of it."""
+    counts = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            if record.get("bench") == "llama_cpp_riscv64":
+                counts[(record["model"], record["type"], record["variant"])] = record
+    return counts
+
+
+def counted_test(point: dict[str, Any], record: dict[str, Any]) -> tuple[float, float, float, int]:
+    """(instructions, vector instructions, DRAM bytes, tokens) of the point's test in the counted
+    run: a whole prompt reads the weights once; a generated token reads them once, at the
+    counted context nearest the middle of the point's generated tokens."""
+    if point["test"] == "pp":
+        n, v = record["prefill"][str(point["length"])]
+        return n, v, record["decode_weight_bytes"], point["length"]
+    middle = point["prompt"] + point["length"] / 2
+    context = min(record["decode"], key=lambda c: abs(int(c) - middle))
+    n, v = record["decode"][context]
+    return n, v, record["decode_weight_bytes"], 1
+
+
+def project(board: k1_model.Board, point: dict[str, Any], record: dict[str, Any]) -> float:
+    n, v, bytes_, tokens = counted_test(point, record)
+    return tokens / board.seconds(n, v, bytes_, point["threads"])
+
+
+def _board(x: Sequence[float], threads: int, base: k1_model.Board) -> k1_model.Board:
+    ipc, cpi, bandwidth = (math.exp(v) for v in x)
+    return dataclasses.replace(base, name="fitted", ipc_scalar=ipc, cpi_vector=cpi,
+                               bandwidth={**base.bandwidth, threads: bandwidth}, efficiency={threads: 1.0})
+
+
+def nelder_mead(f: Callable[[list[float]], float], x0: Sequence[float], step: float = 0.3,
+                iterations: int = 2000, tolerance: float = 1e-12) -> list[float]:
+    """The minimum of `f` near `x0` (the simplex method; deterministic)."""
+    simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(len(x0))]
+    values = [f(x) for x in simplex]
+    for _ in range(iterations):
+        order = sorted(range(len(simplex)), key=lambda i: values[i])
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if values[-1] - values[0] < tolerance:
+            break
+        centroid = [sum(x[j] for x in simplex[:-1]) / (len(simplex) - 1) for j in range(len(x0))]
+
+        def toward(t: float) -> list[float]:
+            return [c + t * (w - c) for c, w in zip(centroid, simplex[-1])]
+
+        reflected = toward(-1.0)
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = toward(-2.0)
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = toward(0.5)
+            fc = f(contracted)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:  # shrink toward the best
+                simplex = [simplex[0]] + [[b + 0.5 * (x - b) for b, x in zip(simplex[0], s)] for s in simplex[1:]]
+                values = [values[0]] + [f(s) for s in simplex[1:]]
+    return simplex[min(range(len(simplex)), key=lambda i: values[i])]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    board: k1_model.Board
+    rows: list[dict[str, Any]]
+    fit_error: float       # largest |measured / projected - 1| over the fitted points
+    held_out_error: float  # the same over the held-out points
+
+
+def fit(points: list[dict[str, Any]], counts: dict[tuple[str, str, str], dict[str, Any]],
+        base: k1_model.Board = k1_model.ASSUMED, prior_weight: float = PRIOR_WEIGHT) -> Fit:
+    usable = [p for p in points if (p["model"], p["type"], p["variant"]) in counts]
+    threads = {p["threads"] for p in usable}
+    if len(threads) != 1 or not any(not p["held_out"] for p in usable):
+        raise ValueError(f"the fit needs points at one thread count with some not held out; got {sorted(threads)}")
+    (t,) = threads
+    training = [p for p in usable if not p["held_out"]]
+
+    x0 = [math.log(base.ipc_scalar), math.log(base.cpi_vector), math.log(base._at(base.bandwidth, t))]
+
+    def loss(x: list[float]) -> float:
+        board = _board(x, t, base)
+        misfit = sum(math.log(p["tok_s"] / project(board, p, counts[(p["model"], p["type"], p["variant"])])) ** 2
+                     for p in training)
+        # A weak pull toward the assumed constants: a constant the points do not constrain (no
+        # point bound by DRAM, say) stays near its cited value instead of drifting to 0 or infinity.
+        return misfit + prior_weight * sum((a - b) ** 2 for a, b in zip(x, x0))
+
+    board = _board(nelder_mead(loss, x0), t, base)
+    rows = []
+    for p in usable:
+        projected = project(board, p, counts[(p["model"], p["type"], p["variant"])])
+        assumed = project(base, p, counts[(p["model"], p["type"], p["variant"])])
+        rows.append({"id": p["id"], "model": p["model"], "type": p["type"], "variant": p["variant"],
+                     "threads": p["threads"], "test": f"{p['test']}{p['length']}", "measured": p["tok_s"],
+                     "projected": projected, "ratio": p["tok_s"] / projected, "assumed_projected": assumed,
+                     "held_out": p["held_out"], "role": "held out" if p["held_out"] else "fitted"})
+    worst = {held: max((abs(r["ratio"] - 1) for r in rows if r["held_out"] == held), default=0.0)
+             for held in (False, True)}
+    return Fit(board, rows, worst[False], worst[True])
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    result = fit(load_points(), load_counts(FLAGS.counts))
+    print_table(result.rows, [("id", "point", "s"), ("test", "test", "s"), ("measured", "measured tok/s", ".2f"),
+                              ("projected", "calibrated", ".2f"), ("ratio", "measured/proj.", ".3f"),
+                              ("assumed_projected", "assumed board", ".2f"), ("role", "role", "s")])
+    b = result.board
+    print(f"fitted: scalar IPC {b.ipc_scalar:.4f}, vector CPI {b.cpi_vector:.4f}, bandwidth "
+          + ", ".join(f"{t} threads {bw / 1e9:.3f} GB/s" for t, bw in sorted(b.bandwidth.items())))
+    print(f"largest |measured/projected - 1|: fitted points {result.fit_error:.1%}, held out "
+          f"{result.held_out_error:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    flags.DEFINE_string("counts", COUNTS, "llama_cpp_riscv64 jsonl records to project.")
+    sys.exit(app.run(main))

@@ -1,0 +1,77 @@
+"""The board model's calibration: the fit's pieces, and the calibrated constants
+reproduced from the checked-in public points and llama.cpp counts."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import pytest
+
+from rvascend.bench import k1_model
+from rvascend.bench.calibration import fit
+
+
+def test_nelder_mead_finds_the_minimum_of_a_bowl():
+    x = fit.nelder_mead(lambda v: (v[0] - 1.5) ** 2 + 3 * (v[1] + 0.5) ** 2 + 1, [0.0, 0.0])
+    assert x == pytest.approx([1.5, -0.5], abs=1e-4)
+
+
+def _record(prefill_n, decode_n, vector=0.0, weight_bytes=1e9):
+    return {"prefill": {"64": [prefill_n, vector]}, "decode": {"34": [decode_n, vector], "514": [9e99, 0]},
+            "decode_weight_bytes": weight_bytes}
+
+
+def test_a_prompt_is_timed_whole_and_a_token_at_the_nearest_counted_context():
+    board = k1_model.Board("t", 1e9, 1.0, 1.0, {8: 1e12}, {8: 1.0}, "test")
+    record = _record(prefill_n=8e9, decode_n=8e8)
+    # 8e9 instructions on 8 cores at 1 GHz: 1 s for 64 tokens.
+    assert fit.project(board, {"test": "pp", "length": 64, "threads": 8}, record) == pytest.approx(64)
+    # tg10 after a 32-token prompt: context ~37, nearest counted 34 (not 514).
+    assert fit.project(board, {"test": "tg", "length": 10, "prompt": 32, "threads": 8}, record) == pytest.approx(10)
+    slow_memory = k1_model.Board("t", 1e9, 1.0, 1.0, {8: 1e9}, {8: 1.0}, "test")
+    assert fit.project(slow_memory, {"test": "tg", "length": 10, "prompt": 32, "threads": 8}, record) == \
+        pytest.approx(1.0)
+
+
+def test_the_fit_recovers_constants_that_made_the_points():
+    truth = k1_model.Board("truth", 1.6e9, 0.7, 3.0, {8: 5e9}, {8: 1.0}, "test")
+    records = {("m", "t", "a"): {"prefill": {"64": [6e9, 1e9]}, "decode": {"34": [1e8, 8e7]},
+                                 "decode_weight_bytes": 6e8},
+               ("m", "t", "b"): {"prefill": {"64": [3e9, 2e9]}, "decode": {"34": [9e7, 1e7]},
+                                 "decode_weight_bytes": 6e8}}
+    points = []
+    for variant in ("a", "b"):
+        for test, extra in (("pp", {"length": 64}), ("tg", {"length": 4, "prompt": 32})):
+            p = {"id": f"{variant}{test}", "model": "m", "type": "t", "variant": variant, "threads": 8,
+                 "test": test, **extra, "held_out": False}
+            p["tok_s"] = fit.project(truth, p, records[("m", "t", variant)])
+            points.append(p)
+    result = fit.fit(points, records, prior_weight=0.0)
+    assert result.fit_error < 1e-3
+    assert result.board.ipc_scalar == pytest.approx(0.7, rel=1e-2)
+    assert result.board.cpi_vector == pytest.approx(3.0, rel=1e-2)
+    assert result.board.bandwidth[8] == pytest.approx(5e9, rel=1e-2)
+    # The pull toward the assumed constants moves a well-determined fit only a little.
+    pulled = fit.fit(points, records)
+    assert pulled.fit_error < 0.05 and pulled.board.ipc_scalar == pytest.approx(0.7, rel=0.1)
+
+
+def test_every_public_point_names_its_source_threads_and_version():
+    points = fit.load_points()
+    assert len(points) >= 15 and any(p["held_out"] for p in points)
+    for p in points:
+        assert p["source"].startswith("llama.cpp PR #") and p["llama_cpp"] and p["threads"] in (1, 4, 8)
+        assert p["test"] in ("pp", "tg") and p["tok_s"] > 0 and p["variant"] in ("repack", "vec_dot")
+
+
+def test_the_calibrated_board_is_what_the_checked_in_inputs_fit_to():
+    with open(fit.COUNTS, "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == k1_model.CALIBRATION_COUNTS_SHA256
+    result = fit.fit(fit.load_points(), fit.load_counts())
+    c = k1_model.CALIBRATED
+    assert result.board.ipc_scalar == pytest.approx(c.ipc_scalar, rel=1e-3)
+    assert result.board.cpi_vector == pytest.approx(c.cpi_vector, rel=1e-3)
+    assert result.board.bandwidth[8] == pytest.approx(c.bandwidth[8], rel=1e-3)
+    assert (round(result.fit_error, 3), round(result.held_out_error, 3)) == k1_model.CALIBRATION_ERRORS
+    assert all(math.isfinite(r["projected"]) for r in result.rows)

@@ -1,0 +1,230 @@
+"""llama.cpp counted on the emulated board (`./dev bench --parts=llama_cpp_riscv64`).
+
+llama.cpp's own riscv64 build (build/llama_cpp_riscv64.py: RVV with Zfh and Zvfh,
+GCC 14, runtime repacking built in) runs inside the riscv64 image under QEMU 10 with
+the counting plugin (build/qemu_plugins.py, qemu_count_plugin.cc) at VLEN 256, on
+random-weight GGUF files of the shapes in llama.cpp's public BPI-F3 tables, written
+as bench/llama_cpp_peer.py writes them (this project's exporter, then llama.cpp's
+own quantizer with its default recipe).
+
+The driver (llama_cpp_count_driver.cc) does what llama-bench's pp and tg tests do
+and marks every call, so a prompt and each generated token are counted by
+themselves, start-up and loading apart. Variants: `repack` (llama.cpp's default:
+weights repacked at load for its GEMV/GEMM tiles where it has them for the type)
+and `vec_dot` (repacking off: the row-by-row dot products), as the PRs report both.
+
+Lengths: the whole model runs once with a --base-prompt prompt (64) and --generate
+tokens; a one-layer model of the same shape and type runs at every prompt length of
+--prompts (bench/llama_cpp_riscv64.compose gives the whole model's count at each:
+what attention adds with length, times the depth). Decode contexts are those
+prompts plus the generated tokens (the cache holds that many once the last token is
+in). The first generated token after a prompt also pays the graph's re-planning for
+one-token batches: the last one is the decode figure.
+
+Threads: the work a guest thread does is counted per thread. On this emulator the
+threads' waiting is emulated too, so the instructions a run at N threads executes
+beyond the one-thread run are the synchronisation and spinning it adds (their
+amount depends on the host's scheduling, not the board's: they are reported, not
+projected from).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from absl import app, flags, logging
+
+from rvascend import checkout
+from rvascend.bench import k1_model
+from rvascend.bench.plugin_intervals import interval_totals, read_thread_intervals
+from rvascend.bench.results import print_table, write_jsonl
+
+FLAGS = flags.FLAGS
+VARIANTS = ("repack", "vec_dot")
+
+
+def _define_flags() -> None:
+    """This program's flags, defined when it runs (tests import several bench modules at once)."""
+    flags.DEFINE_list("models", ["tinyllama-1.1b"], "Random-weight models (bench/llama_cpp_peer.py's names).")
+    flags.DEFINE_list("types", ["q4_0", "q8_0", "q4_k_m", "q2_k", "iq4_nl"], "GGUF types (llama.cpp's quantizer).")
+    flags.DEFINE_list("variants", list(VARIANTS), "repack (llama.cpp's default) and/or vec_dot (repacking off).")
+    flags.DEFINE_list("threads", ["1"], "Guest threads of each count (1 is always counted first).")
+    flags.DEFINE_integer("base-prompt", 64, "The whole model's prompt length.")
+    flags.DEFINE_list("prompts", ["16", "32", "62", "64", "128", "256", "510", "512"],
+                      "The one-layer model's prompt lengths (must include --base-prompt); a decode context is one "
+                      "of them plus --generate.")
+    flags.DEFINE_integer("generate", 2, "Tokens generated after each prompt (the last is the decode figure).",
+                         lower_bound=2)
+    flags.DEFINE_integer("vlen", 256, "VLEN of the emulated CPU (the K1's is 256).")
+    flags.DEFINE_string("work-dir", None, "GGUF files and the riscv64 build (default: .deps/llama_cpp).")
+    flags.DEFINE_string("output", "bench_results/llama_cpp_riscv64.jsonl", "jsonl file to append to.")
+
+
+@dataclasses.dataclass
+class CountedRun:
+    """One driver run: the prompt's count, each generated token's, and per-thread splits."""
+    prompt: int
+    prompt_counts: tuple[int, int]            # (instructions, vector instructions)
+    token_counts: list[tuple[int, int]]
+    prompt_threads: dict[int, tuple[int, int]]
+    token_threads: list[dict[int, tuple[int, int]]]
+
+
+def run_counted(qemu: str, plugin: str, image: str, driver: str, gguf: str, threads: int, prompt: int,
+                generate: int, repack: bool, vlen: int, tmp: str) -> CountedRun:
+    """Runs the driver once under the counting plugin; its intervals read back."""
+    out = os.path.join(tmp, f"counts-{os.getpid()}-{time.monotonic_ns()}.txt")
+    cmd = [qemu, "-plugin", f"{plugin},out={out}", "-L", image, "-cpu", k1_model.qemu_cpu(vlen), driver,
+           f"--model={gguf}", f"--threads={threads}", f"--prompt={prompt}", f"--generate={generate}"]
+    if not repack:
+        cmd.append("--no-repack")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or "DONE" not in proc.stdout:
+        raise RuntimeError(f"llama.cpp driver failed ({proc.returncode}) on {gguf}:\n{proc.stderr[-3000:]}")
+    return parse_run(out, prompt, generate)
+
+
+def parse_run(path: str, prompt: int, generate: int) -> CountedRun:
+    """Intervals: start-up and loading, the prompt, one per generated token, exit."""
+    totals = interval_totals(path)
+    threads = read_thread_intervals(path)
+    expected = 1 + (1 if prompt else 0) + generate + 1
+    if len(totals) != expected:
+        raise RuntimeError(f"{path}: {len(totals)} intervals, expected {expected} (prompt {prompt}, "
+                           f"{generate} tokens)")
+    first = 2 if prompt else 1
+    return CountedRun(prompt=prompt, prompt_counts=totals[1] if prompt else (0, 0),
+                      token_counts=totals[first:first + generate],
+                      prompt_threads=threads.get(1, {}) if prompt else {},
+                      token_threads=[threads.get(i, {}) for i in range(first, first + generate)])
+
+
+def _decode(run: CountedRun) -> tuple[int, int]:
+    """A generated token's count: the last one (the first after a prompt also pays the
+    graph's re-planning for one-token batches)."""
+    return run.token_counts[-1]
+
+
+def _context(run: CountedRun) -> int:
+    """Tokens in the cache once the last generated token is in it."""
+    return run.prompt + len(run.token_counts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Composed:
+    """The whole model's counts at every measured length: prefill by prompt length and decode
+    by context, each (instructions, vector instructions)."""
+    layers: int
+    prefill: dict[int, tuple[float, float]]
+    decode: dict[int, tuple[float, float]]
+
+
+def compose(full: CountedRun, one_layer: list[CountedRun], layers: int) -> Composed:
+    """The full model at one prompt length, plus a one-layer model of the same shape at every
+    length: what attention adds with length is the one-layer model's growth beyond linear,
+    times the depth (llama.cpp's attention reads the cache padded to 256 entries, so its cost
+    grows in steps that a fit of two small lengths would miss).
+
+      prefill(P) = full(P0) P / P0 + layers (one(P) - one(P0) P / P0)
+      decode(c)  = full(c0) + layers (one(c) - one(c0))
+    """
+    by_prompt = {r.prompt: r for r in one_layer}
+    base = by_prompt.get(full.prompt)
+    if base is None or len(full.token_counts) != len(base.token_counts):
+        raise ValueError(f"the one-layer runs need the full run's prompt length {full.prompt} and token count")
+    p0 = full.prompt
+    prefill, decode = {}, {}
+    for p, run in sorted(by_prompt.items()):
+        prefill[p] = tuple(full.prompt_counts[k] * p / p0 + layers * (run.prompt_counts[k] - base.prompt_counts[k]
+                                                                       * p / p0) for k in (0, 1))
+        decode[_context(run)] = tuple(_decode(full)[k] + layers * (_decode(run)[k] - _decode(base)[k])
+                                      for k in (0, 1))
+    return Composed(layers, prefill, decode)
+
+
+def thread_split(one: CountedRun, many: CountedRun) -> dict[str, Any]:
+    """What N threads add over one, for the last generated token and the prompt: vector work
+    (the same when the split is exact), the busiest thread's share of it, and the
+    instructions beyond the one-thread run (synchronisation and spinning)."""
+    def split(single: tuple[int, int], per_thread: dict[int, tuple[int, int]]) -> dict[str, Any]:
+        total = sum(n for n, _ in per_thread.values())
+        vector = sum(v for _, v in per_thread.values())
+        return {"threads_seen": len(per_thread), "instructions": total, "vector_instructions": vector,
+                "busiest_vector_share": max((v for _, v in per_thread.values()), default=0) / max(1, vector),
+                "added_instructions": total - single[0], "added_share": (total - single[0]) / max(1, single[0])}
+
+    return {"decode": split(one.token_counts[-1], many.token_threads[-1]),
+            "prefill": split(one.prompt_counts, many.prompt_threads)}
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    from rvascend.bench import llama_cpp_peer
+    from rvascend.build import llama_cpp, llama_cpp_riscv64, qemu_plugins
+    from rvascend.repro import manifest
+
+    work = FLAGS["work-dir"].value or llama_cpp.work_dir()
+    deps = os.path.join(checkout.root(), ".deps")
+    qemu = qemu_plugins.emulator(deps)
+    plugin = qemu_plugins.count_plugin()
+    driver = llama_cpp_riscv64.driver()
+    image = os.path.join(deps, "riscv64_image")
+    prompts = sorted({int(p) for p in FLAGS.prompts})
+    base_prompt = FLAGS["base-prompt"].value
+    thread_counts = sorted({1, *(int(t) for t in FLAGS.threads)})
+    unknown = [v for v in FLAGS.variants if v not in VARIANTS]
+    if unknown or base_prompt not in prompts:
+        raise app.UsageError(f"--variants from {VARIANTS}; --prompts must include --base-prompt {base_prompt}")
+    threads_available = len(os.sched_getaffinity(0))
+    files = llama_cpp_peer.prepare_models(work, FLAGS.models, FLAGS.types, llama_cpp.python_path(), threads_available)
+    one_layer = llama_cpp_peer.prepare_models(work, FLAGS.models, FLAGS.types, llama_cpp.python_path(),
+                                              threads_available, layers=1)
+    from rvascend.engine import random_checkpoint
+
+    records = []
+    captured = manifest.capture(qemu_cpu=f"{qemu}: -cpu {k1_model.qemu_cpu(FLAGS.vlen)}")
+    captured["llama_cpp"] = {"llama_cpp_python": llama_cpp.lock()["version"], "build": llama_cpp_riscv64.CMAKE_OPTIONS}
+    with tempfile.TemporaryDirectory() as tmp:
+        def count(gguf: str, threads: int, prompt: int, repack: bool) -> CountedRun:
+            return run_counted(qemu, plugin, image, driver, gguf, threads, prompt, FLAGS.generate, repack,
+                               FLAGS.vlen, tmp)
+
+        for key, gguf in files.items():
+            model, kind = key.split()
+            layers = random_checkpoint.SHAPES[model]["num_hidden_layers"]
+            for variant in FLAGS.variants:
+                repack = variant == "repack"
+                start = time.monotonic()
+                full = {t: count(gguf, t, base_prompt, repack) for t in thread_counts}
+                singles = [count(one_layer[key], 1, p, repack) for p in prompts]
+                logging.info("%s %s %s: %.0f s under QEMU", model, kind, variant, time.monotonic() - start)
+                composed = compose(full[1], singles, layers)
+                decode_64 = composed.decode[min(composed.decode, key=lambda c: abs(c - 64))]
+                records.append({
+                    "bench": "llama_cpp_riscv64", "model": model, "type": kind, "variant": variant,
+                    "vlen": FLAGS.vlen, "layers": layers, "base_prompt": base_prompt, "generate": FLAGS.generate,
+                    "prefill": {str(p): list(v) for p, v in composed.prefill.items()},
+                    "decode": {str(c): list(v) for c, v in composed.decode.items()},
+                    "file_bytes": os.path.getsize(gguf), "decode_weight_bytes": llama_cpp_peer.decode_step_bytes(gguf),
+                    "prefill_per_token_64": composed.prefill[base_prompt][0] / base_prompt,
+                    "decode_at_64": decode_64[0], "decode_vector_share": decode_64[1] / decode_64[0],
+                    "full_runs": {str(t): dataclasses.asdict(r) for t, r in full.items()},
+                    "one_layer_runs": [dataclasses.asdict(r) for r in singles],
+                    "threads": {str(t): thread_split(full[1], r) for t, r in full.items() if t > 1}})
+                write_jsonl(FLAGS.output, records[-1:], captured)  # each as it is counted: hours of emulation
+    print_table(records, [("model", "model", "s"), ("type", "type", "s"), ("variant", "variant", "s"),
+                          ("prefill_per_token_64", "prefill insns/token (P=64)", ",.0f"),
+                          ("decode_at_64", "decode insns/token (ctx 64)", ",.0f"),
+                          ("decode_vector_share", "vector share", ".1%")])
+    return 0
+
+
+if __name__ == "__main__":
+    _define_flags()
+    sys.exit(app.run(main))

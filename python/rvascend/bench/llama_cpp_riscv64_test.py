@@ -1,0 +1,102 @@
+"""llama.cpp counted under QEMU: the plugin's intervals read as prompt and tokens, the
+whole model's counts composed from a one-layer model's, and (with the riscv64 build
+of `./dev setup`) the driver's count on a tiny GGUF, stable between runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from rvascend import checkout
+from rvascend.bench import llama_cpp_riscv64 as bench
+from rvascend.bench.llama_cpp_riscv64 import CountedRun
+
+
+def _write(path, intervals):
+    with open(path, "w") as f:
+        for i, (n, v, threads) in enumerate(intervals):
+            f.write(f"I {i}\n10 {n} {v}\n")
+            for t, (tn, tv) in threads.items():
+                f.write(f"T {t} {tn} {tv}\n")
+
+
+def test_parse_run_names_prompt_and_tokens(tmp_path):
+    path = str(tmp_path / "c.txt")
+    _write(path, [(1000, 0, {0: (1000, 0)}), (640, 300, {0: (400, 150), 1: (240, 150)}), (50, 20, {0: (50, 20)}),
+                  (40, 20, {0: (40, 20)}), (7, 0, {0: (7, 0)})])
+    run = bench.parse_run(path, prompt=64, generate=2)
+    assert run.prompt_counts == (640, 300) and run.token_counts == [(50, 20), (40, 20)]
+    assert run.prompt_threads == {0: (400, 150), 1: (240, 150)}
+    with pytest.raises(RuntimeError, match="5 intervals, expected 6"):
+        bench.parse_run(path, prompt=64, generate=3)
+
+
+def _run(prompt, prefill, tokens, threads=None):
+    return CountedRun(prompt, prefill, tokens, threads or {}, [{} for _ in tokens])
+
+
+def test_compose_scales_the_one_layer_growth_by_depth():
+    # Full model: 64-token prompt 6400 (100 per token), decode 50. One layer: linear 10 per
+    # token plus attention that grows past 256 entries.
+    full = _run(64, (6400, 640), [(60, 6), (50, 5)])
+    one = [_run(64, (640, 64), [(9, 1), (8, 1)]), _run(512, (5120 + 2000, 512 + 200), [(9, 1), (8 + 4, 1 + 2)])]
+    composed = bench.compose(full, one, layers=10)
+    assert composed.prefill[64] == (6400, 640)
+    assert composed.prefill[512] == (6400 * 8 + 10 * 2000, 640 * 8 + 10 * 200)
+    assert composed.decode[66] == (50, 5) and composed.decode[514] == (50 + 40, 5 + 20)
+    with pytest.raises(ValueError, match="prompt length 64"):
+        bench.compose(full, one[1:], layers=10)
+
+
+def test_thread_split_reports_the_added_instructions():
+    one = _run(8, (1000, 400), [(100, 40)])
+    many = CountedRun(8, (0, 0), [(0, 0)], {0: (700, 200), 1: (600, 200)}, [{0: (90, 30), 1: (50, 10)}])
+    split = bench.thread_split(one, many)
+    assert split["prefill"]["added_instructions"] == 300 and split["prefill"]["busiest_vector_share"] == 0.5
+    assert split["decode"]["vector_instructions"] == 40 and split["decode"]["busiest_vector_share"] == 0.75
+
+
+def _built() -> tuple[str, str, str] | None:
+    """(emulator, plugin, driver) when `./dev setup` built them on this checkout."""
+    deps = os.path.join(checkout.root(), ".deps")
+    qemu = os.path.join(deps, "qemu_plugins", "bin", "qemu-riscv64")
+    driver = os.path.join(deps, "llama_cpp", "riscv64", "llama_cpp_count_driver")
+    plugin = os.environ.get("RVASCEND_COUNT_PLUGIN", "")
+    return (qemu, plugin, driver) if all(os.path.exists(p) for p in (qemu, plugin, driver)) else None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="QEMU user mode")
+def test_driver_count_is_stable_and_sees_attention_grow():
+    built = _built()
+    if built is None:
+        pytest.fail("the plugin-capable QEMU, the count plugin ($RVASCEND_COUNT_PLUGIN) and the riscv64 llama.cpp "
+                    "driver are built by `./dev setup`; run the test through Bazel")
+    qemu, plugin, driver = built
+    from rvascend.build import llama_cpp
+    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models import gguf_export
+
+    image = os.path.join(checkout.root(), ".deps", "riscv64_image")
+    with tempfile.TemporaryDirectory() as tmp:
+        bf16, q4 = os.path.join(tmp, "tiny-bf16.gguf"), os.path.join(tmp, "tiny-q4_0.gguf")
+        gguf_export.export(ensure_random_model(), bf16)
+        subprocess.run([llama_cpp.python_path(), "-P", os.path.join(os.path.dirname(bench.__file__),
+                                                                    "llama_cpp_peer_guest.py"),
+                        f"--quantize-from={bf16}", "--ftype=q4_0", f"--model={q4}", "--threads=2"],
+                       check=True, capture_output=True)
+        first, second = (bench.run_counted(qemu, plugin, image, driver, q4, 1, 16, 2, True, 256, tmp)
+                         for _ in range(2))
+        for a, b in [(first.prompt_counts, second.prompt_counts), (first.token_counts[-1], second.token_counts[-1])]:
+            assert abs(a[0] - b[0]) <= 0.005 * a[0] and a[1] == b[1], (a, b)
+        # The cache holds 300 entries: attention reads 512 (padded to 256) instead of 256.
+        long = bench.run_counted(qemu, plugin, image, driver, q4, 1, 298, 2, True, 256, tmp)
+        assert long.token_counts[-1][0] > first.token_counts[-1][0] * 1.01
+        # Repacking off runs the row-by-row dot products: more instructions for the same product.
+        plain = bench.run_counted(qemu, plugin, image, driver, q4, 1, 16, 2, False, 256, tmp)
+        assert plain.token_counts[-1][0] > first.token_counts[-1][0] * 1.5
+        composed = bench.compose(first, [first, long], layers=4)
+        assert composed.decode[300][0] > composed.decode[18][0]
