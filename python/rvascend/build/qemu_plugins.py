@@ -4,7 +4,7 @@ The counting benches need both an emulator that runs Zvfh (llama.cpp's RVV kerne
 use half-precision vector instructions, which Debian 12's QEMU 7.2 lacks) and one
 that loads plugins (the instruction counter). Debian 13's qemu-user is static and
 cannot load plugins, so the same upstream release is built here with them: one
-target (riscv64-linux-user), no system emulation, no tools, about 10 minutes on
+target (riscv64-linux-user), no system emulation, no tools, about 2 minutes on
 two cores, once per checkout (.deps/qemu_plugins).
 """
 
@@ -56,7 +56,7 @@ def emulator(deps_dir: str) -> str:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise SetupError(f"QEMU build venv: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    logging.info("QEMU with plugins: configuring and building riscv64-linux-user (about 10 minutes)")
+    logging.info("QEMU with plugins: configuring and building riscv64-linux-user (about 2 minutes)")
     for cmd in ([os.path.join(source, "configure"), f"--prefix={root}", f"--python={python}", *CONFIGURE],
                 ["ninja", "-j", str(os.cpu_count() or 2), "qemu-riscv64"]):
         proc = subprocess.run(cmd, cwd=build, capture_output=True, text=True, check=False)
