@@ -19,6 +19,7 @@ from typing import Any
 from absl import app, flags
 
 from rvascend.bench import k1_model
+from rvascend.bench.calibration.fit import llama_cpp_tok_s
 from rvascend.bench.riscv64_step import project_record
 from rvascend.bench.results import print_table
 
@@ -29,22 +30,6 @@ THREADS = (4, 8)
 def _read(path: str, bench: str) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         return [r for r in (json.loads(line) for line in f) if r.get("bench") == bench]
-
-
-def llama_cpp_tok_s(record: dict[str, Any], kind: str, length: int, threads: int, board: k1_model.Board) -> float:
-    """llama.cpp's projected tok/s: a `length`-token prompt, or a token generated at context
-    `length`; its DRAM traffic is the file's matrices and, as this engine's projection counts
-    it, the K/V its attention reads (llama.cpp keeps them in F16 too)."""
-    from rvascend.engine import random_checkpoint
-
-    config = random_checkpoint.SHAPES[record["model"]]
-    kv = k1_model.unavoidable_bytes("attention", config, length, config["num_hidden_layers"])
-    if kind == "prefill":
-        n, v = record["prefill"][str(length)]
-        return length / board.seconds(n, v, record["decode_weight_bytes"] + kv, threads)
-    context = min(record["decode"], key=lambda c: abs(int(c) - length))
-    n, v = record["decode"][context]
-    return 1.0 / board.seconds(n, v, record["decode_weight_bytes"] + kv, threads)
 
 
 def rows(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], board: k1_model.Board) -> list[dict[str, Any]]:
@@ -59,7 +44,7 @@ def rows(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], board: k1_mod
         row = {"model": r["shape"], "type": r["mode"], "step": r["kind"], "length": r["context"]}
         for t in THREADS:
             row[f"ours_{t}"] = project_record(r, t, board)
-            speeds = {p["variant"]: llama_cpp_tok_s(p, r["kind"], r["context"], t, board) for p in peers}
+            speeds = {p["variant"]: llama_cpp_tok_s(p, r["kind"] == "prefill", r["context"], t, board) for p in peers}
             variant = max(speeds, key=speeds.get)
             row[f"llama_cpp_{t}"], row[f"llama_cpp_variant_{t}"] = speeds[variant], variant
             row[f"ratio_{t}"] = row[f"ours_{t}"] / speeds[variant]

@@ -55,22 +55,32 @@ def load_counts(path: str = COUNTS) -> dict[tuple[str, str, str], dict[str, Any]
     return counts
 
 
-def counted_test(point: dict[str, Any], record: dict[str, Any]) -> tuple[float, float, float, int]:
-    """(instructions, vector instructions, DRAM bytes, tokens) of the point's test in the counted
-    run: a whole prompt reads the weights once; a generated token reads them once, at the
-    counted context nearest the middle of the point's generated tokens."""
-    if point["test"] == "pp":
-        n, v = record["prefill"][str(point["length"])]
-        return n, v, record["decode_weight_bytes"], point["length"]
-    middle = point["prompt"] + point["length"] / 2
-    context = min(record["decode"], key=lambda c: abs(int(c) - middle))
-    n, v = record["decode"][context]
-    return n, v, record["decode_weight_bytes"], 1
+def llama_cpp_tok_s(record: dict[str, Any], prefill: bool, length: float, threads: int,
+                    board: k1_model.Board) -> float:
+    """llama.cpp's projected tok/s on a counted record: a `length`-token prompt (it reads the
+    weights once), or a token generated at the counted context nearest `length`. Its DRAM
+    traffic is the file's matrices and the K/V its attention reads at that length (F16, as
+    this engine's projection counts them)."""
+    from rvascend.engine import random_checkpoint
+
+    config = random_checkpoint.SHAPES[record["model"]]
+    if prefill:
+        context, tokens = int(length), int(length)
+        n, v = record["prefill"][str(context)]
+    else:
+        key = min(record["decode"], key=lambda c: abs(int(c) - length))
+        context, tokens = int(key), 1
+        n, v = record["decode"][key]
+    kv = k1_model.unavoidable_bytes("attention", config, context, config["num_hidden_layers"])
+    return tokens / board.seconds(n, v, record["decode_weight_bytes"] + kv, threads)
 
 
 def project(board: k1_model.Board, point: dict[str, Any], record: dict[str, Any]) -> float:
-    n, v, bytes_, tokens = counted_test(point, record)
-    return tokens / board.seconds(n, v, bytes_, point["threads"])
+    """A public point's test projected: pp as its prompt, tg as the token in the middle of
+    its generated ones."""
+    if point["test"] == "pp":
+        return llama_cpp_tok_s(record, True, point["length"], point["threads"], board)
+    return llama_cpp_tok_s(record, False, point["prompt"] + point["length"] / 2, point["threads"], board)
 
 
 def _board(x: Sequence[float], threads: int, base: k1_model.Board) -> k1_model.Board:

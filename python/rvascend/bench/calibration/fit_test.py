@@ -18,8 +18,8 @@ def test_nelder_mead_finds_the_minimum_of_a_bowl():
 
 
 def _record(prefill_n, decode_n, vector=0.0, weight_bytes=1e9):
-    return {"prefill": {"64": [prefill_n, vector]}, "decode": {"34": [decode_n, vector], "514": [9e99, 0]},
-            "decode_weight_bytes": weight_bytes}
+    return {"model": "tinyllama-1.1b", "prefill": {"64": [prefill_n, vector]},
+            "decode": {"34": [decode_n, vector], "514": [9e99, 0]}, "decode_weight_bytes": weight_bytes}
 
 
 def test_a_prompt_is_timed_whole_and_a_token_at_the_nearest_counted_context():
@@ -30,16 +30,18 @@ def test_a_prompt_is_timed_whole_and_a_token_at_the_nearest_counted_context():
     # tg10 after a 32-token prompt: context ~37, nearest counted 34 (not 514).
     assert fit.project(board, {"test": "tg", "length": 10, "prompt": 32, "threads": 8}, record) == pytest.approx(10)
     slow_memory = k1_model.Board("t", 1e9, 1.0, 1.0, {8: 1e9}, {8: 1.0}, "test")
+    # DRAM-bound: the weights and the K/V at context 34 (K and V, F16, 4 KV heads of 64, 22 layers).
+    kv = 2 * 2 * 34 * 4 * 64 * 22
     assert fit.project(slow_memory, {"test": "tg", "length": 10, "prompt": 32, "threads": 8}, record) == \
-        pytest.approx(1.0)
+        pytest.approx(1e9 / (1e9 + kv))
 
 
 def test_the_fit_recovers_constants_that_made_the_points():
     truth = k1_model.Board("truth", 1.6e9, 0.7, 3.0, {8: 5e9}, {8: 1.0}, "test")
-    records = {("m", "t", "a"): {"prefill": {"64": [6e9, 1e9]}, "decode": {"34": [1e8, 8e7]},
-                                 "decode_weight_bytes": 6e8},
-               ("m", "t", "b"): {"prefill": {"64": [3e9, 2e9]}, "decode": {"34": [9e7, 1e7]},
-                                 "decode_weight_bytes": 6e8}}
+    records = {("m", "t", "a"): {"model": "tinyllama-1.1b", "prefill": {"64": [6e9, 1e9]},
+                                 "decode": {"34": [1e8, 8e7]}, "decode_weight_bytes": 6e8},
+               ("m", "t", "b"): {"model": "tinyllama-1.1b", "prefill": {"64": [3e9, 2e9]},
+                                 "decode": {"34": [9e7, 1e7]}, "decode_weight_bytes": 6e8}}
     points = []
     for variant in ("a", "b"):
         for test, extra in (("pp", {"length": 64}), ("tg", {"length": 4, "prompt": 32})):
