@@ -49,10 +49,15 @@ class Board:
     efficiency: dict[int, float]
     sources: str
 
-    def _at(self, table: dict[int, float], threads: int) -> float:
+    @staticmethod
+    def _at(table: dict[int, float], threads: int) -> float:
+        """The entry for the largest thread count up to `threads` (the smallest one below all)."""
         known = sorted(table)
         below = [t for t in known if t <= threads]
         return table[below[-1] if below else known[0]]
+
+    def bandwidth_at(self, threads: int) -> float:
+        return self._at(self.bandwidth, threads)
 
     def compute_seconds(self, instructions: float, vector: float, threads: int, ipc: float | None = None) -> float:
         scalar = instructions - vector
@@ -63,7 +68,7 @@ class Board:
                 ipc: float | None = None) -> float:
         """A step's time: its compute or its DRAM traffic, whichever is longer."""
         return max(self.compute_seconds(instructions, vector, threads, ipc),
-                   bytes_ / self._at(self.bandwidth, threads))
+                   bytes_ / self.bandwidth_at(threads))
 
 
 # The constants the projections used before any measured board was compared with them.

@@ -109,10 +109,9 @@ def library_of(path: str) -> str:
 def _bazel_outputs() -> tuple[str, str, str]:
     targets = ["//python:rvv_kernels_extension_riscv64_image", "//python:qemu_count_plugin.so",
                "//python:rgdr_extension_riscv64_image"]
-    logging.info("building %s", " ".join(targets))
-    subprocess.run(["bazel", "build", *targets], cwd=checkout.root(), check=True)
-    bin_dir = subprocess.run(["bazel", "info", "bazel-bin"], cwd=checkout.root(), check=True, capture_output=True,
-                             text=True).stdout.strip()
+    from rvascend.build import steps
+
+    bin_dir = steps.bazel_bin(targets)
     return (os.path.join(bin_dir, "python", "rvv_kernels_extension_riscv64_image", "_rvv_kernels.so"),
             os.path.join(bin_dir, "python", "qemu_count_plugin.so"),
             os.path.join(bin_dir, "python", "rgdr_extension_riscv64_image", "_rgdr.so"))

@@ -16,6 +16,14 @@ class SetupError(RuntimeError):
     """A set-up step could not be completed; the message names what and why."""
 
 
+def run_step(cmd: Sequence[str], cwd: str | None = None) -> None:
+    """Runs one command of a set-up step with its output captured; a failure is a SetupError
+    that shows the command and the end of its output."""
+    proc = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SetupError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+
+
 def apt_mirror_uri(sources_dir: str = "/etc/apt") -> str:
     """The first Debian archive URI in the machine's apt configuration.
 

@@ -7,7 +7,7 @@ as the K1 reports in llama.cpp's PRs build it), compiled with the pinned GCC 14 
 the toolchain root, and linked with the project's driver of its C API
 (bench/llama_cpp_count_driver.cc). Runtime repacking is on in the build; the
 driver's --no-repack turns it off per run (the vec_dot variant the PRs also
-report). About 15 minutes on two cores, once per checkout (.deps/llama_cpp/riscv64).
+report). About 6 minutes on two cores, once per checkout (.deps/llama_cpp/riscv64).
 Nothing of llama.cpp enters this repository.
 """
 
@@ -17,12 +17,11 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 
 from absl import logging
 
 from rvascend import checkout
-from rvascend.build import llama_cpp, toolchain_root
+from rvascend.build import debian, llama_cpp, toolchain_root
 from rvascend.build.debian import SetupError
 
 CMAKE_OPTIONS = (
@@ -72,10 +71,11 @@ def _libraries(work: str) -> tuple[str, list[str], dict[str, str]]:
             f.write(toolchain_root.wrapper_script(tool, [work, "/tmp"]))
         os.chmod(compilers[name], 0o755)
     logging.info("llama.cpp riscv64: configuring (GCC 14 from the toolchain root)")
-    _run(["cmake", "-S", src, "-B", build, f"-DCMAKE_C_COMPILER={compilers['cc']}",
-          f"-DCMAKE_CXX_COMPILER={compilers['c++']}", *CMAKE_OPTIONS], work)
+    debian.run_step(["cmake", "-S", src, "-B", build, f"-DCMAKE_C_COMPILER={compilers['cc']}",
+                     f"-DCMAKE_CXX_COMPILER={compilers['c++']}", *CMAKE_OPTIONS], cwd=work)
     logging.info("llama.cpp riscv64: building libllama and ggml (about 6 minutes on two cores)")
-    _run(["cmake", "--build", build, "--target", "llama", "-j", str(len(os.sched_getaffinity(0)))], work)
+    debian.run_step(["cmake", "--build", build, "--target", "llama", "-j", str(len(os.sched_getaffinity(0)))],
+                    cwd=work)
     missing = [p for p in libs if not os.path.exists(p)]
     if missing:
         raise SetupError(f"llama.cpp riscv64 build did not produce {missing}")
@@ -96,14 +96,9 @@ def driver(work: str | None = None) -> str:
     copy = os.path.join(work, os.path.basename(DRIVER))  # inside the sandbox's view
     with open(copy, "wb") as f:
         f.write(source)
-    _run([compilers["c++"], "-O2", "-std=c++17", f"-I{src}/include", f"-I{src}/ggml/include", copy, *libs,
-          "-lpthread", "-lm", "-o", binary], work)
+    debian.run_step([compilers["c++"], "-O2", "-std=c++17", f"-I{src}/include", f"-I{src}/ggml/include", copy,
+                     *libs, "-lpthread", "-lm", "-o", binary], cwd=work)
     _write_stamp(stamp_path, stamp)
     logging.info("llama.cpp riscv64: %s", binary)
     return binary
 
-
-def _run(cmd: list[str], cwd: str) -> None:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SetupError(f"{' '.join(cmd[:3])} ... failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 
@@ -20,7 +19,6 @@ from absl import logging
 
 from rvascend import checkout
 from rvascend.build import debian, debian_lock
-from rvascend.build.debian import SetupError
 
 LOCK = os.path.join(checkout.root(), "toolchains", "qemu", "qemu_source.lock.json")
 # Host packages the build needs (Debian 12): glib's headers and the build tools.
@@ -37,8 +35,10 @@ def emulator(deps_dir: str) -> str:
     root = os.path.join(deps_dir, "qemu_plugins")
     binary = os.path.join(root, "bin", "qemu-riscv64")
     stamp = os.path.join(root, "INSTALLED")
-    if os.path.exists(binary) and os.path.exists(stamp) and open(stamp).read().strip() == lock.digest():
-        return binary
+    if os.path.exists(binary) and os.path.exists(stamp):
+        with open(stamp, encoding="utf-8") as f:
+            if f.read().strip() == lock.digest():
+                return binary
     debian.ensure_packages(BUILD_PACKAGES)
     (tarball,) = debian_lock.fetch(lock, os.path.join(deps_dir, "downloads"))
     work = os.path.join(deps_dir, "qemu_plugins_build")
@@ -52,16 +52,12 @@ def emulator(deps_dir: str) -> str:
     os.makedirs(build)
     venv = os.path.join(work, "venv")
     python = os.path.join(venv, "bin", "python3")
-    for cmd in ([sys.executable, "-m", "venv", venv], [python, "-m", "pip", "install", "-q", *BUILD_PYTHON_PACKAGES]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise SetupError(f"QEMU build venv: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    debian.run_step([sys.executable, "-m", "venv", venv])
+    debian.run_step([python, "-m", "pip", "install", "-q", *BUILD_PYTHON_PACKAGES])
     logging.info("QEMU with plugins: configuring and building riscv64-linux-user (about 2 minutes)")
-    for cmd in ([os.path.join(source, "configure"), f"--prefix={root}", f"--python={python}", *CONFIGURE],
-                ["ninja", "-j", str(os.cpu_count() or 2), "qemu-riscv64"]):
-        proc = subprocess.run(cmd, cwd=build, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise SetupError(f"QEMU build step {cmd[0]} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    debian.run_step([os.path.join(source, "configure"), f"--prefix={root}", f"--python={python}", *CONFIGURE],
+                    cwd=build)
+    debian.run_step(["ninja", "-j", str(len(os.sched_getaffinity(0))), "qemu-riscv64"], cwd=build)
     os.makedirs(os.path.dirname(binary), exist_ok=True)
     shutil.copy(os.path.join(build, "qemu-riscv64"), binary)
     with open(stamp, "w") as f:
@@ -71,10 +67,9 @@ def emulator(deps_dir: str) -> str:
     return binary
 
 
+
 def count_plugin() -> str:
     """The counting plugin (bench/qemu_count_plugin.cc), built with Bazel."""
-    root = checkout.root()
-    subprocess.run(["bazel", "build", "//python:qemu_count_plugin.so"], cwd=root, check=True)
-    bin_dir = subprocess.run(["bazel", "info", "bazel-bin"], cwd=root, check=True, capture_output=True,
-                             text=True).stdout.strip()
-    return os.path.join(bin_dir, "python", "qemu_count_plugin.so")
+    from rvascend.build import steps
+
+    return os.path.join(steps.bazel_bin(["//python:qemu_count_plugin.so"]), "python", "qemu_count_plugin.so")

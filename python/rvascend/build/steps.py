@@ -282,6 +282,14 @@ def bazel(args: Sequence[str], dry_run: bool = False) -> int:
     return _run(["bazel", *args], dry_run, cwd=REPO_ROOT)
 
 
+def bazel_bin(targets: Sequence[str]) -> str:
+    """Builds `targets` in this checkout; returns bazel-bin, where their outputs are."""
+    logging.info("building %s", " ".join(targets))
+    subprocess.run(["bazel", "build", *targets], cwd=REPO_ROOT, check=True)
+    return subprocess.run(["bazel", "info", "bazel-bin"], cwd=REPO_ROOT, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
 _TEST_STATUS = re.compile(r"^(//\S+)\s+(?:\(cached\) )?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE|REMOTE FAILURE|FAILED TO BUILD)\b")
 
 

@@ -1,5 +1,6 @@
-"""Set-up's image steps: the tree hash covers sources, not the bytecode compiled
-from them; the bytecode step runs once per import list."""
+"""Set-up's steps: the image's tree hash covers sources, not the bytecode compiled
+from them; the bytecode step runs once per import list; a failed build command is
+a SetupError showing its output."""
 
 from __future__ import annotations
 
@@ -51,3 +52,11 @@ def test_bytecode_step_failure_is_a_setup_error(tmp_path, monkeypatch):
     with pytest.raises(steps.SetupError, match="could not import its packages"):
         steps.ensure_image_bytecode(str(tmp_path), dry_run=False)
     assert not os.path.exists(os.path.join(str(tmp_path), steps.BYTECODE_STAMP))
+
+
+def test_a_failed_build_command_is_a_setup_error_with_its_output(tmp_path):
+    from rvascend.build import debian
+
+    debian.run_step(["true"], cwd=str(tmp_path))
+    with pytest.raises(debian.SetupError, match=r"(?s)sh -c .* failed \(3\):\n.*out-line.*err-line"):
+        debian.run_step(["sh", "-c", "echo out-line; echo err-line >&2; exit 3"], cwd=str(tmp_path))

@@ -140,7 +140,7 @@ def fit(points: list[dict[str, Any]], counts: dict[tuple[str, str, str], dict[st
     (t,) = threads
     training = [p for p in usable if not p["held_out"]]
 
-    x0 = [math.log(base.ipc_scalar), math.log(base.cpi_vector), math.log(base._at(base.bandwidth, t))]
+    x0 = [math.log(base.ipc_scalar), math.log(base.cpi_vector), math.log(base.bandwidth_at(t))]
 
     def loss(x: list[float]) -> float:
         board = _board(x, t, base)
