@@ -2,7 +2,7 @@
 subpackages below it, and no two modules import each other, however indirectly.
 
 From the top: the tooling (bench, which drives build, and repro), then the request path
-server -> engine -> policy (installs) -> models -> dispatch (what models call
+server -> engine -> tokenizer -> policy (installs) -> models -> dispatch (what models call
 at run time) -> ops (the kernels) -> runtime (allocator, cache, pinned files);
 the package's own modules (rvascend/*.py) import none of them. Imports under
 `if TYPE_CHECKING:` run never and are not counted. No exceptions list: a new
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-LAYERS = ("bench", "build", "repro", "server", "engine", "policy", "models", "dispatch", "ops", "runtime")
+LAYERS = ("bench", "build", "repro", "server", "engine", "tokenizer", "policy", "models", "dispatch", "ops", "runtime")
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -1,5 +1,8 @@
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
 
+#include <stdexcept>
+#include <string>
+
 #include "rvv_kernels/linear/bf16_packed_ukernels.h"
 #include "rvv_kernels/base/cpu_features.h"
 #include "rvv_kernels/linear/packed_layout.h"
@@ -97,6 +100,33 @@ const Bf16PackedKernelSet* FindKernelSet(const std::string& name) {
     if (name == set->name) return set;
   }
   return nullptr;
+}
+
+const Bf16PackedKernelSet& ChooseKernelSet(const std::string& name, size_t block_n) {
+  if (name.empty()) {
+    const Bf16PackedKernelSet* best = BestKernelSetFor(block_n);
+    if (best == nullptr) {
+      throw std::invalid_argument("no kernel set on this CPU reads a weight packed with block_n " +
+                                  std::to_string(block_n) + " (layout version 2 is packed for one VLEN: " +
+                                  "VLEN/2 columns per block); re-pack it on this machine");
+    }
+    return *best;
+  }
+  const Bf16PackedKernelSet* set = FindKernelSet(name);
+  if (set == nullptr) {
+    std::string available;
+    for (const auto* s : AvailableKernelSets()) available += std::string(available.empty() ? "" : ", ") + s->name;
+    throw std::invalid_argument("kernel set '" + name + "' is not available on this CPU/build (available: " +
+                                available + ")");
+  }
+  // A named set reads its own layout; a weight packed for another block_n would be
+  // read as the wrong columns without any error.
+  if (block_n != 0 && KernelSetBlockN(*set) != block_n) {
+    throw std::invalid_argument("kernel set '" + name + "' reads block_n " + std::to_string(KernelSetBlockN(*set)) +
+                                " (its packed layout), but this weight is packed with block_n " +
+                                std::to_string(block_n) + ": re-pack it for that set or use the best set ('')");
+  }
+  return *set;
 }
 
 }  // namespace rvascend

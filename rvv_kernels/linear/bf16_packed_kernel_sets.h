@@ -28,6 +28,11 @@ size_t KernelSetBlockN(const Bf16PackedKernelSet& set);
 // The best available set that reads `block_n`, or nullptr.
 const Bf16PackedKernelSet* BestKernelSetFor(size_t block_n);
 
+// The available set called `name`, or (name "") the best one reading `block_n`;
+// std::invalid_argument when there is none, or when the named set reads another
+// block_n than the weights were packed with (block_n 0: any).
+const Bf16PackedKernelSet& ChooseKernelSet(const std::string& name, size_t block_n);
+
 // Layout version 2's block on this machine (VLEN/2): the block of the best
 // available set that reads version 2, or 0 where none does.
 size_t WideKernelSetBlockN();

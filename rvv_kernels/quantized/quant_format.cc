@@ -23,14 +23,6 @@ std::string KeptNames() {
 
 const QuantFormatInfo& FormatInfo(QuantFormat format) { return kFormats[static_cast<int>(format)]; }
 
-QuantFormat FormatAt(int64_t index) {
-  if (index < 0 || static_cast<size_t>(index) >= kQuantFormatCount) {
-    throw std::invalid_argument("quantized format index " + std::to_string(index) + " is not one of the " +
-                                std::to_string(kQuantFormatCount) + " kept formats (" + KeptNames() + ")");
-  }
-  return static_cast<QuantFormat>(index);
-}
-
 QuantFormat FormatFromGgmlType(int ggml_type) {
   for (size_t i = 0; i < kQuantFormatCount; ++i) {
     if (kFormats[i].ggml_type == ggml_type) return static_cast<QuantFormat>(i);

@@ -62,10 +62,6 @@ struct QuantFormatInfo {
 
 const QuantFormatInfo& FormatInfo(QuantFormat format);
 
-// The format at `index` in quant_formats.inc's order (a descriptor's field); throws
-// std::invalid_argument naming the index if there is none.
-QuantFormat FormatAt(int64_t index);
-
 // The format of a GGML type id or name; throws std::invalid_argument naming it if
 // it is not one of the kept formats.
 QuantFormat FormatFromGgmlType(int ggml_type);

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -24,6 +25,7 @@ import tempfile
 import httpx
 import openai
 
+from rvascend import checkout
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.server import riscv64
 from rvascend.server.launch import ServeOptions, build_engine
@@ -76,7 +78,7 @@ def host_greedy(model: str, requests: list[list[int]], policy: bool, near_tie: f
 
 
 def chat_ids(model: str, messages: list[dict]) -> list[int]:
-    from rvascend.engine.tokenizer import Tokenizer
+    from rvascend.tokenizer.tokenizer import Tokenizer
 
     tok = Tokenizer(model)
     return tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
@@ -90,7 +92,8 @@ def main() -> int:
     parser.add_argument("--part", choices=("random_model", "default_model"), required=True)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
-        site = riscv64.install_wheel(args.qemu, args.image, os.path.abspath(args.wheel), os.path.join(tmp, "site"))
+        site = riscv64.install_wheel(args.qemu, args.image, os.path.abspath(args.wheel), os.path.join(tmp, "site"),
+                                     riscv64.board_wheels(os.path.join(checkout.root(), ".deps")))
         assert os.path.exists(os.path.join(site, "rvascend", "ops", "_rvv_kernels.so"))
         if args.part == "random_model":
             failures = serve_random_model(args, site, tmp)
@@ -102,7 +105,7 @@ def main() -> int:
 
 def serve_random_model(args, site: str, tmp: str) -> int:
     model = ensure_random_model()
-    from rvascend.engine.tokenizer import Tokenizer
+    from rvascend.tokenizer.tokenizer import Tokenizer
 
     want_completion, want_chat = host_greedy(
         model, [Tokenizer(model).encode(PROMPT), chat_ids(model, CHAT)], policy=True,
@@ -126,6 +129,10 @@ def serve_random_model(args, site: str, tmp: str) -> int:
                                                stream=True, logprobs=0):
                 if c.choices and c.choices[0].logprobs is not None:
                     streamed.extend(c.choices[0].logprobs.tokens)
+            # Constrained output through llguidance's riscv64 wheel (only with V: one run suffices).
+            constrained = client.completions.create(
+                model="x", prompt=PROMPT, max_tokens=8, temperature=0.7, seed=1,
+                extra_body={"guided_regex": "[a-c]{2}-[0-9]{2}"}).choices[0].text if vector else "ab-01"
             metrics = httpx.get(url + "/metrics").text
         finally:
             stop(proc)
@@ -136,6 +143,7 @@ def serve_random_model(args, site: str, tmp: str) -> int:
             "streamed tokens equal the host engine's": streamed[:len(want_completion)] == want_completion,
             "the start-up log names the CPU": "CPU: riscv64 rvv=" + ("1" if vector else "0") in text,
             "no SIGILL": "Illegal instruction" not in text,
+            "a guided_regex output matches it": re.fullmatch("[a-c]{2}-[0-9]{2}", constrained) is not None,
         }
         if vector:
             checks["packed route taken"] = 'route="packed"' in metrics

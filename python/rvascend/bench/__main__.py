@@ -57,6 +57,9 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         # Not in the default set: 1, 2 and 4 servers behind sglang-router (about 5 minutes).
         "scale_out": ["rvascend.bench.scale_out", f"--output={out}/scale_out.jsonl"]
         + (["--workers=1,2", "--num-prompts=8", "--latency-pairs=10", "--shape=test"] if quick else []),
+        # Not in the default set: a decode step with and without a grammar (llguidance's masks).
+        "structured_output": ["rvascend.bench.structured_output", f"--output={out}/structured_output.jsonl"] + model
+        + (["--steps=8", "--rounds=1", "--batch=2"] if quick else []),
         # Not in the default set: 16 clients, valid and hostile requests mixed, for --seconds (default 60).
         "soak": ["rvascend.bench.soak", f"--output={out}/soak.jsonl"] + model + (["--seconds=20"] if quick else []),
         # Not in the default set: llama.cpp's riscv64 build counted under QEMU on the files of llama.cpp's

@@ -40,7 +40,9 @@ BANDWIDTH_ONE_THREAD = 2.6e9  # bytes/s
 class Board:
     """The time model's constants. `efficiency[t]` is the share of t cores' issue rate the
     counted instructions get (synchronisation, imbalance, two clusters sharing DRAM);
-    `bandwidth[t]` the DRAM bytes/s t threads stream."""
+    `bandwidth[t]` the DRAM bytes/s t threads stream. `cpi_kinds` the cycles of a vector
+    instruction by kind (qemu_count_plugin.cc's kinds) where the count has them; a kind it
+    leaves out, and a count without kinds, take `cpi_vector`."""
     name: str
     clock_hz: float
     ipc_scalar: float
@@ -48,6 +50,7 @@ class Board:
     bandwidth: dict[int, float]
     efficiency: dict[int, float]
     sources: str
+    cpi_kinds: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @staticmethod
     def _at(table: dict[int, float], threads: int) -> float:
@@ -59,15 +62,23 @@ class Board:
     def bandwidth_at(self, threads: int) -> float:
         return self._at(self.bandwidth, threads)
 
-    def compute_seconds(self, instructions: float, vector: float, threads: int, ipc: float | None = None) -> float:
+    def vector_cycles(self, vector: float, kinds: dict[str, float] | None = None) -> float:
+        """Cycles of `vector` vector instructions, `kinds` of them by kind."""
+        if not kinds or not self.cpi_kinds:
+            return vector * self.cpi_vector
+        by_kind = sum(n * self.cpi_kinds.get(kind, self.cpi_vector) for kind, n in kinds.items())
+        return by_kind + (vector - sum(kinds.values())) * self.cpi_vector
+
+    def compute_seconds(self, instructions: float, vector: float, threads: int, ipc: float | None = None,
+                        kinds: dict[str, float] | None = None) -> float:
         scalar = instructions - vector
-        cycles = scalar / (ipc or self.ipc_scalar) + vector * self.cpi_vector
+        cycles = scalar / (ipc or self.ipc_scalar) + self.vector_cycles(vector, kinds)
         return cycles / (self.clock_hz * threads * self._at(self.efficiency, threads))
 
     def seconds(self, instructions: float, vector: float, bytes_: float, threads: int,
-                ipc: float | None = None) -> float:
+                ipc: float | None = None, kinds: dict[str, float] | None = None) -> float:
         """A step's time: its compute or its DRAM traffic, whichever is longer."""
-        return max(self.compute_seconds(instructions, vector, threads, ipc),
+        return max(self.compute_seconds(instructions, vector, threads, ipc, kinds),
                    bytes_ / self.bandwidth_at(threads))
 
 
@@ -113,11 +124,12 @@ class Region:
     instructions: float
     vector_instructions: float
     bytes: float  # DRAM traffic the region cannot avoid (weights, K/V)
+    vector_kinds: dict[str, float] | None = None  # the vector instructions by kind, where counted
 
 
 def region_seconds(r: Region, threads: int, ipc: float | None = None, board: Board = ASSUMED) -> float:
     t = threads if r.name in PARALLEL_REGIONS else 1
-    return board.seconds(r.instructions, r.vector_instructions, r.bytes, t, ipc)
+    return board.seconds(r.instructions, r.vector_instructions, r.bytes, t, ipc, r.vector_kinds)
 
 
 def tokens_per_second(regions: list[Region], sequences: int, threads: int, ipc: float | None = None,

@@ -42,7 +42,7 @@ from absl import app, flags, logging
 
 from rvascend import checkout
 from rvascend.bench import k1_model
-from rvascend.bench.plugin_intervals import interval_totals, read_thread_intervals
+from rvascend.bench import plugin_intervals
 from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
@@ -68,12 +68,15 @@ def _define_flags() -> None:
 
 @dataclasses.dataclass
 class CountedRun:
-    """One driver run: the prompt's count, each generated token's, and per-thread splits."""
+    """One driver run: the prompt's count, each generated token's, per-thread splits and
+    vector instructions by kind (qemu_count_plugin.cc's kinds)."""
     prompt: int
     prompt_counts: tuple[int, int]            # (instructions, vector instructions)
     token_counts: list[tuple[int, int]]
     prompt_threads: dict[int, tuple[int, int]]
     token_threads: list[dict[int, tuple[int, int]]]
+    prompt_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
+    token_kinds: list[dict[str, int]] = dataclasses.field(default_factory=list)
 
 
 def run_counted(qemu: str, plugin: str, image: str, driver: str, gguf: str, threads: int, prompt: int,
@@ -92,8 +95,9 @@ def run_counted(qemu: str, plugin: str, image: str, driver: str, gguf: str, thre
 
 def parse_run(path: str, prompt: int, generate: int) -> CountedRun:
     """Intervals: start-up and loading, the prompt, one per generated token, exit."""
-    totals = interval_totals(path)
-    threads = read_thread_intervals(path)
+    intervals = plugin_intervals.read(path)
+    totals = plugin_intervals.interval_totals(path)
+    threads, kinds = intervals.threads, intervals.kinds
     expected = 1 + (1 if prompt else 0) + generate + 1
     if len(totals) != expected:
         raise RuntimeError(f"{path}: {len(totals)} intervals, expected {expected} (prompt {prompt}, "
@@ -102,7 +106,9 @@ def parse_run(path: str, prompt: int, generate: int) -> CountedRun:
     return CountedRun(prompt=prompt, prompt_counts=totals[1] if prompt else (0, 0),
                       token_counts=totals[first:first + generate],
                       prompt_threads=threads.get(1, {}) if prompt else {},
-                      token_threads=[threads.get(i, {}) for i in range(first, first + generate)])
+                      token_threads=[threads.get(i, {}) for i in range(first, first + generate)],
+                      prompt_kinds=kinds.get(1, {}) if prompt else {},
+                      token_kinds=[kinds.get(i, {}) for i in range(first, first + generate)])
 
 
 def _decode(run: CountedRun) -> tuple[int, int]:
@@ -119,10 +125,12 @@ def _context(run: CountedRun) -> int:
 @dataclasses.dataclass(frozen=True)
 class Composed:
     """The whole model's counts at every measured length: prefill by prompt length and decode
-    by context, each (instructions, vector instructions)."""
+    by context, each (instructions, vector instructions), and their vector instructions by kind."""
     layers: int
     prefill: dict[int, tuple[float, float]]
     decode: dict[int, tuple[float, float]]
+    prefill_kinds: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    decode_kinds: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 def compose(full: CountedRun, one_layer: list[CountedRun], layers: int) -> Composed:
@@ -139,13 +147,27 @@ def compose(full: CountedRun, one_layer: list[CountedRun], layers: int) -> Compo
     if base is None or len(full.token_counts) != len(base.token_counts):
         raise ValueError(f"the one-layer runs need the full run's prompt length {full.prompt} and token count")
     p0 = full.prompt
-    prefill, decode = {}, {}
+
+    def prompt_at(p: int, whole: float, one: float, one_base: float) -> float:
+        return whole * p / p0 + layers * (one - one_base * p / p0)
+
+    def token_at(whole: float, one: float, one_base: float) -> float:
+        return whole + layers * (one - one_base)
+
+    def by_kind(f, whole: dict[str, int], one: dict[str, int], one_base: dict[str, int]) -> dict[str, float]:
+        return {k: f(whole.get(k, 0), one.get(k, 0), one_base.get(k, 0)) for k in sorted({*whole, *one, *one_base})}
+
+    prefill, decode, prefill_kinds, decode_kinds = {}, {}, {}, {}
     for p, run in sorted(by_prompt.items()):
-        prefill[p] = tuple(full.prompt_counts[k] * p / p0 + layers * (run.prompt_counts[k] - base.prompt_counts[k]
-                                                                       * p / p0) for k in (0, 1))
-        decode[_context(run)] = tuple(_decode(full)[k] + layers * (_decode(run)[k] - _decode(base)[k])
-                                      for k in (0, 1))
-    return Composed(layers, prefill, decode)
+        prefill[p] = tuple(prompt_at(p, full.prompt_counts[k], run.prompt_counts[k], base.prompt_counts[k])
+                           for k in (0, 1))
+        prefill_kinds[p] = by_kind(lambda *v, p=p: prompt_at(p, *v), full.prompt_kinds, run.prompt_kinds,
+                                   base.prompt_kinds)
+        c = _context(run)
+        decode[c] = tuple(token_at(_decode(full)[k], _decode(run)[k], _decode(base)[k]) for k in (0, 1))
+        decode_kinds[c] = by_kind(token_at, full.token_kinds[-1], run.token_kinds[-1], base.token_kinds[-1]) \
+            if full.token_kinds else {}
+    return Composed(layers, prefill, decode, prefill_kinds, decode_kinds)
 
 
 def thread_split(one: CountedRun, many: CountedRun) -> dict[str, Any]:
@@ -211,6 +233,8 @@ def main(argv: list[str]) -> int:
                     "vlen": FLAGS.vlen, "layers": layers, "base_prompt": base_prompt, "generate": FLAGS.generate,
                     "prefill": {str(p): list(v) for p, v in composed.prefill.items()},
                     "decode": {str(c): list(v) for c, v in composed.decode.items()},
+                    "prefill_kinds": {str(p): v for p, v in composed.prefill_kinds.items()},
+                    "decode_kinds": {str(c): v for c, v in composed.decode_kinds.items()},
                     "file_bytes": os.path.getsize(gguf), "decode_weight_bytes": llama_cpp_peer.decode_step_bytes(gguf),
                     "prefill_per_token_64": composed.prefill[base_prompt][0] / base_prompt,
                     "decode_at_64": decode_64[0], "decode_vector_share": decode_64[1] / decode_64[0],

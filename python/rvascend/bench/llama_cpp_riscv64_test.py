@@ -22,6 +22,8 @@ def _write(path, intervals):
             f.write(f"I {i}\n10 {n} {v}\n")
             for t, (tn, tv) in threads.items():
                 f.write(f"T {t} {tn} {tv}\n")
+            if v:
+                f.write(f"K memory {v // 4}\nK multiply {v - v // 4}\n")
 
 
 def test_parse_run_names_prompt_and_tokens(tmp_path):
@@ -31,12 +33,16 @@ def test_parse_run_names_prompt_and_tokens(tmp_path):
     run = bench.parse_run(path, prompt=64, generate=2)
     assert run.prompt_counts == (640, 300) and run.token_counts == [(50, 20), (40, 20)]
     assert run.prompt_threads == {0: (400, 150), 1: (240, 150)}
+    assert run.prompt_kinds == {"memory": 75, "multiply": 225} and run.token_kinds[-1] == {"memory": 5, "multiply": 15}
     with pytest.raises(RuntimeError, match="5 intervals, expected 6"):
         bench.parse_run(path, prompt=64, generate=3)
 
 
 def _run(prompt, prefill, tokens, threads=None):
-    return CountedRun(prompt, prefill, tokens, threads or {}, [{} for _ in tokens])
+    # Every vector instruction a reduction but one memory access per token.
+    return CountedRun(prompt, prefill, tokens, threads or {}, [{} for _ in tokens],
+                      {"memory": prompt, "reduction": prefill[1] - prompt},
+                      [{"memory": 1, "reduction": v - 1} for _, v in tokens])
 
 
 def test_compose_scales_the_one_layer_growth_by_depth():
@@ -48,6 +54,10 @@ def test_compose_scales_the_one_layer_growth_by_depth():
     assert composed.prefill[64] == (6400, 640)
     assert composed.prefill[512] == (6400 * 8 + 10 * 2000, 640 * 8 + 10 * 200)
     assert composed.decode[66] == (50, 5) and composed.decode[514] == (50 + 40, 5 + 20)
+    # Kinds compose the same way, and add up to the vector instructions.
+    for p, kinds in composed.prefill_kinds.items():
+        assert sum(kinds.values()) == composed.prefill[p][1]
+    assert composed.decode_kinds[514] == {"memory": 1, "reduction": 5 - 1 + 10 * 2}
     with pytest.raises(ValueError, match="prompt length 64"):
         bench.compose(full, one[1:], layers=10)
 
@@ -92,11 +102,16 @@ def test_driver_count_is_stable_and_sees_attention_grow():
                          for _ in range(2))
         for a, b in [(first.prompt_counts, second.prompt_counts), (first.token_counts[-1], second.token_counts[-1])]:
             assert abs(a[0] - b[0]) <= 0.005 * a[0] and a[1] == b[1], (a, b)
+        # Every vector instruction has one kind; the kinds are as deterministic as the count.
+        assert sum(first.token_kinds[-1].values()) == first.token_counts[-1][1]
+        assert first.token_kinds[-1] == second.token_kinds[-1] and first.token_kinds[-1]["config"] > 0
         # The cache holds 300 entries: attention reads 512 (padded to 256) instead of 256.
         long = bench.run_counted(qemu, plugin, image, driver, q4, 1, 298, 2, True, 256, tmp)
         assert long.token_counts[-1][0] > first.token_counts[-1][0] * 1.01
         # Repacking off runs the row-by-row dot products: more instructions for the same product.
         plain = bench.run_counted(qemu, plugin, image, driver, q4, 1, 16, 2, False, 256, tmp)
         assert plain.token_counts[-1][0] > first.token_counts[-1][0] * 1.5
+        # The row-by-row dot products end every block in a reduction; the repacked tiles do not.
+        assert plain.token_kinds[-1].get("reduction", 0) > 2 * first.token_kinds[-1].get("reduction", 0)
         composed = bench.compose(first, [first, long], layers=4)
         assert composed.decode[300][0] > composed.decode[18][0]

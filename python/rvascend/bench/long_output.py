@@ -20,7 +20,7 @@ from absl import app, flags, logging
 from rvascend.bench import engine_model
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine.tokenizer import Tokenizer
+from rvascend.tokenizer.tokenizer import Tokenizer
 
 FLAGS = flags.FLAGS
 

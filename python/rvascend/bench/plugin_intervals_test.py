@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rvascend.bench import image_instruction_count
-from rvascend.bench.plugin_intervals import interval_totals, read_intervals, read_thread_intervals
+from rvascend.bench.plugin_intervals import interval_totals, read, read_intervals, read_thread_intervals
 
 # Start-up, then markers 0..3: regions (0, 1) and (2, 3); interval 2 (a gap) is empty.
 OUTPUT = """I 0
@@ -14,10 +14,13 @@ I 1
 7b 5 0
 T 0 20 12
 T 1 15 0
+K memory 4
+K reduction 8
 I 2
 I 3
 7a 70 40
 T 1 70 40
+K multiply 40
 I 4
 10 9 0
 T 0 9 0
@@ -45,3 +48,10 @@ def test_threads_and_totals(tmp_path):
     assert threads[1] == {0: (20, 12), 1: (15, 0)}
     assert threads[2] == {} and threads[3] == {1: (70, 40)}
     assert interval_totals(str(path)) == [(500, 0), (35, 12), (0, 0), (70, 40), (9, 0)]
+
+
+def test_vector_kinds(tmp_path):
+    path = tmp_path / "counts.txt"
+    path.write_text(OUTPUT)
+    kinds = read(str(path)).kinds
+    assert kinds == {0: {}, 1: {"memory": 4, "reduction": 8}, 2: {}, 3: {"multiply": 40}, 4: {}}

@@ -84,7 +84,7 @@ def staleness_check_costs(path: str) -> dict[str, float]:
     weight = route._module().weight
     fused = fused_decoder.fused_decoder_of(model)
     pool = KVPool(model.config, 8, torch.bfloat16)
-    plan, why = fused_decoder._Plan.build(fused.layers, fused.final_norm, pool, fused.head)
+    plan, why = fused_decoder._Plan.build(fused, pool)
     if plan is None:
         raise RuntimeError(f"the fused step's plan could not be built: {why}")
     route_s, plan_s = time_calls([lambda: route.packed_weight(weight), lambda: plan.holds(pool)], min_seconds=0.5)

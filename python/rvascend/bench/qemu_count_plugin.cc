@@ -12,12 +12,16 @@
 // The host side maps pages to libraries with the guest's /proc/self/maps.
 //
 // Vector instructions (RVV: OP-V, and loads/stores with a vector width) are
-// also counted on their own, for the time model's vector/scalar split.
+// also counted on their own, for the time model's vector/scalar split, and by
+// kind (kKindNames): an in-order core's vector unit takes very different times
+// for a reduction, a memory access or a multiply-accumulate, so one cost per
+// vector instruction cannot fit both of llama.cpp's Q2_K paths on the board.
 //
 // Output (file given as out=PATH): "I <n>" starts interval n, then lines
 // "<page> <instructions> <vector instructions>" (page = guest address >> 12,
-// hex) and "T <thread> <instructions> <vector instructions>" (thread = vCPU
-// index in the order the guest's threads started).
+// hex), "T <thread> <instructions> <vector instructions>" (thread = vCPU
+// index in the order the guest's threads started) and "K <kind> <vector
+// instructions>" (over all threads; kinds with none are left out).
 //
 // The plugin API is QEMU's C ABI (include/qemu/qemu-plugin.h, version 3 and
 // later: QEMU 9.1 and 10, per-vCPU scoreboards and a copying
@@ -69,13 +73,20 @@ namespace {
 
 constexpr uint32_t kMarkerHint = 0x7a500013u;  // addi x0, x0, 0x7a5
 
-// Blocks' counters live in chunks: one scoreboard holds kChunk blocks' pairs
-// (instructions, vector instructions) for every vCPU, so a run of a million
-// translated blocks needs a few hundred scoreboards, not a million.
+// Vector instruction kinds, by their RVV 1.0 encoding (Kind()).
+enum VectorKind : size_t { kConfig, kMemory, kReduction, kMultiply, kFloat, kPermute, kInteger, kKinds };
+constexpr const char* kKindNames[kKinds] = {"config", "memory", "reduction", "multiply", "float", "permute",
+                                            "integer"};
+
+// Blocks' counters live in chunks: one scoreboard holds kChunk blocks'
+// counters (instructions, vector instructions, those by kind) for every vCPU,
+// so a run of a million translated blocks needs a few hundred scoreboards,
+// not a million.
 constexpr size_t kChunk = 4096;
 struct Counters {
   uint64_t count;
   uint64_t vcount;
+  uint64_t kinds[kKinds];
 };
 
 struct Chunk {
@@ -91,6 +102,50 @@ bool IsVector(uint32_t word) {
   return opcode == 0x57 || ((opcode == 0x07 || opcode == 0x27) && (width == 0 || width >= 5));
 }
 
+// The kind of a vector instruction (IsVector). OP-V's funct3 (bits 14:12) names
+// the operand class: 0 OPIVV, 1 OPFVV, 2 OPMVV, 3 OPIVI, 4 OPIVX, 5 OPFVF,
+// 6 OPMVX, 7 vset{i}vl{i}; funct6 (bits 31:26) the operation (the RVV 1.0
+// specification's opcode tables).
+bool IsMultiply(uint32_t funct6) {  // OPMVV / OPMVX: vmulhu .. vnmsac, vwmulu .. vwmaccsu
+  return (funct6 >= 0x24 && funct6 <= 0x2f) || funct6 >= 0x38;
+}
+
+VectorKind Kind(uint32_t word) {
+  const uint32_t opcode = word & 0x7f;
+  if (opcode != 0x57) return kMemory;
+  const uint32_t funct3 = (word >> 12) & 7, funct6 = word >> 26;
+  switch (funct3) {
+    case 7:
+      return kConfig;
+    case 2:  // OPMVV
+      if (funct6 <= 0x07) return kReduction;     // vredsum .. vredmax
+      if (funct6 == 0x17) return kPermute;       // vcompress
+      if (IsMultiply(funct6)) return kMultiply;
+      return kInteger;
+    case 6:  // OPMVX
+      if (funct6 == 0x0e || funct6 == 0x0f) return kPermute;  // vslide1up / vslide1down
+      if (IsMultiply(funct6)) return kMultiply;
+      return kInteger;
+    case 0:  // OPIVV
+      if (funct6 == 0x30 || funct6 == 0x31) return kReduction;  // vwredsumu / vwredsum
+      if (funct6 == 0x0c || funct6 == 0x0e) return kPermute;    // vrgather / vrgatherei16
+      return kInteger;
+    case 3:  // OPIVI
+    case 4:  // OPIVX
+      if (funct6 == 0x0c || funct6 == 0x0e || funct6 == 0x0f) return kPermute;  // vrgather, vslideup/down
+      return kInteger;
+    case 1:  // OPFVV
+      if (funct6 == 0x01 || funct6 == 0x03 || funct6 == 0x05 || funct6 == 0x07 || funct6 == 0x31 ||
+          funct6 == 0x33) {
+        return kReduction;  // vfredusum, vfredosum, vfredmin, vfredmax, vfwredusum, vfwredosum
+      }
+      return kFloat;
+    default:  // 5, OPFVF
+      if (funct6 == 0x0e || funct6 == 0x0f) return kPermute;  // vfslide1up / vfslide1down
+      return kFloat;
+  }
+}
+
 std::mutex g_mutex;
 std::vector<Chunk*> g_chunks;  // never freed: QEMU keeps pointers into their scoreboards
 FILE* g_out = nullptr;
@@ -99,17 +154,19 @@ uint64_t g_interval = 0;
 void Flush() {
   std::map<uint64_t, Counters> pages;
   std::map<unsigned, Counters> threads;
+  uint64_t kinds[kKinds] = {};
   const unsigned vcpus = static_cast<unsigned>(qemu_plugin_num_vcpus());
   for (Chunk* c : g_chunks) {
     if (c->seen.size() < vcpus) c->seen.resize(vcpus);
     for (unsigned v = 0; v < vcpus; ++v) {
       const auto* now = static_cast<const Counters*>(qemu_plugin_scoreboard_find(c->score, v));
       std::vector<Counters>& seen = c->seen[v];
-      seen.resize(c->pages.size(), Counters{0, 0});
+      seen.resize(c->pages.size(), Counters{});
       for (size_t b = 0; b < c->pages.size(); ++b) {
         const Counters n = now[b];
         if (n.count == seen[b].count) continue;
-        const Counters d{n.count - seen[b].count, n.vcount - seen[b].vcount};
+        const Counters d{n.count - seen[b].count, n.vcount - seen[b].vcount, {}};
+        for (size_t k = 0; k < kKinds; ++k) kinds[k] += n.kinds[k] - seen[b].kinds[k];
         seen[b] = n;
         Counters& p = pages[c->pages[b]];
         p.count += d.count;
@@ -129,6 +186,9 @@ void Flush() {
     std::fprintf(g_out, "T %u %llu %llu\n", thread, static_cast<unsigned long long>(n.count),
                  static_cast<unsigned long long>(n.vcount));
   }
+  for (size_t k = 0; k < kKinds; ++k) {
+    if (kinds[k]) std::fprintf(g_out, "K %s %llu\n", kKindNames[k], static_cast<unsigned long long>(kinds[k]));
+  }
 }
 
 void OnMarker(unsigned int, void*) {
@@ -138,16 +198,19 @@ void OnMarker(unsigned int, void*) {
 
 void OnTranslate(qemu_plugin_id_t, struct qemu_plugin_tb* tb) {
   const size_t n = qemu_plugin_tb_n_insns(tb);
-  size_t vector = 0;
+  size_t vector = 0, kinds[kKinds] = {};
   bool marker = false;
   for (size_t i = 0; i < n; ++i) {
     const struct qemu_plugin_insn* insn = qemu_plugin_tb_get_insn(tb, i);
     uint32_t word = 0;
     if (qemu_plugin_insn_data(insn, &word, sizeof(word)) != sizeof(word)) word = 0;  // compressed: scalar
     marker |= word == kMarkerHint;
-    vector += IsVector(word);
+    if (IsVector(word)) {
+      ++vector;
+      ++kinds[Kind(word)];
+    }
   }
-  qemu_plugin_u64 count, vcount;
+  qemu_plugin_u64 count, vcount, kind[kKinds];
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_chunks.empty() || g_chunks.back()->pages.size() == kChunk) {
@@ -160,9 +223,15 @@ void OnTranslate(qemu_plugin_id_t, struct qemu_plugin_tb* tb) {
     c->pages.push_back(qemu_plugin_tb_vaddr(tb) >> 12);
     count = {c->score, slot * sizeof(Counters) + offsetof(Counters, count)};
     vcount = {c->score, slot * sizeof(Counters) + offsetof(Counters, vcount)};
+    for (size_t k = 0; k < kKinds; ++k) {
+      kind[k] = {c->score, slot * sizeof(Counters) + offsetof(Counters, kinds) + k * sizeof(uint64_t)};
+    }
   }
   qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, QEMU_PLUGIN_INLINE_ADD_U64, count, n);
   if (vector) qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, QEMU_PLUGIN_INLINE_ADD_U64, vcount, vector);
+  for (size_t k = 0; k < kKinds; ++k) {
+    if (kinds[k]) qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, QEMU_PLUGIN_INLINE_ADD_U64, kind[k], kinds[k]);
+  }
   if (marker) qemu_plugin_register_vcpu_tb_exec_cb(tb, OnMarker, QEMU_PLUGIN_CB_NO_REGS, nullptr);
 }
 

@@ -44,7 +44,7 @@ from absl import app, flags, logging
 
 from rvascend import checkout
 from rvascend.bench import k1_model
-from rvascend.bench.plugin_intervals import read_intervals
+from rvascend.bench import plugin_intervals
 from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
@@ -194,7 +194,8 @@ def run_guest(qemu: str, image: str, stage: str, plugin: str, checkpoint: str, m
     lines = proc.stdout.splitlines()
     maps = json.loads(next(line for line in lines if line.startswith("MAPS "))[5:])
     spans = _page_libraries(maps)
-    intervals = read_intervals(out)
+    parsed = plugin_intervals.read(out)
+    intervals = parsed.pages
     steps = []
     for line in lines:
         if not line.startswith("STEP "):
@@ -203,6 +204,7 @@ def run_guest(qemu: str, image: str, stage: str, plugin: str, checkpoint: str, m
         total, vector, libs = _sum(intervals, [step["total_interval"]], spans)
         regions: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
         region_libs: dict[str, dict[str, int]] = collections.defaultdict(collections.Counter)
+        region_kinds: dict[str, dict[str, int]] = collections.defaultdict(collections.Counter)
         first, last = step["marked_first_interval"], step["marked_last_interval"]
         for i, name in zip(range(first, last + 1), step["regions"]):
             n, v, by_lib = _sum(intervals, [i], spans)
@@ -210,11 +212,13 @@ def run_guest(qemu: str, image: str, stage: str, plugin: str, checkpoint: str, m
             regions[name][1] += v
             for lib, c in by_lib.items():
                 region_libs[name][lib] += c
+            region_kinds[name].update(parsed.kinds.get(i, {}))
         marked = sum(n for n, _ in regions.values())
         steps.append({"context": step["context"], "rows": step["rows"], "kind": step.get("kind", "decode"),
                       "mode": mode, "total": total,
                       "vector": vector, "libraries": libs, "regions": {k: tuple(v) for k, v in regions.items()},
                       "region_libraries": {k: dict(v) for k, v in region_libs.items()},
+                      "region_kinds": {k: dict(v) for k, v in region_kinds.items()},
                       "marker_overhead": marked - total})
     return steps
 
@@ -257,6 +261,8 @@ def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int, measured:
 
     region_libs = {name: ext_libs(one["region_libraries"].get(name, {}), two["region_libraries"].get(name, {}),
                                   name in FIXED_REGIONS) for name in regions}
+    region_kinds = {name: ext_libs(one.get("region_kinds", {}).get(name, {}), two.get("region_kinds", {}).get(name, {}),
+                                   name in FIXED_REGIONS) for name in regions}
     # The totals: the rest of each run extrapolated, the fixed regions' mean added.
     (fa, fva, la), (fb, fvb, lb) = fixed_part(one), fixed_part(two)
     rest = ext_libs({k: v - la.get(k, 0) for k, v in one["libraries"].items()},
@@ -266,6 +272,7 @@ def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int, measured:
     return {"total": ext(one["total"] - fa, two["total"] - fb) + (fa + fb) / 2,
             "vector": ext(one["vector"] - fva, two["vector"] - fvb) + (fva + fvb) / 2,
             "regions": regions, "libraries": libraries, "region_libraries": region_libs,
+            "region_kinds": region_kinds,
             "marker_overhead": ext(one["marker_overhead"], two["marker_overhead"])}
 
 
@@ -276,9 +283,11 @@ def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: in
     scaled so they add up to the unmarked total (the markers' own cost removed in proportion)."""
     marked = sum(n for n, _ in step["regions"].values())
     scale = step["total"] / marked if marked else 1.0
+    kinds = step.get("region_kinds", {})
     regions = [k1_model.Region(name, n * scale, v * scale,
                                k1_model.unavoidable_bytes(name, config, context * rows, layers,
-                                                          bytes_per_weight=bytes_per_weight, sequences=rows))
+                                                          bytes_per_weight=bytes_per_weight, sequences=rows),
+                               {k: c * scale for k, c in kinds[name].items()} if kinds.get(name) else None)
                for name, (n, v) in step["regions"].items()]
     return k1_model.tokens_per_second(regions, rows * context if prefill else rows, threads, ipc, board)
 
@@ -288,7 +297,8 @@ def project_record(record: dict[str, Any], threads: int, board: k1_model.Board) 
     from rvascend.engine import random_checkpoint
 
     step = {"total": record["instructions"],
-            "regions": {k: (n, record["region_vectors"][k]) for k, n in record["regions"].items()}}
+            "regions": {k: (n, record["region_vectors"][k]) for k, n in record["regions"].items()},
+            "region_kinds": record.get("region_kinds", {})}
     config = random_checkpoint.SHAPES[record["shape"]]
     return project(step, config, record["context"], record["rows"], record["layers"], threads,
                    record["weight_bytes_per_weight"], prefill=record["kind"] == "prefill", board=board)
@@ -363,6 +373,8 @@ def main(argv: list[str]) -> int:
                         "layers": target, "instructions": step["total"], "vector_instructions": step["vector"],
                         "regions": {k: v[0] for k, v in sorted(step["regions"].items())},
                         "region_vectors": {k: v[1] for k, v in sorted(step["regions"].items())},
+                        "region_kinds": {k: dict(sorted(v.items())) for k, v in sorted(step["region_kinds"].items())
+                                         if v},
                         "libraries": dict(sorted(step["libraries"].items())),
                         "region_libraries": {k: dict(sorted(v.items(), key=lambda kv: -kv[1]))
                                              for k, v in sorted(step["region_libraries"].items())},

@@ -270,6 +270,11 @@ def setup(dry_run: bool = False) -> None:
     ensure_llama_cpp(dry_run)
     _step("llama.cpp on the emulated board (QEMU 10 with plugins, llama.cpp for riscv64), for the K1 model")
     ensure_board_counting(dry_run)
+    _step("the board's pinned Python wheels (llguidance for riscv64), beside the image")
+    if not dry_run:
+        from rvascend.server import riscv64
+
+        riscv64.board_wheels(DEPS_DIR, fetch=True)
     _step("rvascend into the venv")
     install_into_venv(dry_run)
     # After the extensions are installed: importing rvascend.engine loads them.
@@ -328,7 +333,7 @@ def _riscv64_server_site(dry_run: bool) -> Optional[tuple[str, str, str]]:
     image = os.path.join(DEPS_DIR, "riscv64_image")
     site = os.path.join(DEPS_DIR, "riscv64_site")
     if not dry_run:
-        riscv64.install_wheel(qemu, image, wheel, site)
+        riscv64.install_wheel(qemu, image, wheel, site, riscv64.board_wheels(DEPS_DIR))
     return qemu, image, site
 
 

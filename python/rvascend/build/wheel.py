@@ -66,7 +66,7 @@ def build_wheel(package_dir: str, extensions: list[str], version: str, python_ta
         "Summary: Hand-written RVV and Ascend kernels for LLM inference, with a CPU serving engine\n"
         "Requires-Python: >=3.11\nRequires-Dist: torch\nRequires-Dist: safetensors\nRequires-Dist: absl-py\n"
         "Requires-Dist: fastapi\nRequires-Dist: uvicorn\nRequires-Dist: prometheus-client\n"
-        "Requires-Dist: jinja2\nRequires-Dist: psutil\nRequires-Dist: regex\n").encode()
+        "Requires-Dist: jinja2\nRequires-Dist: psutil\nRequires-Dist: regex\nRequires-Dist: llguidance==1.9.1\n").encode()
     files[f"{dist_info}/WHEEL"] = (
         "Wheel-Version: 1.0\nGenerator: rvascend.build.wheel\nRoot-Is-Purelib: false\n"
         f"Tag: {python_tag}-{python_tag}-{platform}\n").encode()

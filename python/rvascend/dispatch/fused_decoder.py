@@ -6,9 +6,11 @@ around each call cost as much as the kernels outside the Linears (the
 riscv64_step profile: about 1.4 M instructions of Python per layer). The fused
 path runs the same kernels in the same order from C++
 (rvv_kernels/decoder/decoder_layers.h), the model's final add + RMSNorm
-included, so its results are bit-identical to the op-by-op path's; what remains
-per step in Python is one staleness check per packed weight and building the
-layers' pointer table. The logits come out of the same call: the output
+included, so its results are bit-identical to the op-by-op path's. The model's
+layers cross once, as named fields (rvv_kernels/decoder/decoder_step.h: a
+LayerDesc per layer, checked by name when the native DecoderModel is built);
+what remains per step in Python is one staleness check per packed weight and
+the step's own arguments (DecoderStepArgs). The logits come out of the same call: the output
 projection (lm_head, or the tied embedding) runs after the final norm over the
 rows the step samples, when op by op would route it to the same kernel (its
 weight packed or quantized and fresh, and, under the measured gate, its rows
@@ -76,7 +78,9 @@ def held_off(model: torch.nn.Module) -> Iterator[None]:
             model.__dict__[FUSED_ATTR] = saved
 
 
-ATTENTION, GATED_ATTENTION, DELTANET = 0, 1, 2  # decoder_layers.h's LayerKind
+# decoder_layers.h's LayerKind, as the native module exports it.
+ATTENTION, GATED_ATTENTION, DELTANET = (_native.LayerKind.attention, _native.LayerKind.gated_attention,
+                                        _native.LayerKind.deltanet)
 # Each kind's four projections, by the names the op-by-op routes count them under.
 PROJECTIONS = {ATTENTION: ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
                GATED_ATTENTION: ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
@@ -84,7 +88,7 @@ PROJECTIONS = {ATTENTION: ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
 
 
 class _Layer(NamedTuple):
-    kind: int
+    kind: "_native.LayerKind"
     input_norm: torch.nn.Module
     post_norm: torch.nn.Module
     projections: tuple        # (qkv or in_proj, o or out_proj, gate_up, down) modules
@@ -128,13 +132,8 @@ class FusedDecoder:
         norm = model.model.norm
         self.final_norm = norm if (float(norm.eps) == self.norm_eps and
                                    bool(getattr(norm, "zero_centred", False)) == self.zero_centred) else None
-        self.deltanet: list[int] = []  # (NK, NV, Dk, Dv, conv taps) with DeltaNet layers
-        self.deltanet_eps = 0.0
         recurrent = [layer.deltanet for layer in self.layers if layer.kind == DELTANET]
-        if recurrent:
-            d = recurrent[0]
-            self.deltanet = [d.nk, d.nv, d.dk, d.dv, d.kernel]
-            self.deltanet_eps = float(d.norm.eps)
+        self.deltanet = recurrent[0] if recurrent else None  # the first DeltaNet mixer: the layers' shape
         self.kinds = [layer.kind for layer in self.layers]
         # What one step adds to the counters, as the op-by-op path would: calls per
         # projection route, then per kernel route.
@@ -150,6 +149,23 @@ class FusedDecoder:
         self._bulk: dict[int, tuple] = {}  # rows -> _count's keyed counts
         self.stage_markers = False  # the step profiler's region markers inside the call
         self._plan: Optional[_Plan] = None
+
+    def native_shape(self, pool, qk_norm_eps: float) -> "_native.DecoderShape":
+        """The layers' shape over `pool` (its K/V slots, and its recurrent-state slots with
+        DeltaNet layers), as decoder_layers.h's DecoderShape."""
+        shape = _native.DecoderShape()
+        for name, value in self.shape.items():
+            setattr(shape, name, value)
+        shape.num_slots = pool.num_slots
+        shape.norm_eps, shape.qk_norm_eps, shape.scale = self.norm_eps, qk_norm_eps, self.scale
+        shape.zero_centred = self.zero_centred
+        d = self.deltanet
+        if d is not None:
+            deltanet = _native.DeltaNetShape()
+            deltanet.nk, deltanet.nv, deltanet.dk, deltanet.dv, deltanet.kernel = d.nk, d.nv, d.dk, d.dv, d.kernel
+            deltanet.num_slots, deltanet.norm_eps = pool.states.num_slots, float(d.norm.eps)
+            shape.deltanet = deltanet
+        return shape
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch, pool,
                  logit_rows: Optional[torch.Tensor] = None
@@ -169,7 +185,7 @@ class FusedDecoder:
                 # cached from the old weights are stale, declared or not.
                 policy.weights_changed()
             if plan is None:
-                self._plan, why = _Plan.build(self.layers, self.final_norm, pool, self.head)
+                self._plan, why = _Plan.build(self, pool)
                 plan = self._plan
         if why is None and batch.prefill:
             why = self._prefill_why_not(policy, plan, h, t, batch)
@@ -183,23 +199,15 @@ class FusedDecoder:
         m = t if logit_rows is None else logit_rows.shape[0]
         head = self._head_route(policy, plan, m, logit_rows)
         logits = None if head is None else h.new_empty(m, self.vocab)
-        head_args = (-1, 0, 0, 0, 0, 0, 0, 0) if head is None else (
-            *plan.head, self.vocab, 0 if logit_rows is None else logit_rows.data_ptr(),
-            0 if logit_rows is None else m, logits.data_ptr(), logits.numel())
-        s = self.shape
-        n = len(self.layers)
-        index = batch.recurrent_index() if self.deltanet else None
-        _native.decoder_layers(
-            ops.packed_linear._kernel_set, ops.quantized_linear._kernel_set, plan.quant_tile, plan.table.data_ptr(), plan.table.numel(), n, plan.block_n, s["hidden"],
-            s["intermediate"], s["heads"], s["kv_heads"], s["head_dim"], pool.num_slots, self.norm_eps, plan.qk_eps,
-            self.scale, t, q_starts.shape[0] - 1, q_starts.data_ptr(), q_starts.numel(), kv_starts.data_ptr(),
-            kv_starts.numel(), kv_slots.data_ptr(), kv_slots.shape[0], batch.write_slots.data_ptr(),
-            batch.write_slots.numel(), cos.data_ptr(), sin.data_ptr(), min(cos.numel(), sin.numel()), h.data_ptr(),
-            h_out.data_ptr(), residual_out.data_ptr(), h.numel(), torch.get_num_threads(), self.stage_markers,
-            cos.shape[-1], self.zero_centred, self.deltanet + [pool.states.num_slots] if self.deltanet else [],
-            self.deltanet_eps, index.slots.data_ptr() if index else 0, index.slots.numel() if index else 0,
-            index.read_slots.data_ptr() if index and index.read_slots is not None else 0, *plan.final_norm,
-            *head_args)
+        index = batch.recurrent_index() if self.deltanet is not None else None
+        plan.model.run(_native.DecoderStepArgs(
+            tokens=t, batch=q_starts.shape[0] - 1, rotary_dim=cos.shape[-1], q_starts=q_starts, kv_starts=kv_starts,
+            kv_slots=kv_slots, write_slots=batch.write_slots, cos=cos, sin=sin,
+            state_slots=index.slots if index else None, state_read_slots=index.read_slots if index else None,
+            h=h, h_out=h_out, residual_out=residual_out, project_head=head is not None,
+            head_rows=logit_rows if head is not None else None, logits=logits,
+            kernel_set=ops.packed_linear._kernel_set, quant_kernel_set=ops.quantized_linear._kernel_set,
+            num_threads=torch.get_num_threads(), stage_markers=self.stage_markers))
         self._count(policy, t)
         if head is not None:
             policy.counters.record(head.projection, "packed", logits.shape[0])
@@ -234,7 +242,7 @@ class FusedDecoder:
         why = kernel_routes.bf16_cpu_inference(h)
         if why is not None:
             return why
-        if batch.prefill and self.deltanet:
+        if batch.prefill and self.deltanet is not None:
             return "prefill"
         if batch.write_slots.dtype != torch.int64 or batch.write_slots.numel() != t:
             return "write_slots"
@@ -244,7 +252,7 @@ class FusedDecoder:
             return "small_batch_off"
         if t > shape_gate.PREFILL_BUCKETS[-1]:
             return "rows_out_of_range"
-        if self.deltanet:
+        if self.deltanet is not None:
             if pool.states is None or batch.state_slots is None:
                 return "no_state_slots"
             if batch.recurrent_index().lengths is not None:  # a one-token prompt starts its state here
@@ -280,9 +288,8 @@ class FusedDecoder:
 
 
 class _Plan:
-    """The layers' buffer table for one KV pool (int64 [layers, 37]: a (data pointer,
-    elements) pair per buffer in the binding's kLayerBufferNames order, then one kind per
-    projection, 0 BF16 packed or 1 quantized, then the layer's kind) and what it was built from.
+    """The native model (decoder_step.h's DecoderModel: every layer's buffers by field name,
+    checked once) for one KV pool, and what it was built from.
 
     Built with the projection routes' own staleness check; kept while every
     packed weight is provably the one packed, checked per step: the same module
@@ -293,12 +300,12 @@ class _Plan:
     every call, so only their identity and pointer are checked."""
 
     def __init__(self) -> None:
-        self.table: Optional[torch.Tensor] = None
+        self.desc: Optional[_native.DecoderModelDesc] = None  # what the model was built from
+        self.model: Optional[_native.DecoderModel] = None
         self.block_n = 0
-        self.qk_eps = 0.0
         self.pool_ref: Optional[weakref.ReferenceType] = None
         self.layout_version = ops.LAYOUT_VERSION
-        # Every tensor the table points into, as columns: the module dict that holds it
+        # Every tensor the model points into, as columns: the module dict that holds it
         # (_parameters or _buffers), its key there, the tensor and its data pointer. The
         # per-step check maps over columns (C loops, no Python frame per tensor): a
         # generator per tuple cost a SmolLM2 BF16 step 0.37 ms, 3 %, on a two-core host.
@@ -313,92 +320,97 @@ class _Plan:
         self.routes: list = []
         self.sources: list = []
         self.fingerprints: Optional[torch.Tensor] = None  # int64 [weights, 7] for weight_fingerprints_match
-        self.quant_tables: list[torch.Tensor] = []
-        self.final_norm: list[int] = []  # the model's last norm weight: (data pointer, elements)
-        # The output projection: (kind, data pointer, elements) as a descriptor projection, or
-        # None when op by op takes another path for it (its route's own reasons).
-        self.head: Optional[tuple[int, int, int]] = None
+        # The output projection, or None when op by op takes another path for it (its route's own reasons).
+        self.head: Optional[_native.ProjectionDesc] = None
         self.quant_tile = 0
         # (projection, N, K) of each packed projection whose row-major weight is kept, in layer
         # order: op by op its calls pass the seed's gate for their rows (a prefill checks it).
         self.row_gated: dict[tuple[str, int, int], None] = {}
 
     @classmethod
-    def build(cls, layers: list[_Layer], final_norm: torch.nn.Module, pool, head: Optional[torch.nn.Module] = None
-              ) -> tuple[Optional["_Plan"], Optional[str]]:
+    def build(cls, fused: "FusedDecoder", pool) -> tuple[Optional["_Plan"], Optional[str]]:
         plan = cls()
-        if not plan._add_param(final_norm, "weight", plan.final_norm):
+        desc = _native.DecoderModelDesc()
+        desc.final_norm = plan._param(fused.final_norm, "weight")
+        if desc.final_norm is None:
             return None, "norm_weight_layout"
-        rows, fingerprints = [], []
-        for layer in layers:
-            row, kinds = [], []
-            for norm in (layer.input_norm, layer.post_norm):
-                if not plan._add_param(norm, "weight", row):
-                    return None, "norm_weight_layout"
+        layers, fingerprints = [], []
+        qk_norm_eps = 0.0
+        for layer in fused.layers:
+            d = _native.LayerDesc()
+            d.kind = layer.kind
+            d.input_norm, d.post_attention_norm = (plan._param(norm, "weight")
+                                                   for norm in (layer.input_norm, layer.post_norm))
+            if d.input_norm is None or d.post_attention_norm is None:
+                return None, "norm_weight_layout"
+            projections = []
             for module in layer.projections:
-                why = plan._add_projection(module, row, kinds, fingerprints, row_gated=True)
+                projection, why = plan._projection(module, fingerprints, row_gated=True)
                 if why is not None:
                     return None, why
+                projections.append(projection)
+            d.qkv, d.o, d.gate_up, d.down = projections
             if layer.kind == DELTANET:
-                row += [0, 0] * 4  # no q/k norm, no K/V
-                d = layer.deltanet
-                for module, name in ((d.conv1d, "weight"), (d, "A_log"), (d, "dt_bias"), (d.norm, "weight")):
-                    if not plan._add_param(module, name, row):
-                        return None, "deltanet_weight_layout"
+                mixer = layer.deltanet
+                weights = [plan._param(module, name) for module, name in (
+                    (mixer.conv1d, "weight"), (mixer, "A_log"), (mixer, "dt_bias"), (mixer.norm, "weight"))]
+                if any(w is None for w in weights):
+                    return None, "deltanet_weight_layout"
+                d.conv_weight, d.a_log, d.dt_bias, d.deltanet_norm = weights
                 states = pool.states
                 conv, ssm = states.conv[layer.index], states.ssm[layer.index]
-                if conv.dtype != torch.bfloat16 or not (conv.is_contiguous() and ssm.is_contiguous()):
+                if conv.dtype != torch.bfloat16 or ssm.dtype != torch.float32 or not (
+                        conv.is_contiguous() and ssm.is_contiguous()):
                     return None, "state_pool_layout"
-                row += [conv.data_ptr(), conv.numel(), ssm.data_ptr(), ssm.numel()]
+                d.conv_state, d.ssm_state = conv, ssm
             else:
-                for norm in (layer.q_norm, layer.k_norm):
-                    if norm is None:
-                        row += [0, 0]
-                        continue
-                    if not plan._add_param(norm, "weight", row):
+                if layer.q_norm is not None:
+                    d.q_norm, d.k_norm = (plan._param(norm, "weight") for norm in (layer.q_norm, layer.k_norm))
+                    if d.q_norm is None or d.k_norm is None:
                         return None, "norm_weight_layout"
-                    plan.qk_eps = float(norm.eps)
+                    qk_norm_eps = float(layer.q_norm.eps)
                 k, v = pool.k[layer.index], pool.v[layer.index]
                 if k.dtype != torch.bfloat16 or not (k.is_contiguous() and v.is_contiguous()):
                     return None, "kv_pool_layout"
-                row += [k.data_ptr(), k.numel(), v.data_ptr(), v.numel()] + [0, 0] * 6
-            rows.append(row + kinds + [layer.kind])
-        if head is not None:
-            row, kinds = [], []
-            if plan._add_projection(head, row, kinds, fingerprints, row_gated=False) is None:
-                plan.head = (kinds[0], row[0], row[1])
-        plan.table = torch.tensor(rows, dtype=torch.int64)
+                d.k_pool, d.v_pool = k, v
+            layers.append(d)
+        if fused.head is not None:
+            head, why = plan._projection(fused.head, fingerprints, row_gated=False)
+            if why is None:
+                plan.head = desc.head = head
+        desc.layers = layers
+        desc.shape = fused.native_shape(pool, qk_norm_eps)
+        desc.block_n, desc.quant_tile, desc.vocab = plan.block_n, plan.quant_tile, fused.vocab
+        plan.desc, plan.model = desc, _native.DecoderModel(desc)
         plan.fingerprints = torch.tensor(fingerprints or [[0] * 7], dtype=torch.int64)[:len(fingerprints)]
         plan.pool_ref = weakref.ref(pool)
         return plan, None
 
-    def _add_projection(self, module: torch.nn.Module, row: list[int], kinds: list[int], fingerprints: list,
-                        row_gated: bool) -> Optional[str]:
-        """Appends a routed projection's (pointer, elements) pair to `row` and its kind to
-        `kinds`, and watches what it reads; or says why op by op would not take the kernel."""
+    def _projection(self, module: torch.nn.Module, fingerprints: list, row_gated: bool
+                    ) -> tuple[Optional[_native.ProjectionDesc], Optional[str]]:
+        """A routed projection's weight as the native model reads it, watched; or why op by op
+        would not take the kernel."""
         route = module.__dict__.get("_rvv_route")
         if route is None:
-            return "not_routed"
+            return None, "not_routed"
         if getattr(route, "quantized", False):
             if module.bias is not None:
-                return "bias"
-            row += self._add_quantized(module)
-            kinds.append(1)
-            return None
+                return None, "bias"
+            return self._quantized(module), None
         if route.owned is not None:
             # The packed buffer is the weight: only its replacement matters.
             packed = route.owned_packed()
-            why = self._add_packed(module, packed, row, kinds)
+            why = self._packed_layout(module, packed)
             if why is None:
                 self._watch(module._buffers, PACKED_BUFFER, packed)
-            return why
+            return (None, why) if why else (_native.ProjectionDesc(packed=packed), None)
         weight = module._parameters["weight"]
         packed, why = route.packed_weight(weight)
         if packed is None:
-            return why
-        why = self._add_packed(module, packed, row, kinds)
+            return None, why
+        why = self._packed_layout(module, packed)
         if why is not None:
-            return why
+            return None, why
         if row_gated:
             self.row_gated[(route.projection, weight.shape[0], weight.shape[1])] = None
         source = route.source
@@ -409,39 +421,35 @@ class _Plan:
         self.routes.append(route)
         self.sources.append(source)
         fingerprints.append(ops.packed_linear.fingerprint_descriptor_row(weight, source.fingerprint))
-        return None
+        return _native.ProjectionDesc(packed=packed), None
 
-    def _add_packed(self, module, packed: torch.Tensor, row: list[int], kinds: list[int]) -> Optional[str]:
+    def _packed_layout(self, module, packed: torch.Tensor) -> Optional[str]:
         if module._parameters.get("bias") is not None:
             return "bias"
         if not self.block_n:
             self.block_n = packed.shape[2]
         if packed.shape[2] != self.block_n or not packed.is_contiguous():
             return "packed_layout"
-        row += [packed.data_ptr(), packed.numel()]
-        kinds.append(0)
         return None
 
-    def _add_quantized(self, module) -> list[int]:
-        """The (table pointer, elements) pair of a quantized projection: an int64 table
-        of (format id, rows, data pointer, bytes) per part, kept alive by the plan."""
-        table = []
+    def _quantized(self, module) -> _native.ProjectionDesc:
+        """A quantized projection's parts (format, rows, bytes), watched."""
+        parts = []
         for i, part in enumerate(module.parts):
             data = module.qweight(i)
-            table += [ops.quantized_linear.FORMATS.index(part.fmt), part.rows, data.data_ptr(), data.numel()]
+            parts.append(_native.QuantPartDesc(format=part.fmt, rows=part.rows, data=data))
             self._watch(module._buffers, module.qweight_key(i), data)
             self.quant_tile = part.tile
-        t = torch.tensor(table, dtype=torch.int64)
-        self.quant_tables.append(t)
-        return [t.data_ptr(), t.numel()]
+        return _native.ProjectionDesc(parts=parts)
 
-    def _add_param(self, module: torch.nn.Module, name: str, row: list[int]) -> bool:
+    def _param(self, module: torch.nn.Module, name: str) -> Optional[torch.Tensor]:
+        """A BF16 parameter the model reads through its pointer, watched; None if it is not
+        a contiguous CPU BF16 tensor."""
         w = module._parameters[name]
         if w.dtype != torch.bfloat16 or not w.is_contiguous() or w.device.type != "cpu":
-            return False
-        row += [w.data_ptr(), w.numel()]
+            return None
         self._watch(module._parameters, name, w)
-        return True
+        return w
 
     def _watch(self, holder: dict, key: str, tensor: torch.Tensor) -> None:
         self.holders.append(holder)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from rvascend.models.decoder import ForwardBatch, KVPool
+from rvascend.models.decoder import KVPool
 from rvascend.models.loader import load_model
 from rvascend.models.testing import decode_batch, decode_logits, random_pool, step_batch
 from rvascend.ops import attention_kernel_has_block_form
@@ -272,18 +272,68 @@ def test_a_bad_slot_is_an_error_before_anything_is_written(fusing_model):
 
 
 
-def test_native_step_checks_every_extent_and_the_kernel_sets_layout(fusing_model):
-    """The native entry point gets every buffer's element count and checks it, and a
-    named kernel set must read the block_n the weights were packed with (else a
-    layout-2 weight would be read as layout 1, wrong at every step without an error)."""
+def _desc_with(desc, layer0=None, **fields):
+    """A copy of a DecoderModelDesc with `fields` replaced, and layer 0's fields `layer0`."""
+    from rvascend.ops.packed_linear import _native
+
+    copy = _native.DecoderModelDesc(desc)
+    for name, value in fields.items():
+        setattr(copy, name, value)
+    layers = [_native.LayerDesc(layer) for layer in desc.layers]
+    for name, value in (layer0 or {}).items():
+        setattr(layers[0], name, value)
+    copy.layers = layers
+    return copy
+
+
+def test_the_native_model_checks_every_buffer_by_its_field_name(fusing_model):
+    """The model's description is checked once, when the native model is built: every
+    buffer against the shape, named by its field; a tensor's dtype and contiguity too."""
+    from rvascend.ops.packed_linear import _native
+
+    _, m = fusing_model
+    batch, pool = decode_batch([5, 9]), random_pool(m)
+    decode_logits(m, batch, pool, fused=True)
+    desc = m.__dict__[FUSED_ATTR]._plan.desc
+    c = m.config
+    _native.DecoderModel(_desc_with(desc))
+    k_pool = desc.layers[0].k_pool
+    packed = desc.layers[0].gate_up.packed
+    shape = _native.DecoderShape(desc.shape)
+    shape.intermediate += 32
+    for layer0, fields, message in (
+            (dict(k_pool=(k_pool[0], k_pool[1] - 1)), {}, "layer 0 k_pool has"),
+            (dict(k_pool=pool.k[0].float()), {}, "layer 0 k_pool has elements of 4 bytes"),
+            (dict(v_pool=pool.v[0].transpose(-1, -2)), {}, "layer 0 v_pool is not contiguous"),
+            (dict(gate_up=_native.ProjectionDesc(packed=(packed[0], packed[1] - 1))), {}, "layer 0 gate_up has"),
+            ({}, dict(shape=shape), "layer 0 gate_up has"),
+            (dict(input_norm=None), {}, "layer 0 input_norm has 0 elements"),
+            (dict(q_norm=None), {}, "layer 0 q_norm and k_norm: give both or neither")
+            if desc.layers[0].q_norm[0] else
+            (dict(q_norm=m.model.norm.weight), {}, "layer 0 q_norm and k_norm: give both or neither"),
+            (dict(qkv=_native.ProjectionDesc(parts=[_native.QuantPartDesc(format="Q5_9", rows=1, data=None)])), {},
+             "layer 0 qkv part 0: .*Q5_9"),
+            ({}, dict(final_norm=m.model.norm.weight[:-1]), "final_norm has"),
+            ({}, dict(head=_native.ProjectionDesc(packed=(desc.head.packed[0], desc.head.packed[1] - 1))),
+             "head has"),
+            ({}, dict(vocab=0), "head: vocab is 0"),
+            ({}, dict(block_n=0), "layer 0 qkv: a BF16 projection needs the model's block_n")):
+        with pytest.raises(ValueError, match=message):
+            _native.DecoderModel(_desc_with(desc, layer0, **fields))
+    assert c.num_hidden_layers == _native.DecoderModel(_desc_with(desc)).num_layers
+
+
+def test_a_step_checks_its_buffers_and_the_kernel_sets_layout(fusing_model):
+    """Each step's buffers are checked before anything is written, and a named kernel set
+    must read the block_n the weights were packed with (else a layout-2 weight would be
+    read as layout 1, wrong at every step without an error)."""
     from rvascend import ops
     from rvascend.ops.packed_linear import _native
 
     _, m = fusing_model
     batch, pool = decode_batch([5, 9]), random_pool(m)
     decode_logits(m, batch, pool, fused=True)
-    fused = m.__dict__[FUSED_ATTR]
-    plan = fused._plan
+    plan = m.__dict__[FUSED_ATTR]._plan
     c = m.config
     h = torch.randn(2, c.hidden_size).bfloat16()
     cos, sin = m.rotary(batch.positions, h.dtype)
@@ -291,40 +341,31 @@ def test_native_step_checks_every_extent_and_the_kernel_sets_layout(fusing_model
     kv_slots, kv_starts, q_starts = batch.flat_index()
     out, res = torch.empty_like(h), torch.empty_like(h)
     logits, bad_rows = torch.empty(2, c.vocab_size, dtype=torch.bfloat16), torch.tensor([0, 2])
-    assert plan.head is not None and plan.head[0] == 0  # the tied embedding's packed copy
-    args = dict(kernel_set="", quant_kernel_set="", quant_tile=0, descriptor=plan.table.data_ptr(), descriptor_elements=plan.table.numel(),
-                n_layers=c.num_hidden_layers, block_n=plan.block_n, hidden=c.hidden_size,
-                intermediate=c.intermediate_size, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
-                head_dim=c.head_dim, num_slots=pool.num_slots, norm_eps=1e-6, qk_norm_eps=1e-6, scale=0.1, tokens=2,
-                batch=2, q_starts=q_starts.data_ptr(), q_starts_n=3, kv_starts=kv_starts.data_ptr(), kv_starts_n=3,
-                kv_slots=kv_slots.data_ptr(), n_kv_slots=kv_slots.numel(), write_slots=batch.write_slots.data_ptr(),
-                n_write=2, cos=cos.data_ptr(), sin=sin.data_ptr(), rope_elements=cos.numel(), h=h.data_ptr(),
-                h_out=out.data_ptr(), residual_out=res.data_ptr(), h_elements=h.numel(), num_threads=1)
-    _native.decoder_layers(**args)
+    assert plan.head is not None and plan.head.packed[0] != 0  # the tied embedding's packed copy
+    args = dict(tokens=2, batch=2, rotary_dim=cos.shape[-1], q_starts=q_starts, kv_starts=kv_starts,
+                kv_slots=kv_slots, write_slots=batch.write_slots, cos=cos, sin=sin, h=h, h_out=out,
+                residual_out=res, num_threads=1)
+    plan.model.run(_native.DecoderStepArgs(**args))
+    head = dict(project_head=True, logits=logits)
     for change, message in (
-            (dict(descriptor_elements=plan.table.numel() - 1), "descriptor has"),
-            (dict(h_elements=h.numel() - 1), "h has"),
-            (dict(n_write=1), "write_slots has"),
-            (dict(q_starts_n=2), "q_starts has"),
-            (dict(rope_elements=c.head_dim), "cos has"),
-            (dict(num_slots=pool.num_slots + 1), "layer 0 k_pool has"),
-            (dict(intermediate=c.intermediate_size + 32), "layer 0 gate_up packed weight has"),
-            (dict(final_norm=m.model.norm.weight.data_ptr(), final_norm_n=c.hidden_size - 1), "final_norm has"),
-            (dict(final_norm=m.model.norm.weight.data_ptr(), final_norm_n=c.hidden_size, head_kind=0,
-                  head=plan.head[1], head_n=plan.head[2] - 1, vocab=c.vocab_size, logits=logits.data_ptr(),
-                  logits_n=logits.numel()), "head has"),
-            (dict(final_norm=m.model.norm.weight.data_ptr(), final_norm_n=c.hidden_size, head_kind=0,
-                  head=plan.head[1], head_n=plan.head[2], vocab=c.vocab_size, logits=logits.data_ptr(),
-                  logits_n=logits.numel() - 1), "logits has"),
-            (dict(final_norm=m.model.norm.weight.data_ptr(), final_norm_n=c.hidden_size, head_kind=0,
-                  head=plan.head[1], head_n=plan.head[2], vocab=c.vocab_size, head_rows=bad_rows.data_ptr(),
-                  n_head_rows=2, logits=logits.data_ptr(), logits_n=logits.numel()), "head row 1 is 2, outside"),
-            (dict(kernel_set="portable", block_n=2 * plan.block_n), "reads block_n .* packed with block_n"),
-            (dict(kernel_set=ops.available_kernel_sets()[0], block_n=4 * plan.block_n), "packed with block_n")):
+            (dict(h=h[:1]), "h has"),
+            (dict(h=h.float()), "h has elements of 4 bytes"),
+            (dict(write_slots=batch.write_slots[:1]), "write_slots has"),
+            (dict(write_slots=batch.write_slots.int()), "write_slots has elements of 4 bytes"),
+            (dict(q_starts=q_starts[:2]), "q_starts has"),
+            (dict(cos=cos[:1]), "cos has"),
+            (dict(rotary_dim=3), "rotary_dim 3 is not an even number"),
+            (dict(head, logits=logits[:1]), "logits has"),
+            (dict(head, head_rows=bad_rows), "head row 1 is 2, outside"),
+            (dict(kernel_set="no_such_set"), "kernel set 'no_such_set' is not available"),
+            *((dict(kernel_set=name), "reads block_n .* packed with block_n")
+              for name in ops.available_kernel_sets() if _native.kernel_set_block_n(name) != plan.block_n)):
         before = [k.clone() for k in pool.k]
         with pytest.raises(ValueError, match=message):
-            _native.decoder_layers(**{**args, **change})
+            plan.model.run(_native.DecoderStepArgs(**{**args, **change}))
         assert all(torch.equal(a, b) for a, b in zip(before, pool.k)), change  # nothing written
+    with pytest.raises(TypeError):
+        _native.DecoderStepArgs(**{**args, "h": "not a buffer"})
 
 
 def test_smollm2_shaped_fused_step_under_the_measured_gate(tmp_path, monkeypatch):

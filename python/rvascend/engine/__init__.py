@@ -7,6 +7,8 @@ conditions, and the RVV policy installed when asked for.
 """
 
 from rvascend.engine.engine import Engine, EngineConfig, QueueFullError, RequestError
+from rvascend.engine.grammar import Grammar, GrammarError
 from rvascend.engine.sequence import SamplingParams, Sequence
 
-__all__ = ["Engine", "EngineConfig", "QueueFullError", "RequestError", "SamplingParams", "Sequence"]
+__all__ = ["Engine", "EngineConfig", "Grammar", "GrammarError", "QueueFullError", "RequestError", "SamplingParams",
+           "Sequence"]

@@ -50,11 +50,12 @@ from absl import logging
 
 from rvascend import ops
 from rvascend.engine import sampler
-from rvascend.engine.detokenizer import IncrementalDetokenizer
+from rvascend.engine.grammar import Grammar, GrammarBackend, GrammarError
+from rvascend.tokenizer.detokenizer import IncrementalDetokenizer
 from rvascend.engine.prefix_cache import PrefixCache, common_prefix_len
 from rvascend.engine.request_validation import RequestError, validate_request
 from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
-from rvascend.engine.tokenizer import Tokenizer
+from rvascend.tokenizer.tokenizer import Tokenizer
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
 from rvascend.models.state_pool import RecurrentStatePool
 from rvascend.dispatch import weights_generation
@@ -143,6 +144,7 @@ class Engine:
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             self.eos_ids.add(tokenizer.eos_token_id)
         self.last_batch_rows = 0
+        self._grammars: Optional[GrammarBackend] = None  # made at the first constrained request
         self.step_started: Optional[float] = None  # time.monotonic() of the step under way
         self.wakeup = threading.Condition()
 
@@ -150,11 +152,28 @@ class Engine:
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         validate_request(prompt_ids, params, self.model.config.vocab_size, self.context_length,
                          self.config.max_total_tokens)
+        if params.grammar is not None and getattr(self.tokenizer, "tokenizer_json", None) is None:
+            raise RequestError("a grammar (response_format, json_schema, regex, ebnf) needs the model's tokenizer")
+
+    def compile_grammar(self, grammar: Grammar):
+        """A matcher at the start of `grammar` (RequestError naming what is wrong with it).
+        Compiling can take a while for a large schema: the server calls this off its event
+        loop first, and add_request then finds the grammar compiled."""
+        with self._lock:
+            if self._grammars is None:
+                self._grammars = GrammarBackend(self.tokenizer.tokenizer_json, self.model.config.vocab_size,
+                                                sorted(self.eos_ids))
+        try:
+            return self._grammars.compile(grammar)
+        except GrammarError as e:
+            raise RequestError(str(e)) from None
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     on_output: Optional[Callable[[Sequence, Output], None]] = None) -> Sequence:
         self.validate(prompt_ids, params)
         seq = Sequence(prompt_ids, params, on_output)
+        if params.grammar is not None:
+            seq.matcher = self.compile_grammar(params.grammar)
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
         with self._lock:
@@ -415,8 +434,12 @@ class Engine:
         """The forward pass and every row's sampling, into the plan; nothing is committed.
         A sequence whose logits cannot be sampled gets an error of its own."""
         self.last_batch_rows = int(plan.batch.input_ids.shape[0])
+        constrained = [r for r in plan.rows if r.sample_row is not None and r.seq.matcher is not None
+                       and r.seq.grammar_active]
+        masks = self._grammars.masks_later([r.seq.matcher for r in constrained]) if constrained else None
         with torch.inference_mode():
             logits = self.model(plan.batch, self.pool)
+        allowed = dict(zip(map(id, constrained), masks.result())) if masks is not None else {}
         sampling = [r for r in plan.rows if r.sample_row is not None]
         sample_rows = [r.sample_row for r in sampling]
         fast = self._greedy_tokens([r.seq for r in sampling], logits if sample_rows == list(range(logits.shape[0]))
@@ -431,7 +454,7 @@ class Engine:
                     row.sampled = sampler.Sampled(fast[i])
                 else:
                     row.sampled = sampler.sample(logits[row.sample_row], seq.params, seq.generator,
-                                                 seq.prompt_ids, seq.output_ids, eos)
+                                                 seq.prompt_ids, seq.output_ids, eos, allowed.get(id(row)))
             except Exception as e:  # noqa: BLE001 - this sequence's logits, this sequence's failure
                 row.error = str(e) if isinstance(e, sampler.SamplingError) else \
                     f"sampling failed: {type(e).__name__}: {e}"
@@ -469,7 +492,13 @@ class Engine:
             try:
                 if row.error is not None:
                     raise sampler.SamplingError(row.error)
+                if seq.matcher is not None and seq.grammar_active and not seq.matcher.consume_token(row.sampled.token):
+                    raise sampler.SamplingError(f"the grammar refused token {row.sampled.token}: "
+                                                f"{seq.matcher.get_error()}")
                 seq.output_ids.append(row.sampled.token)
+                after = seq.params.grammar_after
+                if not seq.grammar_active and tuple(seq.output_ids[-len(after):]) == after:
+                    seq.grammar_active = True
                 if seq.first_token_time is None:
                     seq.first_token_time = now
                 seq.token_times.append(now)

@@ -45,8 +45,9 @@ def _apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: S
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator],
            prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = (),
-           eos_ids: Sequence[int] = ()) -> Sampled:
-    """One token from a [vocab] row of logits."""
+           eos_ids: Sequence[int] = (), allowed: Optional[torch.Tensor] = None) -> Sampled:
+    """One token from a [vocab] row of logits; `allowed` (bool [vocab]) masks out the
+    tokens a grammar forbids, for greedy and sampled draws alike."""
     logits = logits.float()
     if torch.isnan(logits).any() or not torch.isfinite(logits).any():
         raise SamplingError("the model produced NaN or no finite logits for this sequence")
@@ -55,6 +56,12 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[tor
     for token, bias in params.logit_bias:
         logits[token] += bias
     logits = _apply_penalties(logits, params, prompt_ids, output_ids)
+    if allowed is not None:
+        width = min(allowed.shape[0], logits.shape[0])
+        logits[width:] = float("-inf")
+        logits[:width].masked_fill_(~allowed[:width], float("-inf"))
+        if bool(torch.isneginf(logits).all()):
+            raise SamplingError("the grammar allows no token the model can produce here")
     if len(output_ids) < params.min_tokens:
         banned = [t for t in (*eos_ids, *params.stop_token_ids) if 0 <= t < logits.shape[0]]
         if banned:
@@ -88,7 +95,7 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
 def plain_greedy(params: SamplingParams, outputs_so_far: int) -> bool:
     """True when the next token is just the argmax of the raw logits (no bias,
     penalty, masking or log-probabilities to compute)."""
-    return (params.greedy and params.logprobs is None and not params.logit_bias
+    return (params.greedy and params.logprobs is None and not params.logit_bias and params.grammar is None
             and params.repetition_penalty == 1.0 and not params.frequency_penalty
             and not params.presence_penalty and outputs_so_far >= params.min_tokens)
 

@@ -10,6 +10,8 @@ from typing import Callable, Optional
 
 import torch
 
+from rvascend.engine.grammar import Grammar
+
 _ids = itertools.count()
 
 
@@ -36,6 +38,10 @@ class SamplingParams:
     # Prompt log-probabilities from this prompt position on (SGLang's
     # logprob_start_len; needs logprobs set); -1: output tokens only.
     logprob_start_len: int = -1
+    grammar: Optional[Grammar] = None  # what the output must match (engine/grammar.py)
+    # With a grammar: the tokens that end the reasoning it applies after (a reasoning model's
+    # "</think>", as SGLang applies a grammar); empty: from the first token.
+    grammar_after: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -91,6 +97,8 @@ class Sequence:
         self.text = ""        # decoded output so far
         self.emitted = 0      # characters of self.text already handed out
         self.detokenizer = None  # set by the engine when it has a tokenizer
+        self.matcher = None      # with params.grammar: where its output is in the grammar (llguidance)
+        self.grammar_active = not params.grammar_after  # the grammar holds from the next token on
         self.finish_reason: Optional[str] = None
         self.error: Optional[str] = None
         self.aborted = False

@@ -13,8 +13,8 @@ import transformers
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models import default_model
-from rvascend.engine.bpe_tokenizer import BpeTokenizer
-from rvascend.engine.tokenizer import Tokenizer
+from rvascend.tokenizer.bpe_tokenizer import BpeTokenizer
+from rvascend.tokenizer.tokenizer import Tokenizer
 from rvascend.models import gguf_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.engine.testing import greedy

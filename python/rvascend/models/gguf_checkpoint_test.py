@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from rvascend.engine.random_model import ensure_random_model
-from rvascend.engine.tokenizer import Tokenizer
+from rvascend.tokenizer.tokenizer import Tokenizer
 from rvascend.models import gguf_checkpoint, gguf_export, gguf_widen
 from rvascend.models.loader import load_model
 from rvascend.engine.testing import greedy
@@ -195,7 +195,7 @@ def test_tokenizer_is_the_checkpoints(tmp_path):
     assert ours.apply_chat_template(chat) == original.apply_chat_template(chat)
     assert ours.apply_chat_template(chat).startswith("<|begin_of_text|><|start_header_id|>user")
     # The same tokenizer.json read by the pure-Python BPE (the board's path).
-    from rvascend.engine.bpe_tokenizer import BpeTokenizer
+    from rvascend.tokenizer.bpe_tokenizer import BpeTokenizer
 
     spec, _ = gguf_checkpoint.GgufCheckpoint(path).tokenizer_files()
     bpe = BpeTokenizer(spec)

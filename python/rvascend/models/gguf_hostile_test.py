@@ -21,8 +21,8 @@ import torch
 import transformers
 
 from rvascend.engine.random_model import ensure_random_model
-from rvascend.engine.tokenizer import Tokenizer
-from rvascend.models import gguf_checkpoint, gguf_export, gguf_file
+from rvascend.tokenizer.tokenizer import Tokenizer
+from rvascend.models import gguf_export, gguf_file
 from rvascend.models.loader import load_model
 
 _U8, _I32, _U32, _F32, _BOOL, _STR, _ARR, _U64 = 0, 5, 4, 6, 7, 8, 9, 10

@@ -21,7 +21,7 @@ import transformers
 
 from rvascend.build import llama_cpp
 from rvascend.models import default_model
-from rvascend.engine.tokenizer import Tokenizer
+from rvascend.tokenizer.tokenizer import Tokenizer
 from rvascend.models import gguf_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.engine.testing import assert_fused_decode_matches_op_by_op

@@ -20,9 +20,9 @@ import torch
 from rvascend.ops.packed_linear import _native, eager_call, readable_elements, register_fake
 
 QUANT_LAYOUT_VERSION: int = int(_native.QUANT_LAYOUT_VERSION)
-# The kept formats, read from the native registry (rvv_kernels/quantized/quant_formats.inc)
-# in its order, which the fused step's descriptor indexes: GGML type id -> name, and each
-# format's weights per block along K.
+# The kept formats, read from the native registry (rvv_kernels/quantized/quant_formats.inc):
+# their names (what every native call takes), GGML type id -> name, and each format's
+# weights per block along K.
 _REGISTRY = _native.quant_formats()
 FORMATS: tuple[str, ...] = tuple(f[0] for f in _REGISTRY)
 GGML_TYPES: dict[int, str] = {int(f[1]): f[0] for f in _REGISTRY}

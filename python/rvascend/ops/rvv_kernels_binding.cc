@@ -19,11 +19,12 @@
 
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
 #include "rvv_kernels/attention/kv_pool_attention.h"
+#include "rvv_kernels/base/checked_buffer.h"
 #include "rvv_kernels/base/checked_size.h"
 #include "rvv_kernels/base/cpu_features.h"
 #include "rvv_kernels/base/huge_pages.h"
 #include "rvv_kernels/base/thread_pool.h"
-#include "rvv_kernels/decoder/decoder_layers.h"
+#include "python/rvascend/ops/decoder_step_binding.h"
 #include "rvv_kernels/elementwise/elementwise.h"
 #include "rvv_kernels/linear/packed_layout.h"
 #include "rvv_kernels/linear/packed_linear.h"
@@ -35,72 +36,6 @@ namespace py = pybind11;
 
 namespace rvascend {
 namespace {
-
-template <typename T>
-T* Pointer(uintptr_t address, const char* what) {
-  if (address == 0) throw std::invalid_argument(std::string(what) + " is a null pointer");
-  if (address % alignof(T) != 0) throw std::invalid_argument(std::string(what) + " is misaligned");
-  return reinterpret_cast<T*>(address);
-}
-
-// Like Pointer, but an empty array may come as a null pointer (torch's empty tensors).
-template <typename T>
-T* Array(uintptr_t address, size_t count, const char* what) {
-  return count == 0 ? reinterpret_cast<T*>(address) : Pointer<T>(address, what);
-}
-
-// The named set, or (name "") the best one reading `block_n`.
-const Bf16PackedKernelSet& KernelSet(const std::string& name, size_t block_n) {
-  if (name.empty()) {
-    const Bf16PackedKernelSet* best = BestKernelSetFor(block_n);
-    if (best == nullptr) {
-      throw std::invalid_argument("no kernel set on this CPU reads a weight packed with block_n " +
-                                  std::to_string(block_n) + " (layout version 2 is packed for one VLEN: " +
-                                  "VLEN/2 columns per block); re-pack it on this machine");
-    }
-    return *best;
-  }
-  const Bf16PackedKernelSet* set = FindKernelSet(name);
-  if (set == nullptr) {
-    std::string available;
-    for (const auto* s : AvailableKernelSets()) available += std::string(available.empty() ? "" : ", ") + s->name;
-    throw std::invalid_argument("kernel set '" + name + "' is not available on this CPU/build (available: " +
-                                available + ")");
-  }
-  // A named set reads its own layout; a weight packed for another block_n would be
-  // read as the wrong columns without any error.
-  if (block_n != 0 && KernelSetBlockN(*set) != block_n) {
-    throw std::invalid_argument("kernel set '" + name + "' reads block_n " + std::to_string(KernelSetBlockN(*set)) +
-                                " (its packed layout), but this weight is packed with block_n " +
-                                std::to_string(block_n) + ": re-pack it for that set or use the best set ('')");
-  }
-  return *set;
-}
-
-// A buffer's name for an error: a string, or a callable that makes it (built only
-// when a check fails: a step checks hundreds of buffers).
-inline const std::string& Named(const std::string& what) { return what; }
-template <typename F, typename = decltype(std::declval<const F&>()())>
-std::string Named(const F& what) {
-  return what();
-}
-
-// Pointer, with the name made only for the error.
-template <typename T, typename What>
-T* PointerTo(uintptr_t address, const What& what) {
-  if (address == 0 || address % alignof(T) != 0) return Pointer<T>(address, Named(what).c_str());
-  return reinterpret_cast<T*>(address);
-}
-
-// A pointer to `need` elements of T, from a buffer that holds `have`.
-template <typename T, typename What>
-T* Extent(uintptr_t address, size_t have, size_t need, const What& what) {
-  if (have < need) {
-    throw std::invalid_argument(Named(what) + " has " + std::to_string(have) + " elements; the call reads or writes " +
-                                std::to_string(need));
-  }
-  return need == 0 ? reinterpret_cast<T*>(address) : PointerTo<T>(address, what);
-}
 
 // Rows `ids` of a packed [n, k] weight into out [count, k] (data pointers; every
 // extent checked, every id against n).
@@ -160,7 +95,7 @@ void Linear(const std::string& kernel_set, size_t m, size_t n, size_t k, uintptr
   CheckExtent("output", m, n, output_stride, output_elements);
   CheckExtent("packed weight", 1, CheckedProduct("packed weight", PackedBlocks(n, block_n), k, block_n), 0,
               packed_elements);
-  const Bf16PackedKernelSet& set = KernelSet(kernel_set, block_n);
+  const Bf16PackedKernelSet& set = ChooseKernelSet(kernel_set, block_n);
   PackedLinearArgs args;
   args.m = m;
   args.n = n;
@@ -418,257 +353,6 @@ void Argmax(size_t rows, size_t n, uintptr_t x, size_t x_stride, size_t x_elemen
   ArgmaxRows(k, rows, n, xp, x_stride, op, num_threads ? num_threads : 1);
 }
 
-// One row of the decoder_layers descriptor (int64 [layers, kLayerFields]): the
-// (data pointer, elements) pairs of a layer's buffers in kLayerBufferNames' order,
-// then one kind per projection (qkv, o, gate_up, down): 0 for a BF16 packed weight
-// (its pair is the packed buffer), 1 for a quantized one (its pair is an int64
-// table [parts, 4] of (format id, rows, data pointer, bytes)); then the layer's
-// kind (LayerKind). An attention layer's DeltaNet pairs and a DeltaNet layer's
-// q/k norm and pool pairs are (0, 0); there qkv and o hold in_proj and out_proj.
-constexpr size_t kLayerBuffers = 16;
-constexpr size_t kLayerFields = 2 * kLayerBuffers + 4 + 1;
-constexpr size_t kQuantPartFields = 4;
-constexpr const char* kLayerBufferNames[kLayerBuffers] = {
-    "input_norm", "post_attention_norm", "qkv packed weight", "o packed weight", "gate_up packed weight",
-    "down packed weight", "q_norm", "k_norm", "k_pool", "v_pool", "conv_weight", "a_log", "dt_bias",
-    "deltanet norm", "conv_state", "ssm_state"};
-enum Buffer : size_t { kInputNorm, kPostNorm, kQkv, kO, kGateUp, kDown, kQNorm, kKNorm, kKPool, kVPool,
-                       kConvWeight, kALog, kDtBias, kDeltaNorm, kConvState, kSsmState };
-
-void StageMarker(int id);
-
-// A projection's quantized parts from their descriptor table, checked against (n, k).
-template <typename What>
-ProjectionWeight QuantizedProjection(const int64_t* pair, size_t n, size_t k, size_t quant_tile, const What& what) {
-  ProjectionWeight w;
-  const size_t n_parts = static_cast<size_t>(pair[1]) / kQuantPartFields;
-  if (n_parts == 0 || n_parts > std::size(w.parts) || static_cast<size_t>(pair[1]) % kQuantPartFields) {
-    throw std::invalid_argument(Named(what) + ": a quantized projection has 1 to " + std::to_string(std::size(w.parts)) +
-                                " parts");
-  }
-  const int64_t* parts = PointerTo<const int64_t>(static_cast<uintptr_t>(pair[0]), what);
-  size_t rows_total = 0;
-  for (size_t q = 0; q < n_parts; ++q) {
-    const int64_t* part = parts + q * kQuantPartFields;
-    ProjectionWeight::Part& out = w.parts[q];
-    try {
-      out.format = FormatAt(part[0]);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(Named(what) + ": " + e.what());
-    }
-    out.rows = static_cast<size_t>(part[1]);
-    if (k % FormatInfo(out.format).block_k) {
-      throw std::invalid_argument(Named(what) + ": K = " + std::to_string(k) + " is not a whole number of " +
-                                  FormatInfo(out.format).name + " blocks");
-    }
-    out.data = Extent<const uint8_t>(static_cast<uintptr_t>(part[2]), static_cast<size_t>(part[3]),
-                                     QuantLayoutBytes(out.format, out.rows, k, quant_tile), what);
-    rows_total += out.rows;
-  }
-  if (rows_total != n) {
-    throw std::invalid_argument(Named(what) + ": quantized parts cover " + std::to_string(rows_total) + " of " +
-                                std::to_string(n) + " rows");
-  }
-  w.n_parts = n_parts;
-  return w;
-}
-
-// The step's decoder layers (decoder_layers.h). Every buffer comes with its
-// element count and is checked against what the shape, the kernel set's layout
-// and the batch make the step read or write; DecoderLayers then checks the
-// batch's indices before anything is written. deltanet: (NK, NV, Dk, Dv, conv
-// taps, state slots) when some layer is a Gated DeltaNet one, else empty.
-// final_norm: the model's last RMSNorm weight, run on the output (0: none).
-// head_kind: -1 none, else the output projection of the normed rows, in the
-// descriptor's projection kinds (0 BF16 packed, 1 quantized with its parts table
-// as (head, head_n)); head_rows the rows it projects (0: every row) into logits
-// [rows, vocab].
-void DecoderLayersStep(const std::string& kernel_set, const std::string& quant_kernel_set, size_t quant_tile,
-                       uintptr_t descriptor, size_t descriptor_elements, size_t n_layers, size_t block_n, size_t hidden, size_t intermediate, size_t heads,
-                       size_t kv_heads, size_t head_dim, size_t num_slots, float norm_eps, float qk_norm_eps,
-                       float scale, size_t tokens, size_t batch, uintptr_t q_starts, size_t q_starts_n,
-                       uintptr_t kv_starts, size_t kv_starts_n, uintptr_t kv_slots, size_t n_kv_slots,
-                       uintptr_t write_slots, size_t n_write, uintptr_t cos, uintptr_t sin, size_t rope_elements,
-                       uintptr_t h, uintptr_t h_out, uintptr_t residual_out, size_t h_elements, size_t num_threads,
-                       bool stage_markers, size_t rotary_dim, bool zero_centred, const std::vector<size_t>& deltanet,
-                       float deltanet_norm_eps, uintptr_t state_slots, size_t n_state_slots,
-                       uintptr_t state_read_slots, uintptr_t final_norm, size_t final_norm_n, int head_kind,
-                       uintptr_t head, size_t head_n, size_t vocab, uintptr_t head_rows, size_t n_head_rows,
-                       uintptr_t logits, size_t logits_n) {
-  if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
-  if (head_kind < -1 || head_kind > 1) throw std::invalid_argument("head_kind is -1 (none), 0 or 1");
-  if (tokens == 0) return;
-  if (rotary_dim > head_dim || rotary_dim % 2) {
-    throw std::invalid_argument("rotary_dim " + std::to_string(rotary_dim) + " is not an even number <= head_dim " +
-                                std::to_string(head_dim));
-  }
-  if (!deltanet.empty() && deltanet.size() != 6) {
-    throw std::invalid_argument("deltanet is (NK, NV, Dk, Dv, conv taps, state slots), got " +
-                                std::to_string(deltanet.size()) + " values");
-  }
-  DeltaNetShape dn;
-  if (!deltanet.empty()) {
-    dn.nk = deltanet[0], dn.nv = deltanet[1], dn.dk = deltanet[2], dn.dv = deltanet[3], dn.kernel = deltanet[4];
-    dn.num_slots = deltanet[5];
-    dn.norm_eps = deltanet_norm_eps;
-    if (dn.nk == 0 || dn.nv % dn.nk || dn.dk == 0 || dn.dv == 0 || dn.kernel < 2) {
-      throw std::invalid_argument("deltanet: NV must be a multiple of NK >= 1, Dk and Dv positive, 2+ conv taps");
-    }
-  }
-  DecoderKernels kernels;
-  // block_n 0: no projection is BF16 packed (all quantized).
-  kernels.linear = block_n ? &KernelSet(kernel_set, block_n) : nullptr;
-  kernels.elementwise = &ChooseElementwiseKernels("");
-  kernels.stage_marker = stage_markers ? &StageMarker : nullptr;
-  const int64_t* rows = Extent<const int64_t>(descriptor, descriptor_elements, n_layers * kLayerFields,
-                                              "descriptor");
-  auto packed = [&](size_t n, size_t k) {
-    return block_n ? CheckedProduct("packed weight", PackedBlocks(n, block_n), block_n, k) : 0;
-  };
-  const size_t q_n = heads * head_dim, kv_n = kv_heads * head_dim, c = dn.conv_dim(), value_n = dn.nv * dn.dv;
-  std::vector<DecoderLayerWeights> layers(n_layers);
-  DecoderHead decoder_head;
-  if (head_kind == 1) {
-    const int64_t pair[2] = {static_cast<int64_t>(head), static_cast<int64_t>(head_n)};
-    decoder_head.weight = QuantizedProjection(pair, vocab, hidden, quant_tile, "head");
-  } else if (head_kind == 0) {
-    if (block_n == 0) throw std::invalid_argument("head: a BF16 projection needs block_n");
-    decoder_head.weight.bf16 = Extent<const uint16_t>(head, head_n, packed(vocab, hidden), "head");
-  }
-  bool any_quantized = head_kind == 1;
-  for (size_t l = 0; l < n_layers; ++l) {
-    const int64_t* f = rows + l * kLayerFields;
-    DecoderLayerWeights& w = layers[l];
-    const int64_t kind = f[kLayerFields - 1];
-    if (kind < 0 || kind > 2) throw std::invalid_argument("layer " + std::to_string(l) + ": unknown layer kind");
-    w.kind = static_cast<LayerKind>(kind);
-    const bool recurrent = w.kind == LayerKind::kDeltaNet;
-    if (recurrent && deltanet.empty()) {
-      throw std::invalid_argument("layer " + std::to_string(l) + " is a DeltaNet layer but deltanet is empty");
-    }
-    const size_t qkv_n = recurrent ? dn.in_proj_n()
-                                   : (w.kind == LayerKind::kGatedAttention ? 2 * q_n : q_n) + 2 * kv_n;
-    // (N, K) of the four projections, in descriptor order.
-    const size_t proj_n[4] = {qkv_n, hidden, 2 * intermediate, hidden};
-    const size_t proj_k[4] = {hidden, recurrent ? value_n : q_n, hidden, intermediate};
-    size_t need[kLayerBuffers] = {hidden, hidden};
-    for (size_t j = 0; j < 4; ++j) need[kQkv + j] = packed(proj_n[j], proj_k[j]);
-    bool used[kLayerBuffers];
-    for (size_t i = 0; i < kLayerBuffers; ++i) used[i] = i <= kDown || (recurrent == (i >= kConvWeight));
-    if (recurrent) {
-      const size_t s = dn.num_slots;
-      need[kConvWeight] = c * dn.kernel;
-      need[kALog] = need[kDtBias] = dn.nv;
-      need[kDeltaNorm] = dn.dv;
-      need[kConvState] = s * c * (dn.kernel - 1);
-      need[kSsmState] = s * dn.nv * dn.dv * dn.dk;
-    } else {
-      need[kQNorm] = need[kKNorm] = head_dim;
-      need[kKPool] = need[kVPool] = num_slots * kv_n;
-    }
-    const uint16_t* p[kLayerBuffers] = {};
-    ProjectionWeight proj[4];
-    for (size_t i = 0; i < kLayerBuffers; ++i) {
-      if (!used[i] || i == kSsmState) continue;
-      const bool optional = i == kQNorm || i == kKNorm;  // absent without q/k norm
-      const bool projection = i >= kQkv && i <= kDown;
-      const auto what = [l, i] { return "layer " + std::to_string(l) + " " + kLayerBufferNames[i]; };
-      if (projection && f[2 * kLayerBuffers + (i - kQkv)] == 1) {
-        proj[i - kQkv] = QuantizedProjection(f + 2 * i, proj_n[i - kQkv], proj_k[i - kQkv], quant_tile, what);
-        any_quantized = true;
-        continue;
-      }
-      if (projection && block_n == 0) throw std::invalid_argument(what() + ": a BF16 projection needs block_n");
-      p[i] = optional && f[2 * i] == 0 ? nullptr
-                                       : Extent<const uint16_t>(static_cast<uintptr_t>(f[2 * i]),
-                                                                static_cast<size_t>(f[2 * i + 1]), need[i], what);
-      if (projection) proj[i - kQkv].bf16 = p[i];
-    }
-    w.input_norm = p[kInputNorm];
-    w.post_attention_norm = p[kPostNorm];
-    w.qkv = proj[0];
-    w.o = proj[1];
-    w.gate_up = proj[2];
-    w.down = proj[3];
-    w.q_norm = p[kQNorm];
-    w.k_norm = p[kKNorm];
-    w.k_pool = const_cast<uint16_t*>(p[kKPool]);
-    w.v_pool = const_cast<uint16_t*>(p[kVPool]);
-    if (recurrent) {
-      w.deltanet.conv_weight = p[kConvWeight];
-      w.deltanet.a_log = p[kALog];
-      w.deltanet.dt_bias = p[kDtBias];
-      w.deltanet.norm_weight = p[kDeltaNorm];
-      w.deltanet.conv_state = const_cast<uint16_t*>(p[kConvState]);
-      w.deltanet.ssm_state =
-          Extent<float>(static_cast<uintptr_t>(f[2 * kSsmState]), static_cast<size_t>(f[2 * kSsmState + 1]),
-                        need[kSsmState], [l] { return "layer " + std::to_string(l) + " ssm_state"; });
-    }
-  }
-  if (any_quantized) {
-    kernels.quantized = &FindQuantKernelSet(quant_kernel_set);
-    if (kernels.quantized->tile == 0 && quant_tile != QuantKernelSetTile(*kernels.quantized)) {
-      throw std::invalid_argument("the quantized weights were repacked with tiles of " + std::to_string(quant_tile) +
-                                  " columns; kernel set '" + kernels.quantized->name + "' reads " +
-                                  std::to_string(QuantKernelSetTile(*kernels.quantized)));
-    }
-    kernels.quant_tile = quant_tile;
-  }
-  DecoderShape shape;
-  shape.hidden = hidden;
-  shape.intermediate = intermediate;
-  shape.heads = heads;
-  shape.kv_heads = kv_heads;
-  shape.head_dim = head_dim;
-  shape.num_slots = num_slots;
-  shape.norm_eps = norm_eps;
-  shape.qk_norm_eps = qk_norm_eps;
-  shape.scale = scale;
-  shape.rotary_dim = rotary_dim;
-  shape.zero_centred = zero_centred;
-  shape.deltanet = dn;
-  DecoderBatch b;
-  b.tokens = tokens;
-  b.batch = batch;
-  b.q_starts = Extent<const int64_t>(q_starts, q_starts_n, batch + 1, "q_starts");
-  b.kv_starts = Extent<const int64_t>(kv_starts, kv_starts_n, batch + 1, "kv_starts");
-  if (b.kv_starts[batch] != static_cast<int64_t>(n_kv_slots)) {
-    throw std::invalid_argument("kv_starts ends at " + std::to_string(b.kv_starts[batch]) + " but kv_slots has " +
-                                std::to_string(n_kv_slots));
-  }
-  b.kv_slots = Array<const int64_t>(kv_slots, n_kv_slots, "kv_slots");
-  b.write_slots = Extent<const int64_t>(write_slots, n_write, tokens, "write_slots");
-  const size_t rotary = rotary_dim ? rotary_dim : head_dim;
-  b.cos = Extent<const uint16_t>(cos, rope_elements, tokens * rotary, "cos");
-  b.sin = Extent<const uint16_t>(sin, rope_elements, tokens * rotary, "sin");
-  if (!deltanet.empty()) {
-    b.state_slots = Extent<const int64_t>(state_slots, n_state_slots, batch, "state_slots");
-    // Null: in place; else as many as state_slots.
-    if (state_read_slots != 0) {
-      b.state_read_slots = Extent<const int64_t>(state_read_slots, n_state_slots, batch, "state_read_slots");
-    }
-  }
-  const uint16_t* hp = Extent<const uint16_t>(h, h_elements, CheckedProduct("h", tokens, hidden), "h");
-  uint16_t* hop = Extent<uint16_t>(h_out, h_elements, CheckedProduct("h_out", tokens, hidden), "h_out");
-  uint16_t* rop =
-      Extent<uint16_t>(residual_out, h_elements, CheckedProduct("residual_out", tokens, hidden), "residual_out");
-  const uint16_t* fn = final_norm != 0 ? Extent<const uint16_t>(final_norm, final_norm_n, hidden, "final_norm")
-                                       : nullptr;
-  if (head_kind != -1) {
-    if (vocab == 0) throw std::invalid_argument("head: vocab is 0");
-    decoder_head.vocab = vocab;
-    size_t m = tokens;
-    if (head_rows != 0) {
-      decoder_head.rows = Array<const int64_t>(head_rows, n_head_rows, "head_rows");
-      decoder_head.n_rows = m = n_head_rows;
-    }
-    decoder_head.logits = Extent<uint16_t>(logits, logits_n, CheckedProduct("logits", m, vocab), "logits");
-  }
-  py::gil_scoped_release release;
-  DecoderLayers(kernels, layers.data(), n_layers, shape, b, hp, hop, rop, fn, head_kind == -1 ? nullptr : &decoder_head,
-                num_threads ? num_threads : 1);
-}
-
 // Quantized weights (rvv_kernels/quantized): GGML blocks in, the runtime layout
 // out; every buffer comes with its size in bytes (or elements) and is checked.
 
@@ -847,29 +531,11 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         "Elementwise kernel sets this build has and this CPU runs, best first.");
   m.def("available_kernel_sets", [] { return Names(AvailableKernelSets()); },
         "Kernel sets this build has and this CPU supports, best first.");
-  m.def("kernel_set_block_n", [](const std::string& name) { return KernelSetBlockN(KernelSet(name, 0)); },
+  m.def("kernel_set_block_n", [](const std::string& name) { return KernelSetBlockN(ChooseKernelSet(name, 0)); },
         py::arg("name"), "The packed block_n an available kernel set reads.");
   m.def("compiled_kernel_sets", [] { return Names(CompiledKernelSets()); },
         "Every kernel set compiled into this build.");
-  m.def("decoder_layers", &DecoderLayersStep, py::arg("kernel_set"), py::arg("quant_kernel_set"),
-        py::arg("quant_tile"), py::arg("descriptor"),
-        py::arg("descriptor_elements"), py::arg("n_layers"), py::arg("block_n"), py::arg("hidden"),
-        py::arg("intermediate"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("num_slots"),
-        py::arg("norm_eps"), py::arg("qk_norm_eps"), py::arg("scale"), py::arg("tokens"), py::arg("batch"),
-        py::arg("q_starts"), py::arg("q_starts_n"), py::arg("kv_starts"), py::arg("kv_starts_n"),
-        py::arg("kv_slots"), py::arg("n_kv_slots"), py::arg("write_slots"), py::arg("n_write"), py::arg("cos"),
-        py::arg("sin"), py::arg("rope_elements"), py::arg("h"), py::arg("h_out"), py::arg("residual_out"),
-        py::arg("h_elements"), py::arg("num_threads"), py::arg("stage_markers") = false,
-        py::arg("rotary_dim") = 0, py::arg("zero_centred") = false, py::arg("deltanet") = std::vector<size_t>(),
-        py::arg("deltanet_norm_eps") = 0.0f, py::arg("state_slots") = 0, py::arg("n_state_slots") = 0,
-        py::arg("state_read_slots") = 0, py::arg("final_norm") = 0, py::arg("final_norm_n") = 0,
-        py::arg("head_kind") = -1, py::arg("head") = 0, py::arg("head_n") = 0, py::arg("vocab") = 0,
-        py::arg("head_rows") = 0, py::arg("n_head_rows") = 0, py::arg("logits") = 0, py::arg("logits_n") = 0,
-        "One decode step's decoder layers in one call (rvv_kernels/decoder/decoder_layers.h); every buffer "
-        "comes with its element count.");
-  m.def("decoder_stage_names", [](int kind) {
-    return DecoderStageNames(static_cast<LayerKind>(kind));
-  });
+  BindDecoderStep(m, &StageMarker);
   m.attr("QUANT_LAYOUT_VERSION") = kQuantLayoutVersion;
   m.def("quant_repack", &QuantRepack, py::arg("format"), py::arg("ggml"), py::arg("ggml_bytes"), py::arg("n"),
         py::arg("k"), py::arg("tile"), py::arg("out"), py::arg("out_bytes"), py::arg("num_threads"),

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import Optional
 from typing import Any
 
 from absl import logging
@@ -32,9 +33,10 @@ def load_lock(path: str) -> dict[str, Any]:
 
 
 def pip_download(package: str, version: str, sha256: str, file_name: str, dest_dir: str, *, source: bool,
-                 size_hint: str) -> str:
+                 size_hint: str, platform: Optional[str] = None) -> str:
     """`dest_dir/file_name`, downloaded unless it is already there with the pinned
-    sha256: the wheel (source False) or the source distribution of package==version."""
+    sha256: the wheel (source False) or the source distribution of package==version;
+    `platform` (a wheel platform tag): the wheel of that platform, not this machine's."""
     path = os.path.join(dest_dir, file_name)
     if os.path.exists(path) and sha256_file(path) == sha256:
         return path
@@ -47,6 +49,8 @@ def pip_download(package: str, version: str, sha256: str, file_name: str, dest_d
         kind = "--no-binary=:all:" if source else "--only-binary=:all:"
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", kind, "--require-hashes", "--progress-bar",
                "off", "--dest", tmp, "-r", requirement]
+        if platform is not None:
+            cmd += ["--platform", platform]
         if subprocess.run(cmd, check=False).returncode != 0:
             raise RuntimeError(f"pip could not download {package}=={version} (see its output above)")
         os.replace(os.path.join(tmp, file_name), path)

@@ -58,6 +58,11 @@ flags.DEFINE_integer("chunked-prefill-size", None,
                      "default: 512, on riscv64 64, measured for the K1).")
 flags.DEFINE_bool("disable-radix-cache", False,
                   "No prefix cache: every prompt is prefilled whole, even when an earlier request ran its prefix.")
+flags.DEFINE_enum("tool-call-parser", None, ["qwen25", "llama3"],
+                  "Tool calls' output format: qwen25 (Hermes <tool_call> blocks: Qwen2.5, Qwen3, Qwen3.5, SmolLM2) "
+                  "or llama3 (a JSON object); default: the model family's.")
+flags.DEFINE_enum("reasoning-parser", None, ["qwen3"],
+                  "Split <think>...</think> into reasoning_content (qwen3: Qwen3 and Qwen3.5); default: off.")
 flags.DEFINE_float("watchdog-timeout", 300.0, "/health reports unhealthy when one engine step runs longer (s).")
 flags.DEFINE_float("graceful-shutdown-timeout", 5.0,
                    "On SIGTERM/SIGINT, seconds open requests get before the server exits anyway.")
@@ -95,7 +100,8 @@ def main(argv: list[str]) -> int:
                    "max_total_tokens": engine.config.max_total_tokens}
     api_key = FLAGS["api-key"].value or os.environ.get(API_KEY_ENV) or None
     app_ = create_app(engine, name, policy, api_key, FLAGS["watchdog-timeout"].value, server_args,
-                      limits.allowed_hosts(FLAGS.host, FLAGS["allowed-hosts"].value))
+                      limits.allowed_hosts(FLAGS.host, FLAGS["allowed-hosts"].value),
+                      tool_call_parser=FLAGS["tool-call-parser"].value, reasoning_parser=FLAGS["reasoning-parser"].value)
     uvicorn.run(app_, host=FLAGS.host, port=FLAGS.port, log_level="warning",
                 timeout_graceful_shutdown=FLAGS["graceful-shutdown-timeout"].value)
     return 0

@@ -13,8 +13,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rvascend.engine import Engine
 from rvascend.policy import RvvPolicy
-from rvascend.server import limits
+from rvascend.server import limits, tool_calls
 from rvascend.server.admin_api import admin_routes
+from rvascend.server.chat_output import REASONING_PARSERS
 from rvascend.server.context import ServerContext
 from rvascend.server.metrics import ServerMetrics
 from rvascend.server.native_api import native_routes
@@ -27,11 +28,20 @@ DEFAULT_WATCHDOG_SECONDS = 300.0
 def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = None,
                api_key: Optional[str] = None, watchdog_timeout: float = DEFAULT_WATCHDOG_SECONDS,
                server_args: Optional[dict[str, Any]] = None,
-               allowed_hosts: Optional[frozenset[str]] = None) -> FastAPI:
+               allowed_hosts: Optional[frozenset[str]] = None, tool_call_parser: Optional[str] = None,
+               reasoning_parser: Optional[str] = None) -> FastAPI:
+    """`tool_call_parser`: the output format of tool calls (None: the model family's);
+    `reasoning_parser`: how reasoning is split from the answer (None: it is not)."""
+    if tool_call_parser is not None and tool_call_parser not in tool_calls.PARSERS:
+        raise ValueError(f"--tool-call-parser {tool_call_parser!r} is not one of {', '.join(tool_calls.PARSERS)}")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"--reasoning-parser {reasoning_parser!r} is not one of {', '.join(REASONING_PARSERS)}")
     stop = threading.Event()
     thread = threading.Thread(target=engine.run_forever, args=(stop,), name="engine", daemon=True)
     ctx = ServerContext(engine, model_name, ServerMetrics(engine.stats, policy), thread, watchdog_timeout,
-                        dict(server_args or {}))
+                        dict(server_args or {}),
+                        tool_call_parser or tool_calls.parser_for(engine.model.config.architecture),
+                        reasoning_parser)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -12,8 +12,8 @@ from typing import Any, Optional, Union
 from fastapi import Request
 from fastapi.responses import Response
 
-from rvascend.engine import Engine, QueueFullError, RequestError, SamplingParams
-from rvascend.engine.chat_template import ChatTemplateError
+from rvascend.engine import Engine, Grammar, GrammarError, QueueFullError, RequestError, SamplingParams
+from rvascend.tokenizer.chat_template import ChatTemplateError
 from rvascend.server import limits
 from rvascend.server.metrics import ServerMetrics
 from rvascend.server.protocol import UnsupportedField
@@ -21,7 +21,7 @@ from rvascend.server.responses import ChoiceState, error
 from rvascend.server.submission import Submission
 
 # Errors of the request's own making: a 400 naming the problem.
-BAD_INPUT = (RequestError, UnsupportedField, limits.InputError, ChatTemplateError)
+BAD_INPUT = (RequestError, UnsupportedField, limits.InputError, ChatTemplateError, GrammarError)
 
 
 @dataclasses.dataclass
@@ -32,6 +32,8 @@ class ServerContext:
     engine_thread: threading.Thread
     watchdog_timeout: float
     server_args: dict[str, Any]
+    tool_call_parser: str = "qwen25"         # server/tool_calls.py's PARSERS
+    reasoning_parser: Optional[str] = None   # server/chat_output.py's REASONING_PARSERS, or off
 
     @property
     def tokenizer(self):
@@ -50,6 +52,17 @@ class ServerContext:
             raise limits.InputError(f"{what} is empty")
         limits.check_prompt_bytes(what, size, self.max_prompt_bytes, self.engine.context_length)
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
+
+    def reasoning_end_ids(self) -> tuple[int, ...]:
+        """The tokens of the reasoning's end (a grammar applies after them)."""
+        return tuple(self.tokenizer.encode("</think>", add_special_tokens=False))
+
+    async def grammar(self, grammar: Optional[Grammar]) -> Optional[Grammar]:
+        """`grammar`, compiled off the event loop (a large schema can take a while; the engine
+        keeps it compiled for the request); RequestError naming what is wrong with it."""
+        if grammar is not None:
+            await asyncio.to_thread(self.engine.compile_grammar, grammar)
+        return grammar
 
     def max_tokens_for(self, prompt_len: int, default: int, asked: Optional[int]) -> int:
         return asked if asked is not None else max(1, min(default, self.engine.context_length - prompt_len))

@@ -15,8 +15,8 @@ from absl import logging
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.runtime import allocator
 from rvascend.models import default_model
-from rvascend.engine.chat_template import ChatTemplateError
-from rvascend.engine.tokenizer import Tokenizer
+from rvascend.tokenizer.chat_template import ChatTemplateError
+from rvascend.tokenizer.tokenizer import Tokenizer
 from rvascend.models.decoder import KVPool
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicy, RvvPolicyConfig, get_policy, install_rvv_policy

@@ -20,6 +20,7 @@ from rvascend.server.context import BAD_INPUT, ServerContext
 from rvascend.server.protocol import GenerateRequest, UnsupportedField
 from rvascend.server.responses import ChoiceState, error
 from rvascend.server.streaming import stream_events
+from rvascend.server.structured_output import SGLANG_SAMPLING_KEYS, sampling_params_grammar
 
 
 def native_routes(ctx: ServerContext) -> APIRouter:
@@ -33,6 +34,7 @@ def native_routes(ctx: ServerContext) -> APIRouter:
                 raise limits.InputError("give exactly one of 'text' and 'input_ids'")
             ids = await ctx.tokenize("text", req.text) if req.text is not None else list(req.input_ids)
             params = _sglang_params(req, len(ids), ctx.engine.context_length)
+            await ctx.grammar(params.grammar)
         except BAD_INPUT as e:
             return error(400, str(e))
         sub = ctx.submit("generate", [(ids, params)])
@@ -158,8 +160,10 @@ _SGLANG_PARAMS = {"max_new_tokens": "max_tokens", "temperature": "temperature", 
 
 
 def _sglang_params(req: GenerateRequest, prompt_len: int, context_length: int) -> SamplingParams:
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"grammar": sampling_params_grammar(req.sampling_params)}
     for key, value in req.sampling_params.items():
+        if key in SGLANG_SAMPLING_KEYS:
+            continue
         if key not in _SGLANG_PARAMS:
             raise UnsupportedField(f"sampling_params.{key} is not supported by this server")
         name = _SGLANG_PARAMS[key]

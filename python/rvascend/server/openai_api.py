@@ -15,7 +15,10 @@ from rvascend.server import limits, responses
 from rvascend.server.context import BAD_INPUT, ServerContext
 from rvascend.server.protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField
 from rvascend.server.responses import LogprobFormat, error
+from rvascend.server import tool_calls
+from rvascend.server.chat_output import THINK_END, ChatOutput, starts_in_reasoning
 from rvascend.server.streaming import stream_events
+from rvascend.server.structured_output import request_grammar
 from rvascend.server.submission import Submission
 
 DEFAULT_COMPLETION_TOKENS = 16
@@ -36,8 +39,9 @@ def openai_routes(ctx: ServerContext) -> APIRouter:
                    else list(p) for i, p in enumerate(prompts)]
             for s in req.stop_list():
                 limits.check_text("stop", s)
+            grammar = await ctx.grammar(request_grammar(req.model_extra or {}))
             pairs = [(p, req.sampling_params(ctx.max_tokens_for(len(p), DEFAULT_COMPLETION_TOKENS, req.max_tokens),
-                                             req.logprobs, j)) for p in ids for j in range(req.n)]
+                                             req.logprobs, j, grammar)) for p in ids for j in range(req.n)]
             echo = None
             if req.echo:
                 echo = [p if isinstance(p, str) else (ctx.tokenizer.decode(p) if ctx.tokenizer else "")
@@ -54,25 +58,39 @@ def openai_routes(ctx: ServerContext) -> APIRouter:
             logprobs = req.requested_logprobs()
             messages = []
             for i, m in enumerate(req.messages):
-                text = m.text()
-                limits.check_text(f"messages[{i}].content", text)
-                messages.append({"role": m.role, "content": text, **({"name": m.name} if m.name else {})})
+                fields = m.template_fields()
+                limits.check_text(f"messages[{i}].content", fields["content"])
+                messages.append(fields)
             if ctx.tokenizer is None:
                 raise limits.InputError("this server has no tokenizer: chat needs one")
+            tools = tool_calls.tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
             add, cont, kwargs = req.template_options()
+            if tools is not None:
+                kwargs["tools"] = tools.tools  # as transformers' apply_chat_template(tools=...) passes them
             # Off the event loop: a model file's template is untrusted code (its budget
-            # bounds the render, engine/template_budget.py), and /health must not wait.
-            prompt = await asyncio.to_thread(ctx.tokenizer.apply_chat_template, messages, add, cont, kwargs)
+            # bounds the render, tokenizer/template_budget.py), and /health must not wait.
+            prompt = await asyncio.to_thread(ctx.tokenizer.apply_chat_template, tool_calls.template_messages(messages),
+                                             add, cont, kwargs)
             ids = await ctx.tokenize("the chat prompt", prompt, add_special_tokens=False)
             for s in req.stop_list():
                 limits.check_text("stop", s)
             max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+            grammar = request_grammar(req.model_extra or {})
+            calls = tool_calls.call_grammar(tools, ctx.tool_call_parser) if tools is not None else None
+            if grammar is not None and calls is not None:
+                raise UnsupportedField("give one output constraint, not a response format and a required tool call")
+            grammar = await ctx.grammar(grammar or calls)
+            reasoning = ctx.reasoning_parser is not None
+            in_reasoning = reasoning and starts_in_reasoning(prompt)
+            after = ctx.reasoning_end_ids() if reasoning and grammar is not None and (
+                in_reasoning or not prompt.rstrip().endswith(THINK_END)) else ()
             pairs = [(ids, req.sampling_params(ctx.max_tokens_for(len(ids), DEFAULT_CHAT_TOKENS, max_tokens),
-                                               logprobs, j)) for j in range(req.n)]
+                                               logprobs, j, grammar, after)) for j in range(req.n)]
+            split = _ChatSplit(reasoning, in_reasoning, tools, ctx.tool_call_parser)
         except BAD_INPUT as e:
             return error(400, str(e))
         return await _serve(ctx, "chat", pairs, req.n, req.stream, True, req.include_usage, logprobs is not None,
-                            request)
+                            request, split=split)
 
     @router.get("/v1/models")
     async def models():
@@ -83,9 +101,19 @@ def openai_routes(ctx: ServerContext) -> APIRouter:
     return router
 
 
+class _ChatSplit:
+    """How a chat request's choices are split (chat_output.ChatOutput's arguments)."""
+
+    def __init__(self, reasoning: bool, in_reasoning: bool, tools, parser: str) -> None:
+        self.args = (reasoning, in_reasoning, tools, parser)
+
+    def __call__(self) -> ChatOutput:
+        return ChatOutput(*self.args)
+
+
 async def _serve(ctx: ServerContext, endpoint: str, pairs: list[tuple[list[int], SamplingParams]], n: int,
                  stream: bool, chat: bool, include_usage: bool, logprobs: bool, request: Request,
-                 echo: Optional[list[str]] = None):
+                 echo: Optional[list[str]] = None, split: Optional[_ChatSplit] = None):
     sub = ctx.submit(endpoint, pairs)
     if isinstance(sub, Response):
         return sub
@@ -94,20 +122,23 @@ async def _serve(ctx: ServerContext, endpoint: str, pairs: list[tuple[list[int],
     head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": ctx.model_name}
     if stream:
-        return StreamingResponse(_stream(ctx, endpoint, sub, head, n, chat, include_usage, fmt, echo),
+        return StreamingResponse(_stream(ctx, endpoint, sub, head, n, chat, include_usage, fmt, echo, split),
                                  media_type="text/event-stream")
     states, failure = await ctx.collect(endpoint, sub, request)
     if failure is not None:
         return failure
-    choices = [responses.choice(i, s, chat, fmt, echo[i // n] if echo else "") for i, s in enumerate(states)]
+    choices = [responses.choice(i, s, chat, fmt, echo[i // n] if echo else "", split() if split else None)
+               for i, s in enumerate(states)]
     return {**head, "choices": choices, "usage": responses.usage(sub.seqs, n)}
 
 
 def _stream(ctx: ServerContext, endpoint: str, sub: Submission, head: dict[str, Any], n: int, chat: bool,
-            include_usage: bool, fmt: Optional[LogprobFormat], echo: Optional[list[str]]):
+            include_usage: bool, fmt: Optional[LogprobFormat], echo: Optional[list[str]],
+            split: Optional[_ChatSplit] = None):
     kind = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
     started: set[int] = set()
     offsets: dict[int, responses.TextOffsets] = {}
+    outputs: dict[int, ChatOutput] = {}
 
     def event(index: int, out) -> Optional[dict[str, Any]]:
         first = index not in started
@@ -120,8 +151,10 @@ def _stream(ctx: ServerContext, endpoint: str, sub: Submission, head: dict[str, 
         prefix = echo[index // n] if echo and first else ""
         if fmt and first:
             offsets[index] = responses.TextOffsets(ctx.tokenizer, len(prefix))
+        if split is not None and first:
+            outputs[index] = split()
         return {**kind, "choices": [responses.chunk_choice(index, out, chat, fmt, first=first, prefix=prefix,
-                                                           offsets=offsets.get(index))]}
+                                                           offsets=offsets.get(index), split=outputs.get(index))]}
 
     def usage() -> Optional[dict[str, Any]]:
         return {**kind, "choices": [], "usage": responses.usage(sub.seqs, n)} if include_usage else None

@@ -2,8 +2,9 @@
 
 Known fields are type-checked strictly (`"max_tokens": "ten"` is a 400, not a
 guess). Unknown fields are ignored, as OpenAI-compatible servers do, except
-the ones that would change the answer if ignored (`tools`, `suffix`, a JSON
-`response_format`, ...): those are refused by name.
+the ones that would change the answer if ignored (`functions`, `suffix`, ...):
+those are refused by name. Output constraints (`response_format` and its vLLM
+and SGLang kin) are read by server/structured_output.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
-from rvascend.engine import SamplingParams
+from rvascend.engine import Grammar, SamplingParams
 
 Number = Union[StrictFloat, StrictInt]
 MAX_N = 16
@@ -20,8 +21,8 @@ MAX_LOGPROBS = 20
 
 # Fields that change what a client gets back; serving without them would be a
 # silently different answer.
-_UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "suffix", "best_of", "audio",
-                "prediction", "guided_json", "guided_regex", "guided_choice", "json_schema", "regex", "ebnf")
+_UNSUPPORTED = ("functions", "function_call", "suffix", "best_of", "audio",
+                "prediction", "guided_whitespace_pattern")
 
 
 class UnsupportedField(ValueError):
@@ -74,16 +75,14 @@ class _Request(_NullIsDefault):
         for name in _UNSUPPORTED:
             if extra.get(name) not in (None, [], {}) and not (name == "best_of" and extra[name] == self.n):
                 raise UnsupportedField(f"'{name}' is not supported by this server")
-        fmt = extra.get("response_format")
-        if fmt not in (None, {}) and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-            raise UnsupportedField("'response_format' other than {\"type\": \"text\"} is not supported")
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
-    def sampling_params(self, max_tokens: int, logprobs: Optional[int], index: int = 0) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: Optional[int], index: int = 0,
+                        grammar: Optional[Grammar] = None, grammar_after: tuple[int, ...] = ()) -> SamplingParams:
         """The engine's parameters; the `index`-th of n samples gets seed + index."""
         bias = []
         for key, value in (self.logit_bias or {}).items():
@@ -98,7 +97,8 @@ class _Request(_NullIsDefault):
             frequency_penalty=float(self.frequency_penalty), presence_penalty=float(self.presence_penalty),
             min_tokens=self.min_tokens, stop=self.stop_list(), stop_token_ids=tuple(self.stop_token_ids or ()),
             logit_bias=tuple(bias), logprobs=logprobs, seed=seed, ignore_eos=self.ignore_eos,
-            skip_special_tokens=self.skip_special_tokens)
+            skip_special_tokens=self.skip_special_tokens, grammar=grammar,
+            grammar_after=tuple(grammar_after) if grammar is not None else ())
 
     @property
     def include_usage(self) -> bool:
@@ -109,6 +109,12 @@ class CompletionRequest(_Request):
     prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
     logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: StrictBool = False
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        for name in ("tools", "tool_choice", "parallel_tool_calls"):
+            if (self.model_extra or {}).get(name) not in (None, [], {}):
+                raise UnsupportedField(f"'{name}' is for chat completions; /v1/completions has no tool calls")
 
     def prompts(self) -> list[Union[str, list[int]]]:
         """One entry per prompt: text or token ids."""
@@ -128,12 +134,38 @@ class TextPart(BaseModel):
     text: Optional[StrictStr] = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr
+    arguments: Union[StrictStr, dict[str, Any]]
+
+
+class ToolCall(_NullIsDefault):
+    model_config = ConfigDict(extra="ignore")
+    id: Optional[StrictStr] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_NullIsDefault):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Optional[Union[StrictStr, list[TextPart]]] = None
     name: Optional[StrictStr] = None
+    tool_calls: Optional[list[ToolCall]] = None  # an assistant's calls (OpenAI's shape)
+    tool_call_id: Optional[StrictStr] = None     # a tool message's answer to that call
+
+    def template_fields(self) -> dict[str, Any]:
+        """The message as the chat template receives it."""
+        fields: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name:
+            fields["name"] = self.name
+        if self.tool_calls:
+            fields["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            fields["tool_call_id"] = self.tool_call_id
+        return fields
 
     def text(self) -> str:
         """The message's text: a string, text parts joined, or "" for null content."""
@@ -161,6 +193,9 @@ class ChatCompletionRequest(_Request):
     # opened, or inside the last message so that the model continues it.
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[StrictStr, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[StrictBool] = None
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -9,8 +9,9 @@ from typing import Any, Optional
 
 from fastapi.responses import JSONResponse
 
+from rvascend.server.chat_output import ChatOutput
 from rvascend.engine.sequence import Output, Sequence
-from rvascend.engine.tokenizer import Tokenizer
+from rvascend.tokenizer.tokenizer import Tokenizer
 
 
 def error_body(status: int, message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
@@ -105,7 +106,8 @@ def openai_reason(reason: Optional[str]) -> Optional[str]:
 
 
 def choice(index: int, state: ChoiceState, chat: bool, logprobs: Optional[LogprobFormat],
-           prefix: str = "") -> dict[str, Any]:
+           prefix: str = "", split: Optional[ChatOutput] = None) -> dict[str, Any]:
+    """A whole choice; in chat, `split` makes its message's reasoning, content and tool calls."""
     text = prefix + "".join(state.text)
     c: dict[str, Any] = {"index": index, "finish_reason": openai_reason(state.reason),
                          "matched_stop": state.matched_stop,
@@ -114,21 +116,39 @@ def choice(index: int, state: ChoiceState, chat: bool, logprobs: Optional[Logpro
                          if logprobs else None}
     if chat:
         c["message"] = {"role": "assistant", "content": text}
+        if split is not None:
+            c["message"], called = split.message(text)
+            if called and state.reason == "stop":
+                c["finish_reason"] = "tool_calls"
     else:
         c["text"] = text
     return c
 
 
 def chunk_choice(index: int, out: Output, chat: bool, logprobs: Optional[LogprobFormat],
-                 first: bool = False, prefix: str = "", offsets: Optional[TextOffsets] = None) -> dict[str, Any]:
+                 first: bool = False, prefix: str = "", offsets: Optional[TextOffsets] = None,
+                 split: Optional[ChatOutput] = None) -> dict[str, Any]:
+    """One output's chunk; in chat, `split` (the choice's own, fed every chunk in order)
+    sends reasoning_content, content and, at the end, tool_calls."""
     lp = None
     if logprobs and out.logprob is not None and out.token_id is not None:
         lp = logprobs.format([out.token_id], [out.logprob], [out.top_logprobs], offsets)
     reason = openai_reason(out.finish_reason) if out.finished else None
     if chat:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if out.text:
-            delta["content"] = out.text
+        if split is None:
+            if out.text:
+                delta["content"] = out.text
+        else:
+            delta.update(split.feed(out.text))
+            if out.finished:
+                rest, calls = split.finish()
+                for field, text in rest.items():
+                    delta[field] = delta.get(field, "") + text
+                if calls:
+                    delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+                    if reason == "stop":
+                        reason = "tool_calls"
         c: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": lp}
     else:
         c = {"index": index, "text": prefix + out.text, "finish_reason": reason, "logprobs": lp}

@@ -10,6 +10,7 @@ exact build a board runs, not for measuring speed.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -26,11 +27,38 @@ def guest_command(qemu: str, image: str, cpu: str, args: Sequence[str]) -> list[
     return [qemu, "-L", image, "-cpu", cpu, os.path.join(image, "usr", "bin", "python3.13"), *args]
 
 
-def install_wheel(qemu: str, image: str, wheel: str, site: str) -> str:
-    """Installs `wheel` with the image's own pip (offline, --no-deps) into `site`;
-    skipped when `site` already holds this exact wheel. Returns `site`."""
-    with open(wheel, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
+BOARD_WHEELS_LOCK = os.path.join("toolchains", "riscv64_image", "board_wheels.lock.json")
+
+
+def board_wheels(deps_dir: str, fetch: bool = False) -> list[str]:
+    """The pinned riscv64 wheels rvascend needs beside the image's Debian packages
+    (llguidance), in `deps_dir`/board_wheels: fetched there with pip when `fetch`."""
+    from rvascend import checkout
+    from rvascend.runtime import pinned_download
+
+    with open(os.path.join(checkout.root(), BOARD_WHEELS_LOCK), encoding="utf-8") as f:
+        pins = json.load(f)["wheels"]
+    dest = os.path.join(deps_dir, "board_wheels")
+    paths = []
+    for pin in pins:
+        path = os.path.join(dest, pin["file"])
+        if fetch:
+            path = pinned_download.pip_download(pin["package"], pin["version"], pin["sha256"], pin["file"], dest,
+                                                source=False, size_hint="riscv64 wheel", platform=pin["platform"])
+        elif not os.path.exists(path):
+            raise FileNotFoundError(f"{path} is missing: ./dev setup fetches the board's pinned wheels")
+        paths.append(path)
+    return paths
+
+
+def install_wheel(qemu: str, image: str, wheel: str, site: str, extra_wheels: Sequence[str] = ()) -> str:
+    """Installs `wheel` and `extra_wheels` (board_wheels) with the image's own pip (offline,
+    --no-deps) into `site`; skipped when `site` already holds these exact wheels. Returns `site`."""
+    digest = hashlib.sha256()
+    for path in (wheel, *extra_wheels):
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    digest = digest.hexdigest()
     stamp = os.path.join(site, ".rvascend-wheel-sha256")
     if os.path.exists(stamp) and open(stamp).read().strip() == digest:
         return site
@@ -39,7 +67,7 @@ def install_wheel(qemu: str, image: str, wheel: str, site: str) -> str:
     logging.info("installing %s into %s with the image's pip under QEMU", os.path.basename(wheel), site)
     cmd = guest_command(qemu, image, qemu_cpu(256), [
         "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile", "--disable-pip-version-check",
-        "--target", site, wheel])
+        "--target", site, wheel, *extra_wheels])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"pip install of the wheel failed in the image:\n{proc.stdout}\n{proc.stderr}")

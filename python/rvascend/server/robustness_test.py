@@ -175,6 +175,17 @@ def test_sigterm_stops_a_busy_server_within_seconds(tmp_path):
     ('{"prompt": "x", "stop": ' + json.dumps(["s%d" % i for i in range(65)]) + '}', "stop has 65 strings"),
     ('{"prompt": "x", "stop": ["' + "y" * 1025 + '"]}', "stop[0] is 1025 characters"),
     ('{"prompt": "x", "stop_token_ids": ' + json.dumps(list(range(1025))) + '}', "stop_token_ids has 1025"),
+    # Output constraints: a grammar llguidance refuses, or one too large, is named.
+    ('{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}}', "needs a 'schema'"),
+    ('{"prompt": "x", "response_format": {"type": "yaml"}}', "response_format type 'yaml'"),
+    ('{"prompt": "x", "guided_regex": "(unclosed"}', "regex is not served"),
+    ('{"prompt": "x", "guided_json": {"type": "object"}, "regex": "a+"}', "give one output constraint"),
+    ('{"prompt": "x", "structured_outputs": {"structural_tag": "t"}}', "structured_outputs.structural_tag"),
+    ('{"prompt": "x", "guided_choice": []}', "choices must be"),
+    ('{"prompt": "x", "guided_json": "{not json"}', "not JSON"),
+    ('{"prompt": "x", "guided_json": {"type": "object", "properties": {"a": {"type": "frob"}}}}',
+     "json_schema is not served"),
+    ('{"prompt": "x", "guided_regex": "' + "a" * (129 * 1024) + '"}', "at most 131072"),
 ])
 def test_out_of_range_fields_are_a_json_400(server, body, match):
     r = _post(server, "/v1/completions", body)

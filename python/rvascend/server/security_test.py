@@ -59,7 +59,7 @@ def test_a_model_files_template_cannot_run_code_and_its_errors_are_400(server, t
     tok = server.engine.tokenizer
     original = tok.chat_template
     marker = tmp_path / "pwned"
-    from rvascend.engine.chat_template import ChatTemplate
+    from rvascend.tokenizer.chat_template import ChatTemplate
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     try:
         tok.chat_template = ChatTemplate("{{ cycler.__init__.__globals__.os.popen('touch " + str(marker) +
@@ -84,7 +84,7 @@ def test_a_looping_template_is_a_400_and_health_answers_meanwhile(server):
     import concurrent.futures
     import time
 
-    from rvascend.engine.chat_template import ChatTemplate
+    from rvascend.tokenizer.chat_template import ChatTemplate
     tok = server.engine.tokenizer
     original = tok.chat_template
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}

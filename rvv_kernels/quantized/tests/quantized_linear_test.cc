@@ -408,11 +408,10 @@ int main() {
       TestShape(hollow, f, 3, t + 1, FormatInfo(f).block_k == 32 ? 96 : 256, rng);
     }
   }
-  for (size_t i = 0; i < kQuantFormatCount; ++i) {
-    EXPECT(FormatAt(static_cast<int64_t>(i)) == static_cast<QuantFormat>(i), "FormatAt(%zu)", i);
+  // A format crosses from Python by name: every kept name reads back as its format.
+  for (QuantFormat f : kFormats) {
+    EXPECT(FormatFromName(FormatInfo(f).name) == f, "FormatFromName(%s)", FormatInfo(f).name);
   }
-  EXPECT(Throws([] { FormatAt(static_cast<int64_t>(kQuantFormatCount)); }, "is not one of the"),
-         "FormatAt past the registry is refused");
-  EXPECT(Throws([] { FormatAt(-1); }, "is not one of the"), "FormatAt(-1) is refused");
+  EXPECT(Throws([] { FormatFromName("Q5_9"); }, "Q5_9"), "an unknown format name is refused by name");
   return testing::Summary();
 }

@@ -10,10 +10,12 @@ Inputs, both checked in next to this file:
 
 A point's projection is the counted test (a P-token prompt, or a generated token at the
 point's context) timed by a k1_model.Board. The free constants, scalar IPC, cycles per
-vector instruction and DRAM bandwidth at the points' thread count, minimise the squared
-log error over the points not held out, plus a weak pull toward the assumed board's
-values (PRIOR_WEIGHT; Nelder-Mead over their logarithms, from the assumed board). Printed: every point with measured / projected, and the error of the fit
-and of the held-out points apart.
+vector instruction of each kind group (KIND_GROUPS; one for every vector instruction
+when the counts have no kinds) and DRAM bandwidth at the points' thread count, minimise
+the squared log error over the points not held out, plus a weak pull toward the assumed
+board's values (PRIOR_WEIGHT; Nelder-Mead over their logarithms, from the assumed
+board). Printed: every point with measured / projected, and the error of the fit and of
+the held-out points apart.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ FLAGS = flags.FLAGS
 # Weight of the pull toward the assumed constants, per squared log: a factor e away from
 # a cited value costs as much as a 10 % misfit of one point.
 PRIOR_WEIGHT = 0.01
+# Vector instruction kinds (qemu_count_plugin.cc) that share one fitted cost: a reduction
+# (vredsum and kin: the X60 runs it as a tree over the whole register group), a memory
+# access, a vset{i}vl{i}, and the arithmetic and permutations.
+KIND_GROUPS: dict[str, tuple[str, ...]] = {
+    "reduction": ("reduction",), "memory": ("memory",), "config": ("config",),
+    "arithmetic": ("multiply", "integer", "float", "permute")}
 
 
 def load_points(path: str = POINTS) -> list[dict[str, Any]]:
@@ -66,13 +74,14 @@ def llama_cpp_tok_s(record: dict[str, Any], prefill: bool, length: float, thread
     config = random_checkpoint.SHAPES[record["model"]]
     if prefill:
         context, tokens = int(length), int(length)
-        n, v = record["prefill"][str(context)]
+        key, step = str(context), "prefill"
     else:
         key = min(record["decode"], key=lambda c: abs(int(c) - length))
-        context, tokens = int(key), 1
-        n, v = record["decode"][key]
+        context, tokens, step = int(key), 1, "decode"
+    n, v = record[step][key]
+    kinds = record.get(f"{step}_kinds", {}).get(key)
     kv = k1_model.unavoidable_bytes("attention", config, context, config["num_hidden_layers"])
-    return tokens / board.seconds(n, v, record["decode_weight_bytes"] + kv, threads)
+    return tokens / board.seconds(n, v, record["decode_weight_bytes"] + kv, threads, kinds=kinds)
 
 
 def project(board: k1_model.Board, point: dict[str, Any], record: dict[str, Any]) -> float:
@@ -83,9 +92,12 @@ def project(board: k1_model.Board, point: dict[str, Any], record: dict[str, Any]
     return llama_cpp_tok_s(record, False, point["prompt"] + point["length"] / 2, point["threads"], board)
 
 
-def _board(x: Sequence[float], threads: int, base: k1_model.Board) -> k1_model.Board:
-    ipc, cpi, bandwidth = (math.exp(v) for v in x)
-    return dataclasses.replace(base, name="fitted", ipc_scalar=ipc, cpi_vector=cpi,
+def _board(x: Sequence[float], threads: int, base: k1_model.Board, groups: dict[str, tuple[str, ...]]
+           ) -> k1_model.Board:
+    """x: the logarithms of scalar IPC, CPI, bandwidth at `threads`, then each group's CPI."""
+    ipc, cpi, bandwidth, *group_cpi = (math.exp(v) for v in x)
+    cpi_kinds = {kind: c for c, members in zip(group_cpi, groups.values()) for kind in members}
+    return dataclasses.replace(base, name="fitted", ipc_scalar=ipc, cpi_vector=cpi, cpi_kinds=cpi_kinds,
                                bandwidth={**base.bandwidth, threads: bandwidth}, efficiency={threads: 1.0})
 
 
@@ -131,9 +143,32 @@ class Fit:
     held_out_error: float  # the same over the held-out points
 
 
+def _has_kinds(record: dict[str, Any]) -> bool:
+    return bool(record.get("prefill_kinds")) and bool(record.get("decode_kinds"))
+
+
+def _kind_mix(points: list[dict[str, Any]], counts: dict[tuple[str, str, str], dict[str, Any]]) -> dict[str, float]:
+    """The points' vector instructions by kind, each point's test weighted alike."""
+    mix: dict[str, float] = {}
+    for p in points:
+        record = counts[(p["model"], p["type"], p["variant"])]
+        step = "prefill" if p["test"] == "pp" else "decode"
+        kinds = next(iter(record[f"{step}_kinds"].values()))
+        total = sum(kinds.values()) or 1.0
+        for kind, n in kinds.items():
+            mix[kind] = mix.get(kind, 0.0) + n / total
+    return mix
+
+
 def fit(points: list[dict[str, Any]], counts: dict[tuple[str, str, str], dict[str, Any]],
-        base: k1_model.Board = k1_model.ASSUMED, prior_weight: float = PRIOR_WEIGHT) -> Fit:
+        base: k1_model.Board = k1_model.ASSUMED, prior_weight: float = PRIOR_WEIGHT,
+        groups: dict[str, tuple[str, ...]] | None = None) -> Fit:
+    """`groups`: KIND_GROUPS when every counted record has its vector instructions by kind,
+    else none (one CPI for every vector instruction)."""
     usable = [p for p in points if (p["model"], p["type"], p["variant"]) in counts]
+    if groups is None:
+        groups = KIND_GROUPS if usable and all(_has_kinds(counts[(p["model"], p["type"], p["variant"])])
+                                               for p in usable) else {}
     threads = {p["threads"] for p in usable}
     if len(threads) != 1 or not any(not p["held_out"] for p in usable):
         raise ValueError(f"the fit needs points at one thread count with some not held out; got {sorted(threads)}")
@@ -141,16 +176,22 @@ def fit(points: list[dict[str, Any]], counts: dict[tuple[str, str, str], dict[st
     training = [p for p in usable if not p["held_out"]]
 
     x0 = [math.log(base.ipc_scalar), math.log(base.cpi_vector), math.log(base.bandwidth_at(t))]
+    x0 += [math.log(base.cpi_vector)] * len(groups)
 
     def loss(x: list[float]) -> float:
-        board = _board(x, t, base)
+        board = _board(x, t, base, groups)
         misfit = sum(math.log(p["tok_s"] / project(board, p, counts[(p["model"], p["type"], p["variant"])])) ** 2
                      for p in training)
         # A weak pull toward the assumed constants: a constant the points do not constrain (no
         # point bound by DRAM, say) stays near its cited value instead of drifting to 0 or infinity.
         return misfit + prior_weight * sum((a - b) ** 2 for a, b in zip(x, x0))
 
-    board = _board(nelder_mead(loss, x0), t, base)
+    board = _board(nelder_mead(loss, x0, iterations=4000 if groups else 2000), t, base, groups)
+    if groups:
+        # A count without kinds takes the cost of the points' own mix of kinds.
+        mix = _kind_mix(training, counts)
+        board = dataclasses.replace(board, cpi_vector=sum(board.cpi_kinds.get(k, board.cpi_vector) * n
+                                                          for k, n in mix.items()) / sum(mix.values()))
     rows = []
     for p in usable:
         projected = project(board, p, counts[(p["model"], p["type"], p["variant"])])
@@ -171,6 +212,8 @@ def main(argv: list[str]) -> int:
                               ("projected", "calibrated", ".2f"), ("ratio", "measured/proj.", ".3f"),
                               ("assumed_projected", "assumed board", ".2f"), ("role", "role", "s")])
     b = result.board
+    if b.cpi_kinds:
+        print("vector CPI by kind: " + ", ".join(f"{k} {c:.3f}" for k, c in b.cpi_kinds.items()))
     print(f"fitted: scalar IPC {b.ipc_scalar:.4f}, vector CPI {b.cpi_vector:.4f}, bandwidth "
           + ", ".join(f"{t} threads {bw / 1e9:.3f} GB/s" for t, bw in sorted(b.bandwidth.items())))
     print(f"largest |measured/projected - 1|: fitted points {result.fit_error:.1%}, held out "

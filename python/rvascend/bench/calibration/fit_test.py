@@ -36,19 +36,25 @@ def test_a_prompt_is_timed_whole_and_a_token_at_the_nearest_counted_context():
         pytest.approx(1e9 / (1e9 + kv))
 
 
+def _points_made_by(board, records):
+    """A prompt and a generation point of every record, at the speeds `board` projects."""
+    points = []
+    for (model, kind, variant), record in records.items():
+        for test, extra in (("pp", {"length": 64}), ("tg", {"length": 4, "prompt": 32})):
+            p = {"id": f"{variant}{test}", "model": model, "type": kind, "variant": variant, "threads": 8,
+                 "test": test, **extra, "held_out": False}
+            p["tok_s"] = fit.project(board, p, record)
+            points.append(p)
+    return points
+
+
 def test_the_fit_recovers_constants_that_made_the_points():
     truth = k1_model.Board("truth", 1.6e9, 0.7, 3.0, {8: 5e9}, {8: 1.0}, "test")
     records = {("m", "t", "a"): {"model": "tinyllama-1.1b", "prefill": {"64": [6e9, 1e9]},
                                  "decode": {"34": [1e8, 8e7]}, "decode_weight_bytes": 6e8},
                ("m", "t", "b"): {"model": "tinyllama-1.1b", "prefill": {"64": [3e9, 2e9]},
                                  "decode": {"34": [9e7, 1e7]}, "decode_weight_bytes": 6e8}}
-    points = []
-    for variant in ("a", "b"):
-        for test, extra in (("pp", {"length": 64}), ("tg", {"length": 4, "prompt": 32})):
-            p = {"id": f"{variant}{test}", "model": "m", "type": "t", "variant": variant, "threads": 8,
-                 "test": test, **extra, "held_out": False}
-            p["tok_s"] = fit.project(truth, p, records[("m", "t", variant)])
-            points.append(p)
+    points = _points_made_by(truth, records)
     result = fit.fit(points, records, prior_weight=0.0)
     assert result.fit_error < 1e-3
     assert result.board.ipc_scalar == pytest.approx(0.7, rel=1e-2)
@@ -77,3 +83,26 @@ def test_the_calibrated_board_is_what_the_checked_in_inputs_fit_to():
     assert result.board.bandwidth[8] == pytest.approx(c.bandwidth[8], rel=1e-3)
     assert (round(result.fit_error, 3), round(result.held_out_error, 3)) == k1_model.CALIBRATION_ERRORS
     assert all(math.isfinite(r["projected"]) for r in result.rows)
+
+
+def test_the_fit_recovers_a_cost_per_kind_of_vector_instruction():
+    # Two programs with the same instruction counts but another mix of reductions: one
+    # CPI for every vector instruction cannot tell them apart, one per kind can.
+    groups = {"reduction": ("reduction",), "rest": ("memory", "multiply")}
+    truth = k1_model.Board("truth", 1.6e9, 0.8, 4.0, {8: 1e13}, {8: 1.0}, "test",
+                           cpi_kinds={"reduction": 9.0, "memory": 2.0, "multiply": 2.0})
+
+    def record(reductions: float) -> dict:
+        kinds = {"reduction": reductions, "memory": 1e9 - reductions - 2e8, "multiply": 2e8}
+        small = {k: v / 40 for k, v in kinds.items()}
+        return {"model": "tinyllama-1.1b", "prefill": {"64": [3e9, 1e9]}, "decode": {"34": [2e8, 1e9 / 40]},
+                "prefill_kinds": {"64": kinds}, "decode_kinds": {"34": small}, "decode_weight_bytes": 6e8}
+
+    records = {("m", "t", "few"): record(1e8), ("m", "t", "many"): record(5e8)}
+    points = _points_made_by(truth, records)
+    assert points[2]["tok_s"] < 0.7 * points[0]["tok_s"]  # the reductions cost the second its speed
+    result = fit.fit(points, records, prior_weight=0.0, groups=groups)
+    assert result.fit_error < 1e-3
+    assert result.board.cpi_kinds["reduction"] / result.board.cpi_kinds["memory"] == pytest.approx(4.5, rel=0.05)
+    # One CPI for all cannot fit both.
+    assert fit.fit(points, records, prior_weight=0.0, groups={}).fit_error > 0.1

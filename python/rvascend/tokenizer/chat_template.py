@@ -28,7 +28,7 @@ import jinja2.ext
 import jinja2.sandbox
 import jinja2.utils
 
-from rvascend.engine import template_budget
+from rvascend.tokenizer import template_budget
 
 
 class ChatTemplateError(ValueError):

@@ -18,8 +18,8 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from rvascend.build import llama_cpp
 from rvascend.models import default_model
-from rvascend.engine import template_budget
-from rvascend.engine.chat_template import ChatTemplate, ChatTemplateError
+from rvascend.tokenizer import template_budget
+from rvascend.tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from rvascend.models import gguf_checkpoint
 
 _SDIST_TEMPLATES = {
@@ -85,6 +85,42 @@ def test_renders_as_transformers(templates, family, messages, add):
             assert str(e) in str(refused.value)
             continue
         assert ChatTemplate(source, specials).render(messages, add, template_kwargs=kwargs) == want
+
+
+_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city."},
+                                                    "unit": {"type": "string", "enum": ["c", "f"]}},
+                   "required": ["city"]}}}]
+_TOOL_TURNS = [
+    [{"role": "user", "content": "Weather in Oslo?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo?"},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}}]},
+     {"role": "tool", "tool_call_id": "call_1", "content": "4 C, rain"}],
+]
+
+
+@pytest.mark.parametrize("family", ["smollm2", "qwen2.5", "qwen3", "llama3.2", "qwen3.5"])
+@pytest.mark.parametrize("turns", range(len(_TOOL_TURNS)))
+def test_tools_render_as_transformers(templates, family, turns):
+    """The tools reach the model as transformers' apply_chat_template(..., tools=...) puts
+    them in the prompt, with an assistant's tool calls and the tool's answer after them."""
+    source, specials = templates[family]
+    messages = _TOOL_TURNS[turns]
+    try:
+        (want,), _ = render_jinja_template(conversations=[messages], chat_template=source, tools=_TOOLS,
+                                           add_generation_prompt=True, **specials)
+    except Exception as e:  # the template refuses this conversation: so must ours, with its message
+        with pytest.raises(ChatTemplateError, match="refused") as refused:
+            ChatTemplate(source, specials).render(messages, True, template_kwargs={"tools": _TOOLS})
+        assert str(e) in str(refused.value)
+        return
+    got = ChatTemplate(source, specials).render(messages, True, template_kwargs={"tools": _TOOLS})
+    assert got == want
+    if family != "smollm2":  # SmolLM2's template has no tools section
+        assert "get_weather" in got
 
 
 def test_continue_final_message_matches_transformers(templates):

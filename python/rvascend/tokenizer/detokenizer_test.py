@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from rvascend.engine.random_model import ensure_random_model
-from rvascend.engine.detokenizer import IncrementalDetokenizer
-from rvascend.engine.tokenizer import Tokenizer
+from rvascend.tokenizer.detokenizer import IncrementalDetokenizer
+from rvascend.tokenizer.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_a_run_of_invalid_bytes_keeps_the_window_short(tokenizer):
     """A lone continuation byte sampled every step (a client's logit_bias can force it):
     the window must not grow with the output, and the text is the whole decode's."""
     from tokenizers import Tokenizer as HfTokenizer  # the byte alphabet's token of 0x80
-    from rvascend.engine.bpe_tokenizer import byte_to_unicode
+    from rvascend.tokenizer.bpe_tokenizer import byte_to_unicode
     vocab = HfTokenizer.from_file(os.path.join(ensure_random_model(), "tokenizer.json"))
     cont = vocab.token_to_id(byte_to_unicode()[0x80])
     lead = vocab.token_to_id(byte_to_unicode()[0xF0])

@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 from absl import logging
 
-from rvascend.engine.bpe_tokenizer import byte_level_bytes
-from rvascend.engine.chat_template import ChatTemplate
+from rvascend.tokenizer.bpe_tokenizer import byte_level_bytes
+from rvascend.tokenizer.chat_template import ChatTemplate
 
 # The special tokens transformers hands a chat template (its SPECIAL_TOKENS_ATTRIBUTES).
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -26,13 +26,16 @@ class Tokenizer:
         config: dict[str, Any] = {}
         if gguf_checkpoint.is_gguf(model_path):
             spec, config = gguf_checkpoint.GgufCheckpoint(model_path).tokenizer_files()
-            self._tok = _load_tokenizer_json(json.dumps(spec), model_path)
+            self.tokenizer_json = json.dumps(spec)
+            self._tok = _load_tokenizer_json(self.tokenizer_json, model_path)
         else:
             path = os.path.join(model_path, "tokenizer.json")
             if not os.path.exists(path):
                 raise FileNotFoundError(f"{model_path} has no tokenizer.json")
             with open(path, encoding="utf-8") as f:
-                self._tok = _load_tokenizer_json(f.read(), path)
+                # Kept: the grammar engine (engine/grammar.py) builds its own tokenizer from it.
+                self.tokenizer_json = f.read()
+            self._tok = _load_tokenizer_json(self.tokenizer_json, path)
             config_path = os.path.join(model_path, "tokenizer_config.json")
             if os.path.exists(config_path):
                 with open(config_path, encoding="utf-8") as f:
@@ -100,7 +103,7 @@ def _load_tokenizer_json(text: str, source: str):
         from tokenizers import Tokenizer as HfTokenizer
     except ImportError:
         # No riscv64 wheel of `tokenizers` exists; the pure-Python reader serves there.
-        from rvascend.engine.bpe_tokenizer import BpeTokenizer
+        from rvascend.tokenizer.bpe_tokenizer import BpeTokenizer
         logging.info("tokenizers is not installed: using the pure-Python byte-level BPE for %s", source)
         make = lambda: BpeTokenizer(json.loads(text))  # noqa: E731
     else:

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer as HfTokenizer
 
 from rvascend.build import llama_cpp
 from rvascend.models import default_model
-from rvascend.engine.bpe_tokenizer import BpeTokenizer
+from rvascend.tokenizer.bpe_tokenizer import BpeTokenizer
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.models import gguf_checkpoint
 
@@ -120,7 +120,7 @@ print(json.dumps([llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) f
 
 def test_gguf_tokenizer_matches_llama_cpp(vocabularies):
     """The GGUF's tokenizer as this engine rebuilds it, against llama.cpp reading the same file."""
-    from rvascend.engine.tokenizer import Tokenizer
+    from rvascend.tokenizer.tokenizer import Tokenizer
 
     path = vocabularies["_gguf"]
     ours = Tokenizer(path)

@@ -11,9 +11,9 @@ import time
 import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from rvascend.engine.bpe_tokenizer import BpeTokenizer, _merge, UnsupportedTokenizer, byte_to_unicode
+from rvascend.tokenizer.bpe_tokenizer import BpeTokenizer, _merge, UnsupportedTokenizer, byte_to_unicode
 from rvascend.engine.random_model import ensure_random_model
-from rvascend.engine.tokenizer import Tokenizer as EngineTokenizer
+from rvascend.tokenizer.tokenizer import Tokenizer as EngineTokenizer
 
 CORPUS = [
     "plain ASCII text, with punctuation! 12345 and don't we'll THEY'RE", "accents: café, naïve, Ångström, Ωμέγα",

@@ -1,0 +1,178 @@
+"""Tool calls: the request's `tools` checked, the call grammar for `tool_choice:
+required` or a named function, and the model's output parsed into OpenAI's
+`tool_calls`.
+
+Two output formats, as the families' chat templates teach them (SGLang's parser
+names): `qwen25`, Hermes-style `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
+blocks (Qwen2.5, Qwen3, Qwen3.5, SmolLM2's tool-use prompts), and `llama3`, a bare
+JSON object `{"name": ..., "parameters": {...}}` (Llama 3.x), several separated by
+";". Text that does not parse as a call stays content, as SGLang's and vLLM's
+parsers leave it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import uuid
+from typing import Any, Optional
+
+from rvascend.engine import Grammar
+from rvascend.server.protocol import UnsupportedField
+
+PARSERS = ("qwen25", "llama3")
+MAX_TOOLS = 128
+# JSON as Python's json.dumps writes it, inside the call grammar too (engine/grammar.py's JSON_LAYOUT).
+_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def parser_for(architecture: str) -> str:
+    """The tool-call format of a model family when --tool-call-parser names none."""
+    return "llama3" if "llama" in architecture.lower() else "qwen25"
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolRequest:
+    """A chat request's tools and what it asks of them."""
+    tools: list[dict[str, Any]]     # as the chat template receives them (OpenAI's shape)
+    choice: str                     # "auto" | "none" | "required" | "function"
+    function: Optional[str]         # with choice "function": its name
+    parallel: bool
+
+    @property
+    def parse(self) -> bool:
+        return self.choice != "none"
+
+
+def tool_request(tools: Optional[list[Any]], tool_choice: Any, parallel: Optional[bool]) -> Optional[ToolRequest]:
+    """The checked tools of a request; UnsupportedField naming what is wrong."""
+    if not tools:
+        if tool_choice not in (None, "none", "auto"):
+            raise UnsupportedField("tool_choice needs tools")
+        return None
+    if len(tools) > MAX_TOOLS:
+        raise UnsupportedField(f"tools has {len(tools)} entries; at most {MAX_TOOLS} are served")
+    names = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            raise UnsupportedField(f"tools[{i}] is not a {{\"type\": \"function\", \"function\": {{...}}}} tool")
+        if not isinstance(fn.get("name"), str) or not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", fn["name"]):
+            raise UnsupportedField(f"tools[{i}].function.name must be 1 to 64 letters, digits, '_', '.' or '-'")
+        if not isinstance(fn.get("parameters", {}), dict):
+            raise UnsupportedField(f"tools[{i}].function.parameters must be a JSON schema object")
+        names.append(fn["name"])
+    if len(set(names)) != len(names):
+        raise UnsupportedField("tools: two functions share a name")
+    function = None
+    if tool_choice is None or tool_choice in ("auto", "none", "required"):
+        choice = tool_choice or "auto"
+    elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and \
+            isinstance(tool_choice.get("function"), dict):
+        choice, function = "function", tool_choice["function"].get("name")
+        if function not in names:
+            raise UnsupportedField(f"tool_choice names function {function!r}, which is not among the tools")
+    else:
+        raise UnsupportedField("tool_choice is 'auto', 'none', 'required' or {\"type\": \"function\", "
+                               "\"function\": {\"name\": ...}}")
+    return ToolRequest(list(tools), choice, function, True if parallel is None else bool(parallel))
+
+
+def _call_schema(tool: dict[str, Any], arguments_key: str) -> dict[str, Any]:
+    fn = tool["function"]
+    return {"type": "object", "properties": {"name": {"const": fn["name"]},
+                                             arguments_key: fn.get("parameters") or {"type": "object"}},
+            "required": ["name", arguments_key], "additionalProperties": False}
+
+
+def call_grammar(request: ToolRequest, parser: str) -> Optional[Grammar]:
+    """The grammar that makes the output tool calls: with tool_choice 'required' (one or
+    more of the tools; one unless parallel) or a named function (that one); else None."""
+    if request.choice not in ("required", "function"):
+        return None
+    tools = [t for t in request.tools if request.choice == "required" or t["function"]["name"] == request.function]
+    key = "parameters" if parser == "llama3" else "arguments"
+    schema = {"anyOf": [_call_schema(t, key) for t in tools], "x-guidance": _LAYOUT}
+    body = "%json " + json.dumps(schema)
+    many = request.parallel and request.choice == "required"
+    if parser == "llama3":
+        repeat = ' ("; " call)*' if many else ""
+        lark = f"start: call{repeat}\ncall: {body}\n"
+    else:
+        repeat = ' ("\\n" call)*' if many else ""
+        lark = f'start: call{repeat}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: {body}\n'
+    return Grammar("lark", lark)
+
+
+def _call(name: Any, arguments: Any) -> Optional[dict[str, Any]]:
+    if not isinstance(name, str) or not isinstance(arguments, dict):
+        return None
+    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def parse(text: str, parser: str) -> tuple[str, list[dict[str, Any]]]:
+    """(content, tool calls) of a finished output; calls that do not parse stay in the content."""
+    calls = []
+    if parser == "llama3":
+        body = text.strip().removeprefix("<|python_tag|>").strip()
+        if not body.startswith("{"):
+            return text, []
+        for part in body.split(";"):
+            try:
+                value = json.loads(part)
+            except json.JSONDecodeError:
+                return text, []
+            call = _call(value.get("name"), value.get("parameters", value.get("arguments"))) \
+                if isinstance(value, dict) else None
+            if call is None:
+                return text, []
+            calls.append(call)
+        return "", calls
+    kept = []
+    last = 0
+    for match in _HERMES.finditer(text):
+        try:
+            value = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        call = _call(value.get("name"), value.get("arguments")) if isinstance(value, dict) else None
+        if call is None:
+            continue
+        kept.append(text[last:match.start()])
+        last = match.end()
+        calls.append(call)
+    kept.append(text[last:])
+    return ("".join(kept).strip() if calls else text), calls
+
+
+def start_marker(parser: str) -> str:
+    """The text where a call begins in the output (streaming holds it back from there)."""
+    return "<tool_call>" if parser == "qwen25" else "{"
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as transformers' chat templates expect them: an assistant's tool calls with
+    their arguments as objects (OpenAI's API sends them as JSON text)."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls:
+            m = {**m, "tool_calls": [
+                {**c, "function": {**c["function"], "arguments": _arguments(c["function"].get("arguments"))}}
+                for c in calls]}
+        out.append(m)
+    return out
+
+
+def _arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            raise UnsupportedField("a tool call's function.arguments is not JSON") from None
+    return arguments
