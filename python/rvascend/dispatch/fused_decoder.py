@@ -262,7 +262,7 @@ class FusedDecoder:
     @staticmethod
     def _prefill_why_not(policy: "RvvPolicy", plan: "_Plan", h: torch.Tensor, t: int, batch) -> Optional[str]:
         """Why op by op would take some other path for this prefill's rows, or None."""
-        why = kernel_routes.KERNELS["kv_pool_attention"].gate(h, prefill_keys=batch.prefill_keys)
+        why = policy.kernels.gate("kv_pool_attention", h, prefill_keys=batch.prefill_keys)
         if why is not None:
             return why
         if policy.shape_gate != "bucketed":

@@ -71,16 +71,25 @@ KERNELS: dict[str, KernelKind] = {k.name: k for k in (
 
 
 class KernelRoutes:
-    """One model's kernel routing: which kinds are on, and the counters."""
+    """One model's kernel routing: which kinds are on, and the counters. `batch_invariant`:
+    no gate looks at the call's size (a long prompt's attention stays on the kernel), so
+    a row takes the same kernels whatever it is batched with."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, batch_invariant: bool = False) -> None:
         self.enabled = enabled
+        self.batch_invariant = batch_invariant
         self.counters = RouteCounters()
+
+    def gate(self, kind: str, *tensors: torch.Tensor, prefill_keys: int = 0) -> Optional[str]:
+        """None if a call of `kind` takes the kernel, else why not."""
+        if not self.enabled:
+            return "kernels_off"
+        return KERNELS[kind].gate(*tensors, prefill_keys=0 if self.batch_invariant else prefill_keys)
 
     def use(self, kind: str, *tensors: torch.Tensor, rows: int = 0, prefill_keys: int = 0) -> bool:
         """prefill_keys: when some sequence of the call has more than one query row,
         the most K/V slots any sequence of the call attends over; else 0."""
-        why = KERNELS[kind].gate(*tensors, prefill_keys=prefill_keys) if self.enabled else "kernels_off"
+        why = self.gate(kind, *tensors, prefill_keys=prefill_keys)
         self.counters.record(kind, "kernel" if why is None else "fallback", rows, why)
         return why is None
 

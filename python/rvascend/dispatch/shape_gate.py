@@ -1,6 +1,6 @@
 """The shape gates and the row buckets.
 
-Two gates, chosen by `--cpu-rvv-shape-gate` (default: `measured`), and shown
+Three gates, chosen by `--cpu-rvv-shape-gate` (default: `measured`), and shown
 in the start-up log and the route counters (every call records which gate let
 it through or not):
 
@@ -17,6 +17,12 @@ it through or not):
   per weight shape (host_gate.py), since which side wins depends on the host. Any N, K
   and M; no padding (the routes run eagerly or as one opaque op, so no shape
   needs its own graph).
+
+- invariant (--enable-deterministic-inference): the same type checks, then the
+  packed kernel for every BF16 projection at every M. A call's route never
+  depends on its row count, so a row's result does not depend on what it is
+  batched with (the packed kernels give each row the same K order at every M,
+  GEMV or GEMM tile: rvv_kernels/linear/tests). No padding.
 
 Anything else runs plain F.linear on the row-major weight, and the reason is counted.
 """
@@ -37,7 +43,7 @@ MIN_FEATURES = 1024
 MIN_MACS = 1_000_000
 SMALL_BATCH_BUCKETS = (2, 4, 8, 16)
 PREFILL_BUCKETS = (16, 32, 64, 128)
-GATES = ("bucketed", "measured")
+GATES = ("bucketed", "measured", "invariant")
 # The gate's earlier name (it restates the seed document's contract), still accepted.
 _ALIASES = {"seed": "bucketed"}
 RISCV64_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate_riscv64.json")
@@ -97,6 +103,8 @@ def _type_gate(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 def rows_gate(projection: str, m: int, n: int, k: int, small_batch: bool, which: str = "bucketed") -> Optional[str]:
     """None if a call of m rows through a [n, k] weight that passes the type checks may
     take the packed path, else the fallback reason."""
+    if which == "invariant":
+        return None
     return _seed_shapes(projection, m, n, k, small_batch) if which == "bucketed" else _measured_shapes(m, n, k)
 
 
@@ -146,12 +154,14 @@ def packable(n: int, k: int, which: str) -> bool:
     """Whether packing a [n, k] weight can pay: some call the gate routes can use it."""
     if which == "bucketed":
         return n >= MIN_FEATURES and k >= MIN_FEATURES
+    if which == "invariant":
+        return True
     return any(measured_packed_wins(m, n, k) for m in (1, 4, 16, 64))
 
 
 def bucket_rows(m: int, small_batch: bool, which: str = "bucketed") -> int:
-    """The row count a call of m rows is padded to (bucketed: m = 3 runs the 4-row callable; measured: m)."""
-    if which == "measured" or m == 1:
+    """The row count a call of m rows is padded to (bucketed: m = 3 runs the 4-row callable; else m)."""
+    if which != "bucketed" or m == 1:
         return m
     buckets = SMALL_BATCH_BUCKETS + PREFILL_BUCKETS[1:] if small_batch else PREFILL_BUCKETS
     for b in buckets:

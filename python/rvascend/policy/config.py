@@ -6,7 +6,7 @@ import dataclasses
 from typing import Literal, Optional
 
 CompileMode = Literal["regional", "eager"]
-ShapeGate = Literal["bucketed", "measured", "seed"]  # "seed": bucketed's earlier name
+ShapeGate = Literal["bucketed", "measured", "invariant", "seed"]  # "seed": bucketed's earlier name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,15 +24,20 @@ class RvvPolicyConfig:
     memory_budget_mib: Optional[int] = None  # None: derived from available memory
     kernels: bool = True              # the RVV kernels beyond Linear (attention, ...): kernel_routes.KERNELS
     # "bucketed": the seed's contract (N, K >= 1024, row buckets; "seed" is its earlier
-    # name); "measured": this ISA's measured table
-    # (shape_gate.py). None: measured.
+    # name); "measured": this ISA's measured table; "invariant": every BF16 projection
+    # packed at every M (shape_gate.py). None: measured, or invariant when deterministic.
     shape_gate: Optional[ShapeGate] = None
+    # --enable-deterministic-inference: a row's result never depends on its batch (the
+    # invariant gate, and the attention kernel at every prompt length).
+    deterministic: bool = False
     # --cpu-rvv-drop-unpacked: a packed projection's row-major weight is freed and the packed
     # copy is the weight (route.py, ProjectionRoute.take_weight); a tied lm_head keeps both.
     drop_unpacked: bool = False
 
     @classmethod
     def from_flag(cls, memory_budget_mib: Optional[int] = None, compile_mode: CompileMode = "regional",
-                  shape_gate: Optional[ShapeGate] = None, drop_unpacked: bool = False) -> "RvvPolicyConfig":
+                  shape_gate: Optional[ShapeGate] = None, drop_unpacked: bool = False,
+                  deterministic: bool = False) -> "RvvPolicyConfig":
         return cls(packed_weights=True, small_batch=True, compile_mode=compile_mode,
-                   memory_budget_mib=memory_budget_mib, shape_gate=shape_gate, drop_unpacked=drop_unpacked)
+                   memory_budget_mib=memory_budget_mib, shape_gate=shape_gate, drop_unpacked=drop_unpacked,
+                   deterministic=deterministic)

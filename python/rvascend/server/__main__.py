@@ -33,10 +33,11 @@ flags.DEFINE_bool("enable-cpu-rvv-kernels", False,
 flags.DEFINE_alias("enable-cpu-rvv-inductor", "enable-cpu-rvv-kernels")
 flags.DEFINE_integer("cpu-rvv-memory-budget-mib", None, "Memory budget for packed weights (default: derived).")
 flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "How routed projections run.")
-flags.DEFINE_enum("cpu-rvv-shape-gate", None, ["bucketed", "measured", "seed"],
+flags.DEFINE_enum("cpu-rvv-shape-gate", None, ["bucketed", "measured", "invariant", "seed"],
                   "Which Linears the policy packs: bucketed, the seed's contract (BF16, N and K >= 1024, rows "
                   "padded to buckets; 'seed' is its earlier name), or measured, where the packed kernel measured "
-                  "faster than ATen here: instruction counts on riscv64, timed once on other hosts (default).")
+                  "faster than ATen here: instruction counts on riscv64, timed once on other hosts (default), or "
+                  "invariant, every BF16 Linear at every row count (--enable-deterministic-inference).")
 flags.DEFINE_bool("cpu-rvv-drop-unpacked", False,
                   "Free each packed projection's row-major weight: the packed copy is the weight (a tied lm_head "
                   "keeps both; state_dict() unpacks).")
@@ -63,6 +64,10 @@ flags.DEFINE_enum("tool-call-parser", None, ["qwen25", "llama3"],
                   "or llama3 (a JSON object); default: the model family's.")
 flags.DEFINE_enum("reasoning-parser", None, ["qwen3"],
                   "Split <think>...</think> into reasoning_content (qwen3: Qwen3 and Qwen3.5); default: off.")
+flags.DEFINE_bool("enable-deterministic-inference", False,
+                  "Same request, same answer: a request's logits do not depend on what it is batched with, the "
+                  "prefix cache or the prefill chunking (BF16; installs the kernels' policy with the invariant "
+                  "shape gate).")
 flags.DEFINE_float("watchdog-timeout", 300.0, "/health reports unhealthy when one engine step runs longer (s).")
 flags.DEFINE_float("graceful-shutdown-timeout", 5.0,
                    "On SIGTERM/SIGINT, seconds open requests get before the server exits anyway.")
@@ -85,7 +90,8 @@ def main(argv: list[str]) -> int:
         max_queued_requests=FLAGS["max-queued-requests"].value,
         context_length=FLAGS["context-length"].value,
         chunked_prefill_size=FLAGS["chunked-prefill-size"].value,
-        disable_radix_cache=FLAGS["disable-radix-cache"].value)
+        disable_radix_cache=FLAGS["disable-radix-cache"].value,
+        enable_deterministic_inference=FLAGS["enable-deterministic-inference"].value)
     try:
         engine, name, policy = build_engine(opts)
     except (ValueError, FileNotFoundError) as e:
@@ -96,6 +102,7 @@ def main(argv: list[str]) -> int:
     server_args = {"model_path": opts.model_path, "served_model_name": name, "dtype": opts.dtype,
                    "device": opts.device, "attention_backend": opts.attention_backend,
                    "enable_cpu_rvv_kernels": opts.enable_cpu_rvv_kernels,
+                   "enable_deterministic_inference": opts.enable_deterministic_inference,
                    "max_running_requests": opts.max_running_requests,
                    "max_total_tokens": engine.config.max_total_tokens}
     api_key = FLAGS["api-key"].value or os.environ.get(API_KEY_ENV) or None

@@ -45,6 +45,7 @@ class ServeOptions:
     context_length: Optional[int] = None
     chunked_prefill_size: Optional[int] = None  # None: default_chunked_prefill_size(); <= 0: whole prompts
     disable_radix_cache: bool = False
+    enable_deterministic_inference: bool = False
 
 
 def default_chunked_prefill_size() -> int:
@@ -83,6 +84,11 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
                          "--enable-cpu-rvv-kernels")
     if opts.dtype not in _DTYPES:
         raise ValueError(f"--dtype {opts.dtype!r} is not supported ({', '.join(_DTYPES)})")
+    if opts.enable_deterministic_inference and opts.dtype != "bfloat16":
+        raise ValueError("--enable-deterministic-inference runs the batch-invariant BF16 kernels; with --dtype "
+                         f"{opts.dtype} every Linear runs ATen's GEMM, which blocks by row count")
+    # Deterministic inference installs the policy: its kernels give a row the same result in any batch.
+    kernels = opts.enable_cpu_rvv_kernels or opts.enable_deterministic_inference
     _log_cpu()
     allocator.pin_mmap_threshold()  # before any weight is allocated
     path = opts.model_path or default_model.ensure_default_model()
@@ -91,7 +97,7 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     logging.info("model: %s (%s)", name, path)
     # With the RVV policy, a GGUF file's quantized projections stay quantized (Q8_0, Q4_0,
     # Q4_1, Q4_K, Q6_K); without it the stock path serves them dequantized.
-    model = load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_kernels)
+    model = load_model(path, _DTYPES[opts.dtype], keep_quantized=kernels)
     tokenizer = Tokenizer(path)
     if tokenizer.chat_template is not None:
         try:
@@ -99,12 +105,18 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         except ChatTemplateError as e:
             raise ValueError(f"{name}'s chat template cannot serve a chat: {e}") from None
     policy = None
-    if opts.enable_cpu_rvv_kernels:
+    if kernels:
         # Without a C++ compiler for Inductor (a board, the riscv64 image) the
-        # policy itself falls back to eager routes, logged and counted.
+        # policy itself falls back to eager routes, logged and counted. Deterministic
+        # inference runs eagerly: a compiled graph per row bucket could fuse differently.
+        deterministic = opts.enable_deterministic_inference
         config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib,
-                                           compile_mode=opts.cpu_compile_mode, shape_gate=opts.cpu_rvv_shape_gate,
-                                           drop_unpacked=opts.cpu_rvv_drop_unpacked)
+                                           compile_mode="eager" if deterministic else opts.cpu_compile_mode,
+                                           shape_gate=opts.cpu_rvv_shape_gate,
+                                           drop_unpacked=opts.cpu_rvv_drop_unpacked, deterministic=deterministic)
+        if deterministic:
+            logging.info("deterministic inference: every projection packed at every row count (the invariant "
+                         "shape gate), attention on the kernel at every length, eager routes")
         report = install_rvv_policy(model, config)
         policy = get_policy(model)
         if not report.packed and not any(getattr(r, "quantized", False) for r in policy.routes.values()):

@@ -67,3 +67,16 @@ def test_the_kernels_flag_and_its_sglang_name_turn_on_the_same_option(flag):
         assert "--enable-cpu-rvv-kernels" in serve.__doc__
     finally:
         flags.FLAGS.unparse_flags()
+
+
+def test_deterministic_inference_installs_the_invariant_policy():
+    engine, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+                                                                enable_deterministic_inference=True))
+    assert policy is not None and policy.shape_gate == "invariant" and policy.config.deterministic
+    assert policy.kernels.batch_invariant and policy.compile_mode == "eager"
+    with pytest.raises(ValueError, match="--enable-deterministic-inference runs the batch-invariant BF16 kernels"):
+        launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+                                                dtype="float32", enable_deterministic_inference=True))
+    with pytest.raises(ValueError, match="routes by row count"):
+        launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+                                                cpu_rvv_shape_gate="bucketed", enable_deterministic_inference=True))

@@ -92,10 +92,20 @@ def project(board: k1_model.Board, point: dict[str, Any], record: dict[str, Any]
     return llama_cpp_tok_s(record, False, point["prompt"] + point["length"] / 2, point["threads"], board)
 
 
+# What the core can do at most, whatever fits the points best: the X60 issues two
+# instructions a cycle, and its two vector pipes retire at most two vector instructions
+# a cycle (CPI 0.5).
+MAX_IPC = 2.0
+MIN_CPI = 0.5
+
+
 def _board(x: Sequence[float], threads: int, base: k1_model.Board, groups: dict[str, tuple[str, ...]]
            ) -> k1_model.Board:
-    """x: the logarithms of scalar IPC, CPI, bandwidth at `threads`, then each group's CPI."""
+    """x: the logarithms of scalar IPC, CPI, bandwidth at `threads`, then each group's CPI
+    (held within MAX_IPC and MIN_CPI)."""
     ipc, cpi, bandwidth, *group_cpi = (math.exp(v) for v in x)
+    ipc, cpi = min(ipc, MAX_IPC), max(cpi, MIN_CPI)
+    group_cpi = [max(c, MIN_CPI) for c in group_cpi]
     cpi_kinds = {kind: c for c, members in zip(group_cpi, groups.values()) for kind in members}
     return dataclasses.replace(base, name="fitted", ipc_scalar=ipc, cpi_vector=cpi, cpi_kinds=cpi_kinds,
                                bandwidth={**base.bandwidth, threads: bandwidth}, efficiency={threads: 1.0})

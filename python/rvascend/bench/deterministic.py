@@ -1,0 +1,105 @@
+"""What deterministic inference costs (`./dev bench --parts=deterministic`).
+
+Three ways to serve one BF16 model, timed side by side in one process, alternating
+--rounds times: `off` (no policy: ATen, what `./dev serve` runs without flags),
+`kernels` (--enable-cpu-rvv-kernels: the measured shape gate, regional compile off
+here) and `deterministic` (--enable-deterministic-inference: the invariant gate).
+Every engine step is timed by itself: the median decode step at batch 1 and 8, and
+a --prefill-len prompt prefilled whole (one step). Reported: each step's time and
+its ratio to `kernels` and to `off`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+from absl import app, flags, logging
+
+from rvascend.bench.results import print_table, write_jsonl
+from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.loader import load_model
+from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+
+FLAGS = flags.FLAGS
+MODES = ("off", "kernels", "deterministic")
+
+
+def _define_flags() -> None:
+    flags.DEFINE_string("model-path", None, "Checkpoint (default: the random-weight test model).")
+    flags.DEFINE_list("batch", ["1", "8"], "Decoding sequences.")
+    flags.DEFINE_integer("steps", 24, "Decode steps timed per run.")
+    flags.DEFINE_integer("prefill-len", 256, "Prompt tokens of the prefill step.")
+    flags.DEFINE_integer("rounds", 3, "Runs of each mode, alternated.")
+    flags.DEFINE_string("output", "bench_results/deterministic.jsonl", "jsonl file to append to.")
+
+
+def _model(path: str, mode: str):
+    model = load_model(path, torch.bfloat16, keep_quantized=mode != "off")
+    if mode != "off":
+        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=mode == "deterministic"))
+    return model
+
+
+def _decode(model, batch: int, steps: int) -> float:
+    engine = Engine(model, None, EngineConfig(max_total_tokens=batch * (64 + steps) + 64, max_running_requests=batch))
+    seqs = [engine.add_request(list(range(5 + i, 37 + i)), SamplingParams(max_tokens=steps + 1, temperature=0,
+                                                                        ignore_eos=True)) for i in range(batch)]
+    times = []
+    while engine.has_work():
+        decoding = all(s.output_ids for s in seqs)
+        t0 = time.perf_counter()
+        engine.step()
+        if decoding:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _prefill(model, length: int) -> float:
+    engine = Engine(model, None, EngineConfig(max_total_tokens=length + 64, chunked_prefill_size=length,
+                                              disable_radix_cache=True))
+    vocab = model.config.vocab_size
+    engine.add_request([(7 * i + 3) % vocab for i in range(length)],
+                       SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    t0 = time.perf_counter()
+    engine.step()
+    seconds = time.perf_counter() - t0
+    while engine.has_work():
+        engine.step()
+    return seconds
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    path = FLAGS["model-path"].value or ensure_random_model()
+    models = {mode: _model(path, mode) for mode in MODES}
+    tests = [(f"decode B={b}", lambda m, b=int(b): _decode(m, b, FLAGS.steps)) for b in FLAGS.batch]
+    tests.append((f"prefill {FLAGS['prefill-len'].value}", lambda m: _prefill(m, FLAGS["prefill-len"].value)))
+    for _, run in tests:  # warm-up: first calls, packing checks, allocator
+        for model in models.values():
+            run(model)
+    times = {(name, mode): [] for name, _ in tests for mode in MODES}
+    for _ in range(FLAGS.rounds):
+        for name, run in tests:
+            for mode, model in models.items():
+                times[(name, mode)].append(run(model))
+    records = []
+    for name, _ in tests:
+        median = {mode: statistics.median(times[(name, mode)]) for mode in MODES}
+        for mode in MODES:
+            records.append({"model_path": path, "threads": torch.get_num_threads(), "step": name, "mode": mode,
+                            "ms": 1e3 * median[mode], "vs_kernels": median[mode] / median["kernels"],
+                            "vs_off": median[mode] / median["off"]})
+        logging.info("%s: %s", name, ", ".join(f"{m} {1e3 * median[m]:.2f} ms" for m in MODES))
+    print_table(records, [("step", "step", "s"), ("mode", "mode", "s"), ("ms", "ms", ".2f"),
+                          ("vs_kernels", "vs kernels", ".3f"), ("vs_off", "vs off", ".3f")])
+    write_jsonl(FLAGS.output, records)
+    return 0
+
+
+if __name__ == "__main__":
+    _define_flags()
+    sys.exit(app.run(main))
