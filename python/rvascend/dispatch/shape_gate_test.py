@@ -79,13 +79,24 @@ def test_packable_follows_the_gate(synthetic_table):
 
 def test_default_gate_per_machine(monkeypatch):
     monkeypatch.setattr(platform, "machine", lambda: "riscv64")
-    assert shape_gate.resolve(None) == "measured"
+    assert shape_gate.resolve(None) == "invariant"
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     assert shape_gate.resolve(None) == "measured"
     assert shape_gate.resolve("measured") == "measured"
     assert shape_gate.resolve("seed") == "bucketed"  # the gate's earlier name, still accepted
     with pytest.raises(ValueError, match="--cpu-rvv-shape-gate must be one of bucketed, measured"):
         shape_gate.resolve("fast")
+
+
+def test_the_invariant_default_on_riscv64_costs_nothing():
+    """riscv64's default gate is the invariant one because its measured grid has the packed
+    kernel cheaper at every point: there both gates route every call alike. A grid where
+    F.linear wins somewhere would make that default cost instructions."""
+    with open(shape_gate.RISCV64_TABLE, encoding="utf-8") as f:
+        points = json.load(f)["points"]
+    assert points and all(p["packed_instructions"] < p["f_linear_instructions"] for p in points)
+    for m, n, k in ((1, 576, 576), (7, 1536, 576), (300, 576, 1536), (1, 49152, 576)):
+        assert shape_gate.rows_gate("o_proj", m, n, k, True, "invariant") is None
 
 
 def test_committed_table_covers_the_grid():

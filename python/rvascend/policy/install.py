@@ -53,12 +53,13 @@ class RvvPolicy:
         self.regional: Optional[regional_compile.RegionalCompile] = None
         self.report: Optional[PolicyReport] = None
         self.hook = None  # the load_state_dict post-hook's handle
-        self.kernels = kernel_routes.KernelRoutes(config.kernels, batch_invariant=config.deterministic)
         if config.deterministic and config.shape_gate not in (None, "invariant"):
             raise ValueError(f"deterministic inference routes every projection packed at every M (the invariant "
                              f"shape gate); --cpu-rvv-shape-gate {config.shape_gate} routes by row count")
         # "bucketed", "measured" or "invariant" (shape_gate.py)
         self.shape_gate = shape_gate.resolve("invariant" if config.deterministic else config.shape_gate)
+        # Under the invariant gate no kernel route looks at a call's size either.
+        self.kernels = kernel_routes.KernelRoutes(config.kernels, batch_invariant=self.shape_gate == "invariant")
         self.kernel_modules: list[nn.Module] = []
         self.model_ref: Optional[weakref.ReferenceType] = None  # set by install_rvv_policy
 

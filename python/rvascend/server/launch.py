@@ -37,7 +37,7 @@ class ServeOptions:
     enable_cpu_rvv_kernels: bool = False
     cpu_rvv_memory_budget_mib: Optional[int] = None
     cpu_compile_mode: str = "regional"
-    cpu_rvv_shape_gate: Optional[str] = None  # bucketed (or its earlier name, seed) | measured; None: measured
+    cpu_rvv_shape_gate: Optional[str] = None  # bucketed (or seed) | measured | invariant; None: the machine's default
     cpu_rvv_drop_unpacked: bool = False
     max_running_requests: int = 8
     max_total_tokens: Optional[int] = None
