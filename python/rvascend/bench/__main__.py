@@ -57,6 +57,9 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         # Not in the default set: 1, 2 and 4 servers behind sglang-router (about 5 minutes).
         "scale_out": ["rvascend.bench.scale_out", f"--output={out}/scale_out.jsonl"]
         + (["--workers=1,2", "--num-prompts=8", "--latency-pairs=10", "--shape=test"] if quick else []),
+        # Not in the default set: n-gram speculative decoding on and off, a copying task and free text.
+        "speculative": ["rvascend.bench.speculative", f"--output={out}/speculative.jsonl"] + model
+        + (["--output-len=16", "--rounds=1", "--batch=2"] if quick else []),
         # Not in the default set: deterministic inference against the kernels' default gate and ATen.
         "deterministic": ["rvascend.bench.deterministic", f"--output={out}/deterministic.jsonl"] + model
         + (["--steps=4", "--rounds=1", "--prefill-len=64"] if quick else []),

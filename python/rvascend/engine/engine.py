@@ -51,6 +51,7 @@ from absl import logging
 from rvascend import ops
 from rvascend.engine import sampler
 from rvascend.engine.grammar import Grammar, GrammarBackend, GrammarError
+from rvascend.engine.ngram_draft import DraftBudget, NgramIndex
 from rvascend.tokenizer.detokenizer import IncrementalDetokenizer
 from rvascend.engine.prefix_cache import PrefixCache, common_prefix_len
 from rvascend.engine.request_validation import RequestError, validate_request
@@ -80,6 +81,12 @@ class EngineConfig:
     context_length: Optional[int] = None  # default: the model's max_position_embeddings
     chunked_prefill_size: Optional[int] = 512  # prompt tokens per prefill step; None or <= 0: whole prompts
     disable_radix_cache: bool = False  # True: no prefix cache, every prompt is prefilled whole
+    # Speculative decoding (SGLang's flags): "NGRAM" drafts up to num_draft_tokens tokens per
+    # sequence from its own prompt and output (engine/ngram_draft.py); None: off.
+    speculative_algorithm: Optional[str] = None
+    speculative_num_draft_tokens: int = 4
+    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_max_match_window_size: int = 8
 
 
 @dataclasses.dataclass
@@ -92,9 +99,10 @@ class _Row:
     fresh: list[int]              # slots taken for them
     input_rows: list[int] = dataclasses.field(default_factory=list)  # logit rows of prompt log-probabilities
     sample_row: Optional[int] = None  # logit row its next token is sampled from
+    drafts: int = 0               # draft tokens it verifies: rows sample_row .. sample_row + drafts
     # Results, filled by _run:
     input_logprobs: list = dataclasses.field(default_factory=list)
-    sampled: Optional[sampler.Sampled] = None
+    sampled: list[sampler.Sampled] = dataclasses.field(default_factory=list)  # one, or the accepted run
     error: Optional[str] = None
 
 
@@ -145,6 +153,13 @@ class Engine:
             self.eos_ids.add(tokenizer.eos_token_id)
         self.last_batch_rows = 0
         self._grammars: Optional[GrammarBackend] = None  # made at the first constrained request
+        if config.speculative_algorithm not in (None, "NGRAM"):
+            raise ValueError(f"--speculative-algorithm {config.speculative_algorithm!r} is not supported (NGRAM)")
+        if config.speculative_algorithm is not None and not 1 <= config.speculative_num_draft_tokens <= 16:
+            raise ValueError("--speculative-num-draft-tokens must be 1 to 16")
+        if not 1 <= config.speculative_ngram_min_match_window_size <= config.speculative_ngram_max_match_window_size:
+            raise ValueError("the n-gram match windows need 1 <= min <= max")
+        self.spec_drafted = self.spec_accepted = 0  # draft tokens verified, and accepted
         self.step_started: Optional[float] = None  # time.monotonic() of the step under way
         self.wakeup = threading.Condition()
 
@@ -200,7 +215,8 @@ class Engine:
         kv_cached_tokens: slots the prefix cache holds (shared with requests or evictable);
         kv_locked_tokens: of those, pinned by running requests; state_slots_free /
         state_slots_total: recurrent-state slots (hybrid models; 0 otherwise);
-        cache_retirements: times the cache was emptied because the weights changed."""
+        cache_retirements: times the cache was emptied because the weights changed;
+        spec_drafted_tokens / spec_accepted_tokens: draft tokens verified, and accepted."""
         with self._lock:
             cache = self.cache
             evictable = cache.evictable_size if cache else 0
@@ -212,7 +228,8 @@ class Engine:
                     "state_slots_total": self.states.num_slots if self.states is not None else 0,
                     "kv_reserved_tokens": self._reserved, "kv_total_tokens": self.config.max_total_tokens,
                     "cache_hit_rate": cache.hit_rate if cache else 0.0,
-                    "cache_retirements": cache.retirements if cache else 0}
+                    "cache_retirements": cache.retirements if cache else 0,
+                    "spec_drafted_tokens": self.spec_drafted, "spec_accepted_tokens": self.spec_accepted}
 
     @property
     def states_free(self) -> int:
@@ -261,13 +278,32 @@ class Engine:
             prefilling = [s for s in self._running if s.prefilling]
         if not decoding and not prefilling:
             return 0
-        work = [(s, 1) for s in decoding] + self._prefill_chunk(prefilling)
+        work = [(s, 1 + len(self._draft(s))) for s in decoding] + self._prefill_chunk(prefilling)
         self.step_started = time.monotonic()
         try:
             self._guarded_step(work)
         finally:
             self.step_started = None
         return len(work)
+
+    def _draft(self, seq: Sequence) -> list[int]:
+        """The tokens `seq` drafts for this step (speculative decoding; engine/ngram_draft.py):
+        none when speculation is off, for a hybrid model (its recurrent state advances one
+        token per step here), under a grammar, or where its drafts have been doing badly."""
+        config = self.config
+        seq.draft = []
+        if config.speculative_algorithm is None or self.states is not None or seq.matcher is not None:
+            return seq.draft
+        if seq.ngram is None:
+            seq.ngram = NgramIndex(config.speculative_ngram_min_match_window_size,
+                                   config.speculative_ngram_max_match_window_size)
+            seq.draft_budget = DraftBudget(config.speculative_num_draft_tokens)
+        # Never past max_tokens or the context: the drafts' K/V slots come out of the reservation.
+        room = min(seq.params.max_tokens - len(seq.output_ids), self.context_length - seq.num_tokens) - 1
+        k = min(seq.draft_budget.next_k(), room)
+        if k > 0:
+            seq.draft = seq.ngram.propose(seq.prompt_ids + seq.output_ids, k)
+        return seq.draft
 
     def _retire_stale_cache(self) -> None:
         """Drops cached K/V computed with weights that have changed since (caller holds the lock)."""
@@ -390,7 +426,7 @@ class Engine:
         offset = 0
         for seq, n in work:
             prefill = seq.prefilling
-            new = seq.prompt_ids[seq.prefilled:seq.prefilled + n] if prefill else [seq.last_token]
+            new = seq.prompt_ids[seq.prefilled:seq.prefilled + n] if prefill else [seq.last_token] + seq.draft[:n - 1]
             start = seq.prefilled if prefill else seq.num_tokens - 1
             row = _Row(seq, len(new), prefill, fresh[:len(new)])
             del fresh[:len(new)]
@@ -405,7 +441,10 @@ class Engine:
                 last = min(start + len(new), len(seq.prompt_ids) - 1)
                 row.input_rows = list(range(len(logit_rows), len(logit_rows) + max(0, last - first)))
                 logit_rows.extend(offset + p - start for p in range(first, last))
-            if not prefill or start + len(new) == len(seq.prompt_ids):
+            if not prefill:  # a decode row, and the drafts it verifies: every row's logits
+                row.sample_row, row.drafts = len(logit_rows), len(new) - 1
+                logit_rows.extend(range(offset, offset + len(new)))
+            elif start + len(new) == len(seq.prompt_ids):
                 row.sample_row = len(logit_rows)
                 logit_rows.append(offset + len(new) - 1)
             offset += len(new)
@@ -441,23 +480,36 @@ class Engine:
             logits = self.model(plan.batch, self.pool)
         allowed = dict(zip(map(id, constrained), masks.result())) if masks is not None else {}
         sampling = [r for r in plan.rows if r.sample_row is not None]
-        sample_rows = [r.sample_row for r in sampling]
+        sample_rows = [r.sample_row + i for r in sampling for i in range(r.drafts + 1)]
         fast = self._greedy_tokens([r.seq for r in sampling], logits if sample_rows == list(range(logits.shape[0]))
                                    else logits[sample_rows])
         eos = tuple(self.eos_ids)
-        for i, row in enumerate(sampling):
+        first = 0  # the row's first sample row in `fast`
+        for row in sampling:
             seq = row.seq
             try:
-                if fast is not None:
-                    if fast[i] < 0:
-                        raise sampler.SamplingError("the model produced NaN logits for this sequence")
-                    row.sampled = sampler.Sampled(fast[i])
-                else:
-                    row.sampled = sampler.sample(logits[row.sample_row], seq.params, seq.generator,
-                                                 seq.prompt_ids, seq.output_ids, eos, allowed.get(id(row)))
+                # Position by position, as decoding would draw them: the token of a drafted
+                # position is drawn from the target's own distribution there (greedy: its
+                # argmax), and the draft survives while they agree. The first disagreement
+                # is kept as the target's token; so is the token after an all-accepted draft.
+                # Drafts are one token each, so this is exact rejection sampling: the output
+                # is distributed as without drafts, and a seeded generator draws the same.
+                for i in range(row.drafts + 1):
+                    if fast is not None:
+                        if fast[first + i] < 0:
+                            raise sampler.SamplingError("the model produced NaN logits for this sequence")
+                        drawn = sampler.Sampled(fast[first + i])
+                    else:
+                        drawn = sampler.sample(logits[row.sample_row + i], seq.params, seq.generator,
+                                               seq.prompt_ids, seq.output_ids + [t.token for t in row.sampled], eos,
+                                               allowed.get(id(row)))
+                    row.sampled.append(drawn)
+                    if i == row.drafts or drawn.token != seq.draft[i]:
+                        break
             except Exception as e:  # noqa: BLE001 - this sequence's logits, this sequence's failure
                 row.error = str(e) if isinstance(e, sampler.SamplingError) else \
                     f"sampling failed: {type(e).__name__}: {e}"
+            first += row.drafts + 1
         for row in plan.rows:
             if row.input_rows:
                 row.input_logprobs = _prompt_logprobs(row, logits)
@@ -479,7 +531,17 @@ class Engine:
         finished = []
         with self._lock:
             for row in plan.rows:
-                row.seq.slots.extend(row.fresh)
+                # A verify row keeps the K/V of its input token and of the drafts accepted
+                # before its last drawn token; the rejected drafts' slots go back now.
+                kept = len(row.fresh) - row.drafts + max(0, len(row.sampled) - 1) if row.error is None \
+                    else len(row.fresh)
+                row.seq.slots.extend(row.fresh[:kept])
+                self._free_slots.extend(reversed(row.fresh[kept:]))
+                if row.drafts:
+                    accepted = len(row.sampled) - 1
+                    row.seq.draft_budget.record(row.drafts, accepted)
+                    self.spec_drafted += row.drafts
+                    self.spec_accepted += accepted
                 if self.states is not None:  # the step wrote the sequence's state to its other slot
                     row.seq.state_slot, row.seq.next_state_slot = row.seq.next_state_slot, row.seq.state_slot
                 if row.prefill:
@@ -492,17 +554,10 @@ class Engine:
             try:
                 if row.error is not None:
                     raise sampler.SamplingError(row.error)
-                if seq.matcher is not None and seq.grammar_active and not seq.matcher.consume_token(row.sampled.token):
-                    raise sampler.SamplingError(f"the grammar refused token {row.sampled.token}: "
-                                                f"{seq.matcher.get_error()}")
-                seq.output_ids.append(row.sampled.token)
-                after = seq.params.grammar_after
-                if not seq.grammar_active and tuple(seq.output_ids[-len(after):]) == after:
-                    seq.grammar_active = True
-                if seq.first_token_time is None:
-                    seq.first_token_time = now
-                seq.token_times.append(now)
-                self._emit(seq, row.sampled)
+                for sampled in row.sampled:  # one token, or a verified run: each as decoding emits it
+                    self._append(seq, sampled, now)
+                    if seq.finish_reason is not None:
+                        break  # EOS, a stop or max_tokens inside the run: the rest is dropped
             except Exception as e:  # noqa: BLE001 - fails this sequence only
                 if not isinstance(e, sampler.SamplingError):
                     logging.exception("committing a token of sequence %d failed", seq.id)
@@ -530,6 +585,20 @@ class Engine:
                     self._release(seq)
 
     # -- tokens and endings -------------------------------------------------------
+    def _append(self, seq: Sequence, sampled: sampler.Sampled, now: float) -> None:
+        """One new token of `seq`: its grammar, its output, its timing, its text."""
+        token = sampled.token
+        if seq.matcher is not None and seq.grammar_active and not seq.matcher.consume_token(token):
+            raise sampler.SamplingError(f"the grammar refused token {token}: {seq.matcher.get_error()}")
+        seq.output_ids.append(token)
+        after = seq.params.grammar_after
+        if not seq.grammar_active and tuple(seq.output_ids[-len(after):]) == after:
+            seq.grammar_active = True
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.token_times.append(now)
+        self._emit(seq, sampled)
+
     def _emit(self, seq: Sequence, sampled: sampler.Sampled) -> None:
         params = seq.params
         token = sampled.token

@@ -98,6 +98,11 @@ class Sequence:
         self.emitted = 0      # characters of self.text already handed out
         self.detokenizer = None  # set by the engine when it has a tokenizer
         self.matcher = None      # with params.grammar: where its output is in the grammar (llguidance)
+        # Speculative decoding (engine/ngram_draft.py): this step's draft, the n-gram index of
+        # its tokens and how many it drafts next.
+        self.draft: list[int] = []
+        self.ngram = None
+        self.draft_budget = None
         self.grammar_active = not params.grammar_after  # the grammar holds from the next token on
         self.finish_reason: Optional[str] = None
         self.error: Optional[str] = None

@@ -68,6 +68,12 @@ flags.DEFINE_bool("enable-deterministic-inference", False,
                   "Same request, same answer: a request's logits do not depend on what it is batched with, the "
                   "prefix cache or the prefill chunking (BF16; installs the kernels' policy with the invariant "
                   "shape gate).")
+flags.DEFINE_enum("speculative-algorithm", None, ["NGRAM"],
+                  "Speculative decoding: NGRAM drafts tokens from the request's own prompt and output and verifies "
+                  "them in one step (the output is exactly what decoding without drafts gives); default: off.")
+flags.DEFINE_integer("speculative-num-draft-tokens", 4, "Draft tokens per sequence and step, at most.")
+flags.DEFINE_integer("speculative-ngram-min-match-window-size", 1, "Shortest n-gram an NGRAM draft matches.")
+flags.DEFINE_integer("speculative-ngram-max-match-window-size", 8, "Longest n-gram an NGRAM draft matches.")
 flags.DEFINE_float("watchdog-timeout", 300.0, "/health reports unhealthy when one engine step runs longer (s).")
 flags.DEFINE_float("graceful-shutdown-timeout", 5.0,
                    "On SIGTERM/SIGINT, seconds open requests get before the server exits anyway.")
@@ -91,7 +97,11 @@ def main(argv: list[str]) -> int:
         context_length=FLAGS["context-length"].value,
         chunked_prefill_size=FLAGS["chunked-prefill-size"].value,
         disable_radix_cache=FLAGS["disable-radix-cache"].value,
-        enable_deterministic_inference=FLAGS["enable-deterministic-inference"].value)
+        enable_deterministic_inference=FLAGS["enable-deterministic-inference"].value,
+        speculative_algorithm=FLAGS["speculative-algorithm"].value,
+        speculative_num_draft_tokens=FLAGS["speculative-num-draft-tokens"].value,
+        speculative_ngram_min_match_window_size=FLAGS["speculative-ngram-min-match-window-size"].value,
+        speculative_ngram_max_match_window_size=FLAGS["speculative-ngram-max-match-window-size"].value)
     try:
         engine, name, policy = build_engine(opts)
     except (ValueError, FileNotFoundError) as e:

@@ -46,6 +46,10 @@ class ServeOptions:
     chunked_prefill_size: Optional[int] = None  # None: default_chunked_prefill_size(); <= 0: whole prompts
     disable_radix_cache: bool = False
     enable_deterministic_inference: bool = False
+    speculative_algorithm: Optional[str] = None  # NGRAM
+    speculative_num_draft_tokens: int = 4
+    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_max_match_window_size: int = 8
 
 
 def default_chunked_prefill_size() -> int:
@@ -137,7 +141,15 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     engine = Engine(model, tokenizer, EngineConfig(
         max_running_requests=opts.max_running_requests, max_total_tokens=tokens,
         max_queued_requests=opts.max_queued_requests, context_length=opts.context_length,
-        chunked_prefill_size=chunk, disable_radix_cache=opts.disable_radix_cache))
+        chunked_prefill_size=chunk, disable_radix_cache=opts.disable_radix_cache,
+        speculative_algorithm=opts.speculative_algorithm,
+        speculative_num_draft_tokens=opts.speculative_num_draft_tokens,
+        speculative_ngram_min_match_window_size=opts.speculative_ngram_min_match_window_size,
+        speculative_ngram_max_match_window_size=opts.speculative_ngram_max_match_window_size))
+    if opts.speculative_algorithm is not None and engine.states is not None:
+        logging.warning("--speculative-algorithm %s: %s has linear-attention layers, whose recurrent state this "
+                        "engine advances one token a step; it decodes without drafts", opts.speculative_algorithm,
+                        name)
     allocator.keep_step_buffers()  # the weights are in place
     if policy is not None and policy.regional is not None:
         _compile_before_serving(engine, policy)

@@ -1,0 +1,84 @@
+"""N-gram drafting for speculative decoding (SGLang's `--speculative-algorithm NGRAM`):
+draft tokens come from the request's own prompt and output, no extra weights.
+
+The last n tokens (n from the largest window down to the smallest) are looked up
+earlier in the sequence; the tokens that followed their most recent earlier
+occurrence are the draft. Text that repeats itself (code edits, quoting, lists,
+summaries of the prompt) drafts well; free generation rarely matches, and then no
+draft is made and the step is a plain decode step.
+
+Each sequence also keeps how well its drafts do (DraftBudget): the verify step
+costs more rows than a decode step, so a sequence whose drafts keep failing drafts
+fewer tokens, then none for a while, then probes again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+# Below this share of drafted tokens accepted (a moving average), a sequence stops
+# drafting for PAUSE_STEPS steps: a verify row costs about what a decode row does
+# (bench/speculative.py), so drafts accepted less than this often cost more than they save.
+MIN_ACCEPT_RATE = 0.2
+PAUSE_STEPS = 16
+_SMOOTHING = 0.5
+
+
+class NgramIndex:
+    """Where each n-gram of one sequence (n in [min_window, max_window]) last occurred:
+    the position its continuation starts at. Kept up to date as tokens are appended
+    (update), so a proposal costs one lookup per window size, whatever the length."""
+
+    def __init__(self, min_window: int, max_window: int) -> None:
+        self.windows = range(max_window, min_window - 1, -1)
+        self.seen: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.windows}
+        self.indexed = 0  # continuation starts registered so far: positions 1 .. indexed
+
+    def update(self, tokens: Sequence[int]) -> None:
+        """Registers every n-gram that ends before the last token (the tail's own n-grams
+        wait, so a lookup of the tail finds an earlier occurrence)."""
+        for p in range(self.indexed + 1, len(tokens)):
+            for n in self.windows:
+                if p >= n:
+                    self.seen[n][tuple(tokens[p - n:p])] = p
+        self.indexed = max(self.indexed, len(tokens) - 1)
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        """k tokens that followed the most recent earlier occurrence of the last n tokens,
+        for the largest n that occurred; [] if none did."""
+        if k <= 0:
+            return []
+        self.update(tokens)
+        for n in self.windows:
+            if len(tokens) > n:
+                start = self.seen[n].get(tuple(tokens[len(tokens) - n:]))
+                if start is not None:
+                    # What followed, and where that reaches the tail, the same period again
+                    # (a repeating run drafts as far as asked).
+                    period = len(tokens) - start
+                    return [tokens[start + i % period] for i in range(k)]
+        return []
+
+
+@dataclasses.dataclass
+class DraftBudget:
+    """How many tokens one sequence drafts next, from how its drafts have done."""
+    max_tokens: int
+    rate: float = 1.0   # moving average of the share of drafted tokens accepted
+    paused: int = 0     # steps left without drafting
+
+    def next_k(self) -> int:
+        if self.paused > 0:
+            self.paused -= 1
+            if self.paused == 0:
+                self.rate = MIN_ACCEPT_RATE * 2  # probe again, gently
+            return 0
+        return max(1, min(self.max_tokens, round(self.max_tokens * self.rate)))
+
+    def record(self, proposed: int, accepted: int) -> None:
+        if proposed <= 0:
+            return
+        self.rate = (1 - _SMOOTHING) * self.rate + _SMOOTHING * accepted / proposed
+        if self.rate < MIN_ACCEPT_RATE:
+            self.paused = PAUSE_STEPS

@@ -1,0 +1,147 @@
+"""Speculative decoding with n-gram drafts: the output is exactly what decoding without
+drafts gives (greedy and seeded sampling, penalties, logprobs, stop strings, EOS and
+max_tokens inside an accepted run), in fewer steps where the text repeats; rejected
+drafts' slots go back; a failed step changes nothing; hybrid models and constrained
+requests do not draft."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rvascend.engine import Engine, EngineConfig, Grammar, SamplingParams
+from rvascend.engine import engine as engine_module
+from rvascend.engine.ngram_draft import PAUSE_STEPS, DraftBudget, NgramIndex
+from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.loader import load_model
+from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+
+REPEATING = [5, 6, 7, 8, 9, 10] * 6
+
+
+def test_ngram_index_proposes_the_latest_longest_match():
+    index = NgramIndex(1, 3)
+    assert index.propose([1, 2, 3, 4, 9, 1, 2, 3], 3) == [4, 9, 1]
+    assert index.propose([1, 2, 3, 4, 9, 1, 2, 3, 4], 2) == [9, 1]  # tokens appended since: indexed too
+    assert NgramIndex(2, 3).propose([5, 6, 7], 2) == []              # no earlier occurrence
+    assert NgramIndex(1, 1).propose([1, 7, 1, 8, 1], 1) == [8]        # the most recent occurrence
+    assert NgramIndex(1, 4).propose([3, 14, 14, 14], 4) == [14] * 4   # a run repeats as far as asked
+    assert NgramIndex(2, 2).propose([1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
+    assert NgramIndex(1, 3).propose([1, 2, 3], 0) == []
+
+
+def test_the_budget_shrinks_pauses_and_probes_again():
+    budget = DraftBudget(4)
+    assert budget.next_k() == 4
+    budget.record(4, 4)
+    assert budget.next_k() == 4
+    for _ in range(3):
+        budget.record(budget.next_k(), 0)
+    assert budget.paused == PAUSE_STEPS
+    assert [budget.next_k() for _ in range(PAUSE_STEPS)] == [0] * PAUSE_STEPS
+    assert budget.next_k() >= 1  # probing again
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = load_model(ensure_random_model(), torch.bfloat16)
+    install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    return m
+
+
+def _generate(model, prompts, params, spec: bool, eos=None):
+    engine = Engine(model, None, EngineConfig(max_total_tokens=4096, speculative_algorithm="NGRAM" if spec else None))
+    if eos is not None:
+        engine.eos_ids = {eos}
+    outputs = [[] for _ in prompts]
+    seqs = [engine.add_request(p, params, on_output=lambda s, o, i=i: outputs[i].append(o))
+            for i, p in enumerate(prompts)]
+    steps = 0
+    while engine.has_work():
+        engine.step()
+        steps += 1
+    assert engine.stats()["kv_used_tokens"] == 0  # every slot, rejected drafts' too, went back
+    done = [(s.output_ids, s.finish_reason, [(o.token_id, o.logprob, o.top_logprobs) for o in out])
+            for s, out in zip(seqs, outputs)]
+    return done, steps, engine.stats()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, logprobs=3),
+    SamplingParams(max_tokens=48, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True),
+    SamplingParams(max_tokens=48, temperature=1.2, top_k=20, repetition_penalty=1.1, frequency_penalty=0.3, seed=8,
+                   ignore_eos=True, logprobs=2),
+], ids=["greedy", "top_p", "penalties"])
+def test_the_output_is_exactly_decodings(model, params):
+    prompts = [REPEATING, list(range(40, 90)), REPEATING[:20]]
+    plain, plain_steps, _ = _generate(model, prompts, params, spec=False)
+    spec, spec_steps, stats = _generate(model, prompts, params, spec=True)
+    assert spec == plain
+    assert stats["spec_drafted_tokens"] > 0
+    if params.temperature == 0:  # the random model repeats itself: its drafts are taken
+        assert stats["spec_accepted_tokens"] > 0 and spec_steps < plain_steps
+
+
+def test_endings_inside_an_accepted_run(model):
+    greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    (plain,), _, _ = _generate(model, [REPEATING], greedy, spec=False)
+    tokens = plain[0]
+    # max_tokens, a stop token and EOS landing inside a run of accepted drafts.
+    for params in (SamplingParams(max_tokens=23, temperature=0, ignore_eos=True),
+                   SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=(tokens[17],))):
+        want, _, _ = _generate(model, [REPEATING], params, spec=False)
+        got, _, _ = _generate(model, [REPEATING], params, spec=True)
+        assert got == want and got[0][1] == want[0][1]
+    params = SamplingParams(max_tokens=40, temperature=0)
+    got = _generate(model, [REPEATING], params, spec=True, eos=tokens[19])[0]
+    assert got == _generate(model, [REPEATING], params, spec=False, eos=tokens[19])[0] and got[0][1] == "stop"
+
+
+def test_a_failed_verify_step_changes_nothing(model, monkeypatch):
+    """A verify step that fails after its rows were drawn (the seeded generator advanced
+    once per verified position, 1 + K slots taken) leaves the slots and the generator as
+    they were, and the answer is the one no failure gives."""
+    # top_k 1: sampled (the generator draws at every position) yet as repetitive as greedy,
+    # so the drafts keep coming.
+    params = SamplingParams(max_tokens=30, temperature=0.9, top_k=1, seed=5, ignore_eos=True)
+    want = _generate(model, [REPEATING], params, spec=True)[0][0][0]
+    engine = Engine(model, None, EngineConfig(max_total_tokens=4096, speculative_algorithm="NGRAM"))
+    seq = engine.add_request(REPEATING, params)
+    failures = 0
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected after sampling")
+
+    while engine.has_work():
+        if seq.output_ids and failures < 3 and len(engine._draft(seq)) >= 2:
+            # Beside a prompt that asks for its log-probabilities: computed after the sampling.
+            other = engine.add_request(list(range(3, 30)), SamplingParams(max_tokens=1, logprobs=0,
+                                                                         logprob_start_len=0))
+            engine._admit()
+            free, generator = sorted(engine._free_slots), seq.generator.get_state().clone()
+            plan = engine._prepare([(seq, 1 + len(seq.draft)), (other, len(other.prompt_ids))])
+            real = engine_module._prompt_logprobs
+            monkeypatch.setattr(engine_module, "_prompt_logprobs", boom)
+            with pytest.raises(RuntimeError, match="injected"):
+                engine._run(plan)
+            monkeypatch.setattr(engine_module, "_prompt_logprobs", real)
+            assert len(plan.rows[0].sampled) >= 1  # it had drawn
+            engine._abandon(plan)
+            assert sorted(engine._free_slots) == free and torch.equal(seq.generator.get_state(), generator)
+            failures += 1
+        engine.step()
+    assert failures == 3 and seq.output_ids == want
+
+
+def test_constrained_requests_and_bad_flags(model):
+    engine = Engine(model, None, EngineConfig(max_total_tokens=1024, speculative_algorithm="NGRAM"))
+    engine.add_request(REPEATING, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    seq = engine.add_request(REPEATING, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    seq.matcher = object()  # as a constrained request: no drafts (the grammar masks one position a step)
+    while engine.has_work():
+        assert not seq.draft
+        engine.step()
+    with pytest.raises(ValueError, match="EAGLE"):
+        Engine(model, None, EngineConfig(speculative_algorithm="EAGLE"))
+    with pytest.raises(ValueError, match="1 to 16"):
+        Engine(model, None, EngineConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=0))
