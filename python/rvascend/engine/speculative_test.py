@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rvascend.engine import Engine, EngineConfig, Grammar, SamplingParams
+from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.engine import engine as engine_module
 from rvascend.engine.ngram_draft import PAUSE_STEPS, DraftBudget, NgramIndex
 from rvascend.engine.random_model import ensure_random_model
