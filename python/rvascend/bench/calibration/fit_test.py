@@ -81,6 +81,7 @@ def test_the_calibrated_board_is_what_the_checked_in_inputs_fit_to():
     assert result.board.ipc_scalar == pytest.approx(c.ipc_scalar, rel=1e-3)
     assert result.board.cpi_vector == pytest.approx(c.cpi_vector, rel=1e-3)
     assert result.board.bandwidth[8] == pytest.approx(c.bandwidth[8], rel=1e-3)
+    assert result.board.cpi_kinds == pytest.approx(c.cpi_kinds, rel=1e-3)
     assert (round(result.fit_error, 3), round(result.held_out_error, 3)) == k1_model.CALIBRATION_ERRORS
     assert all(math.isfinite(r["projected"]) for r in result.rows)
 
