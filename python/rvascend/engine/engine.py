@@ -85,7 +85,7 @@ class EngineConfig:
     # sequence from its own prompt and output (engine/ngram_draft.py); None: off.
     speculative_algorithm: Optional[str] = None
     speculative_num_draft_tokens: int = 4
-    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 8
 
 

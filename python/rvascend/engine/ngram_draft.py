@@ -18,10 +18,12 @@ import dataclasses
 from typing import Sequence
 
 # Below this share of drafted tokens accepted (a moving average), a sequence stops
-# drafting for PAUSE_STEPS steps: a verify row costs about what a decode row does
-# (bench/speculative.py), so drafts accepted less than this often cost more than they save.
+# drafting for PAUSE_STEPS steps, twice as long after each pause that ended in failure
+# again (up to MAX_PAUSE_STEPS): drafts accepted less often than this cost the verify
+# rows more than they save (bench/speculative.py's free-text task).
 MIN_ACCEPT_RATE = 0.2
 PAUSE_STEPS = 16
+MAX_PAUSE_STEPS = 256
 _SMOOTHING = 0.5
 
 
@@ -67,6 +69,7 @@ class DraftBudget:
     max_tokens: int
     rate: float = 1.0   # moving average of the share of drafted tokens accepted
     paused: int = 0     # steps left without drafting
+    pauses: int = 0     # pauses in a row (a draft accepted in full ends the run)
 
     def next_k(self) -> int:
         if self.paused > 0:
@@ -80,5 +83,8 @@ class DraftBudget:
         if proposed <= 0:
             return
         self.rate = (1 - _SMOOTHING) * self.rate + _SMOOTHING * accepted / proposed
+        if accepted == proposed:
+            self.pauses = 0
         if self.rate < MIN_ACCEPT_RATE:
-            self.paused = PAUSE_STEPS
+            self.paused = min(MAX_PAUSE_STEPS, PAUSE_STEPS << self.pauses)
+            self.pauses += 1

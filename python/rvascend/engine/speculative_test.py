@@ -40,6 +40,14 @@ def test_the_budget_shrinks_pauses_and_probes_again():
     assert budget.paused == PAUSE_STEPS
     assert [budget.next_k() for _ in range(PAUSE_STEPS)] == [0] * PAUSE_STEPS
     assert budget.next_k() >= 1  # probing again
+    while not budget.paused:  # and failing again: a pause twice as long
+        budget.record(1, 0)
+    assert budget.paused == 2 * PAUSE_STEPS
+    budget.paused = 0
+    budget.record(2, 2)  # a draft taken in full: back to the shortest pause next time
+    while not budget.paused:
+        budget.record(1, 0)
+    assert budget.paused == PAUSE_STEPS
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,7 @@ flags.DEFINE_enum("speculative-algorithm", None, ["NGRAM"],
                   "Speculative decoding: NGRAM drafts tokens from the request's own prompt and output and verifies "
                   "them in one step (the output is exactly what decoding without drafts gives); default: off.")
 flags.DEFINE_integer("speculative-num-draft-tokens", 4, "Draft tokens per sequence and step, at most.")
-flags.DEFINE_integer("speculative-ngram-min-match-window-size", 1, "Shortest n-gram an NGRAM draft matches.")
+flags.DEFINE_integer("speculative-ngram-min-match-window-size", 2, "Shortest n-gram an NGRAM draft matches.")
 flags.DEFINE_integer("speculative-ngram-max-match-window-size", 8, "Longest n-gram an NGRAM draft matches.")
 flags.DEFINE_float("watchdog-timeout", 300.0, "/health reports unhealthy when one engine step runs longer (s).")
 flags.DEFINE_float("graceful-shutdown-timeout", 5.0,

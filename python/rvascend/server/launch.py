@@ -48,7 +48,7 @@ class ServeOptions:
     enable_deterministic_inference: bool = False
     speculative_algorithm: Optional[str] = None  # NGRAM
     speculative_num_draft_tokens: int = 4
-    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 8
 
 
