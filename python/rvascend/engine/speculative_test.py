@@ -58,7 +58,9 @@ def model():
 
 
 def _generate(model, prompts, params, spec: bool, eos=None):
-    engine = Engine(model, None, EngineConfig(max_total_tokens=4096, speculative_algorithm="NGRAM" if spec else None))
+    # One-token matches too: more drafts, more of the exactness tested.
+    engine = Engine(model, None, EngineConfig(max_total_tokens=4096, speculative_algorithm="NGRAM" if spec else None,
+                                              speculative_ngram_min_match_window_size=1))
     if eos is not None:
         engine.eos_ids = {eos}
     outputs = [[] for _ in prompts]
