@@ -19,12 +19,11 @@ import uuid
 from typing import Any, Optional
 
 from rvascend.engine import Grammar
+from rvascend.engine.grammar import JSON_LAYOUT
 from rvascend.server.protocol import UnsupportedField
 
 PARSERS = ("qwen25", "llama3")
 MAX_TOOLS = 128
-# JSON as Python's json.dumps writes it, inside the call grammar too (engine/grammar.py's JSON_LAYOUT).
-_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def parser_for(architecture: str) -> str:
@@ -93,7 +92,8 @@ def call_grammar(request: ToolRequest, parser: str) -> Optional[Grammar]:
         return None
     tools = [t for t in request.tools if request.choice == "required" or t["function"]["name"] == request.function]
     key = "parameters" if parser == "llama3" else "arguments"
-    schema = {"anyOf": [_call_schema(t, key) for t in tools], "x-guidance": _LAYOUT}
+    # JSON laid out as in every other JSON grammar here (engine/grammar.py).
+    schema = {"anyOf": [_call_schema(t, key) for t in tools], "x-guidance": JSON_LAYOUT}
     body = "%json " + json.dumps(schema)
     many = request.parallel and request.choice == "required"
     if parser == "llama3":
