@@ -96,7 +96,7 @@ def run_counted(qemu: str, plugin: str, image: str, driver: str, gguf: str, thre
 def parse_run(path: str, prompt: int, generate: int) -> CountedRun:
     """Intervals: start-up and loading, the prompt, one per generated token, exit."""
     intervals = plugin_intervals.read(path)
-    totals = plugin_intervals.interval_totals(path)
+    totals = intervals.totals()
     threads, kinds = intervals.threads, intervals.kinds
     expected = 1 + (1 if prompt else 0) + generate + 1
     if len(totals) != expected:

@@ -18,6 +18,11 @@ class Intervals:
     threads: Counts                    # {interval: {guest thread: (instructions, vector instructions)}}
     kinds: dict[int, dict[str, int]]   # {interval: {vector kind: vector instructions}}
 
+    def totals(self) -> list[tuple[int, int]]:
+        """(instructions, vector instructions) of every interval, in order, over all threads."""
+        return [(sum(n for n, _ in self.pages[i].values()), sum(v for _, v in self.pages[i].values()))
+                for i in sorted(self.pages)]
+
 
 def read(path: str) -> Intervals:
     pages: Counts = {}
@@ -45,14 +50,3 @@ def read(path: str) -> Intervals:
 def read_intervals(path: str) -> Counts:
     """{interval: {code page: (instructions, vector instructions)}}."""
     return read(path).pages
-
-
-def read_thread_intervals(path: str) -> Counts:
-    """{interval: {guest thread: (instructions, vector instructions)}}."""
-    return read(path).threads
-
-
-def interval_totals(path: str) -> list[tuple[int, int]]:
-    """(instructions, vector instructions) of every interval, in order, over all threads."""
-    pages = read(path).pages
-    return [(sum(n for n, _ in pages[i].values()), sum(v for _, v in pages[i].values())) for i in sorted(pages)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rvascend.bench import image_instruction_count
-from rvascend.bench.plugin_intervals import interval_totals, read, read_intervals, read_thread_intervals
+from rvascend.bench.plugin_intervals import read, read_intervals
 
 # Start-up, then markers 0..3: regions (0, 1) and (2, 3); interval 2 (a gap) is empty.
 OUTPUT = """I 0
@@ -44,10 +44,10 @@ def test_marked_regions_are_the_odd_intervals(tmp_path):
 def test_threads_and_totals(tmp_path):
     path = tmp_path / "counts.txt"
     path.write_text(OUTPUT)
-    threads = read_thread_intervals(str(path))
+    threads = read(str(path)).threads
     assert threads[1] == {0: (20, 12), 1: (15, 0)}
     assert threads[2] == {} and threads[3] == {1: (70, 40)}
-    assert interval_totals(str(path)) == [(500, 0), (35, 12), (0, 0), (70, 40), (9, 0)]
+    assert read(str(path)).totals() == [(500, 0), (35, 12), (0, 0), (70, 40), (9, 0)]
 
 
 def test_vector_kinds(tmp_path):
