@@ -302,7 +302,7 @@ class Engine:
         room = min(seq.params.max_tokens - len(seq.output_ids), self.context_length - seq.num_tokens) - 1
         k = min(seq.draft_budget.next_k(), room)
         if k > 0:
-            seq.draft = seq.ngram.propose(seq.prompt_ids + seq.output_ids, k)
+            seq.draft = seq.ngram.propose(seq.prompt_ids, seq.output_ids, k)
         return seq.draft
 
     def _retire_stale_cache(self) -> None:
@@ -531,10 +531,10 @@ class Engine:
         finished = []
         with self._lock:
             for row in plan.rows:
-                # A verify row keeps the K/V of its input token and of the drafts accepted
-                # before its last drawn token; the rejected drafts' slots go back now.
-                kept = len(row.fresh) - row.drafts + max(0, len(row.sampled) - 1) if row.error is None \
-                    else len(row.fresh)
+                # A verify row keeps one K/V per token it drew (its input token's, and those
+                # of the drafts accepted before its last draw); the rejected drafts' slots go
+                # back now. A row that failed keeps all: its sequence releases them.
+                kept = len(row.sampled) if row.drafts and row.error is None else len(row.fresh)
                 row.seq.slots.extend(row.fresh[:kept])
                 self._free_slots.extend(reversed(row.fresh[kept:]))
                 if row.drafts:

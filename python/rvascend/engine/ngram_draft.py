@@ -28,30 +28,41 @@ _SMOOTHING = 0.5
 
 
 class NgramIndex:
-    """Where each n-gram of one sequence (n in [min_window, max_window]) last occurred:
-    the position its continuation starts at. Kept up to date as tokens are appended
-    (update), so a proposal costs one lookup per window size, whatever the length."""
+    """One sequence's tokens, and where each of its n-grams (n in [min_window, max_window])
+    last occurred: the position its continuation starts at. Both grow by the tokens
+    appended since the last proposal, so a proposal costs the new tokens and one lookup
+    per window size, whatever the sequence's length."""
 
     def __init__(self, min_window: int, max_window: int) -> None:
         self.windows = range(max_window, min_window - 1, -1)
         self.seen: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.windows}
+        self.tokens: list[int] = []
+        self.prompt_len = 0
         self.indexed = 0  # continuation starts registered so far: positions 1 .. indexed
 
-    def update(self, tokens: Sequence[int]) -> None:
-        """Registers every n-gram that ends before the last token (the tail's own n-grams
-        wait, so a lookup of the tail finds an earlier occurrence)."""
+    def _sync(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+        """Takes in the tokens appended since, and registers every n-gram that ends before
+        the last token (the tail's own n-grams wait, so a lookup of the tail finds an
+        earlier occurrence)."""
+        if not self.tokens:
+            self.tokens.extend(prompt)
+            self.prompt_len = len(prompt)
+        self.tokens.extend(output[len(self.tokens) - self.prompt_len:])
+        tokens = self.tokens
         for p in range(self.indexed + 1, len(tokens)):
             for n in self.windows:
                 if p >= n:
                     self.seen[n][tuple(tokens[p - n:p])] = p
         self.indexed = max(self.indexed, len(tokens) - 1)
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
-        """k tokens that followed the most recent earlier occurrence of the last n tokens,
-        for the largest n that occurred; [] if none did."""
+    def propose(self, prompt: Sequence[int], output: Sequence[int], k: int) -> list[int]:
+        """k tokens that followed the most recent earlier occurrence of the last n tokens of
+        prompt + output, for the largest n that occurred; [] if none did. `prompt` is the
+        same at every call; `output` only grows."""
         if k <= 0:
             return []
-        self.update(tokens)
+        self._sync(prompt, output)
+        tokens = self.tokens
         for n in self.windows:
             if len(tokens) > n:
                 start = self.seen[n].get(tuple(tokens[len(tokens) - n:]))

@@ -21,13 +21,14 @@ REPEATING = [5, 6, 7, 8, 9, 10] * 6
 
 def test_ngram_index_proposes_the_latest_longest_match():
     index = NgramIndex(1, 3)
-    assert index.propose([1, 2, 3, 4, 9, 1, 2, 3], 3) == [4, 9, 1]
-    assert index.propose([1, 2, 3, 4, 9, 1, 2, 3, 4], 2) == [9, 1]  # tokens appended since: indexed too
-    assert NgramIndex(2, 3).propose([5, 6, 7], 2) == []              # no earlier occurrence
-    assert NgramIndex(1, 1).propose([1, 7, 1, 8, 1], 1) == [8]        # the most recent occurrence
-    assert NgramIndex(1, 4).propose([3, 14, 14, 14], 4) == [14] * 4   # a run repeats as far as asked
-    assert NgramIndex(2, 2).propose([1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
-    assert NgramIndex(1, 3).propose([1, 2, 3], 0) == []
+    assert index.propose([1, 2, 3, 4, 9], [1, 2, 3], 3) == [4, 9, 1]
+    assert index.propose([1, 2, 3, 4, 9], [1, 2, 3, 4], 2) == [9, 1]  # tokens appended since: indexed too
+    assert index.tokens == [1, 2, 3, 4, 9, 1, 2, 3, 4]
+    assert NgramIndex(2, 3).propose([5, 6, 7], [], 2) == []              # no earlier occurrence
+    assert NgramIndex(1, 1).propose([1, 7], [1, 8, 1], 1) == [8]          # the most recent occurrence
+    assert NgramIndex(1, 4).propose([3], [14, 14, 14], 4) == [14] * 4     # a run repeats as far as asked
+    assert NgramIndex(2, 2).propose([1, 2, 1, 2], [], 5) == [1, 2, 1, 2, 1]
+    assert NgramIndex(1, 3).propose([1, 2, 3], [], 0) == []
 
 
 def test_the_budget_shrinks_pauses_and_probes_again():
