@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -69,8 +70,7 @@ def openai_routes(ctx: ServerContext) -> APIRouter:
                 kwargs["tools"] = tools.tools  # as transformers' apply_chat_template(tools=...) passes them
             # Off the event loop: a model file's template is untrusted code (its budget
             # bounds the render, tokenizer/template_budget.py), and /health must not wait.
-            prompt = await asyncio.to_thread(ctx.tokenizer.apply_chat_template, tool_calls.template_messages(messages),
-                                             add, cont, kwargs)
+            prompt = await asyncio.to_thread(ctx.tokenizer.apply_chat_template, messages, add, cont, kwargs)
             ids = await ctx.tokenize("the chat prompt", prompt, add_special_tokens=False)
             for s in req.stop_list():
                 limits.check_text("stop", s)
@@ -86,7 +86,8 @@ def openai_routes(ctx: ServerContext) -> APIRouter:
                 in_reasoning or not prompt.rstrip().endswith(THINK_END)) else ()
             pairs = [(ids, req.sampling_params(ctx.max_tokens_for(len(ids), DEFAULT_CHAT_TOKENS, max_tokens),
                                                logprobs, j, grammar, after)) for j in range(req.n)]
-            split = _ChatSplit(reasoning, in_reasoning, tools, ctx.tool_call_parser)
+            # Each choice splits its own text (reasoning, content, tool calls).
+            split = functools.partial(ChatOutput, reasoning, in_reasoning, tools, ctx.tool_call_parser)
         except BAD_INPUT as e:
             return error(400, str(e))
         return await _serve(ctx, "chat", pairs, req.n, req.stream, True, req.include_usage, logprobs is not None,
@@ -101,19 +102,9 @@ def openai_routes(ctx: ServerContext) -> APIRouter:
     return router
 
 
-class _ChatSplit:
-    """How a chat request's choices are split (chat_output.ChatOutput's arguments)."""
-
-    def __init__(self, reasoning: bool, in_reasoning: bool, tools, parser: str) -> None:
-        self.args = (reasoning, in_reasoning, tools, parser)
-
-    def __call__(self) -> ChatOutput:
-        return ChatOutput(*self.args)
-
-
 async def _serve(ctx: ServerContext, endpoint: str, pairs: list[tuple[list[int], SamplingParams]], n: int,
                  stream: bool, chat: bool, include_usage: bool, logprobs: bool, request: Request,
-                 echo: Optional[list[str]] = None, split: Optional[_ChatSplit] = None):
+                 echo: Optional[list[str]] = None, split: Optional[Callable[[], ChatOutput]] = None):
     sub = ctx.submit(endpoint, pairs)
     if isinstance(sub, Response):
         return sub
@@ -134,7 +125,7 @@ async def _serve(ctx: ServerContext, endpoint: str, pairs: list[tuple[list[int],
 
 def _stream(ctx: ServerContext, endpoint: str, sub: Submission, head: dict[str, Any], n: int, chat: bool,
             include_usage: bool, fmt: Optional[LogprobFormat], echo: Optional[list[str]],
-            split: Optional[_ChatSplit] = None):
+            split: Optional[Callable[[], ChatOutput]] = None):
     kind = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
     started: set[int] = set()
     offsets: dict[int, responses.TextOffsets] = {}

@@ -9,6 +9,7 @@ and SGLang kin) are read by server/structured_output.py.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
@@ -146,6 +147,19 @@ class ToolCall(_NullIsDefault):
     type: Literal["function"] = "function"
     function: FunctionCall
 
+    def template_fields(self) -> dict[str, Any]:
+        """The call as transformers' chat templates expect it: its arguments an object
+        (OpenAI's API sends them as JSON text)."""
+        arguments = self.function.arguments
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                raise UnsupportedField("a tool call's function.arguments is not JSON") from None
+        fields = self.model_dump()
+        fields["function"]["arguments"] = arguments
+        return fields
+
 
 class ChatMessage(_NullIsDefault):
     model_config = ConfigDict(extra="ignore")
@@ -162,7 +176,7 @@ class ChatMessage(_NullIsDefault):
         if self.name:
             fields["name"] = self.name
         if self.tool_calls:
-            fields["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+            fields["tool_calls"] = [c.template_fields() for c in self.tool_calls]
         if self.tool_call_id is not None:
             fields["tool_call_id"] = self.tool_call_id
         return fields

@@ -153,26 +153,3 @@ def parse(text: str, parser: str) -> tuple[str, list[dict[str, Any]]]:
 def start_marker(parser: str) -> str:
     """The text where a call begins in the output (streaming holds it back from there)."""
     return "<tool_call>" if parser == "qwen25" else "{"
-
-
-def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as transformers' chat templates expect them: an assistant's tool calls with
-    their arguments as objects (OpenAI's API sends them as JSON text)."""
-    out = []
-    for m in messages:
-        calls = m.get("tool_calls")
-        if calls:
-            m = {**m, "tool_calls": [
-                {**c, "function": {**c["function"], "arguments": _arguments(c["function"].get("arguments"))}}
-                for c in calls]}
-        out.append(m)
-    return out
-
-
-def _arguments(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
-            raise UnsupportedField("a tool call's function.arguments is not JSON") from None
-    return arguments
