@@ -18,6 +18,7 @@ import time
 import torch
 from absl import app, flags, logging
 
+from rvascend.bench import engine_model
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.engine.random_model import ensure_random_model
@@ -48,14 +49,7 @@ def _decode(model, batch: int, steps: int) -> float:
     engine = Engine(model, None, EngineConfig(max_total_tokens=batch * (64 + steps) + 64, max_running_requests=batch))
     seqs = [engine.add_request(list(range(5 + i, 37 + i)), SamplingParams(max_tokens=steps + 1, temperature=0,
                                                                         ignore_eos=True)) for i in range(batch)]
-    times = []
-    while engine.has_work():
-        decoding = all(s.output_ids for s in seqs)
-        t0 = time.perf_counter()
-        engine.step()
-        if decoding:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(engine_model.decode_step_seconds(engine, seqs))
 
 
 def _prefill(model, length: int) -> float:

@@ -1,7 +1,9 @@
-"""The model the in-process engine benchmarks run (chunked_prefill, prefix_cache, long_output):
-their shared flags and loading."""
+"""The model the in-process engine benchmarks run (chunked_prefill, prefix_cache, long_output,
+structured_output, deterministic): their shared flags and loading, and their decode-step timing."""
 
 from __future__ import annotations
+
+import time
 
 import torch
 from absl import flags
@@ -29,3 +31,16 @@ def load() -> tuple[str, CausalLM]:
 
         install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode="eager"))
     return path, model
+
+
+def decode_step_seconds(engine, seqs: list) -> list[float]:
+    """Steps `engine` until it is idle; the seconds of every step taken while each of `seqs`
+    was decoding (their prompts and first tokens untimed)."""
+    times = []
+    while engine.has_work():
+        decoding = all(s.output_ids for s in seqs)
+        t0 = time.perf_counter()
+        engine.step()
+        if decoding:
+            times.append(time.perf_counter() - t0)
+    return times

@@ -41,13 +41,7 @@ def _define_flags() -> None:
 def decode_steps(engine: Engine, prompt: list[int], batch: int, grammar, steps: int) -> list[float]:
     params = SamplingParams(max_tokens=steps + 1, temperature=0.8, seed=0, ignore_eos=True, grammar=grammar)
     seqs = [engine.add_request(prompt, params) for _ in range(batch)]
-    times = []
-    while engine.has_work():
-        decoding = all(s.output_ids for s in seqs)
-        t0 = time.perf_counter()
-        engine.step()
-        if decoding:
-            times.append(time.perf_counter() - t0)
+    times = engine_model.decode_step_seconds(engine, seqs)
     failed = [s.error for s in seqs if s.finish_reason != "length"]
     if failed:
         raise RuntimeError(f"a sequence ended early: {failed[0]}")
