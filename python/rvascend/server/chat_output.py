@@ -46,8 +46,9 @@ class ChatOutput:
         self.tools = tools if tools is not None and tools.parse else None
         self.parser = parser
         self.pending = ""    # text held back: a possible marker's start
-        self.call_text = ""  # from a tool call's start on: parsed at the end
+        self.call: list[str] = []  # from a tool call's start on: parsed at the end
         self.content: list[str] = []
+        self.said = False  # some content other than whitespace went out
         self.reasoning_text: list[str] = []
 
     def feed(self, text: str) -> dict[str, str]:
@@ -77,19 +78,19 @@ class ChatOutput:
                 self.pending = text[len(text) - hold:]
                 return delta
             # answer
-            if self.call_text or self.tools is None:
-                if self.call_text:
-                    self.call_text += text
+            if self.call or self.tools is None:
+                if self.call:
+                    self.call.append(text)
                 else:
                     self._add(delta, "content", text)
                 return delta
             marker = tool_calls.start_marker(self.parser)
             at = text.find(marker)
-            if self.parser == "llama3" and at >= 0 and ("".join(self.content) + text[:at]).strip():
+            if self.parser == "llama3" and at >= 0 and (self.said or text[:at].strip()):
                 at = -1  # llama3's calls are the whole output: a "{" after other text is content
             if at >= 0:
                 self._add(delta, "content", text[:at])
-                self.call_text = text[at:]
+                self.call = [text[at:]]
                 return delta
             hold = _partial_suffix(text, marker)
             self._add(delta, "content", text[:len(text) - hold])
@@ -101,7 +102,11 @@ class ChatOutput:
         if not text:
             return
         delta[field] = delta.get(field, "") + text
-        (self.reasoning_text if field == "reasoning_content" else self.content).append(text)
+        if field == "reasoning_content":
+            self.reasoning_text.append(text)
+        else:
+            self.content.append(text)
+            self.said = self.said or not text.isspace()
 
     def finish(self) -> tuple[dict[str, str], list[dict[str, Any]]]:
         """(the held-back text's delta, the parsed tool calls) at the end of the choice."""
@@ -110,10 +115,10 @@ class ChatOutput:
             self._add(delta, "reasoning_content" if self.mode == "think" else "content", self.pending)
             self.pending = ""
         calls: list[dict[str, Any]] = []
-        if self.call_text:
-            rest, calls = tool_calls.parse(self.call_text, self.parser)
+        if self.call:
+            rest, calls = tool_calls.parse("".join(self.call), self.parser)
             self._add(delta, "content", rest)
-            self.call_text = ""
+            self.call = []
         return delta, calls
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:

@@ -112,39 +112,56 @@ def _call(name: Any, arguments: Any) -> Optional[dict[str, Any]]:
             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
 
 
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_JSON = json.JSONDecoder()
+
+
+def _llama3_calls(body: str) -> Optional[list[dict[str, Any]]]:
+    """Llama 3's calls: JSON objects separated by ";" (a ";" inside a string is the string's),
+    or None if the body is not only that."""
+    calls, pos = [], 0
+    while True:
+        try:
+            value, pos = _JSON.raw_decode(body, pos)
+        except json.JSONDecodeError:
+            return None
+        call = _call(value.get("name"), value.get("parameters", value.get("arguments"))) \
+            if isinstance(value, dict) else None
+        if call is None:
+            return None
+        calls.append(call)
+        rest = body[pos:].lstrip()
+        if not rest:
+            return calls
+        if not rest.startswith(";"):
+            return None
+        pos = len(body) - len(rest) + 1
+        while pos < len(body) and body[pos].isspace():
+            pos += 1
 
 
 def parse(text: str, parser: str) -> tuple[str, list[dict[str, Any]]]:
-    """(content, tool calls) of a finished output; calls that do not parse stay in the content."""
-    calls = []
+    """(content, tool calls) of a finished output; calls that do not parse stay in the content.
+    One pass over the text: each block's end is looked for once, from its start."""
     if parser == "llama3":
         body = text.strip().removeprefix("<|python_tag|>").strip()
-        if not body.startswith("{"):
-            return text, []
-        for part in body.split(";"):
-            try:
-                value = json.loads(part)
-            except json.JSONDecodeError:
-                return text, []
-            call = _call(value.get("name"), value.get("parameters", value.get("arguments"))) \
-                if isinstance(value, dict) else None
-            if call is None:
-                return text, []
-            calls.append(call)
-        return "", calls
-    kept = []
-    last = 0
-    for match in _HERMES.finditer(text):
+        calls = _llama3_calls(body) if body.startswith("{") else None
+        return ("", calls) if calls else (text, [])
+    calls, kept, last, pos = [], [], 0, 0
+    while (start := text.find(_OPEN, pos)) >= 0:
+        end = text.find(_CLOSE, start + len(_OPEN))
+        if end < 0:
+            break  # no block closes after this one starts: none further does either
+        pos = end + len(_CLOSE)
         try:
-            value = json.loads(match.group(1))
+            value = json.loads(text[start + len(_OPEN):end])
         except json.JSONDecodeError:
             continue
         call = _call(value.get("name"), value.get("arguments")) if isinstance(value, dict) else None
         if call is None:
             continue
-        kept.append(text[last:match.start()])
-        last = match.end()
+        kept.append(text[last:start])
+        last = pos
         calls.append(call)
     kept.append(text[last:])
     return ("".join(kept).strip() if calls else text), calls

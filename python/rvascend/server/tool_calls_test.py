@@ -47,11 +47,20 @@ def test_parse_both_formats_and_leave_what_does_not_parse():
     assert json.loads(calls[1]["function"]["arguments"]) == {"city": "Oslo", "unit": "c"}
     broken = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1,\n</tool_call>"
     assert tool_calls.parse(broken, "qwen25") == (broken, [])
+    # Unclosed blocks: one pass over the text (each end looked for once), calls before them kept.
+    unclosed = text + "<tool_call>" * 20000
+    content, calls = tool_calls.parse(unclosed, "qwen25")
+    assert len(calls) == 2 and content.endswith("<tool_call>" * 20000)
     content, calls = tool_calls.parse('{"name": "add", "parameters": {"a": 3, "b": 4}}', "llama3")
     assert content == "" and json.loads(calls[0]["function"]["arguments"]) == {"a": 3, "b": 4}
     content, calls = tool_calls.parse('<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 1}}; '
                                       '{"name": "add", "parameters": {"a": 2, "b": 2}}', "llama3")
     assert len(calls) == 2
+    # A ";" inside an argument is the argument's, not a separator between calls.
+    content, calls = tool_calls.parse('{"name": "get_weather", "parameters": {"city": "a;b", "unit": "c"}};'
+                                      '{"name": "add", "parameters": {"a": 1, "b": 2}}', "llama3")
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "a;b", "unit": "c"}, {"a": 1, "b": 2}]
+    assert tool_calls.parse('{"name": "add", "parameters": {"a": 1}} trailing', "llama3")[1] == []
     assert tool_calls.parse("The answer is {a}.", "llama3") == ("The answer is {a}.", [])
 
 
