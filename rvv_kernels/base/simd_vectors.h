@@ -37,6 +37,21 @@ typedef uint16_t VH __attribute__((vector_size(2 * kLanes)));
 
 RVASCEND_SIMD_INLINE VF Splat(float x) { return VF{} + x; }
 
+// a * b + c, one rounding where the build has FMA. Spelled out because GCC's default
+// -ffp-contract=fast fuses `a * b + c * d` either way round, and not always the same way
+// in two instantiations of one template: a kernel whose result must not depend on which
+// code path ran it (the delta rule's state after a token, alone or within a run of tokens)
+// writes its fused products with this.
+RVASCEND_SIMD_INLINE VF MulAdd(VF a, VF b, VF c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 RVASCEND_SIMD_INLINE VF LoadF(const float* p) {
   VF v;
   std::memcpy(&v, p, sizeof(v));

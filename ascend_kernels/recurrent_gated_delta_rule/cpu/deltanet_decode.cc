@@ -24,15 +24,20 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
   std::vector<float> q(a.t * key), k(a.t * key), v(a.t * value), beta(a.t * a.nv), g(a.t * a.nv);
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(a.dk));
   const DeltaNetPieces<T>& pieces = ChooseDeltaNetPieces<T>();
-  // Token t's sequence: each token slides its sequence's conv window in order.
-  // A sequence's first token reads its read slot's window (double-buffered slots), the
-  // others the window the token before them wrote.
-  std::vector<int64_t> lens(a.sequences), token_slots(a.t), token_reads(a.t);
+  // Token t's slots: the conv window it reads (a sequence's first token its read slot,
+  // the others the window the token before wrote), the one it writes (its token slot,
+  // else its sequence's), and the delta rule's index: where the state after it is kept,
+  // -1 for none (a prompt's state is written once, after its last token).
+  std::vector<int64_t> lens(a.sequences), reads(a.sequences), conv_writes(a.t), conv_reads(a.t), kept_at(a.t);
   for (uint32_t s = 0, t = 0; s < a.sequences; ++s) {
     lens[s] = a.lens != nullptr ? a.lens[s] : 1;
+    reads[s] = a.read_slots != nullptr ? a.read_slots[s] : a.slots[s];
     for (int64_t j = 0; j < lens[s]; ++j, ++t) {
-      token_slots[t] = a.slots[s];
-      token_reads[t] = j == 0 && a.read_slots != nullptr ? a.read_slots[s] : a.slots[s];
+      const bool last = j + 1 == lens[s];
+      const int64_t own = a.token_slots != nullptr ? a.token_slots[t] : -1;
+      conv_writes[t] = own >= 0 ? own : a.slots[s];
+      conv_reads[t] = j == 0 ? reads[s] : conv_writes[t - 1];
+      kept_at[t] = last ? a.slots[s] : own;
     }
   }
   // The conv in chunks of channels over threads, each chunk through every token in
@@ -54,8 +59,8 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
   rvascend::ThreadPool::Global().ParallelFor(chunks.size(), num_threads, [&](size_t i) {
     const Chunk& ch = chunks[i];
     for (uint32_t t = 0; t < a.t; ++t) {
-      const T* in = conv + static_cast<size_t>(token_reads[t]) * c_dim * kept + ch.c * kept;
-      T* out = conv + static_cast<size_t>(token_slots[t]) * c_dim * kept + ch.c * kept;
+      const T* in = conv + static_cast<size_t>(conv_reads[t]) * c_dim * kept + ch.c * kept;
+      T* out = conv + static_cast<size_t>(conv_writes[t]) * c_dim * kept + ch.c * kept;
       pieces.conv_silu(mixed + t * a.mixed_stride + ch.c, in, out, weight + ch.c * a.kernel, ch.n, kept,
                        ch.y + t * ch.width + ch.offset);
     }
@@ -92,12 +97,11 @@ void Run(const DeltaNetDecodeArgs& a, size_t num_threads) {
   r.state = a.ssm_state;
   r.seq_lens = lens.data();
   r.seq_lens_int64 = true;
-  r.indices = token_slots.data();
+  r.indices = kept_at.data();
   r.indices_int64 = true;
-  r.read_slots = a.read_slots;
+  r.read_slots = reads.data();
   r.out = o.data();
   r.scale = 1.0f;
-  r.last_state_only = true;  // a prompt's state is written once, after its last token
   RecurrentGatedDeltaRuleCpu(r, num_threads);
   // The gated norm per (token, head), over threads.
   rvascend::ThreadPool::Global().ParallelFor(a.t, num_threads, [&](size_t t) {
@@ -133,6 +137,30 @@ void ValidateDeltaNetDecode(const DeltaNetDecodeArgs& a) {
     }
     used[static_cast<size_t>(s)] = true;
   }
+  if (tokens != static_cast<int64_t>(a.t)) {
+    throw std::invalid_argument("deltanet_decode: the lengths add up to " + std::to_string(tokens) + " tokens, not " +
+                                std::to_string(a.t));
+  }
+  for (uint32_t i = 0, t = 0; a.token_slots != nullptr && i < a.sequences; ++i) {
+    const int64_t n = a.lens != nullptr ? a.lens[i] : 1;
+    for (int64_t j = 0; j < n; ++j, ++t) {
+      const int64_t s = a.token_slots[t];
+      if (s == -1) continue;
+      const std::string where = "token slot " + std::to_string(s) + " of token " + std::to_string(t);
+      if (j + 1 == n) {
+        throw std::invalid_argument("deltanet_decode: " + where +
+                                    " is its sequence's last: its states go to the sequence's slot (give -1)");
+      }
+      if (s < 0 || s >= static_cast<int64_t>(a.num_slots)) {
+        throw std::invalid_argument("deltanet_decode: " + where + " is outside the state pool of " +
+                                    std::to_string(a.num_slots) + " slots (or -1 for none)");
+      }
+      if (used[static_cast<size_t>(s)]) {
+        throw std::invalid_argument("deltanet_decode: " + where + " is already another token's or sequence's slot");
+      }
+      used[static_cast<size_t>(s)] = true;
+    }
+  }
   for (uint32_t i = 0; a.read_slots != nullptr && i < a.sequences; ++i) {
     const int64_t r = a.read_slots[i];
     if (r < 0 || r >= static_cast<int64_t>(a.num_slots)) {
@@ -143,13 +171,9 @@ void ValidateDeltaNetDecode(const DeltaNetDecodeArgs& a) {
     if (r == a.slots[i]) continue;
     if (used[static_cast<size_t>(r)]) {
       throw std::invalid_argument("deltanet_decode: read slot " + std::to_string(r) + " of sequence " +
-                                  std::to_string(i) + " is another sequence's slot or read slot");
+                                  std::to_string(i) + " is another sequence's slot, read slot or token slot");
     }
     used[static_cast<size_t>(r)] = true;
-  }
-  if (tokens != static_cast<int64_t>(a.t)) {
-    throw std::invalid_argument("deltanet_decode: the lengths add up to " + std::to_string(tokens) + " tokens, not " +
-                                std::to_string(a.t));
   }
 }
 

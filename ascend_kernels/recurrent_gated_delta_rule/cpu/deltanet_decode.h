@@ -8,7 +8,8 @@
 //   q = l2norm(y[:NK Dk], per head) / sqrt(Dk), k = l2norm(y[NK Dk:2 NK Dk]), v = y[2 NK Dk:]
 //   beta = round(sigmoid(b)), g = -exp(A_log) * softplus(a + dt_bias)
 //   o = recurrent_gated_delta_rule(q, k, v, state[slot], beta, g)         (FP32;
-//       the slot's state is written once, after the sequence's last token)
+//       the slot's state is written once, after the sequence's last token, and
+//       after any earlier token that has a token slot)
 //   x = round(o), per head: n = round(x * rsqrt(mean(x^2) + eps))
 //   out[t] = round(round(norm_weight * n) * silu(z[t]))                  (gated RMSNorm)
 //
@@ -50,14 +51,22 @@ struct DeltaNetDecodeArgs {
   // slots[b], and read_slots[b] is left as it was: a caller that keeps two slots per
   // sequence can drop a failed step without copying the states to undo it.
   const int64_t* read_slots = nullptr;
+  // [T] or null: per token, -1 or a slot its states (its conv window and the delta
+  // rule's state after it) are also left in; a sequence's last token has -1 (its
+  // states go to its slot). A speculative verify step keeps every drafted position's
+  // states this way, so the next step continues from the last accepted token's slot
+  // with nothing recomputed and nothing copied.
+  const int64_t* token_slots = nullptr;
   void* out = nullptr;           // [T, NV Dv], elem
 };
 
 // Throws std::invalid_argument naming the first bad one of: conv taps (>= 2), the
 // lengths (none negative, adding up to T; one token each without them), the slots
-// (in [0, S), distinct), the read slots (in [0, S); one that is not its own
-// sequence's slot is no other sequence's slot or read slot). Reads nothing but
-// args.lens, args.slots and args.read_slots.
+// (in [0, S), distinct), the token slots (-1 or in [0, S), -1 for a sequence's
+// last token, distinct from each other and from every slot), the read slots (in
+// [0, S); one that is not its own sequence's slot is no other slot, token slot or
+// read slot). Reads nothing but args.lens, args.slots, args.token_slots and
+// args.read_slots.
 void ValidateDeltaNetDecode(const DeltaNetDecodeArgs& args);
 
 void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& args, size_t num_threads);

@@ -24,7 +24,9 @@ struct RgdrArgs {
   void* state = nullptr;                // read and written
   const void* seq_lens = nullptr;       // [B] per-sample lengths
   bool seq_lens_int64 = false;
-  const void* indices = nullptr;        // [T] one slot per token
+  // [T] one slot per token. CPU only: a negative one keeps no state for its token
+  // (deltanet_decode's prompt tokens); such a caller passes read_slots.
+  const void* indices = nullptr;
   bool indices_int64 = false;
   const int32_t* accepted = nullptr;    // optional [B]
   void* out = nullptr;

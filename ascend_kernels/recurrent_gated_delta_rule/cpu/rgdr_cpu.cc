@@ -84,7 +84,7 @@ void RunUnit(const RgdrArgs& a, const Unit& u, const RowKernels& rows, Scratch& 
       c *= std::exp(a.gk[th]);
     }
     const int64_t slot = Index(a.indices, tok, a.indices_int64);
-    const bool writes = !a.last_state_only || t + 1 == u.len;
+    const bool writes = slot >= 0 && (!a.last_state_only || t + 1 == u.len);
     s.tokens[t] = TokenInputs{q, k, egk, c, LoadElem(a.elem, a.beta, th), s.kq[t],
                               static_cast<const char*>(a.value) + th * dv * e,
                               static_cast<char*>(a.out) + th * dv * e,

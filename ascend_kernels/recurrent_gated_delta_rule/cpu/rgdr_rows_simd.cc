@@ -5,6 +5,7 @@
 // AVX-512 BF16 the rows are rounded to BF16 by vcvtneps2bf16 (the same
 // round-to-nearest-even and quiet NaNs; inputs below the normal range flush
 // to zero).
+#include <cmath>
 #include <cstring>
 
 #if defined(__AVX512F__)
@@ -25,6 +26,8 @@ namespace {
 // the SSE2 build; SSE2 runs 8 lanes as two registers.
 using rvascend::simd::kLanes;
 using rvascend::simd::LoadF;
+using rvascend::simd::MulAdd;
+using rvascend::simd::Splat;
 using rvascend::simd::StoreF;
 using rvascend::simd::Sum;
 using rvascend::simd::VF;
@@ -103,8 +106,8 @@ RGDR_INLINE void FirstDots(size_t dk, const T* in, size_t v, const TokenInputs& 
       VF x = LoadV(in + r * dk + i);
       if (kEgk) x *= LoadF(egk + i);
       StoreF(row + r * dk + i, x);
-      acc_k[r] += x * k;
-      acc_q[r] += x * q;
+      acc_k[r] = MulAdd(x, k, acc_k[r]);
+      acc_q[r] = MulAdd(x, q, acc_q[r]);
     }
   }
   for (size_t r = 0; r < R; ++r) {
@@ -112,8 +115,8 @@ RGDR_INLINE void FirstDots(size_t dk, const T* in, size_t v, const TokenInputs& 
       float x = Load1(in + r * dk + i);
       if (kEgk) x *= egk[i];
       row[r * dk + i] = x;
-      kv[r] += x * tk[i];
-      rq[r] += x * tq[i];
+      kv[r] = std::fma(x, tk[i], kv[r]);
+      rq[r] = std::fma(x, tq[i], rq[r]);
     }
   }
   Finish<T, R>(v, tok, acc_k, acc_q, kv, rq, d);
@@ -138,25 +141,25 @@ RGDR_INLINE void Update(size_t dk, size_t v, const TokenInputs& tok, const Token
   for (size_t i = 0; i < body; i += kLanes) {
     const VF k = LoadF(tk + i);
     for (size_t r = 0; r < R; ++r) {
-      VF x = c * LoadF(row + r * dk + i) + d[r] * k;
+      VF x = MulAdd(Splat(d[r]), k, c * LoadF(row + r * dk + i));
       if (dst != nullptr) StoreV(dst + r * dk + i, x);
       if (kNext) {
         if (kEgk) x *= LoadF(egk + i);
         StoreF(row + r * dk + i, x);
-        acc_k[r] += x * LoadF(nk + i);
-        acc_q[r] += x * LoadF(nq + i);
+        acc_k[r] = MulAdd(x, LoadF(nk + i), acc_k[r]);
+        acc_q[r] = MulAdd(x, LoadF(nq + i), acc_q[r]);
       }
     }
   }
   for (size_t r = 0; r < R; ++r) {
     for (size_t i = body; i < dk; ++i) {
-      float x = c * row[r * dk + i] + d[r] * tk[i];
+      float x = std::fma(d[r], tk[i], c * row[r * dk + i]);
       if (dst != nullptr) Store1(dst + r * dk + i, x);
       if (kNext) {
         if (kEgk) x *= egk[i];
         row[r * dk + i] = x;
-        kv[r] += x * nk[i];
-        rq[r] += x * nq[i];
+        kv[r] = std::fma(x, nk[i], kv[r]);
+        rq[r] = std::fma(x, nq[i], rq[r]);
       }
     }
   }
@@ -194,8 +197,8 @@ RGDR_INLINE void RowBlockInRegisters(const T* in, size_t v, const TokenInputs* t
       const VF e = kEgk ? LoadF(tok.egk + i * kLanes) : VF{};
       for (size_t j = 0; j < R; ++j) {
         if (kEgk) r[j][i] *= e;
-        acc_k[j] += r[j][i] * k;
-        acc_q[j] += r[j][i] * q;
+        acc_k[j] = MulAdd(r[j][i], k, acc_k[j]);
+        acc_q[j] = MulAdd(r[j][i], q, acc_q[j]);
       }
     }
     float d[R];
@@ -207,7 +210,7 @@ RGDR_INLINE void RowBlockInRegisters(const T* in, size_t v, const TokenInputs* t
     for (size_t i = 0; i < kChunks; ++i) {
       const VF k = LoadF(tk + i * kLanes);
       for (size_t j = 0; j < R; ++j) {
-        r[j][i] = c * r[j][i] + d[j] * k;
+        r[j][i] = MulAdd(Splat(d[j]), k, c * r[j][i]);
         if (dst != nullptr) StoreV(dst + j * dk + i * kLanes, r[j][i]);
       }
     }

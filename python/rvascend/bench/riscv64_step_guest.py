@@ -155,8 +155,7 @@ def decode_ready(engine: Engine, context: int, rows: int, vocab: int) -> list[Se
         seq.status = Status.RUNNING
         seq.slots = [engine._free_slots.pop() for _ in range(context - 1)]
         seq.prefilled = len(seq.prompt_ids)
-        if engine.states is not None:  # a hybrid model: its two recurrent-state slots (contents: whatever)
-            seq.state_slot, seq.next_state_slot = engine._free_states.pop(), engine._free_states.pop()
+        engine._take_state_slots(seq)  # a hybrid model's recurrent-state slots (contents: whatever)
         seq.reserved = seq.reservation
         engine._reserved += seq.reserved
         engine._running.append(seq)

@@ -255,6 +255,8 @@ class FusedDecoder:
         if self.deltanet is not None:
             if pool.states is None or batch.state_slots is None:
                 return "no_state_slots"
+            if batch.state_token_slots is not None:  # a verify step keeps per-token states
+                return "verify"
             if batch.recurrent_index().lengths is not None:  # a one-token prompt starts its state here
                 return "prefill"
         return None

@@ -31,7 +31,11 @@ of the RecurrentStatePool (models/state_pool.py) taken at admission and given
 back at the end, whatever the end. A step reads a sequence's state from one and
 writes the other, and `_commit` swaps them, so `_abandon` has nothing to put
 back (an undo copy of the states, 18 MB a sequence for Qwen3.5-0.8B, cost more
-than a tenth of an x86 decode step). The prefix
+than a tenth of an x86 decode step). With speculative decoding a sequence holds
+2 + K slots: a verify step of 1 + k tokens leaves the states after each token in
+a slot of its own (the delta-rule op's per-token state slots), and `_commit`
+keeps the one after the last accepted token. Nothing is recomputed or copied to
+roll back the rejected drafts. The prefix
 cache is off for such models: a cached prefix's K/V are of no use without the
 recurrent state at the same token, and keeping state snapshots per cache node
 (SGLang's Mamba radix cache) is left for later.
@@ -125,12 +129,14 @@ class Engine:
         self._free_slots = list(range(config.max_total_tokens - 1, -1, -1))
         self.states: Optional[RecurrentStatePool] = None
         self._free_states: list[int] = []
+        # Per sequence: the slot read, and one written per token a step keeps the states after.
+        self._state_slots_each = 2 + (config.speculative_num_draft_tokens if config.speculative_algorithm else 0)
         if model.config.linear_attention is not None:
-            slots = 2 * config.max_running_requests  # two per sequence: read one, write the other
+            slots = self._state_slots_each * config.max_running_requests
             self.states = self.pool.states = RecurrentStatePool(model.config, slots, dtype)
             self._free_states = list(range(slots - 1, -1, -1))
-            logging.info("recurrent states: %d slots of %.1f MiB (two per running request)", slots,
-                         RecurrentStatePool.bytes_per_slot(model.config, dtype) / 2**20)
+            logging.info("recurrent states: %d slots of %.1f MiB (%d per running request)", slots,
+                         RecurrentStatePool.bytes_per_slot(model.config, dtype) / 2**20, self._state_slots_each)
         hybrid_without_cache = self.states is not None and not config.disable_radix_cache
         if hybrid_without_cache:
             logging.info("prefix cache off: %s has linear-attention layers, whose recurrent state a cached "
@@ -233,9 +239,9 @@ class Engine:
 
     @property
     def states_free(self) -> int:
-        """Requests' worth of recurrent-state slots (two each) no request holds (hybrid models)."""
+        """Requests' worth of recurrent-state slots no request holds (hybrid models)."""
         with self._lock:
-            return len(self._free_states) // 2
+            return len(self._free_states) // self._state_slots_each
 
     def flush_cache(self) -> bool:
         """Empties the prefix cache; refused (False) while requests are queued or running,
@@ -288,11 +294,10 @@ class Engine:
 
     def _draft(self, seq: Sequence) -> list[int]:
         """The tokens `seq` drafts for this step (speculative decoding; engine/ngram_draft.py):
-        none when speculation is off, for a hybrid model (its recurrent state advances one
-        token per step here), under a grammar, or where its drafts have been doing badly."""
+        none when speculation is off, under a grammar, or where its drafts have been doing badly."""
         config = self.config
         seq.draft = []
-        if config.speculative_algorithm is None or self.states is not None or seq.matcher is not None:
+        if config.speculative_algorithm is None or seq.matcher is not None:
             return seq.draft
         if seq.ngram is None:
             seq.ngram = NgramIndex(config.speculative_ngram_min_match_window_size,
@@ -304,6 +309,13 @@ class Engine:
         if k > 0:
             seq.draft = seq.ngram.propose(seq.prompt_ids, seq.output_ids, k)
         return seq.draft
+
+    def _take_state_slots(self, seq: Sequence) -> None:
+        """A hybrid model's sequence's recurrent-state slots, from admission to release (caller
+        holds the lock and has checked there are enough)."""
+        if self.states is not None:
+            seq.state_slot = self._free_states.pop()
+            seq.spare_state_slots = [self._free_states.pop() for _ in range(self._state_slots_each - 1)]
 
     def _retire_stale_cache(self) -> None:
         """Drops cached K/V computed with weights that have changed since (caller holds the lock)."""
@@ -373,8 +385,8 @@ class Engine:
                     continue
                 if self._reserved + seq.reservation > self.config.max_total_tokens:
                     break  # FCFS: the head waits for memory, nobody overtakes it
-                if self.states is not None and len(self._free_states) < 2:
-                    break  # every pair held (unreachable while running requests <= pairs)
+                if self.states is not None and len(self._free_states) < self._state_slots_each:
+                    break  # every slot held (unreachable while running requests <= max_running_requests)
                 if admitted and tokens + len(seq.prompt_ids) > self.config.max_prefill_tokens:
                     break
                 self._waiting.popleft()
@@ -383,8 +395,7 @@ class Engine:
                 tokens += len(seq.prompt_ids)
                 seq.status = Status.RUNNING
                 seq.weights_generation = self._weights_generation
-                if self.states is not None:
-                    seq.state_slot, seq.next_state_slot = self._free_states.pop(), self._free_states.pop()
+                self._take_state_slots(seq)
                 self._reuse_cached_prefix(seq)
                 admitted.append(seq)
             self._waiting.extendleft(reversed(deferred))
@@ -453,11 +464,15 @@ class Engine:
         hybrid = self.states is not None
         if len(ids) == len(rows) and logit_rows == list(range(len(ids))):
             logit_rows = None  # every sequence's one row: forward's default, without a gather
+        # A verify row's token j < k leaves its states in spare slot j, its last token in spare slot k.
+        token_slots = [s for r in rows for s in (r.seq.spare_state_slots[:r.drafts] + [-1] if r.drafts else
+                                                 [-1] * r.new)] if hybrid and any(r.drafts for r in rows) else None
         batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
                              new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long),
                              logit_rows=None if logit_rows is None else torch.tensor(logit_rows, dtype=torch.long),
-                             state_slots=[r.seq.next_state_slot for r in rows] if hybrid else None,
-                             state_read_slots=[r.seq.state_slot for r in rows] if hybrid else None)
+                             state_slots=[r.seq.spare_state_slots[r.drafts] for r in rows] if hybrid else None,
+                             state_read_slots=[r.seq.state_slot for r in rows] if hybrid else None,
+                             state_token_slots=token_slots)
         states = [(r.seq.generator, r.seq.generator.get_state()) for r in rows if r.seq.generator is not None]
         return _Plan(rows, batch, states)
 
@@ -542,8 +557,10 @@ class Engine:
                     row.seq.draft_budget.record(row.drafts, accepted)
                     self.spec_drafted += row.drafts
                     self.spec_accepted += accepted
-                if self.states is not None:  # the step wrote the sequence's state to its other slot
-                    row.seq.state_slot, row.seq.next_state_slot = row.seq.next_state_slot, row.seq.state_slot
+                if self.states is not None:  # the states after its last kept token are in a spare slot
+                    seq, newest = row.seq, row.seq.spare_state_slots[kept - 1 if row.drafts else 0]
+                    seq.spare_state_slots = [s for s in seq.spare_state_slots if s != newest] + [seq.state_slot]
+                    seq.state_slot = newest
                 if row.prefill:
                     row.seq.prefilled += row.new
                 row.seq.input_logprobs.extend(row.input_logprobs)
@@ -705,8 +722,8 @@ class Engine:
         self._reserved -= seq.reserved
         seq.reserved = 0
         if seq.state_slot is not None:
-            self._free_states += [seq.next_state_slot, seq.state_slot]
-            seq.state_slot = seq.next_state_slot = None
+            self._free_states += [*reversed(seq.spare_state_slots), seq.state_slot]
+            seq.state_slot, seq.spare_state_slots = None, []
 
     # -- synchronous use (benchmarks, tests) -------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sequence]:

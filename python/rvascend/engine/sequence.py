@@ -85,10 +85,11 @@ class Sequence:
         self.prefilled = 0    # prompt tokens already in the KV pool (chunked prefill)
         self.cached_tokens = 0  # of which taken from the prefix cache
         self.cache_node = None  # the prefix-cache node this request pins (engine/prefix_cache.py)
-        # Hybrid models: the recurrent-state slot holding its state, and the one its next step
-        # writes (the two swap when a step commits; engine/engine.py).
+        # Hybrid models: the recurrent-state slot holding its state, and the slots its next step
+        # writes: one, or one per token it verifies (engine/engine.py; the slot holding the
+        # state after its last kept token becomes state_slot when the step commits).
         self.state_slot: Optional[int] = None
-        self.next_state_slot: Optional[int] = None
+        self.spare_state_slots: list[int] = []
         self.reservation = len(prompt_ids) + params.max_tokens  # KV tokens it may need
         self.reserved = 0     # of which the engine has reserved for it (from admission to release)
         self.generator: Optional[torch.Generator] = None

@@ -1,8 +1,8 @@
 """Speculative decoding with n-gram drafts: the output is exactly what decoding without
 drafts gives (greedy and seeded sampling, penalties, logprobs, stop strings, EOS and
 max_tokens inside an accepted run), in fewer steps where the text repeats; rejected
-drafts' slots go back; a failed step changes nothing; hybrid models and constrained
-requests do not draft."""
+drafts' slots go back; a failed step changes nothing; constrained requests do not
+draft. Hybrid models' verify steps: models/qwen3_5_test.py."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ class RecurrentIndex(NamedTuple):
     lengths: Optional[torch.Tensor]      # int64 [B] new tokens, or None when every sequence decodes one
     starting: list[int]                  # slots of the sequences with no tokens before these (zeroed first)
     read_slots: Optional[torch.Tensor]   # int64 [B]: where the states are read from; None: `slots`
+    token_slots: Optional[torch.Tensor]  # int64 [T]: -1, or a slot a token's states are also left in
 
 
 @dataclasses.dataclass
@@ -47,6 +48,9 @@ class ForwardBatch:
     # Hybrid models with two slots per sequence: the slot each sequence's state is read from (its
     # state_slot is written, this one left as it was). None: states are updated in place.
     state_read_slots: Optional[list[int]] = None
+    # Hybrid models' verify steps: per token (flat, [T]), -1 or a slot the states after that token
+    # are also left in (each sequence's last token: -1, its states go to its state_slot).
+    state_token_slots: Optional[list[int]] = None
     _flat: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
     _recurrent: Optional["RecurrentIndex"] = None
 
@@ -74,7 +78,8 @@ class ForwardBatch:
             self._recurrent = RecurrentIndex(
                 torch.tensor(self.state_slots, dtype=torch.int64),
                 None if decode else torch.tensor(self.new_lens, dtype=torch.int64),
-                [s for s, p in zip(self.state_slots, self.prefix_lens) if p == 0], read)
+                [s for s, p in zip(self.state_slots, self.prefix_lens) if p == 0], read,
+                None if self.state_token_slots is None else torch.tensor(self.state_token_slots, dtype=torch.int64))
         return self._recurrent
 
     def flat_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

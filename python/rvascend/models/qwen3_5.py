@@ -17,8 +17,6 @@ starting from the sequence's state when a chunked prefill continues.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -109,7 +107,7 @@ class GatedDeltaNet(nn.Module):
                 ssm_pool[slot].zero_()
             return self.out_proj(deltanet_decode(
                 mixed, z, b, a, conv_pool, weight, self.A_log, self.dt_bias, self.norm.weight, self.norm.eps,
-                ssm_pool, index.slots, self.nk, index.lengths, index.read_slots))
+                ssm_pool, index.slots, self.nk, index.lengths, index.read_slots, index.token_slots))
         if batch.state_read_slots is not None:
             # The torch form updates in place: the states move to the written slots first.
             for w, r, p in zip(batch.state_slots, batch.state_read_slots, batch.prefix_lens):
@@ -120,12 +118,16 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         conv_out = torch.empty_like(mixed)
         start = 0
-        decode_rows, decode_slots, prompts = [], [], []  # prompts: (rows, prefix, slot)
+        decode_rows, decode_slots, prompts = [], [], []  # prompts: (rows, prefix, slot, token slots)
         for n, prefix, slot in zip(batch.new_lens, batch.prefix_lens, batch.state_slots):
             x = mixed[start:start + n].transpose(0, 1)                     # [C, n]
             before = conv_pool[slot] if prefix > 0 else x.new_zeros(x.shape[0], self.kernel - 1)
             window = torch.cat((before.to(x.dtype), x), dim=1)             # [C, K - 1 + n]
             conv_pool[slot] = window[:, -(self.kernel - 1):]
+            kept = [] if batch.state_token_slots is None else \
+                [(j, s) for j, s in enumerate(batch.state_token_slots[start:start + n]) if s >= 0]
+            for j, s in kept:  # a verify step's drafted positions: the window after token j
+                conv_pool[s] = window[:, j + 1:j + self.kernel]
             # The depthwise conv as one product and sum over [C, n, K] windows: F.conv1d with
             # groups=C runs one small convolution per channel (on riscv64's scalar ATen about
             # 200M instructions per layer and token).
@@ -135,7 +137,7 @@ class GatedDeltaNet(nn.Module):
                 decode_rows.append(start)
                 decode_slots.append(slot)
             else:
-                prompts.append((slice(start, start + n), prefix, slot))
+                prompts.append((slice(start, start + n), prefix, slot, kept))
             start += n
         q, k, v = conv_out.float().split(self.qkv_split, dim=-1)
         q = _l2norm(q.reshape(t, self.nk, self.dk)) * self.dk ** -0.5
@@ -152,13 +154,19 @@ class GatedDeltaNet(nn.Module):
                 1.0, torch.ones(len(rows), dtype=torch.int64), torch.tensor(decode_slots, dtype=torch.int64),
                 g=g[rows].contiguous())
         group = self.nv // self.nk
-        for s, prefix, slot in prompts:
+        for rows, prefix, slot, kept in prompts:
             state = ssm_pool[slot].transpose(-1, -2) if prefix > 0 else torch.zeros(self.nv, self.dk, self.dv)
-            out, state = chunked_gated_delta_rule(
-                q[s].repeat_interleave(group, 1).transpose(0, 1), k[s].repeat_interleave(group, 1).transpose(0, 1),
-                v[s].transpose(0, 1), g[s].transpose(0, 1), beta[s].transpose(0, 1), state)
-            core[s] = out.transpose(0, 1)
-            ssm_pool[slot] = state.transpose(-1, -2)
+            # In pieces that end where a token's state is kept, the last piece ending the row.
+            ends = [(j + 1, s) for j, s in kept] + [(rows.stop - rows.start, slot)]
+            first = rows.start
+            for end, keep in ends:
+                s = slice(first, rows.start + end)
+                out, state = chunked_gated_delta_rule(
+                    q[s].repeat_interleave(group, 1).transpose(0, 1), k[s].repeat_interleave(group, 1).transpose(0, 1),
+                    v[s].transpose(0, 1), g[s].transpose(0, 1), beta[s].transpose(0, 1), state)
+                core[s] = out.transpose(0, 1)
+                ssm_pool[keep] = state.transpose(-1, -2)
+                first = s.stop
         core = self.norm(core.to(h.dtype), z.reshape(t, self.nv, self.dv))
         return self.out_proj(core.reshape(t, self.nv * self.dv))
 

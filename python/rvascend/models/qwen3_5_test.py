@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,9 +10,9 @@ import torch
 import transformers
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine import engine as engine_module
 from rvascend.engine.sequence import Status
 from rvascend.models import qwen3_5
-from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
 from rvascend.models.state_pool import RecurrentStatePool
 from rvascend.engine.testing import assert_fused_decode_matches_op_by_op
@@ -167,6 +168,130 @@ def test_the_one_call_step_reads_one_slot_and_writes_another(pair, lengths):
         assert torch.equal(new[[4, 0]], ref[[1, 3]])             # written where asked
         assert torch.equal(new[[1, 2, 3]], old[[1, 2, 3]])       # read slots and the rest untouched
         assert not torch.equal(new[[4, 0]], old[[4, 0]])
+
+
+def test_the_one_call_step_keeps_each_verified_tokens_states_in_its_token_slot(pair):
+    """A verify step (token_slots): the output equals the step without them, and token j's
+    slot holds the states a step over tokens 0..j alone leaves, conv window and delta rule."""
+    from rvascend.ops.gated_delta_rule import deltanet_decode
+
+    model = pair[1]
+    layer = model.model.layers[0].linear_attn
+    lengths = [3, 2]
+    g = torch.Generator().manual_seed(6)
+    pool = RecurrentStatePool(model.config, 9, torch.float32)
+    for x in (pool.conv[0], pool.ssm[0]):
+        x.copy_(torch.randn(x.shape, generator=g))
+    params = (layer.conv1d.weight[:, 0], layer.A_log, layer.dt_bias, layer.norm.weight, layer.norm.eps)
+
+    def run(pool, rows, slots, lens, reads, token_slots=None):
+        return deltanet_decode(mixed[rows], z[rows], b[rows], a[rows], pool.conv[0], *params, pool.ssm[0],
+                               torch.tensor(slots), layer.nk, torch.tensor(lens), torch.tensor(reads), token_slots)
+
+    with torch.no_grad():
+        mixed, z, b, a = layer.in_proj(torch.randn(5, 64, generator=g)).split(layer.split, dim=-1)
+        before = [pool.conv[0].clone(), pool.ssm[0].clone()]
+        plain = RecurrentStatePool(model.config, 9, torch.float32)
+        plain.conv[0].copy_(before[0]), plain.ssm[0].copy_(before[1])
+        want = run(plain, slice(0, 5), [2, 3], lengths, [0, 1])
+        got = run(pool, slice(0, 5), [2, 3], lengths, [0, 1], torch.tensor([4, 5, -1, 6, -1]))
+        assert torch.equal(got, want)
+        for tensor, ref in zip((pool.conv[0], pool.ssm[0]), (plain.conv[0], plain.ssm[0])):
+            assert torch.equal(tensor[[2, 3]], ref[[2, 3]])
+        # Token j's slot: the states after tokens 0..j of its sequence, computed alone.
+        for rows, read, slot in ((slice(0, 1), 0, 4), (slice(0, 2), 0, 5), (slice(3, 4), 1, 6)):
+            alone = RecurrentStatePool(model.config, 9, torch.float32)
+            alone.conv[0].copy_(before[0]), alone.ssm[0].copy_(before[1])
+            run(alone, rows, [8], [rows.stop - rows.start], [read])
+            assert torch.equal(pool.conv[0][slot], alone.conv[0][8]) and torch.equal(pool.ssm[0][slot], alone.ssm[0][8])
+        assert torch.equal(pool.conv[0][[0, 1]], before[0][[0, 1]]) and torch.equal(pool.ssm[0][[0, 1]], before[1][[0, 1]])
+        for token_slots, message in (([4, 5, 7, 6, -1], "is its sequence's last"),
+                                     ([4, 4, -1, 6, -1], "already another token's or sequence's slot"),
+                                     ([4, 2, -1, 6, -1], "already another token's or sequence's slot"),
+                                     ([4, 0, -1, 6, -1], "read slot 0 of sequence 0 is another"),
+                                     ([4, 9, -1, 6, -1], "outside the state pool of 9 slots")):
+            with pytest.raises(ValueError, match=message):
+                run(pool, slice(0, 5), [2, 3], lengths, [0, 1], torch.tensor(token_slots))
+        with pytest.raises(ValueError, match="token_slots"):
+            run(pool, slice(0, 5), [2, 3], lengths, [0, 1], torch.tensor([4, 5, -1, 6]))
+
+
+def _scripted_drafts(want: dict, monkeypatch) -> None:
+    """n-gram drafts replaced by the known answer with a position wrong in most steps, so
+    that steps take all of a draft, part of it, or none."""
+    from rvascend.engine.ngram_draft import NgramIndex
+
+    def propose(self, prompt, output, k):
+        answer = want[tuple(prompt)]
+        draft = list(answer[len(output):len(output) + k])
+        wrong = len(output) % (k + 2)
+        if wrong < len(draft):
+            draft[wrong] = (draft[wrong] + 1) % VOCAB
+        return draft
+
+    monkeypatch.setattr(NgramIndex, "propose", propose)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["one_call", "torch_form"])
+def test_speculative_verify_on_the_hybrid_model_equals_decoding(pair, native, monkeypatch):
+    """Drafts verified through the DeltaNet layers' per-token state slots: greedy and seeded
+    sampled outputs are decoding's token for token, drafts are taken (fewer steps), a
+    chunked prompt beside the verify rows is undisturbed, and every state slot goes back."""
+    _, ours, _ = pair
+    if not native:
+        monkeypatch.setattr(qwen3_5.GatedDeltaNet, "_one_native_call", lambda *args: False)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (7, 12, 30)]
+    for params in (SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+                   SamplingParams(max_tokens=16, temperature=0.9, top_k=1, seed=4, ignore_eos=True)):
+        config = EngineConfig(max_total_tokens=512, chunked_prefill_size=8)
+        runs = {}
+        for spec in (False, True):
+            engine = Engine(ours, None, dataclasses.replace(config, speculative_algorithm="NGRAM" if spec else None,
+                                                            speculative_num_draft_tokens=3))
+            seqs = [engine.add_request(p, params) for p in prompts]
+            steps = 0
+            while engine.has_work():
+                engine.step()
+                steps += 1
+            runs[spec] = [s.output_ids for s in seqs], steps
+            if not spec:
+                _scripted_drafts({tuple(p): s.output_ids for p, s in zip(prompts, seqs)}, monkeypatch)
+        assert engine.states.num_slots == 5 * config.max_running_requests  # 2 + K each
+        assert runs[True][0] == runs[False][0]
+        stats = engine.stats()
+        assert stats["spec_accepted_tokens"] > 0 and stats["spec_accepted_tokens"] < stats["spec_drafted_tokens"]
+        assert runs[True][1] < runs[False][1]
+        assert engine.states_free == config.max_running_requests and stats["kv_used_tokens"] == 0
+
+
+def test_a_failed_hybrid_verify_step_leaves_the_states_it_read(pair, monkeypatch):
+    _, ours, _ = pair
+    prompt = list(range(3, 14))
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    want = Engine(ours, None, EngineConfig(max_total_tokens=256)).generate([prompt], params)[0].output_ids
+    _scripted_drafts({tuple(prompt): want}, monkeypatch)
+    engine = Engine(ours, None, EngineConfig(max_total_tokens=256, speculative_algorithm="NGRAM",
+                                             speculative_num_draft_tokens=3))
+    seq = engine.add_request(prompt, params)
+    engine.step()  # the prompt
+    states = engine.states
+    before = [x[seq.state_slot].clone() for x in (*states.conv, *states.ssm)]
+    held = (seq.state_slot, list(seq.spare_state_slots))
+    plan = engine._prepare([(seq, 1 + len(engine._draft(seq)))])
+    assert plan.batch.state_token_slots is not None
+    monkeypatch.setattr(engine_module.sampler, "sample", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
+    monkeypatch.setattr(engine, "_greedy_tokens", lambda *a: (_ for _ in ()).throw(RuntimeError("x")))
+    with pytest.raises(RuntimeError):
+        engine._run(plan)
+    engine._abandon(plan)
+    assert (seq.state_slot, seq.spare_state_slots) == held
+    assert all(torch.equal(x[seq.state_slot], b) for x, b in zip((*states.conv, *states.ssm), before))
+    monkeypatch.undo()
+    _scripted_drafts({tuple(prompt): want}, monkeypatch)
+    while engine.has_work():
+        engine.step()
+    assert seq.output_ids == want
 
 
 def test_engine_greedy_equals_transformers_generate(pair):
@@ -345,8 +470,8 @@ def test_the_fused_step_refuses_a_bad_state_slot_before_anything_is_written(pair
             ([6, 4], [3, 2], "slot 6 of sequence 0 is outside the state pool of 6 slots"),
             ([5, 5], [3, 2], "slot 5 is used by two sequences"),
             ([5, 4], [3, 7], "read slot 7 of sequence 1 is outside the state pool of 6 slots"),
-            ([5, 4], [3, 5], "read slot 5 of sequence 1 is another sequence's slot or read slot"),
-            ([5, 4], [3, 3], "read slot 3 of sequence 1 is another sequence's slot or read slot")):
+            ([5, 4], [3, 5], "read slot 5 of sequence 1 is another sequence's slot, read slot or token slot"),
+            ([5, 4], [3, 3], "read slot 3 of sequence 1 is another sequence's slot, read slot or token slot")):
         runner.next_state_slots, runner.state_slots = written, read
         pool = runner.pool
         tensors = [*pool.k, *pool.v, *pool.states.conv, *pool.states.ssm]

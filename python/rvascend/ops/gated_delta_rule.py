@@ -234,7 +234,8 @@ def deltanet_decode(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: to
                     conv_state: torch.Tensor, conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
                     norm_weight: torch.Tensor, norm_eps: float, ssm_state: torch.Tensor, slots: torch.Tensor,
                     num_key_heads: int, lengths: Optional[torch.Tensor] = None,
-                    read_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    read_slots: Optional[torch.Tensor] = None,
+                    token_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A Gated DeltaNet layer's step from its in_proj output to its out_proj input in one native
     call (the conv, SiLU, q/k L2 norms, beta and decay, the delta rule, the gated RMSNorm;
     cpu/deltanet_decode.h): one token per sequence (decode), or with `lengths` (int64 [B])
@@ -244,7 +245,10 @@ def deltanet_decode(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: to
     columns contiguous. conv_state [S, C, K - 1] and ssm_state [S, NV, Dv, Dk] (FP32) are updated in
     place at `slots` (int64, one per sequence), or with `read_slots` (int64 [B]) read from those and
     written to `slots`, the read slots left as they were (double-buffered states: a failed step is
-    dropped without an undo copy). Returns [T, NV Dv] in mixed's dtype."""
+    dropped without an undo copy). With `token_slots` (int64 [T]: -1, or a slot per token; -1 for
+    each sequence's last token) a token's states after it are also left in its token slot: a
+    speculative verify step keeps every drafted position's states so that the next step reads the
+    last accepted one's. Returns [T, NV Dv] in mixed's dtype."""
     dtype = mixed.dtype
     if dtype not in _ELEM:
         raise TypeError(f"mixed must be bfloat16, float16 or float32, got {dtype}")
@@ -284,6 +288,9 @@ def deltanet_decode(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: to
     if read_slots is not None and (read_slots.dtype != torch.int64 or read_slots.shape != (B,)
                                    or not read_slots.is_contiguous()):
         raise _shape_error("read_slots", read_slots, f"contiguous int64 [{B}] (one per sequence)")
+    if token_slots is not None and (token_slots.dtype != torch.int64 or token_slots.shape != (T,)
+                                    or not token_slots.is_contiguous()):
+        raise _shape_error("token_slots", token_slots, f"contiguous int64 [{T}] (one per token, -1 for none)")
     out = torch.empty((T, NV * Dv), dtype=dtype)
     if T:
         _rgdr.deltanet_decode({
@@ -296,6 +303,7 @@ def deltanet_decode(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: to
             "conv_state": conv_state.data_ptr(), "conv_weight": conv_weight.data_ptr(),
             "a_log": a_log.data_ptr(), "dt_bias": dt_bias.data_ptr(), "ssm_state": ssm_state.data_ptr(),
             "slots": slots.data_ptr(), "read_slots": read_slots.data_ptr() if read_slots is not None else 0,
+            "token_slots": token_slots.data_ptr() if token_slots is not None else 0,
             "out": out.data_ptr()}, torch.get_num_threads())
     return out
 

@@ -165,6 +165,7 @@ PYBIND11_MODULE(_rgdr, m) {
     a.ssm_state = static_cast<float*>(const_cast<void*>(Ptr(d, "ssm_state")));
     a.slots = static_cast<const int64_t*>(Ptr(d, "slots"));
     a.read_slots = static_cast<const int64_t*>(Ptr(d, "read_slots"));  // 0: in place
+    a.token_slots = static_cast<const int64_t*>(Ptr(d, "token_slots"));  // 0: none
     a.out = const_cast<void*>(Ptr(d, "out"));
     if (!a.mixed || !a.b || !a.a || !a.z || !a.norm_weight || !a.conv_state || !a.conv_weight || !a.a_log || !a.dt_bias || !a.ssm_state ||
         !a.slots || !a.out) {

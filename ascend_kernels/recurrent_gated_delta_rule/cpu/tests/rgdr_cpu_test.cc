@@ -181,6 +181,65 @@ void Run(const Case& c, Elem e, const std::string& rows, std::mt19937& rng) {
   EXPECT(touched == 0, "%s %s %s: %zu elements of unwritten slots changed", c.name, en, rows.c_str(), touched);
 }
 
+
+// Token-count invariance: the state after token j of a run of n tokens, and the
+// outputs up to it, are bit for bit those of a run of the first j + 1 tokens alone.
+// A speculative verify step keeps the state after each drafted token and the next
+// step goes on from the last accepted one; decoding would have run them one by one.
+void RunPrefixes(const Case& c, Elem e, const std::string& rows, std::mt19937& rng) {
+  const uint32_t n = static_cast<uint32_t>(c.lens[0]);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const size_t qn = static_cast<size_t>(n) * c.nk * c.dk, vn = static_cast<size_t>(n) * c.nv * c.dv;
+  const size_t row = static_cast<size_t>(c.nv) * c.dv * c.dk, sn = (n + 1) * row;
+  Tensor q(e, qn), k(e, qn), v(e, vn), beta(e, static_cast<size_t>(n) * c.nv), init(e, sn);
+  for (size_t i = 0; i < qn; ++i) q.Set(i, normal(rng) * 0.3);
+  for (size_t i = 0; i < qn; ++i) k.Set(i, normal(rng) * 0.3);
+  for (size_t i = 0; i < vn; ++i) v.Set(i, normal(rng));
+  for (size_t i = 0; i < static_cast<size_t>(n) * c.nv; ++i) beta.Set(i, unit(rng));
+  for (size_t i = 0; i < sn; ++i) init.Set(i, normal(rng) * 0.2);
+  std::vector<float> g(static_cast<size_t>(n) * c.nv), gk(static_cast<size_t>(n) * c.nv * (c.gk_per_dim ? c.dk : 1));
+  for (auto& x : g) x = static_cast<float>(-unit(rng));
+  for (auto& x : gk) x = static_cast<float>(-0.5 * unit(rng));
+  std::vector<int32_t> idx(n), len(1);
+  for (uint32_t i = 0; i < n; ++i) idx[i] = static_cast<int32_t>(i);
+  auto run = [&](uint32_t tokens, Tensor& state, Tensor& out) {
+    RgdrArgs a;
+    a.elem = e;
+    a.t = tokens, a.b = 1, a.nk = c.nk, a.nv = c.nv, a.dk = c.dk, a.dv = c.dv, a.num_slots = n + 1;
+    a.query = q.data(), a.key = k.data(), a.value = v.data(), a.beta = beta.data();
+    a.g = c.g ? g.data() : nullptr;
+    a.gk = c.gk ? gk.data() : nullptr;
+    a.gk_per_dim = c.gk_per_dim;
+    a.state = state.data();
+    len[0] = static_cast<int32_t>(tokens);
+    a.seq_lens = len.data();
+    a.indices = idx.data();
+    a.out = out.data();
+    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dk)));
+    RecurrentGatedDeltaRuleCpu(a, 2, rows);
+  };
+  Tensor whole = init, whole_out(e, vn);
+  run(n, whole, whole_out);
+  const char* en = e == Elem::kFloat32 ? "f32" : e == Elem::kFloat16 ? "f16" : "bf16";
+  const size_t es = e == Elem::kFloat32 ? 4 : 2;
+  const auto bytes = [&](const Tensor& x, size_t at) {
+    return static_cast<const char*>(e == Elem::kFloat32 ? static_cast<const void*>(x.f.data())
+                                                        : static_cast<const void*>(x.h.data())) + at * es;
+  };
+  for (uint32_t j = 0; j + 1 < n; ++j) {
+    Tensor part = init, part_out(e, vn);
+    run(j + 1, part, part_out);
+    const size_t out_n = static_cast<size_t>(j + 1) * c.nv * c.dv;
+    EXPECT(std::memcmp(bytes(part, j * row), bytes(whole, j * row), row * es) == 0,
+           "%s %s %s: the state after token %u of %u differs from a run of %u tokens", c.name, en, rows.c_str(), j,
+           n, j + 1);
+    EXPECT(std::memcmp(bytes(part_out, 0), bytes(whole_out, 0), out_n * es) == 0,
+           "%s %s %s: outputs up to token %u of %u differ from a run of %u tokens", c.name, en, rows.c_str(), j, n,
+           j + 1);
+  }
+}
+
 }  // namespace
 }  // namespace rgdr
 
@@ -200,6 +259,14 @@ int main() {
       {"prompts of 20 and 11, last state only", 2, 4, 128, 32, {20, 11}, {}, true, false, false, 33, true},
       {"prompt of 13, per-dim gk, odd dims, last state only", 1, 2, 37, 9, {13, 1}, {}, true, true, true, 15, true},
   };
+  // One sequence of up to kMaxMtp tokens each: every row path (rows in registers at Dk 64
+  // and 128, in scratch otherwise, vector tails) and every decay form.
+  const std::vector<Case> prefix_cases = {
+      {"prefixes of 5, Dk 16, g", 2, 4, 16, 24, {5}, {}, true, false, false, 6},
+      {"prefixes of 4, odd dims, scalar gk", 1, 3, 37, 5, {4}, {}, true, true, false, 5},
+      {"prefixes of 8, Dk 64, per-dim gk", 2, 2, 64, 48, {8}, {}, true, true, true, 9},
+      {"prefixes of 5, Dk 128, g", 2, 4, 128, 33, {5}, {}, true, false, false, 6},
+  };
   std::mt19937 rng(7);
   std::printf("cpu: %s\n", rvascend::GetCpuFeatures().Describe().c_str());
   for (Elem e : {Elem::kBFloat16, Elem::kFloat16, Elem::kFloat32}) {
@@ -216,6 +283,7 @@ int main() {
     }
     for (const auto& r : rows) {
       for (const Case& c : cases) rgdr::Run(c, e, r, rng);
+      for (const Case& c : prefix_cases) rgdr::RunPrefixes(c, e, r, rng);
     }
   }
   return rvascend::testing::Summary();
