@@ -237,6 +237,8 @@ class FusedDecoder:
             return "kernels_off"
         if not self.layers:
             return "no_layers"
+        if batch.keep_hidden:  # a draft head reads every row's final hidden state
+            return "keep_hidden"
         if self.final_norm is None:
             return "final_norm"
         why = kernel_routes.bf16_cpu_inference(h)

@@ -55,6 +55,7 @@ from absl import logging
 from rvascend import ops
 from rvascend.engine import sampler
 from rvascend.engine.grammar import Grammar, GrammarBackend, GrammarError
+from rvascend.engine import mtp_draft
 from rvascend.engine.ngram_draft import DraftBudget, NgramIndex
 from rvascend.tokenizer.detokenizer import IncrementalDetokenizer
 from rvascend.engine.prefix_cache import PrefixCache, common_prefix_len
@@ -86,7 +87,8 @@ class EngineConfig:
     chunked_prefill_size: Optional[int] = 512  # prompt tokens per prefill step; None or <= 0: whole prompts
     disable_radix_cache: bool = False  # True: no prefix cache, every prompt is prefilled whole
     # Speculative decoding (SGLang's flags): "NGRAM" drafts up to num_draft_tokens tokens per
-    # sequence from its own prompt and output (engine/ngram_draft.py); None: off.
+    # sequence from its own prompt and output (engine/ngram_draft.py), "NEXTN" with the
+    # model's MTP head (engine/mtp_draft.py; Qwen3.5 loaded with it); None: off.
     speculative_algorithm: Optional[str] = None
     speculative_num_draft_tokens: int = 4
     speculative_ngram_min_match_window_size: int = 2
@@ -108,6 +110,7 @@ class _Row:
     input_logprobs: list = dataclasses.field(default_factory=list)
     sampled: list[sampler.Sampled] = dataclasses.field(default_factory=list)  # one, or the accepted run
     error: Optional[str] = None
+    next_draft: Optional[list[int]] = None  # NEXTN: the MTP head's draft for its next step
 
 
 @dataclasses.dataclass
@@ -125,7 +128,9 @@ class Engine:
         self.context_length = min(config.context_length or model.config.max_position_embeddings,
                                   model.config.max_position_embeddings)
         dtype = next(model.parameters()).dtype
-        self.pool = KVPool(model.config, config.max_total_tokens, dtype)
+        mtp = getattr(model, "mtp", None)
+        self.pool = KVPool(model.config, config.max_total_tokens, dtype,
+                           extra_layers=len(mtp.layers) if mtp is not None else 0)
         self._free_slots = list(range(config.max_total_tokens - 1, -1, -1))
         self.states: Optional[RecurrentStatePool] = None
         self._free_states: list[int] = []
@@ -159,8 +164,12 @@ class Engine:
             self.eos_ids.add(tokenizer.eos_token_id)
         self.last_batch_rows = 0
         self._grammars: Optional[GrammarBackend] = None  # made at the first constrained request
-        if config.speculative_algorithm not in (None, "NGRAM"):
-            raise ValueError(f"--speculative-algorithm {config.speculative_algorithm!r} is not supported (NGRAM)")
+        if config.speculative_algorithm not in (None, "NGRAM", "NEXTN"):
+            raise ValueError(f"--speculative-algorithm {config.speculative_algorithm!r} is not supported "
+                             "(NGRAM, NEXTN)")
+        if config.speculative_algorithm == "NEXTN" and mtp is None:
+            raise ValueError(f"--speculative-algorithm NEXTN drafts with the checkpoint's MTP head, and this "
+                             f"{model.config.architecture} model was loaded without one (load_model(..., mtp=True))")
         if config.speculative_algorithm is not None and not 1 <= config.speculative_num_draft_tokens <= 16:
             raise ValueError("--speculative-num-draft-tokens must be 1 to 16")
         if not 1 <= config.speculative_ngram_min_match_window_size <= config.speculative_ngram_max_match_window_size:
@@ -293,8 +302,9 @@ class Engine:
         return len(work)
 
     def _draft(self, seq: Sequence) -> list[int]:
-        """The tokens `seq` drafts for this step (speculative decoding; engine/ngram_draft.py):
-        none when speculation is off, under a grammar, or where its drafts have been doing badly."""
+        """The tokens `seq` drafts for this step (speculative decoding; engine/ngram_draft.py,
+        engine/mtp_draft.py): none when speculation is off, under a grammar, or where its drafts
+        have been doing badly."""
         config = self.config
         seq.draft = []
         if config.speculative_algorithm is None or seq.matcher is not None:
@@ -307,7 +317,8 @@ class Engine:
         room = min(seq.params.max_tokens - len(seq.output_ids), self.context_length - seq.num_tokens) - 1
         k = min(seq.draft_budget.next_k(), room)
         if k > 0:
-            seq.draft = seq.ngram.propose(seq.prompt_ids, seq.output_ids, k)
+            seq.draft = seq.mtp_draft[:k] if config.speculative_algorithm == "NEXTN" else \
+                seq.ngram.propose(seq.prompt_ids, seq.output_ids, k)
         return seq.draft
 
     def _take_state_slots(self, seq: Sequence) -> None:
@@ -472,7 +483,8 @@ class Engine:
                              logit_rows=None if logit_rows is None else torch.tensor(logit_rows, dtype=torch.long),
                              state_slots=[r.seq.spare_state_slots[r.drafts] for r in rows] if hybrid else None,
                              state_read_slots=[r.seq.state_slot for r in rows] if hybrid else None,
-                             state_token_slots=token_slots)
+                             state_token_slots=token_slots,
+                             keep_hidden=self.config.speculative_algorithm == "NEXTN")
         states = [(r.seq.generator, r.seq.generator.get_state()) for r in rows if r.seq.generator is not None]
         return _Plan(rows, batch, states)
 
@@ -528,6 +540,48 @@ class Engine:
         for row in plan.rows:
             if row.input_rows:
                 row.input_logprobs = _prompt_logprobs(row, logits)
+        if self.config.speculative_algorithm == "NEXTN":
+            self._mtp_drafts(plan)
+
+    def _mtp_drafts(self, plan: _Plan) -> None:
+        """The MTP head's extend pass over this step's kept positions and its drafts for the
+        sequences' next steps (engine/mtp_draft.py), into the rows; nothing is committed."""
+        rows, mtp_rows, start = [], [], 0
+        for row in plan.rows:
+            seq, first = row.seq, start
+            start += row.new
+            if row.error is not None or seq.matcher is not None:
+                continue
+            if row.prefill:  # every prompt position; the last one's next token is the sample
+                end = seq.prefilled + row.new
+                after = seq.prompt_ids[seq.prefilled + 1:end + 1]
+                if end == len(seq.prompt_ids):
+                    if not row.sampled:
+                        continue
+                    after = after + [row.sampled[0].token]
+                mtp_rows.append(mtp_draft.MtpRow(seq, first, row.new, after, row.fresh, row.sample_row is not None))
+            else:  # the input token and the accepted drafts; the next tokens are what was drawn
+                kept = len(row.sampled)
+                mtp_rows.append(mtp_draft.MtpRow(seq, first, kept, [s.token for s in row.sampled], row.fresh[:kept],
+                                                 True))
+            rows.append(row)
+
+        def lend(n: int) -> list[int]:
+            with self._lock:
+                n = min(n, len(self._free_slots))
+                taken = self._free_slots[len(self._free_slots) - n:]
+                del self._free_slots[len(self._free_slots) - n:]
+            return taken
+
+        def give_back(slots: list[int]) -> None:
+            with self._lock:
+                self._free_slots.extend(slots)
+
+        with torch.inference_mode():
+            drafts = mtp_draft.draft(self.model, self.pool, plan.batch, mtp_rows,
+                                     self.config.speculative_num_draft_tokens, self.context_length, lend, give_back)
+        for row, d in zip(rows, drafts):
+            row.next_draft = d
 
     def _greedy_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> Optional[list[int]]:
         """Every row's argmax in one kernel call when all rows are plain greedy and routed, else None."""
@@ -557,6 +611,8 @@ class Engine:
                     row.seq.draft_budget.record(row.drafts, accepted)
                     self.spec_drafted += row.drafts
                     self.spec_accepted += accepted
+                if row.next_draft is not None:
+                    row.seq.mtp_draft = row.next_draft
                 if self.states is not None:  # the states after its last kept token are in a spare slot
                     seq, newest = row.seq, row.seq.spare_state_slots[kept - 1 if row.drafts else 0]
                     seq.spare_state_slots = [s for s in seq.spare_state_slots if s != newest] + [seq.state_slot]

@@ -58,6 +58,8 @@ class ModelConfig:
     # The checkpoint is an image-text model's (TEXT_OF_MULTIMODAL); its text model is served,
     # its weights named under model.language_model.
     multimodal_source: Optional[str] = None
+    # Qwen3.5's multi-token-prediction layers (mtp_num_hidden_layers; models/qwen3_5_mtp.py).
+    mtp_layers: int = 0
 
     @property
     def kv_layers(self) -> int:
@@ -193,4 +195,8 @@ def _hybrid_fields(arch: str, raw: dict[str, Any], rope: dict[str, Any]) -> dict
     if rotary != int(rotary) or int(rotary) % 2:
         raise ValueError(f"partial_rotary_factor {factor} of head_dim {head_dim} gives {rotary} rotary dims, not an "
                          "even whole number")
-    return {"layer_types": tuple(types), "linear_attention": linear, "partial_rotary_factor": factor}
+    mtp = int(raw.get("mtp_num_hidden_layers", 0))
+    if not 0 <= mtp <= 16:
+        raise ValueError(f"mtp_num_hidden_layers = {mtp} is not in [0, 16]")
+    return {"layer_types": tuple(types), "linear_attention": linear, "partial_rotary_factor": factor,
+            "mtp_layers": mtp}

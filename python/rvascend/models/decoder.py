@@ -51,6 +51,9 @@ class ForwardBatch:
     # Hybrid models' verify steps: per token (flat, [T]), -1 or a slot the states after that token
     # are also left in (each sequence's last token: -1, its states go to its state_slot).
     state_token_slots: Optional[list[int]] = None
+    # The final norm's output of every row is left in `hidden` (a draft model's input).
+    keep_hidden: bool = False
+    hidden: Optional[torch.Tensor] = None
     _flat: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
     _recurrent: Optional["RecurrentIndex"] = None
 
@@ -97,10 +100,11 @@ class ForwardBatch:
 class KVPool:
     """Fixed per-token K/V storage: [layers][slots, kv_heads, head_dim], allocated once."""
 
-    def __init__(self, config: ModelConfig, num_slots: int, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, num_slots: int, dtype: torch.dtype, extra_layers: int = 0) -> None:
+        """extra_layers: a draft head's attention layers, after the model's own."""
         shape = (num_slots, config.num_key_value_heads, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(config.kv_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(config.kv_layers)]
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(config.kv_layers + extra_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(config.kv_layers + extra_layers)]
         self.num_slots = num_slots
         self.states = None  # a hybrid model's recurrent states (models/state_pool.py), set by the engine
 
@@ -278,6 +282,8 @@ class CausalLM(nn.Module):
             for layer in self.model.layers:
                 h, residual = layer(h, residual, cos, sin, batch, pool)
             h, _ = self.model.norm.add_forward(h, residual)
+        if batch.keep_hidden:
+            batch.hidden = h
         if rows is not None:
             if rows.numel() == 0:  # a chunk of prompts that samples nothing yet
                 return h.new_zeros(0, self.config.vocab_size)

@@ -50,13 +50,16 @@ def _safetensors(model_path: str, skip: tuple[str, ...] = ()) -> Iterator[tuple[
                     yield name, f.get_tensor(name)
 
 
-def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16, keep_quantized: bool = False) -> CausalLM:
+def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16, keep_quantized: bool = False,
+               mtp: bool = False) -> CausalLM:
     """The model of a checkpoint directory or GGUF file, in `dtype`, in eval mode. With
     `keep_quantized`, a GGUF file's projections and embedding in Q8_0, Q4_0, Q4_1, Q4_K
-    or Q6_K stay quantized (models/quantized_load.py); everything else is `dtype`."""
+    or Q6_K stay quantized (models/quantized_load.py); everything else is `dtype`. With
+    `mtp`, a Qwen3.5 checkpoint's multi-token-prediction head is loaded too (model.mtp,
+    the NEXTN draft model); without, its tensors are never read."""
     gguf_file = gguf_checkpoint.GgufCheckpoint(model_path) if gguf_checkpoint.is_gguf(model_path) else None
     try:
-        model = _load(model_path, gguf_file, dtype, keep_quantized)
+        model = _load(model_path, gguf_file, dtype, keep_quantized, mtp)
     except BaseException:
         if gguf_file is not None:
             gguf_file.close(after_error=True)  # never hides the error with mmap's BufferError
@@ -66,11 +69,17 @@ def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16, keep_quanti
     return model
 
 
-def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool) -> CausalLM:
+def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool, mtp: bool) -> CausalLM:
     config = ModelConfig.from_dict(gguf_file.config) if gguf_file else ModelConfig.from_dir(model_path)
     cls = model_class_for(config.architecture)
+    if mtp and gguf_file is not None:
+        raise ValueError("an MTP head is loaded from safetensors checkpoints only, not from a GGUF file")
     with torch.device("meta"), _no_weight_init():
         model = cls(config)
+        if mtp:
+            from rvascend.models import qwen3_5_mtp  # only then: it imports the Qwen3.5 model
+
+            qwen3_5_mtp.add_mtp_head(model)
     consumed, loaders = frozenset(), []
     if gguf_file is not None and keep_quantized:
         consumed, loaders = quantized_load.install_quantized_modules(model, gguf_file, dtype)
@@ -82,9 +91,9 @@ def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool) 
     if gguf_file:
         tensors = gguf_file.tensors(dtype, skip=consumed, view=True)
     elif config.multimodal_source:
-        tensors = _text_model_tensors(model_path, config)
+        tensors = _text_model_tensors(model_path, config, mtp)
     else:
-        tensors = _safetensors(model_path)
+        tensors = _safetensors(model_path, skip=() if mtp else _MTP)
     for name, tensor in tensors:
         _load_tensor(model, params, name, tensor, loaded, release)
     expected = {n for n in params if not _is_quantized_bias(model, n)} | set(loaded)
@@ -112,15 +121,16 @@ def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool) 
 
 
 _TEXT_PREFIX = "model.language_model."
-_NOT_TEXT = ("model.visual.", "mtp.")  # the vision tower, the multi-token-prediction head
+_VISION = ("model.visual.",)
+_MTP = ("mtp.",)  # the multi-token-prediction head, read only when asked for
 
 
-def _text_model_tensors(model_path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """An image-text checkpoint's text model tensors under the text model's names; the
-    vision tower's and the MTP head's are never read."""
-    logging.info("%s checkpoint: serving its text model (%s); the vision tower and the MTP head are not loaded",
-                 config.multimodal_source, config.architecture)
-    for name, tensor in _safetensors(model_path, skip=_NOT_TEXT):
+def _text_model_tensors(model_path: str, config: ModelConfig, mtp: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """An image-text checkpoint's text model tensors under the text model's names (and with
+    `mtp`, the MTP head's); the vision tower's are never read."""
+    logging.info("%s checkpoint: serving its text model (%s); the vision tower is not loaded%s",
+                 config.multimodal_source, config.architecture, "" if mtp else ", nor the MTP head")
+    for name, tensor in _safetensors(model_path, skip=_VISION if mtp else _VISION + _MTP):
         yield ("model." + name[len(_TEXT_PREFIX):] if name.startswith(_TEXT_PREFIX) else name), tensor
 
 

@@ -268,3 +268,4 @@ class Qwen3_5CausalLM(CausalLM):
         self.rotary = RotaryEmbedding(config)
         self.lm_head = self.model.embed_tokens if config.tie_word_embeddings else \
             nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.mtp = None  # the MTP head, when loaded (models/qwen3_5_mtp.py add_mtp_head)

@@ -68,9 +68,10 @@ flags.DEFINE_bool("enable-deterministic-inference", False,
                   "Same request, same answer: a request's logits do not depend on what it is batched with, the "
                   "prefix cache or the prefill chunking (BF16; installs the kernels' policy with the invariant "
                   "shape gate).")
-flags.DEFINE_enum("speculative-algorithm", None, ["NGRAM"],
-                  "Speculative decoding: NGRAM drafts tokens from the request's own prompt and output and verifies "
-                  "them in one step (the output is exactly what decoding without drafts gives); default: off.")
+flags.DEFINE_enum("speculative-algorithm", None, ["NGRAM", "NEXTN"],
+                  "Speculative decoding: NGRAM drafts tokens from the request's own prompt and output, NEXTN with "
+                  "a Qwen3.5 checkpoint's MTP head; one step verifies them (the output is exactly what decoding "
+                  "without drafts gives); default: off.")
 flags.DEFINE_integer("speculative-num-draft-tokens", 4, "Draft tokens per sequence and step, at most.")
 flags.DEFINE_integer("speculative-ngram-min-match-window-size", 2, "Shortest n-gram an NGRAM draft matches.")
 flags.DEFINE_integer("speculative-ngram-max-match-window-size", 8, "Longest n-gram an NGRAM draft matches.")

@@ -46,7 +46,7 @@ class ServeOptions:
     chunked_prefill_size: Optional[int] = None  # None: default_chunked_prefill_size(); <= 0: whole prompts
     disable_radix_cache: bool = False
     enable_deterministic_inference: bool = False
-    speculative_algorithm: Optional[str] = None  # NGRAM
+    speculative_algorithm: Optional[str] = None  # NGRAM, NEXTN (Qwen3.5's MTP head)
     speculative_num_draft_tokens: int = 4
     speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 8
@@ -101,7 +101,8 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     logging.info("model: %s (%s)", name, path)
     # With the RVV policy, a GGUF file's quantized projections stay quantized (Q8_0, Q4_0,
     # Q4_1, Q4_K, Q6_K); without it the stock path serves them dequantized.
-    model = load_model(path, _DTYPES[opts.dtype], keep_quantized=kernels)
+    model = load_model(path, _DTYPES[opts.dtype], keep_quantized=kernels,
+                       mtp=opts.speculative_algorithm == "NEXTN")
     tokenizer = Tokenizer(path)
     if tokenizer.chat_template is not None:
         try:
@@ -146,10 +147,6 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         speculative_num_draft_tokens=opts.speculative_num_draft_tokens,
         speculative_ngram_min_match_window_size=opts.speculative_ngram_min_match_window_size,
         speculative_ngram_max_match_window_size=opts.speculative_ngram_max_match_window_size))
-    if opts.speculative_algorithm is not None and engine.states is not None:
-        logging.warning("--speculative-algorithm %s: %s has linear-attention layers, whose recurrent state this "
-                        "engine advances one token a step; it decodes without drafts", opts.speculative_algorithm,
-                        name)
     allocator.keep_step_buffers()  # the weights are in place
     if policy is not None and policy.regional is not None:
         _compile_before_serving(engine, policy)

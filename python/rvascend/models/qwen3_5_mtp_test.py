@@ -1,0 +1,190 @@
+"""Qwen3.5's MTP head: loaded from a checkpoint's mtp.* tensors, its logits against a
+reference built from transformers' Qwen3.5 layers, and NEXTN drafting in the engine (the
+output is decoding's; the verify steps go through the delta-rule op's multi-token path)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+import safetensors.torch
+import torch
+import transformers
+from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_qwen3_5
+
+from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.decoder import ForwardBatch, KVPool
+from rvascend.models.loader import load_model
+from rvascend.models.testing import tiny_qwen3_5_config
+
+VOCAB = 256
+FULL = 2  # the tiny config's full-attention layer: the MTP layer has its shapes
+
+
+def _mtp_tensors(hf, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """mtp.* tensors as a checkpoint names them: one full-attention layer, the two pre-fc
+    norms, fc and the head's final norm."""
+    h = hf.config.hidden_size
+
+    def rand(*shape, scale=0.2):
+        return torch.randn(*shape, generator=generator) * scale
+
+    out = {f"mtp.layers.0.{name}": rand(*p.shape, scale=0.5 if p.dim() == 1 else 0.2)
+           for name, p in hf.model.layers[FULL].named_parameters()}
+    out.update({"mtp.pre_fc_norm_embedding.weight": rand(h, scale=0.5), "mtp.pre_fc_norm_hidden.weight": rand(h, scale=0.5),
+                "mtp.fc.weight": rand(h, 2 * h), "mtp.norm.weight": rand(h, scale=0.5)})
+    return out
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+def checkpoint(request, tmp_path_factory):
+    """(transformers' model, the MTP tensors, a checkpoint directory holding both), FP32."""
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5ForCausalLM(tiny_qwen3_5_config(VOCAB, tie=request.param)).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.2))
+    path = str(tmp_path_factory.mktemp("qwen3_5_mtp"))
+    hf.save_pretrained(path)
+    mtp = _mtp_tensors(hf, torch.Generator().manual_seed(1))
+    safetensors.torch.save_file(mtp, os.path.join(path, "mtp.safetensors"))
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config["mtp_num_hidden_layers"] = 1
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return hf, mtp, path
+
+
+def _reference_mtp_logits(hf, mtp: dict[str, torch.Tensor], tokens: list[int]) -> torch.Tensor:
+    """Position i's MTP logits (for the token at i + 2) over tokens[:-1], from transformers'
+    own layers: the target's final hidden states, its RMSNorm, decoder layer, rotary
+    embedding and lm_head, and the checkpoint's MTP tensors."""
+    config = hf.config
+    layer = hf_qwen3_5.Qwen3_5DecoderLayer(config, FULL).eval()
+    layer.load_state_dict({k[len("mtp.layers.0."):]: v for k, v in mtp.items() if k.startswith("mtp.layers.0.")})
+    norms = {}
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        norms[name] = hf_qwen3_5.Qwen3_5RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        norms[name].weight.data.copy_(mtp[f"mtp.{name}.weight"])
+    with torch.no_grad():
+        ids = torch.tensor([tokens])
+        hidden = hf.model(ids[:, :-1]).last_hidden_state                   # positions 0 .. n - 2
+        embedded = hf.model.embed_tokens(ids[:, 1:])                        # the token after each
+        x = torch.cat((norms["pre_fc_norm_embedding"](embedded), norms["pre_fc_norm_hidden"](hidden)), -1)
+        x = x @ mtp["mtp.fc.weight"].T
+        positions = torch.arange(len(tokens) - 1)[None]
+        out = layer(x, position_embeddings=hf.model.rotary_emb(x, positions), attention_mask=None,
+                    position_ids=positions)
+        out = out[0] if isinstance(out, tuple) else out
+        return hf.lm_head(norms["norm"](out))[0]
+
+
+def test_the_mtp_head_matches_a_reference_from_transformers_layers(checkpoint):
+    hf, mtp, path = checkpoint
+    model = load_model(path, torch.float32, mtp=True)
+    tokens = torch.randint(0, VOCAB, (13,), generator=torch.Generator().manual_seed(5)).tolist()
+    want = _reference_mtp_logits(hf, mtp, tokens)
+    n = len(tokens) - 1
+    pool = KVPool(model.config, 64, torch.float32, extra_layers=1)
+    slots = torch.arange(n)
+    with torch.no_grad():
+        hidden = hf.model(torch.tensor([tokens[:-1]])).last_hidden_state[0]
+        batch = ForwardBatch(torch.tensor(tokens[1:]), torch.arange(n), [n], [0], [slots], slots)
+        h = model.mtp(model.model.embed_tokens(batch.input_ids), hidden, model.rotary, batch, pool)
+        got = model.lm_head(h) if isinstance(model.lm_head, torch.nn.Linear) else h @ model.lm_head.weight.T
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_head_is_loaded_only_when_asked_and_refused_where_absent(checkpoint, tmp_path):
+    _, _, path = checkpoint
+    assert load_model(path, torch.float32).mtp is None  # its tensors are not read
+    model = load_model(path, torch.float32, mtp=True)
+    assert model.mtp is not None and model.mtp.fc.weight.shape == (64, 128)
+    with pytest.raises(ValueError, match="loaded without one"):
+        Engine(load_model(path, torch.float32), None, EngineConfig(speculative_algorithm="NEXTN"))
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config["mtp_num_hidden_layers"] = 0
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in os.listdir(path):
+        if name != "config.json" and name != "mtp.safetensors":
+            os.symlink(os.path.join(path, name), bare / name)
+    (bare / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="has no MTP layer"):
+        load_model(str(bare), torch.float32, mtp=True)
+    with pytest.raises(ValueError, match="for Qwen3.5 checkpoints, not LlamaForCausalLM"):
+        load_model(ensure_random_model(), torch.float32, mtp=True)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_nextn_output_is_decodings(checkpoint, k):
+    """Greedy and seeded sampling, beside a chunked prompt: token for token what decoding
+    gives; the head drafts every decode step; every K/V and state slot goes back."""
+    _, _, path = checkpoint
+    model = load_model(path, torch.float32, mtp=True)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (7, 12, 30)]
+    config = EngineConfig(max_total_tokens=512, chunked_prefill_size=8)
+    for params in (SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+                   SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=4, ignore_eos=True)):
+        outputs = {}
+        for algorithm in (None, "NEXTN"):
+            engine = Engine(model, None, dataclasses.replace(config, speculative_algorithm=algorithm,
+                                                            speculative_num_draft_tokens=k))
+            outputs[algorithm] = [s.output_ids for s in engine.generate(prompts, params)]
+            assert engine.stats()["kv_used_tokens"] == 0
+            assert engine.states_free == config.max_running_requests
+        assert outputs["NEXTN"] == outputs[None]
+        assert engine.stats()["spec_drafted_tokens"] > 0
+
+
+def test_nextn_drafts_are_the_heads_over_the_whole_text_with_drafts_accepted(checkpoint, monkeypatch):
+    """Every first draft the engine's head makes (its K/V built step by step: prompt chunks,
+    verify steps with drafts accepted, lent slots for the further drafts) is the argmax a
+    reference over the whole text gives at that position. The drafts the steps verify are
+    replaced by the known answer with a position wrong in most steps, so that runs of them
+    are accepted; the output stays decoding's."""
+    from rvascend.engine import mtp_draft
+
+    hf, mtp, path = checkpoint
+    model = load_model(path, torch.float32, mtp=True)
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (9, 21)]
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    config = EngineConfig(max_total_tokens=512, chunked_prefill_size=8, speculative_num_draft_tokens=3)
+    want = {tuple(s.prompt_ids): s.output_ids for s in Engine(model, None, config).generate(prompts, params)}
+    made = []  # (prompt, hidden position, first draft)
+    real = mtp_draft.draft
+
+    def scripted(model_, pool, target, rows, k, *args):
+        drafts = real(model_, pool, target, rows, k, *args)
+        for row, d in zip(rows, drafts):
+            if d is None:
+                continue
+            seq = row.seq
+            made.append((tuple(seq.prompt_ids), int(target.positions[row.start + row.kept - 1]), d[0]))
+            known = len(seq.output_ids) + (1 if seq.prefilled < len(seq.prompt_ids) else row.kept)
+            answer = list(want[tuple(seq.prompt_ids)][known:known + len(d)])
+            if known % (len(d) + 2) < len(answer):
+                answer[known % (len(d) + 2)] = (answer[known % (len(d) + 2)] + 1) % VOCAB
+            d[:] = answer or d
+        return drafts
+
+    monkeypatch.setattr(mtp_draft, "draft", scripted)
+    engine = Engine(model, None, dataclasses.replace(config, speculative_algorithm="NEXTN"))
+    seqs = engine.generate(prompts, params)
+    assert [s.output_ids for s in seqs] == [want[tuple(p)] for p in prompts]
+    stats = engine.stats()
+    assert stats["spec_accepted_tokens"] > 0
+    for seq in seqs:
+        text = seq.prompt_ids + seq.output_ids
+        ref = _reference_mtp_logits(hf, mtp, text)
+        mine = [(p, d) for prompt, p, d in made if prompt == tuple(seq.prompt_ids) and p < len(text) - 1]
+        assert len(mine) >= 5
+        for p, d in mine:
+            assert ref[p].max() - ref[p][d] <= 1e-4, (p, d, int(ref[p].argmax()))
