@@ -145,9 +145,11 @@ def tokens_per_second(regions: list[Region], sequences: int, threads: int, ipc: 
 
 
 def unavoidable_bytes(region: str, config: dict, context: int, layers: int, kv_reads: float = 1.0,
-                      bytes_per_weight: float = 2.0, sequences: int = 1) -> float:
+                      bytes_per_weight: float = 2.0, sequences: int = 1, tokens: int = 1, drafts: int = 0) -> float:
     """Weight bytes of a projection (BF16: 2 per weight; Q4_0: 18/32, Q8_0: 34/32), K/V bytes
-    attention reads, or the Gated DeltaNet states read and written, for `layers` layers."""
+    attention reads, or the Gated DeltaNet states read and written, for `layers` layers. A
+    speculative verify step runs `tokens` per sequence (each keeps its own state); an MTP
+    head's `drafts` passes (mtp_draft) each stream its layer, its fc and the lm_head."""
     h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     heads, kv_heads, d = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     types = config.get("layer_types")
@@ -162,13 +164,18 @@ def unavoidable_bytes(region: str, config: dict, context: int, layers: int, kv_r
         dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
         weights["in_proj"] = (h * (2 * nk * dk + 2 * nv * dv + 2 * nv), linear)
         weights["out_proj"] = (nv * dv * h, linear)
-        if region == "deltanet":  # the FP32 state, read and written once per token
-            return 2.0 * 4 * nv * dv * dk * linear * sequences
+        if region == "deltanet":  # the FP32 state, read once and written once per token
+            return (1.0 + tokens) * 4 * nv * dv * dk * linear * sequences
     if region in weights:
         per_layer, count = weights[region]
         return bytes_per_weight * per_layer * count
     if region == "lm_head":
         return bytes_per_weight * vocab * h
+    if region == "mtp_draft":  # one full-attention layer, fc [h, 2h] and the lm_head, per draft pass
+        layer = sum(per_layer for name, (per_layer, _) in weights.items() if name in (
+            "qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+        kv = 2.0 * 2 * context * kv_heads * d
+        return drafts * (bytes_per_weight * (layer + 2 * h * h + vocab * h) + kv)
     if region == "attention":
         return 2.0 * 2 * context * kv_heads * d * full * kv_reads
     return 0.0

@@ -79,6 +79,11 @@ def _define_flags() -> None:
                       "Who writes the q4_0 / q8_0 files: this project's exporter (every matrix in that type) or "
                       "llama.cpp's quantizer with its default recipe (bench/llama_cpp_peer.prepare_models: the "
                       "files llama.cpp is counted on by bench/llama_cpp_riscv64.py, for a same-file comparison).")
+    flags.DEFINE_list("verify_drafts", [], "Speculative verify steps to count: K draft tokens per sequence "
+                      "(kinds verifyK, and nextnK where the shape has an MTP head: its draft pass included), at "
+                      "every context and row count, in the policy's modes; empty: none.")
+    flags.DEFINE_float("acceptance_length", 1.97, "Tokens a verify step yields per sequence for the net-speed "
+                       "column (default: Qwen3.5-0.8B's MTP head at one draft token, vLLM #39680).")
     flags.DEFINE_integer("target_layers", None, "Layers to extrapolate to (default: the shape's own, Qwen3-0.6B 28).")
     flags.DEFINE_string("output", "bench_results/riscv64_step.jsonl", "jsonl file to append to.")
     flags.DEFINE_string("plot", "bench_results/riscv64_step.png", "PNG plot (empty: none).")
@@ -276,6 +281,14 @@ def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int, measured:
             "marker_overhead": ext(one["marker_overhead"], two["marker_overhead"])}
 
 
+def draft_tokens(kind: str) -> int:
+    """Draft tokens each sequence verifies in a step of this kind ("verifyK", "nextnK")."""
+    for prefix in ("verify", "nextn"):
+        if kind.startswith(prefix):
+            return int(kind[len(prefix):])
+    return 0
+
+
 def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: int, layers: int,
             threads: int, bytes_per_weight: float = 2.0, ipc: float | None = None,
             prefill: bool = False, board: k1_model.Board = k1_model.ASSUMED) -> float:
@@ -284,9 +297,11 @@ def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: in
     marked = sum(n for n, _ in step["regions"].values())
     scale = step["total"] / marked if marked else 1.0
     kinds = step.get("region_kinds", {})
+    drafts = draft_tokens(step.get("kind", "decode"))
     regions = [k1_model.Region(name, n * scale, v * scale,
                                k1_model.unavoidable_bytes(name, config, context * rows, layers,
-                                                          bytes_per_weight=bytes_per_weight, sequences=rows),
+                                                          bytes_per_weight=bytes_per_weight, sequences=rows,
+                                                          tokens=1 + drafts, drafts=drafts),
                                {k: c * scale for k, c in kinds[name].items()} if kinds.get(name) else None)
                for name, (n, v) in step["regions"].items()]
     return k1_model.tokens_per_second(regions, rows * context if prefill else rows, threads, ipc, board)
@@ -296,12 +311,33 @@ def project_record(record: dict[str, Any], threads: int, board: k1_model.Board) 
     """project() of a stored record (its regions with their vector counts, its shape and bytes)."""
     from rvascend.engine import random_checkpoint
 
-    step = {"total": record["instructions"],
+    step = {"total": record["instructions"], "kind": record["kind"],
             "regions": {k: (n, record["region_vectors"][k]) for k, n in record["regions"].items()},
             "region_kinds": record.get("region_kinds", {})}
     config = random_checkpoint.SHAPES[record["shape"]]
     return project(step, config, record["context"], record["rows"], record["layers"], threads,
                    record["weight_bytes_per_weight"], prefill=record["kind"] == "prefill", board=board)
+
+
+def speculative_summary(records: list[dict[str, Any]], acceptance_length: float) -> list[dict[str, Any]]:
+    """Each verify / NEXTN step beside the decode step of its mode, context and rows: its
+    instructions and its calibrated K1 time as multiples of the decode step's, and the net
+    decode speed-up when a step yields `acceptance_length` tokens per sequence."""
+    decode = {(r["vlen"], r["mode"], r["context"], r["rows"]): r for r in records if r["kind"] == "decode"}
+    out = []
+    for r in records:
+        base = decode.get((r["vlen"], r["mode"], r["context"], r["rows"]))
+        if base is None or not draft_tokens(r["kind"]):
+            continue
+        row = {k: r[k] for k in ("vlen", "mode", "kind", "context", "rows")}
+        row["insns_per_sequence_vs_decode"] = r["instructions"] / base["instructions"]
+        for t in (4, 8):
+            # Projections are tokens per second at one token per sequence a step: time ratios.
+            ratio = base[f"k1_calibrated_tok_s_{t}_threads"] / r[f"k1_calibrated_tok_s_{t}_threads"]
+            row[f"k1_time_vs_decode_{t}t"] = ratio
+            row[f"net_at_acceptance_{t}t"] = acceptance_length / ratio
+        out.append(row)
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -324,6 +360,12 @@ def main(argv: list[str]) -> int:
     full_prefills = [(int(p), 1, "prefill") for p in FLAGS.prefill_lens if p]
     prefills = {"full": full_prefills, "q4_0": full_prefills, "q8_0": full_prefills,
                 "stock": [(int(p), 1, "prefill") for p in FLAGS.stock_prefill_lens if p]}
+    spec_kinds = [f"verify{k}" for k in FLAGS.verify_drafts]
+    if random_checkpoint.SHAPES[FLAGS.shape].get("mtp_num_hidden_layers"):
+        spec_kinds += [f"nextn{k}" for k in FLAGS.verify_drafts]
+    for mode in ("full", "q4_0", "q8_0"):
+        prefills[mode] = [(int(c), int(m), kind) for c in FLAGS.contexts for m in FLAGS.rows
+                          for kind in spec_kinds] + prefills[mode]
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         stage = os.path.join(tmp, "stage")
@@ -364,6 +406,7 @@ def main(argv: list[str]) -> int:
                     step = extrapolate(runs[0], runs[1], target_layers, (layers[0], layers[1])) \
                         if len(runs) == 2 else runs[0]
                     target = target_layers if len(runs) == 2 else layers[0]
+                    step["kind"] = kind
                     linear = sum(step["regions"].get(p, (0, 0))[0] for p in LINEARS)
                     bpw = bytes_per_weight.get(mode, 2.0)
                     marked = sum(n for n, _ in step["regions"].values())
@@ -398,6 +441,14 @@ def main(argv: list[str]) -> int:
                           ("k1_tok_s_8_threads_ipc_0.5", "8T, IPC 0.5", ".2f"),
                           ("k1_calibrated_tok_s_4_threads", "calibrated 4T", ".2f"),
                           ("k1_calibrated_tok_s_8_threads", "calibrated 8T", ".2f")])
+    if spec_kinds:
+        print_table(speculative_summary(records, FLAGS.acceptance_length),
+                    [("vlen", "VLEN", "d"), ("mode", "mode", "s"), ("kind", "step", "s"), ("context", "ctx", "d"),
+                     ("rows", "M", "d"), ("insns_per_sequence_vs_decode", "insns / decode", ".3f"),
+                     ("k1_time_vs_decode_4t", "K1 time / decode 4T", ".3f"),
+                     ("k1_time_vs_decode_8t", "8T", ".3f"),
+                     ("net_at_acceptance_4t", f"net x at {FLAGS.acceptance_length} 4T", ".2f"),
+                     ("net_at_acceptance_8t", "8T", ".2f")])
     for r in records:
         top = sorted(r["regions"].items(), key=lambda kv: -kv[1])[:8]
         print(f"VLEN {r['vlen']} {r['mode']:6s} {r['kind']:7s} ctx {r['context']:4d} M {r['rows']}: " +

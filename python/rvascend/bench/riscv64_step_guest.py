@@ -4,7 +4,9 @@ Builds the project's own model and engine on a checkpoint, sets up M running
 sequences at context C without a prefill (their KV pool slots are filled with
 random values: counts do not depend on them), and runs decode steps between
 calls of the extension's count marker, which the TCG plugin turns into
-intervals. For each configuration: a warm-up step, one step marked only at
+intervals. A "verifyK" step is a decode step whose sequences each verify K draft
+tokens (speculative decoding); "nextnK" the same with the checkpoint's MTP head
+drafting for the next step inside it (region mtp_draft). For each configuration: a warm-up step, one step marked only at
 its ends (the total), and one step with a marker at every region boundary
 (the breakdown; its extra cost, the markers themselves, is total_marked -
 total). Prints one JSON line per measured step ("STEP {...}") and the guest's
@@ -22,7 +24,8 @@ import torch
 torch.set_num_threads(1)
 
 from rvascend import ops  # noqa: E402
-from rvascend.engine import Engine, EngineConfig, SamplingParams, sampler  # noqa: E402
+from rvascend.engine import Engine, EngineConfig, SamplingParams, mtp_draft, sampler  # noqa: E402
+from rvascend.engine.ngram_draft import DraftBudget  # noqa: E402
 from rvascend.engine.sequence import Sequence, Status  # noqa: E402
 from rvascend.models import decoder, layers  # noqa: E402
 from rvascend.models.loader import load_model  # noqa: E402
@@ -113,6 +116,7 @@ def instrument(model: torch.nn.Module, regions: Regions) -> None:
     layers.RMSNorm.add_forward = regions.wrap(layers.RMSNorm.add_forward, "rms_norm")
     sampler.sample = regions.wrap(sampler.sample, "sampling")
     Engine._greedy_tokens = regions.wrap(Engine._greedy_tokens, "sampling")
+    mtp_draft.draft = regions.wrap(mtp_draft.draft, "mtp_draft")
     instrument_fused_decoder(regions)
 
 
@@ -171,12 +175,14 @@ def prefill_ready(engine: Engine, prompt_len: int, rows: int, vocab: int) -> Non
         engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
 
 
-def rewind(engine: Engine, seqs: list[Sequence]) -> None:
-    """Undoes one decode step, so every measured step runs at the same context."""
+def rewind(engine: Engine, seqs: list[Sequence], context: int) -> None:
+    """Undoes one decode step (every token it emitted), so every measured step runs at the
+    same context."""
     for seq in seqs:
-        seq.output_ids.pop()
-        engine._free_slots.append(seq.slots.pop())
-        seq.token_times.pop()
+        while seq.num_tokens > context:
+            seq.output_ids.pop()
+            engine._free_slots.append(seq.slots.pop())
+            seq.token_times.pop()
         seq.finish_reason = None
         seq.status = Status.RUNNING
         if seq not in engine._running:
@@ -185,7 +191,8 @@ def rewind(engine: Engine, seqs: list[Sequence]) -> None:
 
 def main() -> int:
     args = json.loads(sys.argv[1])
-    model = load_model(args["checkpoint"], torch.bfloat16, keep_quantized=args.get("keep_quantized", False))
+    model = load_model(args["checkpoint"], torch.bfloat16, keep_quantized=args.get("keep_quantized", False),
+                       mtp=any(len(c) > 2 and c[2].startswith("nextn") for c in args["configs"]))
     mode = args["mode"]  # off | linear | op_by_op | full
     if mode != "off":
         install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", kernels=(mode in ("full", "op_by_op")),
@@ -198,9 +205,25 @@ def main() -> int:
     for config in args["configs"]:
         context, rows = config[0], config[1]
         kind = config[2] if len(config) > 2 else "decode"
-        engine = Engine(model, None, EngineConfig(max_running_requests=rows, max_total_tokens=rows * (context + 4),
-                                                  max_queued_requests=rows + 1, context_length=context + 4,
-                                                  disable_radix_cache=True, chunked_prefill_size=-1))
+        drafts = int(kind[len("verify"):]) if kind.startswith("verify") else \
+            int(kind[len("nextn"):]) if kind.startswith("nextn") else 0
+        algorithm = ("NEXTN" if kind.startswith("nextn") else "NGRAM") if drafts else None
+        engine = Engine(model, None, EngineConfig(max_running_requests=rows,
+                                                  max_total_tokens=rows * (context + 4 + 2 * drafts),
+                                                  max_queued_requests=rows + 1, context_length=context + 4 + drafts,
+                                                  disable_radix_cache=True, chunked_prefill_size=-1,
+                                                  speculative_algorithm=algorithm,
+                                                  speculative_num_draft_tokens=max(drafts, 1)))
+        if drafts:
+            # Drafts of random tokens: the target rejects them (the verify step's work does not
+            # depend on acceptance; the head's extend pass then covers one position).
+            fixed = torch.randint(0, vocab, (drafts,), generator=torch.Generator().manual_seed(1)).tolist()
+
+            def draft(seq, fixed=fixed):
+                seq.draft_budget = seq.draft_budget or DraftBudget(len(fixed))
+                seq.draft = list(fixed)
+                return seq.draft
+            engine._draft = draft
         with torch.no_grad():
             for k, v in zip(engine.pool.k, engine.pool.v):
                 k.normal_()
@@ -220,7 +243,7 @@ def main() -> int:
                 pass
 
             def undo():
-                rewind(engine, seqs)
+                rewind(engine, seqs, context)
         ready()
         engine.step()  # warm-up: first-call work, allocator growth
         undo()

@@ -36,7 +36,9 @@ def _hybrid_checkpoint(directory: str) -> str:
 @pytest.mark.parametrize("model", ["llama", "qwen3.5"])
 @pytest.mark.parametrize("mode", ["off", "op_by_op", "full"])
 def test_the_guest_marks_every_region_of_decode_and_prefill_steps(mode, model, tmp_path):
-    configs = [[16, 1, "decode"], [24, 2, "decode"], [12, 1, "prefill"]]
+    configs = [[16, 1, "decode"], [24, 2, "decode"], [12, 1, "prefill"], [16, 2, "verify2"]]
+    if model == "qwen3.5":
+        configs.append([16, 1, "nextn2"])  # the MTP head's draft pass inside the step
     checkpoint = ensure_random_model() if model == "llama" else _hybrid_checkpoint(str(tmp_path))
     args = json.dumps({"checkpoint": checkpoint, "mode": mode, "configs": configs})
     package = os.path.dirname(os.path.dirname(rvascend.__file__))
@@ -49,13 +51,14 @@ def test_the_guest_marks_every_region_of_decode_and_prefill_steps(mode, model, t
         regions = set(step["regions"])
         linears = set(LINEARS) if model == "qwen3.5" else set(LINEARS) - set(HYBRID_LINEARS)
         assert linears <= regions and {"attention", "rms_norm", "embedding", "sampling"} <= regions
+        assert ("mtp_draft" in regions) == step["kind"].startswith("nextn"), step["kind"]
         if model == "qwen3.5":
             assert "deltanet" in regions
             # Decode steps run the gated norm inside the layer's one native call (deltanet_decode),
             # and so do prefill steps where prompts take it (riscv64).
             from rvascend.models import qwen3_5
 
-            prefill_in_torch = step["kind"] == "prefill" and not qwen3_5.RECURRENT_PROMPTS
+            prefill_in_torch = step["kind"] != "decode" and not qwen3_5.RECURRENT_PROMPTS
             assert ("deltanet_norm" in regions) == prefill_in_torch, step["kind"]
         # Markers: the total's two (its interval is the one between them), then the breakdown's.
         assert step["marked_first_interval"] == step["total_interval"] + 2

@@ -51,7 +51,8 @@ SHAPES = {
         "vocab_size": 49152, "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192,
         "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 1},
     # Qwen3.5-0.8B's text model: 24 layers (every fourth full attention, so 6 keep K/V), hidden 1024,
-    # 8 heads / 2 KV heads of 256 with RoPE on a quarter of each, Gated DeltaNet 16 x 128 heads.
+    # 8 heads / 2 KV heads of 256 with RoPE on a quarter of each, Gated DeltaNet 16 x 128 heads, one
+    # MTP layer (mtp.*, read only by NEXTN).
     "qwen3.5-0.8b": {
         "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 1024,
         "intermediate_size": 3584, "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -61,7 +62,7 @@ SHAPES = {
         "vocab_size": 248320, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
                             "mrope_section": [11, 11, 10]},
-        "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 1},
+        "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 1, "mtp_num_hidden_layers": 1},
     "deepseek-r1-distill-qwen-1.5b": {
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960,
         "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128,

@@ -106,36 +106,43 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     def normal(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
 
-    hybrid = config.get("architectures", [""])[0] == "Qwen3_5ForCausalLM"
+    arch = config.get("architectures", [""])[0]
+    hybrid = arch == "Qwen3_5ForCausalLM"
     # Qwen3.5's norms scale by (1 + w): its identity is w = 0.
     unit = (torch.zeros if hybrid else torch.ones)(h, dtype=torch.bfloat16)
     tensors = {"model.embed_tokens.weight": normal(v, h), "model.norm.weight": unit.clone()}
-    for layer in range(config["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        tensors.update({
-            p + "mlp.gate_proj.weight": normal(i, h), p + "mlp.up_proj.weight": normal(i, h),
-            p + "mlp.down_proj.weight": normal(h, i),
-            p + "input_layernorm.weight": unit.clone(), p + "post_attention_layernorm.weight": unit.clone(),
-        })
-        if hybrid and config["layer_types"][layer] == "linear_attention":
-            tensors.update(_deltanet_weights(config, p + "linear_attn.", normal))
-            continue
-        tensors.update({
+
+    def layer_tensors(p: str, full_attention: bool) -> dict[str, torch.Tensor]:
+        out = {p + "mlp.gate_proj.weight": normal(i, h), p + "mlp.up_proj.weight": normal(i, h),
+               p + "mlp.down_proj.weight": normal(h, i),
+               p + "input_layernorm.weight": unit.clone(), p + "post_attention_layernorm.weight": unit.clone()}
+        if not full_attention:
+            return {**out, **_deltanet_weights(config, p + "linear_attn.", normal)}
+        out.update({
             p + "self_attn.q_proj.weight": normal(2 * q if hybrid else q, h),
             p + "self_attn.k_proj.weight": normal(kv, h),
             p + "self_attn.v_proj.weight": normal(kv, h), p + "self_attn.o_proj.weight": normal(h, q),
         })
         if hybrid:
-            tensors[p + "self_attn.q_norm.weight"] = torch.zeros(d, dtype=torch.bfloat16)
-            tensors[p + "self_attn.k_norm.weight"] = torch.zeros(d, dtype=torch.bfloat16)
-        if config.get("architectures", [""])[0] == "Qwen2ForCausalLM":
+            out[p + "self_attn.q_norm.weight"] = torch.zeros(d, dtype=torch.bfloat16)
+            out[p + "self_attn.k_norm.weight"] = torch.zeros(d, dtype=torch.bfloat16)
+        if arch == "Qwen2ForCausalLM":
             for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-                tensors[p + f"self_attn.{name}.bias"] = normal(rows)
-        if config.get("architectures", [""])[0] == "Qwen3ForCausalLM":
-            tensors[p + "self_attn.q_norm.weight"] = torch.ones(d, dtype=torch.bfloat16)
-            tensors[p + "self_attn.k_norm.weight"] = torch.ones(d, dtype=torch.bfloat16)
+                out[p + f"self_attn.{name}.bias"] = normal(rows)
+        if arch == "Qwen3ForCausalLM":
+            out[p + "self_attn.q_norm.weight"] = torch.ones(d, dtype=torch.bfloat16)
+            out[p + "self_attn.k_norm.weight"] = torch.ones(d, dtype=torch.bfloat16)
+        return out
+
+    for layer in range(config["num_hidden_layers"]):
+        tensors.update(layer_tensors(f"model.layers.{layer}.",
+                                     not hybrid or config["layer_types"][layer] == "full_attention"))
     if not config.get("tie_word_embeddings", False):
         tensors["lm_head.weight"] = normal(v, h)
+    if hybrid and config.get("mtp_num_hidden_layers"):  # the MTP head: one full-attention layer
+        tensors.update(layer_tensors("mtp.layers.0.", True))
+        tensors.update({"mtp.fc.weight": normal(h, 2 * h), "mtp.pre_fc_norm_embedding.weight": unit.clone(),
+                        "mtp.pre_fc_norm_hidden.weight": unit.clone(), "mtp.norm.weight": unit.clone()})
     return tensors
 
 
