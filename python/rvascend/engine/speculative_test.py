@@ -156,3 +156,69 @@ def test_constrained_requests_and_bad_flags(model):
         Engine(model, None, EngineConfig(speculative_algorithm="EAGLE"))
     with pytest.raises(ValueError, match="1 to 16"):
         Engine(model, None, EngineConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=0))
+
+
+def _chi_square_p_value_below(observed: list[int], expected: list[float]) -> float:
+    """Pearson's statistic over cells with at least 5 expected (the rest pooled), and the
+    normal deviate of its Wilson-Hilferty transform (large: the counts do not fit)."""
+    cells, pooled_o, pooled_e = [], 0, 0.0
+    for o, e in zip(observed, expected):
+        if e >= 5:
+            cells.append((o, e))
+        else:
+            pooled_o, pooled_e = pooled_o + o, pooled_e + e
+    if pooled_e > 0:
+        cells.append((pooled_o, pooled_e))
+    stat = sum((o - e) ** 2 / e for o, e in cells)
+    k = len(cells) - 1
+    return ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / (2 / (9 * k)) ** 0.5
+
+
+def test_sampling_with_drafts_keeps_the_models_distribution(tmp_path, monkeypatch):
+    """10,000 sampled answers of a 32-token model, every second token drafted: the second
+    token's distribution and the third's after an accepted draft are the model's own
+    (chi-square against the exact distributions, from the model's logits), with the
+    speculative step's acceptance doing the drawing."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    from rvascend.engine import random_checkpoint
+    from rvascend.engine.random_model import random_weights
+    from rvascend.models.testing import all_logits
+
+    vocab, temperature, n = 32, 0.5, 10_000
+    config = dict(random_checkpoint.SHAPES["smollm2-135m"], hidden_size=64, intermediate_size=96,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=vocab)
+    with open(os.path.join(tmp_path, "config.json"), "w") as f:
+        json.dump(config, f)
+    weights = {k: v * 40 if k.endswith("proj.weight") or "embed" in k else v for k, v in random_weights(config, 3).items()}
+    save_file(weights, os.path.join(tmp_path, "model.safetensors"))
+    small = load_model(str(tmp_path), torch.float32)
+    prompt = [1, 2, 3, 4, 5]
+
+    def probs(ids):
+        return torch.softmax(all_logits(small, torch.tensor(ids))[-1].double() / temperature, -1)
+
+    p1 = probs(prompt)
+    p2 = [probs(prompt + [a]) for a in range(vocab)]
+    second = sum(p1[a] * p2[a] for a in range(vocab))
+    draft = int(second.argmax())  # drafted after every first token: often accepted
+    # The third token where the draft was taken, with "draft rejected" as one more cell.
+    third = sum(p1[a] * p2[a][draft] * probs(prompt + [a, draft]) for a in range(vocab))
+    monkeypatch.setattr(NgramIndex, "propose", lambda self, p, output, k: [draft] if len(output) == 1 else [])
+    torch.manual_seed(11)
+    engine = Engine(small, None, EngineConfig(max_total_tokens=8192, max_running_requests=64, max_queued_requests=n + 1,
+                                              speculative_algorithm="NGRAM", speculative_num_draft_tokens=1))
+    seqs = engine.generate([prompt] * n, SamplingParams(max_tokens=3, temperature=temperature, ignore_eos=True))
+    assert engine.stats()["spec_drafted_tokens"] >= n * 0.9 and engine.stats()["spec_accepted_tokens"] > n * 0.1
+    seconds = torch.bincount(torch.tensor([s.output_ids[1] for s in seqs]), minlength=vocab).tolist()
+    assert _chi_square_p_value_below(seconds, (second * n).tolist()) < 3.29  # p > 0.0005
+    thirds = torch.bincount(torch.tensor([s.output_ids[2] for s in seqs if s.output_ids[1] == draft]),
+                            minlength=vocab).tolist()
+    rejected = sum(1 for s in seqs if s.output_ids[1] != draft)
+    expected = (third * n).tolist() + [float((1 - second[draft]) * n)]
+    assert _chi_square_p_value_below(thirds + [rejected], expected) < 3.29
+    # And the test can tell: the draft's own token counted as the answer would not fit.
+    assert _chi_square_p_value_below([n if t == draft else 0 for t in range(vocab)], (second * n).tolist()) > 10
