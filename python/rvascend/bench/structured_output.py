@@ -51,10 +51,10 @@ def decode_steps(engine: Engine, prompt: list[int], batch: int, grammar, steps: 
 def mask_seconds(engine: Engine, grammar: Grammar, batch: int, repeats: int = 20) -> float:
     """One step's masks for `batch` fresh matchers, computed as the engine computes them."""
     matchers = [engine.compile_grammar(grammar) for _ in range(batch)]
-    engine._grammars.masks_later(matchers).result()
+    engine._grammars.masks_later([(m, []) for m in matchers]).result()
     t0 = time.perf_counter()
     for _ in range(repeats):
-        engine._grammars.masks_later(matchers).result()
+        engine._grammars.masks_later([(m, []) for m in matchers]).result()
     return (time.perf_counter() - t0) / repeats
 
 

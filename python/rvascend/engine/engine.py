@@ -303,11 +303,12 @@ class Engine:
 
     def _draft(self, seq: Sequence) -> list[int]:
         """The tokens `seq` drafts for this step (speculative decoding; engine/ngram_draft.py,
-        engine/mtp_draft.py): none when speculation is off, under a grammar, or where its drafts
-        have been doing badly."""
+        engine/mtp_draft.py): none when speculation is off, before its grammar applies, or where
+        its drafts have been doing badly; under a grammar, only the draft's prefix the grammar
+        allows."""
         config = self.config
         seq.draft = []
-        if config.speculative_algorithm is None or seq.matcher is not None:
+        if config.speculative_algorithm is None or (seq.matcher is not None and not seq.grammar_active):
             return seq.draft
         if seq.ngram is None:
             seq.ngram = NgramIndex(config.speculative_ngram_min_match_window_size,
@@ -319,6 +320,8 @@ class Engine:
         if k > 0:
             seq.draft = seq.mtp_draft[:k] if config.speculative_algorithm == "NEXTN" else \
                 seq.ngram.propose(seq.prompt_ids, seq.output_ids, k)
+            if seq.matcher is not None and seq.draft:
+                seq.draft = seq.draft[:seq.matcher.validate_tokens(seq.draft)]
         return seq.draft
 
     def _take_state_slots(self, seq: Sequence) -> None:
@@ -502,7 +505,8 @@ class Engine:
         self.last_batch_rows = int(plan.batch.input_ids.shape[0])
         constrained = [r for r in plan.rows if r.sample_row is not None and r.seq.matcher is not None
                        and r.seq.grammar_active]
-        masks = self._grammars.masks_later([r.seq.matcher for r in constrained]) if constrained else None
+        masks = self._grammars.masks_later([(r.seq.matcher, r.seq.draft[:r.drafts]) for r in constrained]) \
+            if constrained else None
         with torch.inference_mode():
             logits = self.model(plan.batch, self.pool)
         allowed = dict(zip(map(id, constrained), masks.result())) if masks is not None else {}
@@ -527,9 +531,10 @@ class Engine:
                             raise sampler.SamplingError("the model produced NaN logits for this sequence")
                         drawn = sampler.Sampled(fast[first + i])
                     else:
+                        mask = allowed.get(id(row))
                         drawn = sampler.sample(logits[row.sample_row + i], seq.params, seq.generator,
                                                seq.prompt_ids, seq.output_ids + [t.token for t in row.sampled], eos,
-                                               allowed.get(id(row)))
+                                               None if mask is None else mask[i])
                     row.sampled.append(drawn)
                     if i == row.drafts or drawn.token != seq.draft[i]:
                         break
@@ -550,7 +555,7 @@ class Engine:
         for row in plan.rows:
             seq, first = row.seq, start
             start += row.new
-            if row.error is not None or seq.matcher is not None:
+            if row.error is not None:
                 continue
             if row.prefill:  # every prompt position; the last one's next token is the sample
                 end = seq.prefilled + row.new

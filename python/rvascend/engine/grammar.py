@@ -138,10 +138,34 @@ class GrammarBackend:
                 self._compiled.popitem(last=False)
         return matcher.deep_copy()
 
-    def masks_later(self, matchers: list) -> "concurrent.futures.Future[torch.Tensor]":
-        """The next-token masks of `matchers` (bool [len, vocab]: True where allowed), computed
-        on the backend's thread: the caller collects them after the model's forward."""
-        return self._thread.submit(self._masks, matchers)
+    def masks_later(self, rows: list[tuple[object, list[int]]]) -> "concurrent.futures.Future[list[torch.Tensor]]":
+        """Per (matcher, draft): its next-token masks at the draft's positions (bool
+        [1 + len(draft), vocab]: True where allowed; row i after the draft's first i tokens),
+        computed on the backend's thread while the model runs. The draft must be valid
+        (validate_tokens); the matchers are rolled back to where they were before the
+        future completes."""
+        return self._thread.submit(self._draft_masks, rows)
+
+    def _draft_masks(self, rows: list[tuple[object, list[int]]]) -> list[torch.Tensor]:
+        out = [torch.empty(1 + len(draft), self.vocab, dtype=torch.bool) for _, draft in rows]
+        consumed = [0] * len(rows)
+        try:
+            for i in range(1 + max(len(draft) for _, draft in rows)):
+                live = [j for j, (_, draft) in enumerate(rows) if i <= len(draft)]
+                masks = self._masks([rows[j][0] for j in live])
+                for mask, j in zip(masks, live):
+                    out[j][i] = mask
+                    matcher, draft = rows[j]
+                    if i < len(draft):
+                        if not matcher.consume_token(draft[i]):
+                            raise GrammarError(f"the draft token {draft[i]} is not in the grammar: "
+                                               f"{matcher.get_error()}")
+                        consumed[j] += 1
+        finally:
+            for (matcher, _), n in zip(rows, consumed):
+                if n:
+                    matcher.rollback(n)
+        return out
 
     def _masks(self, matchers: list) -> torch.Tensor:
         words = (self.vocab + 31) // 32

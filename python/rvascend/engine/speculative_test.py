@@ -1,20 +1,23 @@
 """Speculative decoding with n-gram drafts: the output is exactly what decoding without
 drafts gives (greedy and seeded sampling, penalties, logprobs, stop strings, EOS and
 max_tokens inside an accepted run), in fewer steps where the text repeats; rejected
-drafts' slots go back; a failed step changes nothing; constrained requests do not
-draft. Hybrid models' verify steps: models/qwen3_5_test.py."""
+drafts' slots go back; a failed step changes nothing; constrained requests draft within
+their grammar. Hybrid models' verify steps: models/qwen3_5_test.py."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 
-from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine import Engine, EngineConfig, Grammar, SamplingParams
 from rvascend.engine import engine as engine_module
 from rvascend.engine.ngram_draft import PAUSE_STEPS, DraftBudget, NgramIndex
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.tokenizer.tokenizer import Tokenizer
 
 REPEATING = [5, 6, 7, 8, 9, 10] * 6
 
@@ -144,14 +147,33 @@ def test_a_failed_verify_step_changes_nothing(model, monkeypatch):
     assert failures == 3 and seq.output_ids == want
 
 
-def test_constrained_requests_and_bad_flags(model):
-    engine = Engine(model, None, EngineConfig(max_total_tokens=1024, speculative_algorithm="NGRAM"))
-    engine.add_request(REPEATING, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-    seq = engine.add_request(REPEATING, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-    seq.matcher = object()  # as a constrained request: no drafts (the grammar masks one position a step)
-    while engine.has_work():
-        assert not seq.draft
-        engine.step()
+def test_constrained_requests_draft_within_their_grammar(model):
+    """Drafts under a grammar: cut to the prefix the grammar allows, each verified position
+    sampled under the mask after the drafts before it; the output is decoding's, greedy and
+    sampled. Before the grammar applies (after the reasoning), no drafts."""
+    tokenizer = Tokenizer(ensure_random_model())
+    grammar = Grammar("regex", "[ab]{6}(x[ab]{6}){4}")
+    prompt = tokenizer.encode("abababx")
+    outputs = {}
+    for spec in (False, True):
+        engine = Engine(model, tokenizer, EngineConfig(max_total_tokens=1024, speculative_ngram_min_match_window_size=1,
+                                                       speculative_algorithm="NGRAM" if spec else None))
+        seqs = [engine.add_request(prompt, SamplingParams(max_tokens=40, temperature=t, seed=3, grammar=grammar))
+                for t in (0.0, 0.9)]
+        while engine.has_work():
+            engine.step()
+        outputs[spec] = [s.output_ids for s in seqs]
+        for s in seqs:
+            assert re.fullmatch("[ab]{6}(x[ab]{6}){4}", tokenizer.decode(s.output_ids)), tokenizer.decode(s.output_ids)
+    assert outputs[True] == outputs[False]
+    assert engine.stats()["spec_accepted_tokens"] > 0
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0, grammar=grammar,
+                                                    grammar_after=(tokenizer.encode("x")[-1],)))
+    engine._admit()
+    assert not seq.grammar_active and engine._draft(seq) == []
+
+
+def test_bad_flags(model):
     with pytest.raises(ValueError, match="EAGLE"):
         Engine(model, None, EngineConfig(speculative_algorithm="EAGLE"))
     with pytest.raises(ValueError, match="1 to 16"):
