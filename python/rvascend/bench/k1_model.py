@@ -145,11 +145,13 @@ def tokens_per_second(regions: list[Region], sequences: int, threads: int, ipc: 
 
 
 def unavoidable_bytes(region: str, config: dict, context: int, layers: int, kv_reads: float = 1.0,
-                      bytes_per_weight: float = 2.0, sequences: int = 1, tokens: int = 1, drafts: int = 0) -> float:
+                      bytes_per_weight: float = 2.0, sequences: int = 1, tokens: int = 1, drafts: int = 0,
+                      draft_vocab: int = 0) -> float:
     """Weight bytes of a projection (BF16: 2 per weight; Q4_0: 18/32, Q8_0: 34/32), K/V bytes
     attention reads, or the Gated DeltaNet states read and written, for `layers` layers. A
     speculative verify step runs `tokens` per sequence (each keeps its own state); an MTP
-    head's `drafts` passes (mtp_draft) each stream its layer, its fc and the lm_head."""
+    head's `drafts` passes (mtp_draft) each stream its layer, its fc and the lm_head (its first
+    `draft_vocab` rows when drafts come from a draft vocabulary)."""
     h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     heads, kv_heads, d = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     types = config.get("layer_types")
@@ -175,7 +177,7 @@ def unavoidable_bytes(region: str, config: dict, context: int, layers: int, kv_r
         layer = sum(per_layer for name, (per_layer, _) in weights.items() if name in (
             "qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
         kv = 2.0 * 2 * context * kv_heads * d
-        return drafts * (bytes_per_weight * (layer + 2 * h * h + vocab * h) + kv)
+        return drafts * (bytes_per_weight * (layer + 2 * h * h + (draft_vocab or vocab) * h) + kv)
     if region == "attention":
         return 2.0 * 2 * context * kv_heads * d * full * kv_reads
     return 0.0

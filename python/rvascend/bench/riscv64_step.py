@@ -82,6 +82,8 @@ def _define_flags() -> None:
     flags.DEFINE_list("verify_drafts", [], "Speculative verify steps to count: K draft tokens per sequence "
                       "(kinds verifyK, and nextnK where the shape has an MTP head: its draft pass included), at "
                       "every context and row count, in the policy's modes; empty: none.")
+    flags.DEFINE_integer("draft_vocab", 0, "nextnK steps: the MTP head drafts among the first N token ids only "
+                         "(kind nextnKhN; its lm_head part is N rows); 0: the whole vocabulary.")
     flags.DEFINE_float("acceptance_length", 1.97, "Tokens a verify step yields per sequence for the net-speed "
                        "column (default: Qwen3.5-0.8B's MTP head at one draft token, vLLM #39680).")
     flags.DEFINE_integer("target_layers", None, "Layers to extrapolate to (default: the shape's own, Qwen3-0.6B 28).")
@@ -285,8 +287,13 @@ def draft_tokens(kind: str) -> int:
     """Draft tokens each sequence verifies in a step of this kind ("verifyK", "nextnK")."""
     for prefix in ("verify", "nextn"):
         if kind.startswith(prefix):
-            return int(kind[len(prefix):])
+            return int(kind[len(prefix):].split("h")[0])
     return 0
+
+
+def draft_vocab(kind: str) -> int:
+    """The draft vocabulary of a "nextnKhN" step (N), else 0 (the whole vocabulary)."""
+    return int(kind.split("h")[1]) if kind.startswith("nextn") and "h" in kind else 0
 
 
 def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: int, layers: int,
@@ -301,7 +308,8 @@ def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: in
     regions = [k1_model.Region(name, n * scale, v * scale,
                                k1_model.unavoidable_bytes(name, config, context * rows, layers,
                                                           bytes_per_weight=bytes_per_weight, sequences=rows,
-                                                          tokens=1 + drafts, drafts=drafts),
+                                                          tokens=1 + drafts, drafts=drafts,
+                                                          draft_vocab=draft_vocab(step.get("kind", "decode"))),
                                {k: c * scale for k, c in kinds[name].items()} if kinds.get(name) else None)
                for name, (n, v) in step["regions"].items()]
     return k1_model.tokens_per_second(regions, rows * context if prefill else rows, threads, ipc, board)
@@ -362,7 +370,8 @@ def main(argv: list[str]) -> int:
                 "stock": [(int(p), 1, "prefill") for p in FLAGS.stock_prefill_lens if p]}
     spec_kinds = [f"verify{k}" for k in FLAGS.verify_drafts]
     if random_checkpoint.SHAPES[FLAGS.shape].get("mtp_num_hidden_layers"):
-        spec_kinds += [f"nextn{k}" for k in FLAGS.verify_drafts]
+        spec_kinds += [f"nextn{k}" + (f"h{FLAGS.draft_vocab}" if FLAGS.draft_vocab else "")
+                       for k in FLAGS.verify_drafts]
     for mode in ("full", "q4_0", "q8_0"):
         prefills[mode] = [(int(c), int(m), kind) for c in FLAGS.contexts for m in FLAGS.rows
                           for kind in spec_kinds] + prefills[mode]

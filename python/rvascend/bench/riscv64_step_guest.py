@@ -6,7 +6,8 @@ random values: counts do not depend on them), and runs decode steps between
 calls of the extension's count marker, which the TCG plugin turns into
 intervals. A "verifyK" step is a decode step whose sequences each verify K draft
 tokens (speculative decoding); "nextnK" the same with the checkpoint's MTP head
-drafting for the next step inside it (region mtp_draft). For each configuration: a warm-up step, one step marked only at
+drafting for the next step inside it (region mtp_draft), "nextnKhN" with the head
+drafting among the first N token ids only (a draft vocabulary). For each configuration: a warm-up step, one step marked only at
 its ends (the total), and one step with a marker at every region boundary
 (the breakdown; its extra cost, the markers themselves, is total_marked -
 total). Prints one JSON line per measured step ("STEP {...}") and the guest's
@@ -28,6 +29,7 @@ from rvascend.engine import Engine, EngineConfig, SamplingParams, mtp_draft, sam
 from rvascend.engine.ngram_draft import DraftBudget  # noqa: E402
 from rvascend.engine.sequence import Sequence, Status  # noqa: E402
 from rvascend.models import decoder, layers  # noqa: E402
+from rvascend.models import qwen3_5_mtp  # noqa: E402
 from rvascend.models.loader import load_model  # noqa: E402
 from rvascend.ops.packed_linear import _native  # noqa: E402
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy  # noqa: E402
@@ -191,8 +193,14 @@ def rewind(engine: Engine, seqs: list[Sequence], context: int) -> None:
 
 def main() -> int:
     args = json.loads(sys.argv[1])
+    kinds = [c[2] for c in args["configs"] if len(c) > 2]
     model = load_model(args["checkpoint"], torch.bfloat16, keep_quantized=args.get("keep_quantized", False),
-                       mtp=any(len(c) > 2 and c[2].startswith("nextn") for c in args["configs"]))
+                       mtp=any(k.startswith("nextn") for k in kinds))
+    hot = {int(k.split("h")[1]) for k in kinds if k.startswith("nextn") and "h" in k}
+    if len(hot) > 1:
+        raise ValueError(f"one draft vocabulary per run, got {sorted(hot)}")
+    if hot:  # before the policy, which packs the subset's projection
+        qwen3_5_mtp.restrict_draft_vocab(model, list(range(hot.pop())))
     mode = args["mode"]  # off | linear | op_by_op | full
     if mode != "off":
         install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", kernels=(mode in ("full", "op_by_op")),
@@ -206,7 +214,7 @@ def main() -> int:
         context, rows = config[0], config[1]
         kind = config[2] if len(config) > 2 else "decode"
         drafts = int(kind[len("verify"):]) if kind.startswith("verify") else \
-            int(kind[len("nextn"):]) if kind.startswith("nextn") else 0
+            int(kind[len("nextn"):].split("h")[0]) if kind.startswith("nextn") else 0
         algorithm = ("NEXTN" if kind.startswith("nextn") else "NGRAM") if drafts else None
         engine = Engine(model, None, EngineConfig(max_running_requests=rows,
                                                   max_total_tokens=rows * (context + 4 + 2 * drafts),

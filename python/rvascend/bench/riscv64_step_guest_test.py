@@ -38,7 +38,7 @@ def _hybrid_checkpoint(directory: str) -> str:
 def test_the_guest_marks_every_region_of_decode_and_prefill_steps(mode, model, tmp_path):
     configs = [[16, 1, "decode"], [24, 2, "decode"], [12, 1, "prefill"], [16, 2, "verify2"]]
     if model == "qwen3.5":
-        configs.append([16, 1, "nextn2"])  # the MTP head's draft pass inside the step
+        configs += [[16, 1, "nextn2"], [16, 1, "nextn1h100"]]  # the MTP head's draft pass inside the step
     checkpoint = ensure_random_model() if model == "llama" else _hybrid_checkpoint(str(tmp_path))
     args = json.dumps({"checkpoint": checkpoint, "mode": mode, "configs": configs})
     package = os.path.dirname(os.path.dirname(rvascend.__file__))

@@ -88,4 +88,8 @@ def draft(model, pool: KVPool, target: ForwardBatch, rows: Seq[MtpRow], k: int, 
 
 
 def _argmax(model, h: torch.Tensor) -> list[int]:
-    return projection_linear(model.lm_head, h).argmax(-1).tolist()
+    """The draft tokens: the lm_head's argmax, over the draft vocabulary when there is one."""
+    head = model.mtp.draft_head
+    if head is None:
+        return projection_linear(model.lm_head, h).argmax(-1).tolist()
+    return model.mtp.draft_ids[projection_linear(head, h).argmax(-1)].tolist()

@@ -9,10 +9,16 @@ slot (the pool's layer after the target's), and the head's own final norm. The t
 lm_head turns the result into logits for the token at i + 2; the head's output at a drafted
 position goes back in as the hidden state of the next draft.
 
-It shares the target's embedding and lm_head (the checkpoint stores neither again).
+It shares the target's embedding and lm_head (the checkpoint stores neither again). With a
+draft vocabulary (restrict_draft_vocab: a frequency-ranked subset, SGLang's
+--speculative-token-map) its drafts come from those rows of the lm_head only: over Qwen3.5's
+248k-entry vocabulary the full head is most of a draft's cost, and the verify step keeps the
+full one, so the output does not change; only how many drafts are taken.
 """
 
 from __future__ import annotations
+
+import json
 
 import torch
 from torch import nn
@@ -22,6 +28,41 @@ from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
 from rvascend.models.layers import RotaryEmbedding
 from rvascend.models.qwen3_5 import HybridDecoderLayer, Qwen3_5CausalLM, ZeroCenteredRMSNorm
 from rvascend.dispatch.route import projection_linear
+
+
+def restrict_draft_vocab(model: CausalLM, token_ids: list[int]) -> None:
+    """Makes the MTP head draft among `token_ids` only: their lm_head rows, copied into a
+    projection of their own (call it before installing the kernels' policy, which packs it).
+    The copy is taken now: weights loaded later leave it as it was (drafts, not outputs)."""
+    if model.mtp is None:
+        raise ValueError("a draft vocabulary restricts the MTP head: the model was loaded without one")
+    vocab = model.config.vocab_size
+    if not token_ids or len(set(token_ids)) != len(token_ids):
+        raise ValueError(f"the draft vocabulary must be distinct token ids, got {len(token_ids)} with "
+                         f"{len(token_ids) - len(set(token_ids))} repeated")
+    bad = [t for t in token_ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"draft vocabulary token {bad[0]} is outside the model's vocabulary of {vocab}")
+    ids = torch.tensor(token_ids, dtype=torch.long)
+    weight = model.lm_head.weight
+    head = nn.Linear(weight.shape[1], len(token_ids), bias=False, dtype=weight.dtype)
+    with torch.no_grad():
+        head.weight.copy_(weight[ids])
+    model.mtp.draft_head = head
+    model.mtp.register_buffer("draft_ids", ids, persistent=False)
+
+
+def read_token_map(path: str) -> list[int]:
+    """A draft vocabulary file: token ids as a JSON list or whitespace-separated text."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read(64 << 20)
+    try:
+        ids = json.loads(text) if text.lstrip().startswith("[") else [int(x) for x in text.split()]
+    except ValueError as e:
+        raise ValueError(f"{path}: not a JSON list or whitespace-separated token ids ({e})") from None
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ValueError(f"{path}: the token map must list integer token ids")
+    return ids
 
 
 def add_mtp_head(model: CausalLM) -> None:
@@ -44,6 +85,8 @@ class MultiTokenPredictor(nn.Module):
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
         self.layers = nn.ModuleList([HybridDecoderLayer(config, "full_attention", kv_layer)])
         self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.draft_head: nn.Linear | None = None  # restrict_draft_vocab
+        self.register_buffer("draft_ids", None, persistent=False)
 
     def forward(self, embedded: torch.Tensor, hidden: torch.Tensor, rotary: RotaryEmbedding, batch: ForwardBatch,
                 pool: KVPool) -> torch.Tensor:

@@ -15,6 +15,7 @@ import transformers
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_qwen3_5
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.dispatch.route import ROUTE_ATTR
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
@@ -188,3 +189,44 @@ def test_nextn_drafts_are_the_heads_over_the_whole_text_with_drafts_accepted(che
         assert len(mine) >= 5
         for p, d in mine:
             assert ref[p].max() - ref[p][d] <= 1e-4, (p, d, int(ref[p].argmax()))
+
+
+def test_a_draft_vocabulary_drafts_among_its_tokens_and_leaves_the_output(checkpoint, tmp_path):
+    """restrict_draft_vocab: each draft is the argmax of the full head's logits over the
+    subset (bit for bit: the same rows), the policy packs the subset's projection, and the
+    output is decoding's. Bad token maps are refused by name."""
+    from rvascend.engine import mtp_draft
+    from rvascend.models import qwen3_5_mtp
+    from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+
+    _, _, path = checkpoint
+    model = load_model(path, torch.bfloat16, mtp=True)
+    hot = list(range(0, VOCAB, 3))
+    token_map = tmp_path / "hot.json"
+    token_map.write_text(json.dumps(hot))
+    qwen3_5_mtp.restrict_draft_vocab(model, qwen3_5_mtp.read_token_map(str(token_map)))
+    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    assert ROUTE_ATTR in model.mtp.draft_head.__dict__  # routed to the packed kernels like any projection
+    h = torch.randn(5, model.config.hidden_size, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        full = torch.nn.functional.linear(h, model.lm_head.weight)[:, hot].float()
+        drafts = mtp_draft._argmax(model, h)
+    assert all(t in hot for t in drafts)
+    assert drafts == [hot[i] for i in full.argmax(-1).tolist()]
+    prompts = [[5, 6, 7, 8, 9, 10, 11]]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outputs = []
+    for algorithm in (None, "NEXTN"):
+        engine = Engine(model, None, EngineConfig(max_total_tokens=256, speculative_algorithm=algorithm))
+        outputs.append(engine.generate(prompts, params)[0].output_ids)
+    assert outputs[0] == outputs[1] and engine.stats()["spec_drafted_tokens"] > 0
+    for ids, message in (([3, 3], "repeated"), ([VOCAB], f"outside the model's vocabulary of {VOCAB}"),
+                         ([], "distinct token ids")):
+        with pytest.raises(ValueError, match=message):
+            qwen3_5_mtp.restrict_draft_vocab(model, ids)
+    token_map.write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="not a JSON list"):
+        qwen3_5_mtp.read_token_map(str(token_map))
+    token_map.write_text('[1, 2.5]')
+    with pytest.raises(ValueError, match="integer token ids"):
+        qwen3_5_mtp.read_token_map(str(token_map))

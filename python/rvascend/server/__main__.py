@@ -73,6 +73,10 @@ flags.DEFINE_enum("speculative-algorithm", None, ["NGRAM", "NEXTN"],
                   "a Qwen3.5 checkpoint's MTP head; one step verifies them (the output is exactly what decoding "
                   "without drafts gives); default: off.")
 flags.DEFINE_integer("speculative-num-draft-tokens", 4, "Draft tokens per sequence and step, at most.")
+flags.DEFINE_string("speculative-token-map", None,
+                    "NEXTN: a file of token ids (JSON list or whitespace-separated), e.g. the most frequent ones; "
+                    "the MTP head drafts among them only (the verify step keeps the full vocabulary, so the output "
+                    "does not change).")
 flags.DEFINE_integer("speculative-ngram-min-match-window-size", 2, "Shortest n-gram an NGRAM draft matches.")
 flags.DEFINE_integer("speculative-ngram-max-match-window-size", 8, "Longest n-gram an NGRAM draft matches.")
 flags.DEFINE_float("watchdog-timeout", 300.0, "/health reports unhealthy when one engine step runs longer (s).")
@@ -101,6 +105,7 @@ def main(argv: list[str]) -> int:
         enable_deterministic_inference=FLAGS["enable-deterministic-inference"].value,
         speculative_algorithm=FLAGS["speculative-algorithm"].value,
         speculative_num_draft_tokens=FLAGS["speculative-num-draft-tokens"].value,
+        speculative_token_map=FLAGS["speculative-token-map"].value,
         speculative_ngram_min_match_window_size=FLAGS["speculative-ngram-min-match-window-size"].value,
         speculative_ngram_max_match_window_size=FLAGS["speculative-ngram-max-match-window-size"].value)
     try:

@@ -48,6 +48,7 @@ class ServeOptions:
     enable_deterministic_inference: bool = False
     speculative_algorithm: Optional[str] = None  # NGRAM, NEXTN (Qwen3.5's MTP head)
     speculative_num_draft_tokens: int = 4
+    speculative_token_map: Optional[str] = None  # NEXTN: a file of the token ids drafts come from
     speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 8
 
@@ -103,6 +104,12 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     # Q4_1, Q4_K, Q6_K); without it the stock path serves them dequantized.
     model = load_model(path, _DTYPES[opts.dtype], keep_quantized=kernels,
                        mtp=opts.speculative_algorithm == "NEXTN")
+    if opts.speculative_token_map:
+        if opts.speculative_algorithm != "NEXTN":
+            raise ValueError("--speculative-token-map restricts NEXTN's drafts: it needs --speculative-algorithm NEXTN")
+        from rvascend.models import qwen3_5_mtp
+
+        qwen3_5_mtp.restrict_draft_vocab(model, qwen3_5_mtp.read_token_map(opts.speculative_token_map))
     tokenizer = Tokenizer(path)
     if tokenizer.chat_template is not None:
         try:
