@@ -1,17 +1,28 @@
 """What n-gram speculative decoding gives (`./dev bench --parts=speculative`).
 
 One engine with --speculative-algorithm NGRAM and one without, on the same model,
-timed side by side, alternating --rounds times. Two tasks at batch 1 and --batch:
-`repeat`, a prompt the answer copies from (the tokens of a text, then the same text
-again: what an edit, a quote or a summary of the prompt does), greedy; and `free`,
-sampled generation at temperature 1 from a short prompt, where drafts rarely match
-(speculation must not cost it anything). Reported per task: output tokens per second
-with and without drafts, their ratio, the tokens accepted per verify step and the
-share of drafted tokens accepted. The outputs are checked to be identical.
+timed side by side, alternating --rounds times, at batch 1 and --batch. With a
+model that has a tokenizer (the default: SmolLM2-135M-Instruct, real weights) the
+tasks are chats about a passage of the GPL-3 text Debian ships: `quote` (repeat it),
+`edit` (repeat it with one word changed), `summarise`, greedy, and `chat`, a free
+question sampled at temperature 1. Without one (--model-path of a random-weight
+checkpoint) they are token patterns: `repeat` (the prompt's tokens again) and
+`free`. The outputs are checked to be identical with and without drafts.
+
+Reported per task: output tokens per second with and without drafts and their ratio
+(timed on this host), the acceptance-length distribution (per verify step, how many
+drafted tokens were accepted), and with --k1_counts (riscv64_step records of this
+model's shape with verify kinds, e.g. `--shape=smollm2-135m --verify_drafts=1,2,3,4`)
+the K1 projection: each step of the run priced at the counted cost of a step with its
+draft count (the calibrated board model, 4 and 8 threads), tokens over the summed time,
+beside the same for the run without drafts.
 """
 
 from __future__ import annotations
 
+import collections
+import json
+import os
 import sys
 import time
 
@@ -20,23 +31,52 @@ from absl import app, flags, logging
 
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.default_model import ensure_default_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.tokenizer.tokenizer import Tokenizer
 
 FLAGS = flags.FLAGS
+PASSAGE_SOURCE = "/usr/share/common-licenses/GPL-3"
 
 
 def _define_flags() -> None:
-    flags.DEFINE_string("model-path", None, "Checkpoint (default: the random-weight test model).")
+    flags.DEFINE_string("model-path", None, "Checkpoint (default: the served default model, SmolLM2-135M-Instruct).")
     flags.DEFINE_integer("batch", 4, "Sequences decoding together (besides batch 1).")
-    flags.DEFINE_integer("output-len", 96, "Tokens generated per sequence.")
+    flags.DEFINE_integer("output-len", 96, "Tokens generated per sequence, at most.")
     flags.DEFINE_integer("draft-tokens", 4, "--speculative-num-draft-tokens.")
     flags.DEFINE_integer("rounds", 2, "Runs of each engine, alternated.")
+    flags.DEFINE_string("k1_counts", None, "riscv64_step jsonl with this model's decode and verifyK steps (mode "
+                        "q4_0 if present, else full; context 512, one sequence): the K1 projection.")
     flags.DEFINE_string("output", "bench_results/speculative.jsonl", "jsonl file to append to.")
 
 
-def _tasks(vocab: int, batch: int, output_len: int) -> dict[str, tuple[list[list[int]], SamplingParams]]:
+def _passage(words: int = 120) -> str:
+    with open(PASSAGE_SOURCE, encoding="utf-8") as f:
+        text = " ".join(f.read().split())
+    start = text.index("The licenses for most software")
+    return " ".join(text[start:].split()[:words])
+
+
+def _text_tasks(tokenizer: Tokenizer, batch: int, output_len: int) -> dict[str, tuple[list[list[int]], SamplingParams]]:
+    passage = _passage()
+    asks = {
+        "quote": f"Repeat the following passage exactly, word for word:\n\n{passage}",
+        "edit": f"Repeat the following passage exactly, but write 'liberty' instead of the first 'freedom':\n\n"
+                f"{passage}",
+        "summarise": f"Summarise the following passage in two sentences, quoting its key phrases:\n\n{passage}",
+        "chat": "What should I pack for a week of hiking in the mountains?",
+    }
+    tasks = {}
+    for name, ask in asks.items():
+        ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": ask}]))
+        greedy = name != "chat"
+        tasks[name] = ([ids] * batch, SamplingParams(max_tokens=output_len, temperature=0 if greedy else 1.0,
+                                                     seed=None if greedy else 11, ignore_eos=False))
+    return tasks
+
+
+def _token_tasks(vocab: int, batch: int, output_len: int) -> dict[str, tuple[list[list[int]], SamplingParams]]:
     text = [(17 * i + 5) % (vocab - 10) + 5 for i in range(output_len)]
     return {
         "repeat": ([text + [3] + text[:8] for _ in range(batch)],
@@ -46,8 +86,9 @@ def _tasks(vocab: int, batch: int, output_len: int) -> dict[str, tuple[list[list
     }
 
 
-def _run(model, prompts, params, spec: bool, draft_tokens: int) -> tuple[float, list, dict, int]:
-    engine = Engine(model, None, EngineConfig(
+def _run(model, tokenizer, prompts, params, spec: bool, draft_tokens: int):
+    """(tok/s, outputs, stats, steps by draft count) of the decode after every first token."""
+    engine = Engine(model, tokenizer, EngineConfig(
         max_total_tokens=len(prompts) * (len(prompts[0]) + params.max_tokens + 32) + 64,
         max_running_requests=len(prompts), speculative_algorithm="NGRAM" if spec else None,
         speculative_num_draft_tokens=draft_tokens))
@@ -55,43 +96,101 @@ def _run(model, prompts, params, spec: bool, draft_tokens: int) -> tuple[float, 
     while any(s.prefilling or not s.output_ids for s in seqs):  # prompts and first tokens: not timed
         engine.step()
     done = sum(len(s.output_ids) for s in seqs)
-    steps = 0
+    steps: collections.Counter[int] = collections.Counter()  # per sequence-step: its drafts
     t0 = time.perf_counter()
     while engine.has_work():
+        running = [s for s in engine._running if not s.prefilling]
         engine.step()
-        steps += 1
+        for s in running:
+            steps[len(s.draft)] += 1
     seconds = time.perf_counter() - t0
     tokens = sum(len(s.output_ids) for s in seqs) - done
-    return tokens / seconds, [s.output_ids for s in seqs], engine.stats(), steps
+    return tokens / seconds, [s.output_ids for s in seqs], engine.stats(), engine.spec_outcomes, steps, tokens
+
+
+def _k1_step_seconds(path: str) -> dict[int, dict[int, float]]:
+    """Per thread count, per draft count: a K1 step's seconds for one sequence at context 512."""
+    records = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    records = [r for r in records if r.get("bench") == "riscv64_step" and r["rows"] == 1 and r["context"] == 512]
+    mode = "q4_0" if any(r["mode"] == "q4_0" for r in records) else "full"
+    out: dict[int, dict[int, float]] = {4: {}, 8: {}}
+    for r in records:
+        if r["mode"] != mode or not (r["kind"] == "decode" or r["kind"].startswith("verify")):
+            continue
+        k = 0 if r["kind"] == "decode" else int(r["kind"][len("verify"):])
+        for t in out:
+            out[t][k] = 1.0 / r[f"k1_calibrated_tok_s_{t}_threads"]
+    if 0 not in out[4]:
+        raise ValueError(f"{path} has no decode step at context 512, one sequence, mode {mode}")
+    return out
+
+
+def _k1_tok_s(seconds: dict[int, float], steps: collections.Counter, tokens: int) -> float:
+    """Tokens over the K1 time of the run's sequence-steps, each at the counted cost of its
+    draft count (the nearest counted one above it, when it was not counted)."""
+    counted = sorted(seconds)
+    total = 0.0
+    for k, n in steps.items():
+        at = next((c for c in counted if c >= k), counted[-1])
+        total += n * seconds[at]
+    return tokens / total
 
 
 def main(argv: list[str]) -> int:
     del argv
-    path = FLAGS["model-path"].value or ensure_random_model()
+    path = FLAGS["model-path"].value or ensure_default_model()
     model = load_model(path, torch.bfloat16, keep_quantized=True)
     install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    try:
+        tokenizer = Tokenizer(path)
+    except (OSError, ValueError):
+        tokenizer = None
+    if tokenizer is not None and not os.path.exists(PASSAGE_SOURCE):
+        raise FileNotFoundError(f"{PASSAGE_SOURCE} (Debian's base-files) holds the passage the tasks are about")
+    k1 = _k1_step_seconds(FLAGS.k1_counts) if FLAGS.k1_counts else None
     records = []
     for batch in (1, FLAGS.batch):
-        for task, (prompts, params) in _tasks(model.config.vocab_size, batch, FLAGS["output-len"].value).items():
+        length = FLAGS["output-len"].value
+        tasks = _text_tasks(tokenizer, batch, length) if tokenizer is not None else \
+            _token_tasks(model.config.vocab_size, batch, length)
+        for task, (prompts, params) in tasks.items():
             speeds = {False: [], True: []}
-            outputs, stats, steps = {}, {}, {}
+            runs = {}
             for _ in range(FLAGS.rounds):
                 for spec in (False, True):
-                    tok_s, outputs[spec], stats[spec], steps[spec] = _run(model, prompts, params, spec,
-                                                                         FLAGS["draft-tokens"].value)
-                    speeds[spec].append(tok_s)
-            if outputs[True] != outputs[False]:
+                    run = _run(model, tokenizer, prompts, params, spec, FLAGS["draft-tokens"].value)
+                    speeds[spec].append(run[0])
+                    runs[spec] = run
+            if runs[True][1] != runs[False][1]:
                 raise RuntimeError(f"{task}: speculative decoding changed the output")
-            drafted, accepted = stats[True]["spec_drafted_tokens"], stats[True]["spec_accepted_tokens"]
+            stats, outcomes, steps, tokens = runs[True][2:]
+            drafted, accepted = stats["spec_drafted_tokens"], stats["spec_accepted_tokens"]
             plain, spec = max(speeds[False]), max(speeds[True])
-            records.append({"model_path": path, "threads": torch.get_num_threads(), "task": task, "batch": batch,
-                            "tok_s": plain, "spec_tok_s": spec, "speedup": spec / plain,
-                            "tokens_per_step": batch * FLAGS["output-len"].value / max(1, steps[True]) / batch,
-                            "accept_rate": accepted / drafted if drafted else 0.0})
-            logging.info("%s, batch %d: %.1f -> %.1f tok/s", task, batch, plain, spec)
-    print_table(records, [("task", "task", "s"), ("batch", "B", "d"), ("tok_s", "tok/s", ".1f"),
-                          ("spec_tok_s", "NGRAM tok/s", ".1f"), ("speedup", "speed-up", ".2f"),
-                          ("tokens_per_step", "tokens/step/seq", ".2f"), ("accept_rate", "accepted", ".1%")])
+            lengths: collections.Counter[int] = collections.Counter()  # tokens a verify step yields
+            for (_, j), n in outcomes.items():
+                lengths[1 + j] += n
+            record = {"model_path": path, "threads": torch.get_num_threads(), "task": task, "batch": batch,
+                      "tok_s": plain, "spec_tok_s": spec, "speedup": spec / plain,
+                      "tokens_per_step": tokens / max(1, sum(steps.values())),
+                      "accept_rate": accepted / drafted if drafted else 0.0,
+                      "acceptance_lengths": dict(sorted(lengths.items())),
+                      "draft_counts": dict(sorted(steps.items()))}
+            if k1 is not None and batch == 1:
+                plain_steps, plain_tokens = runs[False][4], runs[False][5]
+                for t in (4, 8):
+                    record[f"k1_speedup_{t}t"] = (_k1_tok_s(k1[t], steps, tokens) /
+                                                  _k1_tok_s(k1[t], plain_steps, plain_tokens))
+            records.append(record)
+            logging.info("%s, batch %d: %.1f -> %.1f tok/s, acceptance lengths %s", task, batch, plain, spec,
+                         record["acceptance_lengths"])
+    columns = [("task", "task", "s"), ("batch", "B", "d"), ("tok_s", "tok/s", ".1f"),
+               ("spec_tok_s", "NGRAM tok/s", ".1f"), ("speedup", "speed-up", ".2f"),
+               ("tokens_per_step", "tokens/step/seq", ".2f"), ("accept_rate", "accepted", ".1%")]
+    if k1 is not None:
+        columns += [("k1_speedup_4t", "K1 x 4T", ".2f"), ("k1_speedup_8t", "K1 x 8T", ".2f")]
+    print_table(records, columns)
+    for r in records:
+        print(f"{r['task']:10s} B {r['batch']}: acceptance lengths {r['acceptance_lengths']}")
     write_jsonl(FLAGS.output, records)
     return 0
 

@@ -175,6 +175,8 @@ class Engine:
         if not 1 <= config.speculative_ngram_min_match_window_size <= config.speculative_ngram_max_match_window_size:
             raise ValueError("the n-gram match windows need 1 <= min <= max")
         self.spec_drafted = self.spec_accepted = 0  # draft tokens verified, and accepted
+        # Verify steps by (drafts, accepted) per sequence: the acceptance-length distribution.
+        self.spec_outcomes: collections.Counter[tuple[int, int]] = collections.Counter()
         self.step_started: Optional[float] = None  # time.monotonic() of the step under way
         self.wakeup = threading.Condition()
 
@@ -616,6 +618,7 @@ class Engine:
                     row.seq.draft_budget.record(row.drafts, accepted)
                     self.spec_drafted += row.drafts
                     self.spec_accepted += accepted
+                    self.spec_outcomes[(row.drafts, accepted)] += 1
                 if row.next_draft is not None:
                     row.seq.mtp_draft = row.next_draft
                 if self.states is not None:  # the states after its last kept token are in a spare slot

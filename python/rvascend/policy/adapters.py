@@ -44,6 +44,8 @@ FUSED = ModelAdapter("fused", {
     "down_proj": "down_proj", "lm_head": "lm_head",
     # Gated DeltaNet layers (models/qwen3_5.py): q/k/v/z/b/a fused, and the output projection.
     "in_proj": "in_proj", "out_proj": "out_proj",
+    # Qwen3.5's MTP head (models/qwen3_5_mtp.py): its input projection and its draft vocabulary's rows.
+    "fc": "mtp_fc", "draft_head": "draft_head",
 })
 
 TRANSFORMERS = ModelAdapter("transformers", {
