@@ -1,0 +1,80 @@
+"""Inside the riscv64 image: with deterministic inference one request's greedy tokens and
+top-5 log-probabilities are bit for bit those it gets alone when it is batched with
+others, prefilled in chunks, or verified as a row of a speculative step (1 + K rows),
+for a Llama- and a Qwen3.5-architecture model on the RVV kernels (their RVV builds,
+the image's torch 2.6). The host checks the same on x86 (engine/batch_invariance_test.py).
+"""
+
+import json
+import os
+import random
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import save_file
+
+from rvascend.engine import Engine, EngineConfig, SamplingParams, random_checkpoint
+from rvascend.engine import ngram_draft
+from rvascend.engine.random_model import random_weights
+from rvascend.models.loader import load_model
+from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermediate_size": 1024,
+         "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+         "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 256,
+         "tie_word_embeddings": True, "eos_token_id": 1}
+QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=1024, intermediate_size=1024,
+               num_hidden_layers=4, head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
+               vocab_size=1024, max_position_embeddings=256, mtp_num_hidden_layers=0,
+               layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
+
+
+def run(model, target, others=0, chunk=512, drafts=0):
+    engine = Engine(model, None, EngineConfig(max_total_tokens=1024, chunked_prefill_size=chunk,
+                                              disable_radix_cache=True,
+                                              speculative_algorithm="NGRAM" if drafts else None,
+                                              speculative_num_draft_tokens=max(drafts, 1)))
+    outputs = []
+    engine.add_request(target, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=5),
+                       on_output=lambda s, o: outputs.append((o.token_id, o.logprob, o.top_logprobs)))
+    rng = random.Random(others)
+    for i in range(others):
+        prompt = [rng.randrange(3, 1024) for _ in range(rng.randrange(4, 20))]
+        engine.add_request(prompt, SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True))
+    while engine.has_work():
+        engine.step()
+    return [o for o in outputs if o[0] is not None], engine.stats()
+
+
+def check(name, config):
+    path = tempfile.mkdtemp()
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    save_file(random_weights(config, seed=0), os.path.join(path, "model.safetensors"))
+    model = load_model(path)
+    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    target = [int(t) for t in torch.randint(3, 1024, (18,), generator=torch.Generator().manual_seed(5))]
+    # Every decode step verifies three drafted tokens (rows of 1 + 3), whatever the model says.
+    ngram_draft.NgramIndex.propose = lambda self, prompt, output, k: target[:k]
+    alone, _ = run(model, target)
+    differs = []
+    for label, kwargs in (("3 others", {"others": 3}), ("chunks of 7", {"chunk": 7}),
+                          ("verify rows", {"drafts": 3})):
+        got, stats = run(model, target, **kwargs)
+        if got != alone:
+            differs.append(label)
+        if kwargs.get("drafts") and not stats["spec_drafted_tokens"]:
+            differs.append("verify rows (nothing was drafted)")
+    print(f"{name}: alone {[o[0] for o in alone]}; differs: {differs or 'none'}")
+    return not differs
+
+
+def main():
+    results = [check("llama", LLAMA), check("qwen3.5", QWEN3_5)]
+    print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
