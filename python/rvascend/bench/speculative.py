@@ -1,7 +1,8 @@
 """What n-gram speculative decoding gives (`./dev bench --parts=speculative`).
 
 One engine with --speculative-algorithm NGRAM and one without, on the same model,
-timed side by side, alternating --rounds times, at batch 1 and --batch. With a
+timed side by side, alternating --rounds times (the median of each), at batch 1 and
+--batch. With a
 model that has a tokenizer (the default: SmolLM2-135M-Instruct, real weights) the
 tasks are chats about a passage of the GPL-3 text Debian ships: `quote` (repeat it),
 `edit` (repeat it with one word changed), `summarise`, greedy, and `chat`, a free
@@ -23,6 +24,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -45,7 +47,7 @@ def _define_flags() -> None:
     flags.DEFINE_integer("batch", 4, "Sequences decoding together (besides batch 1).")
     flags.DEFINE_integer("output-len", 96, "Tokens generated per sequence, at most.")
     flags.DEFINE_integer("draft-tokens", 4, "--speculative-num-draft-tokens.")
-    flags.DEFINE_integer("rounds", 2, "Runs of each engine, alternated.")
+    flags.DEFINE_integer("rounds", 5, "Runs of each engine, alternated (tok/s: their median).")
     flags.DEFINE_string("k1_counts", None, "riscv64_step jsonl with this model's decode and verifyK steps (mode "
                         "q4_0 if present, else full; context 512, one sequence): the K1 projection.")
     flags.DEFINE_string("output", "bench_results/speculative.jsonl", "jsonl file to append to.")
@@ -165,7 +167,7 @@ def main(argv: list[str]) -> int:
                 raise RuntimeError(f"{task}: speculative decoding changed the output")
             stats, outcomes, steps, tokens = runs[True][2:]
             drafted, accepted = stats["spec_drafted_tokens"], stats["spec_accepted_tokens"]
-            plain, spec = max(speeds[False]), max(speeds[True])
+            plain, spec = statistics.median(speeds[False]), statistics.median(speeds[True])
             lengths: collections.Counter[int] = collections.Counter()  # tokens a verify step yields
             for (_, j), n in outcomes.items():
                 lengths[1 + j] += n

@@ -36,9 +36,16 @@ def test_ngram_index_proposes_the_latest_longest_match():
 
 def test_the_budget_shrinks_pauses_and_probes_again():
     budget = DraftBudget(4)
+    assert budget.next_k() == 1  # one at first, twice as many after a draft taken whole
+    budget.record(1, 1)
+    assert budget.next_k() == 2
+    budget.record(2, 2)
     assert budget.next_k() == 4
     budget.record(4, 4)
     assert budget.next_k() == 4
+    budget.record(4, 2)  # taken in part: as many as were taken
+    assert budget.next_k() == 2
+    budget.record(2, 2)
     for _ in range(3):
         budget.record(budget.next_k(), 0)
     assert budget.paused == PAUSE_STEPS
