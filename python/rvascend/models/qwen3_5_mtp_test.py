@@ -230,3 +230,28 @@ def test_a_draft_vocabulary_drafts_among_its_tokens_and_leaves_the_output(checkp
     token_map.write_text('[1, 2.5]')
     with pytest.raises(ValueError, match="integer token ids"):
         qwen3_5_mtp.read_token_map(str(token_map))
+
+
+def test_the_server_flags_load_the_head_and_its_draft_vocabulary(checkpoint, tmp_path):
+    """--speculative-algorithm NEXTN loads the head; --speculative-token-map restricts its
+    drafts (and is refused without NEXTN, or with ids the model does not have)."""
+    import shutil
+
+    from rvascend.server import launch
+
+    _, _, path = checkpoint
+    served = tmp_path / "served"
+    shutil.copytree(path, served)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(ensure_random_model(), name), served / name)
+    token_map = tmp_path / "hot.txt"
+    token_map.write_text(" ".join(str(t) for t in range(40)))
+    opts = dict(model_path=str(served), max_total_tokens=256, speculative_algorithm="NEXTN",
+                speculative_num_draft_tokens=2, speculative_token_map=str(token_map))
+    engine, _, _ = launch.build_engine(launch.ServeOptions(**opts))
+    assert engine.config.speculative_algorithm == "NEXTN" and engine.model.mtp.draft_ids.tolist() == list(range(40))
+    with pytest.raises(ValueError, match="needs --speculative-algorithm NEXTN"):
+        launch.build_engine(launch.ServeOptions(**{**opts, "speculative_algorithm": "NGRAM"}))
+    token_map.write_text(f"1 2 {VOCAB + 5}")
+    with pytest.raises(ValueError, match=f"token {VOCAB + 5} is outside"):
+        launch.build_engine(launch.ServeOptions(**opts))
