@@ -193,8 +193,9 @@ def test_nextn_drafts_are_the_heads_over_the_whole_text_with_drafts_accepted(che
 
 def test_a_draft_vocabulary_drafts_among_its_tokens_and_leaves_the_output(checkpoint, tmp_path):
     """restrict_draft_vocab: each draft is the argmax of the full head's logits over the
-    subset (bit for bit: the same rows), the policy packs the subset's projection, and the
-    output is decoding's. Bad token maps are refused by name."""
+    subset (within the BF16 rounding of the logits: the same rows, another GEMM), the
+    policy packs the subset's projection, and the output is decoding's. Bad token maps are
+    refused by name."""
     from rvascend.engine import mtp_draft
     from rvascend.models import qwen3_5_mtp
     from rvascend.policy import RvvPolicyConfig, install_rvv_policy
@@ -209,10 +210,11 @@ def test_a_draft_vocabulary_drafts_among_its_tokens_and_leaves_the_output(checkp
     assert ROUTE_ATTR in model.mtp.draft_head.__dict__  # routed to the packed kernels like any projection
     h = torch.randn(5, model.config.hidden_size, dtype=torch.bfloat16)
     with torch.inference_mode():
-        full = torch.nn.functional.linear(h, model.lm_head.weight)[:, hot].float()
+        full = (h.float() @ model.lm_head.weight.float().T)[:, hot]
         drafts = mtp_draft._argmax(model, h)
     assert all(t in hot for t in drafts)
-    assert drafts == [hot[i] for i in full.argmax(-1).tolist()]
+    for row, token in zip(full, drafts):  # the best of the subset, but for BF16 rounding
+        assert row[hot.index(token)] >= row.max() - 0.01 * row.abs().max()
     prompts = [[5, 6, 7, 8, 9, 10, 11]]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     outputs = []
