@@ -5,29 +5,15 @@ for a Llama- and a Qwen3.5-architecture model on the RVV kernels (their RVV buil
 the image's torch 2.6). The host checks the same on x86 (engine/batch_invariance_test.py).
 """
 
-import json
-import os
 import random
 import sys
-import tempfile
 
 import torch
-from safetensors.torch import save_file
 
-from rvascend.engine import Engine, EngineConfig, SamplingParams, random_checkpoint
-from rvascend.engine import ngram_draft
-from rvascend.engine.random_model import random_weights
+from rvascend.engine import Engine, EngineConfig, SamplingParams, ngram_draft
+from rvascend.engine.testing import IMAGE_LLAMA, IMAGE_QWEN3_5, write_random_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
-
-LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermediate_size": 1024,
-         "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
-         "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 256,
-         "tie_word_embeddings": True, "eos_token_id": 1}
-QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=1024, intermediate_size=1024,
-               num_hidden_layers=4, head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
-               vocab_size=1024, max_position_embeddings=256, mtp_num_hidden_layers=0,
-               layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
 
 
 def run(model, target, others=0, chunk=512, drafts=0):
@@ -48,11 +34,7 @@ def run(model, target, others=0, chunk=512, drafts=0):
 
 
 def check(name, config):
-    path = tempfile.mkdtemp()
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f)
-    save_file(random_weights(config, seed=0), os.path.join(path, "model.safetensors"))
-    model = load_model(path)
+    model = load_model(write_random_checkpoint(config))
     install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
     target = [int(t) for t in torch.randint(3, 1024, (18,), generator=torch.Generator().manual_seed(5))]
     # Every decode step verifies three drafted tokens (rows of 1 + 3), whatever the model says.
@@ -71,7 +53,7 @@ def check(name, config):
 
 
 def main():
-    results = [check("llama", LLAMA), check("qwen3.5", QWEN3_5)]
+    results = [check("llama", IMAGE_LLAMA), check("qwen3.5", IMAGE_QWEN3_5)]
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 

@@ -9,29 +9,16 @@ Runs with the image's python3.13 and torch 2.6 (no tokenizers there: token ids
 in, token ids out). The checkpoint is written here with random weights.
 """
 
-import json
-import os
 import sys
-import tempfile
 
 import torch
-from safetensors.torch import save_file
 
-from rvascend.engine import Engine, EngineConfig, SamplingParams, random_checkpoint
-from rvascend.engine.random_model import random_weights
+from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine.testing import IMAGE_LLAMA as LLAMA, IMAGE_QWEN3_5 as QWEN3_5, write_random_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
 
-LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermediate_size": 1024,
-         "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
-         "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 256,
-         "tie_word_embeddings": True, "eos_token_id": 1}
 QWEN3 = dict(LLAMA, architectures=["Qwen3ForCausalLM"], num_hidden_layers=2, rope_theta=1000000.0)
-# Qwen3.5's layer pattern (three Gated DeltaNet layers, then gated full attention), narrow.
-QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=1024, intermediate_size=1024,
-               num_hidden_layers=4, head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
-               vocab_size=1024, max_position_embeddings=256,
-               layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
 KERNELS = ("kv_pool_attention", "rope", "silu_mul", "add_rms_norm", "argmax", "decoder_layers")
 # The hybrid's kernels: its gated attention's zero-centred q/k norms and partial RoPE on the
 # rope kernel and its output gate on sigmoid_mul, the DeltaNet layers' prompt work in their
@@ -41,10 +28,7 @@ HYBRID_KERNELS = ("kv_pool_attention", "rope", "sigmoid_mul", "silu_mul", "add_r
 
 
 def check(name: str, config: dict, kernels_expected: tuple = KERNELS) -> bool:
-    path = tempfile.mkdtemp()
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f)
-    save_file(random_weights(config, seed=0), os.path.join(path, "model.safetensors"))
+    path = write_random_checkpoint(config)
     prompts = [[int(t) for t in torch.randint(0, 1024, (n,), generator=torch.Generator().manual_seed(n))]
                for n in (8, 5)]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)

@@ -45,6 +45,7 @@ from absl import app, flags, logging
 from rvascend import checkout
 from rvascend.bench import k1_model
 from rvascend.bench import plugin_intervals
+from rvascend.bench.step_kinds import draft_tokens, draft_vocab
 from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
@@ -281,19 +282,6 @@ def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int, measured:
             "regions": regions, "libraries": libraries, "region_libraries": region_libs,
             "region_kinds": region_kinds,
             "marker_overhead": ext(one["marker_overhead"], two["marker_overhead"])}
-
-
-def draft_tokens(kind: str) -> int:
-    """Draft tokens each sequence verifies in a step of this kind ("verifyK", "nextnK")."""
-    for prefix in ("verify", "nextn"):
-        if kind.startswith(prefix):
-            return int(kind[len(prefix):].split("h")[0])
-    return 0
-
-
-def draft_vocab(kind: str) -> int:
-    """The draft vocabulary of a "nextnKhN" step (N), else 0 (the whole vocabulary)."""
-    return int(kind.split("h")[1]) if kind.startswith("nextn") and "h" in kind else 0
 
 
 def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: int, layers: int,

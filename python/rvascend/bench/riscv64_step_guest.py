@@ -25,6 +25,7 @@ import torch
 torch.set_num_threads(1)
 
 from rvascend import ops  # noqa: E402
+from rvascend.bench.step_kinds import draft_tokens, draft_vocab  # noqa: E402
 from rvascend.engine import Engine, EngineConfig, SamplingParams, mtp_draft, sampler  # noqa: E402
 from rvascend.engine.ngram_draft import DraftBudget  # noqa: E402
 from rvascend.engine.sequence import Sequence, Status  # noqa: E402
@@ -196,7 +197,7 @@ def main() -> int:
     kinds = [c[2] for c in args["configs"] if len(c) > 2]
     model = load_model(args["checkpoint"], torch.bfloat16, keep_quantized=args.get("keep_quantized", False),
                        mtp=any(k.startswith("nextn") for k in kinds))
-    hot = {int(k.split("h")[1]) for k in kinds if k.startswith("nextn") and "h" in k}
+    hot = {draft_vocab(k) for k in kinds} - {0}
     if len(hot) > 1:
         raise ValueError(f"one draft vocabulary per run, got {sorted(hot)}")
     if hot:  # before the policy, which packs the subset's projection
@@ -213,8 +214,7 @@ def main() -> int:
     for config in args["configs"]:
         context, rows = config[0], config[1]
         kind = config[2] if len(config) > 2 else "decode"
-        drafts = int(kind[len("verify"):]) if kind.startswith("verify") else \
-            int(kind[len("nextn"):].split("h")[0]) if kind.startswith("nextn") else 0
+        drafts = draft_tokens(kind)
         algorithm = ("NEXTN" if kind.startswith("nextn") else "NGRAM") if drafts else None
         engine = Engine(model, None, EngineConfig(max_running_requests=rows,
                                                   max_total_tokens=rows * (context + 4 + 2 * drafts),

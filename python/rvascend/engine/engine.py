@@ -312,10 +312,11 @@ class Engine:
         seq.draft = []
         if config.speculative_algorithm is None or (seq.matcher is not None and not seq.grammar_active):
             return seq.draft
-        if seq.ngram is None:
-            seq.ngram = NgramIndex(config.speculative_ngram_min_match_window_size,
-                                   config.speculative_ngram_max_match_window_size)
+        if seq.draft_budget is None:
             seq.draft_budget = DraftBudget(config.speculative_num_draft_tokens)
+            if config.speculative_algorithm == "NGRAM":
+                seq.ngram = NgramIndex(config.speculative_ngram_min_match_window_size,
+                                       config.speculative_ngram_max_match_window_size)
         # Never past max_tokens or the context: the drafts' K/V slots come out of the reservation.
         room = min(seq.params.max_tokens - len(seq.output_ids), self.context_length - seq.num_tokens) - 1
         k = min(seq.draft_budget.next_k(), room)

@@ -17,6 +17,7 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_qwen3_5
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.dispatch.route import ROUTE_ATTR
 from rvascend.engine.random_model import ensure_random_model
+from rvascend.engine.testing import wrong_in_most_steps
 from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
 from rvascend.models.testing import tiny_qwen3_5_config
@@ -170,10 +171,7 @@ def test_nextn_drafts_are_the_heads_over_the_whole_text_with_drafts_accepted(che
             seq = row.seq
             made.append((tuple(seq.prompt_ids), int(target.positions[row.start + row.kept - 1]), d[0]))
             known = len(seq.output_ids) + (1 if seq.prefilled < len(seq.prompt_ids) else row.kept)
-            answer = list(want[tuple(seq.prompt_ids)][known:known + len(d)])
-            if known % (len(d) + 2) < len(answer):
-                answer[known % (len(d) + 2)] = (answer[known % (len(d) + 2)] + 1) % VOCAB
-            d[:] = answer or d
+            d[:] = wrong_in_most_steps(want[tuple(seq.prompt_ids)], known, len(d), VOCAB) or d
         return drafts
 
     monkeypatch.setattr(mtp_draft, "draft", scripted)

@@ -15,7 +15,7 @@ from rvascend.engine.sequence import Status
 from rvascend.models import qwen3_5
 from rvascend.models.loader import load_model
 from rvascend.models.state_pool import RecurrentStatePool
-from rvascend.engine.testing import assert_fused_decode_matches_op_by_op
+from rvascend.engine.testing import assert_fused_decode_matches_op_by_op, wrong_in_most_steps
 from rvascend.models.testing import Runner, tiny_qwen3_5_config
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
 from rvascend.dispatch import shape_gate
@@ -222,12 +222,7 @@ def _scripted_drafts(want: dict, monkeypatch) -> None:
     from rvascend.engine.ngram_draft import NgramIndex
 
     def propose(self, prompt, output, k):
-        answer = want[tuple(prompt)]
-        draft = list(answer[len(output):len(output) + k])
-        wrong = len(output) % (k + 2)
-        if wrong < len(draft):
-            draft[wrong] = (draft[wrong] + 1) % VOCAB
-        return draft
+        return wrong_in_most_steps(want[tuple(prompt)], len(output), k, VOCAB)
 
     monkeypatch.setattr(NgramIndex, "propose", propose)
 
