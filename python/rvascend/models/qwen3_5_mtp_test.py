@@ -255,3 +255,39 @@ def test_the_server_flags_load_the_head_and_its_draft_vocabulary(checkpoint, tmp
     token_map.write_text(f"1 2 {VOCAB + 5}")
     with pytest.raises(ValueError, match=f"token {VOCAB + 5} is outside"):
         launch.build_engine(launch.ServeOptions(**opts))
+
+
+def test_a_draft_pass_that_fails_gives_its_lent_slots_back(checkpoint, monkeypatch):
+    """The head's further drafts run in K/V slots lent for the step: when the pass fails
+    there, the step fails like any other, every slot (fresh and lent) is back, and the
+    request then finishes with decoding's output."""
+    from rvascend.models import qwen3_5_mtp
+
+    _, _, path = checkpoint
+    model = load_model(path, torch.float32, mtp=True)
+    prompt, params = [5, 6, 7, 8, 9, 10], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    want = Engine(model, None, EngineConfig(max_total_tokens=128)).generate([prompt], params)[0].output_ids
+    engine = Engine(model, None, EngineConfig(max_total_tokens=128, speculative_algorithm="NEXTN",
+                                              speculative_num_draft_tokens=3))
+    seq = engine.add_request(prompt, params)
+    engine.step()  # the prompt, and the head's first drafts
+    free = sorted(engine._free_slots)
+    calls = []
+    real = qwen3_5_mtp.MultiTokenPredictor.forward
+
+    def failing_in_the_chain(self, *args):
+        calls.append(1)
+        if len(calls) == 2:  # the extend pass ran; the first further draft fails
+            raise RuntimeError("injected in a lent slot's pass")
+        return real(self, *args)
+
+    monkeypatch.setattr(qwen3_5_mtp.MultiTokenPredictor, "forward", failing_in_the_chain)
+    plan = engine._prepare([(seq, 1 + len(engine._draft(seq)))])
+    with pytest.raises(RuntimeError, match="injected"):
+        engine._run(plan)
+    engine._abandon(plan)
+    assert sorted(engine._free_slots) == free and len(calls) == 2
+    monkeypatch.undo()
+    while engine.has_work():
+        engine.step()
+    assert seq.output_ids == want and engine.stats()["kv_used_tokens"] == 0
