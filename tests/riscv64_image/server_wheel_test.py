@@ -53,6 +53,7 @@ def host_greedy(model: str, requests: list[list[int]], policy: bool, near_tie: f
     """The host engine's greedy tokens (their texts) for each request, cut before the
     first token whose top-2 log-probability gap is below `near_tie`."""
     engine, _, _ = build_engine(ServeOptions(model_path=model, enable_cpu_rvv_kernels=policy,
+                                             enable_deterministic_inference=None if policy else False,
                                              cpu_compile_mode="eager", max_total_tokens=512))
     from rvascend.engine import SamplingParams
     params = SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=2)

@@ -1,9 +1,13 @@
 """What deterministic inference costs (`./dev bench --parts=deterministic`).
 
-Three ways to serve one BF16 model, timed side by side in one process, alternating
---rounds times: `off` (no policy: ATen, what `./dev serve` runs without flags),
-`kernels` (--enable-cpu-rvv-kernels: the measured shape gate, regional compile off
-here) and `deterministic` (--enable-deterministic-inference: the invariant gate).
+Four ways to serve one model, timed side by side in one process, alternating
+--rounds times, each with the weights as `./dev serve` loads them under its flags:
+`off` (--noenable-deterministic-inference: no policy, ATen, a GGUF file's weights
+dequantized), `kernels` (--enable-cpu-rvv-kernels alone: the measured shape gate,
+regional compile off here, GGUF weights kept quantized), `deterministic`
+(--enable-deterministic-inference: the invariant gate on the dequantized weights;
+what `./dev serve` runs by default where it costs nothing, server/launch.py) and
+`deterministic_quantized` (both flags: the invariant gate and the quantized kernels).
 Every engine step is timed by itself: the median decode step at batch 1 and 8, and
 a --prefill-len prompt prefilled whole (one step). Reported: each step's time and
 its ratio to `kernels` and to `off`.
@@ -26,7 +30,7 @@ from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 
 FLAGS = flags.FLAGS
-MODES = ("off", "kernels", "deterministic")
+MODES = ("off", "kernels", "deterministic", "deterministic_quantized")
 
 
 def _define_flags() -> None:
@@ -39,9 +43,9 @@ def _define_flags() -> None:
 
 
 def _model(path: str, mode: str):
-    model = load_model(path, torch.bfloat16, keep_quantized=mode != "off")
+    model = load_model(path, torch.bfloat16, keep_quantized=mode in ("kernels", "deterministic_quantized"))
     if mode != "off":
-        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=mode == "deterministic"))
+        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=mode.startswith("deterministic")))
     return model
 
 

@@ -32,7 +32,9 @@ flags.DEFINE_bool("enable-cpu-rvv-kernels", False,
 # SGLang's name for the CPU kernels switch, which users of this project already type.
 flags.DEFINE_alias("enable-cpu-rvv-inductor", "enable-cpu-rvv-kernels")
 flags.DEFINE_integer("cpu-rvv-memory-budget-mib", None, "Memory budget for packed weights (default: derived).")
-flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "How routed projections run.")
+flags.DEFINE_enum("cpu-compile-mode", None, ["regional", "eager"],
+                  "How routed projections run: regional (Inductor compiles the repeated block) or eager; default: "
+                  "regional, eager under deterministic inference.")
 flags.DEFINE_enum("cpu-rvv-shape-gate", None, ["bucketed", "measured", "invariant", "seed"],
                   "Which Linears the policy packs: bucketed, the seed's contract (BF16, N and K >= 1024, rows "
                   "padded to buckets; 'seed' is its earlier name), or measured, where the packed kernel measured "
@@ -64,10 +66,11 @@ flags.DEFINE_enum("tool-call-parser", None, ["qwen25", "llama3"],
                   "or llama3 (a JSON object); default: the model family's.")
 flags.DEFINE_enum("reasoning-parser", None, ["qwen3"],
                   "Split <think>...</think> into reasoning_content (qwen3: Qwen3 and Qwen3.5); default: off.")
-flags.DEFINE_bool("enable-deterministic-inference", False,
+flags.DEFINE_bool("enable-deterministic-inference", None,
                   "Same request, same answer: a request's logits do not depend on what it is batched with, the "
                   "prefix cache or the prefill chunking (BF16; installs the kernels' policy with the invariant "
-                  "shape gate).")
+                  "shape gate). Default: on where it costs nothing (RVV; x86 with AVX-512 BF16 and VNNI), off "
+                  "elsewhere; --noenable-deterministic-inference turns it off.")
 flags.DEFINE_enum("speculative-algorithm", None, ["NGRAM", "NEXTN"],
                   "Speculative decoding: NGRAM drafts tokens from the request's own prompt and output, NEXTN with "
                   "a Qwen3.5 checkpoint's MTP head; one step verifies them (the output is exactly what decoding "
@@ -117,8 +120,8 @@ def main(argv: list[str]) -> int:
     logging.info("serving %s on http://%s:%d", name, FLAGS.host, FLAGS.port)
     server_args = {"model_path": opts.model_path, "served_model_name": name, "dtype": opts.dtype,
                    "device": opts.device, "attention_backend": opts.attention_backend,
-                   "enable_cpu_rvv_kernels": opts.enable_cpu_rvv_kernels,
-                   "enable_deterministic_inference": opts.enable_deterministic_inference,
+                   "enable_cpu_rvv_kernels": policy is not None,
+                   "enable_deterministic_inference": policy is not None and policy.config.deterministic,
                    "max_running_requests": opts.max_running_requests,
                    "max_total_tokens": engine.config.max_total_tokens}
     api_key = FLAGS["api-key"].value or os.environ.get(API_KEY_ENV) or None

@@ -36,7 +36,7 @@ class ServeOptions:
     attention_backend: str = "torch_native"
     enable_cpu_rvv_kernels: bool = False
     cpu_rvv_memory_budget_mib: Optional[int] = None
-    cpu_compile_mode: str = "regional"
+    cpu_compile_mode: Optional[str] = None  # regional | eager; None: regional, eager under deterministic inference
     cpu_rvv_shape_gate: Optional[str] = None  # bucketed (or seed) | measured | invariant; None: the machine's default
     cpu_rvv_drop_unpacked: bool = False
     max_running_requests: int = 8
@@ -45,7 +45,7 @@ class ServeOptions:
     context_length: Optional[int] = None
     chunked_prefill_size: Optional[int] = None  # None: default_chunked_prefill_size(); <= 0: whole prompts
     disable_radix_cache: bool = False
-    enable_deterministic_inference: bool = False
+    enable_deterministic_inference: Optional[bool] = None  # None: deterministic_by_default()
     speculative_algorithm: Optional[str] = None  # NGRAM, NEXTN (Qwen3.5's MTP head)
     speculative_num_draft_tokens: int = 4
     speculative_token_map: Optional[str] = None  # NEXTN: a file of the token ids drafts come from
@@ -63,6 +63,22 @@ def default_chunked_prefill_size() -> int:
     requests waiting for 0.18 s (SmolLM2) or 0.64 s (Qwen3-0.6B) instead of four
     times that. Elsewhere, 512."""
     return 64 if platform.machine() == "riscv64" else 512
+
+
+def deterministic_by_default(dtype: str, cpu_features: str, kernel_sets: list[str]) -> tuple[bool, str]:
+    """Whether deterministic inference is on when the command line does not say, and why:
+    where its kernels cost nothing against the stock path. Measured (docs/serving.md,
+    `./dev bench --parts=deterministic`): on AVX-512 BF16 + VNNI, decode steps take 0.20x-0.51x
+    and a 256-token prefill 0.72x-0.73x the stock path's time; with AVX2 alone the BF16
+    prefill takes 2.4x and Q4_1's 1.7x. On RVV the stock path is scalar ATen."""
+    if dtype != "bfloat16":
+        return False, f"--dtype {dtype} has no batch-invariant kernels"
+    if "rvv" in kernel_sets:
+        return True, "RVV: the kernels' invariant gate is their default, and the stock path is scalar ATen"
+    if "avx512bf16=1" in cpu_features and "avx512vnni=1" in cpu_features:
+        return True, "AVX-512 BF16 and VNNI: the invariant kernels are faster than the stock path at every step"
+    return False, ("without AVX-512 BF16 and VNNI the invariant kernels' prefill costs 1.7x-2.4x the stock path's "
+                   "time (--enable-deterministic-inference turns them on anyway)")
 
 
 def _log_cpu() -> None:
@@ -89,6 +105,19 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
                          "--enable-cpu-rvv-kernels")
     if opts.dtype not in _DTYPES:
         raise ValueError(f"--dtype {opts.dtype!r} is not supported ({', '.join(_DTYPES)})")
+    if opts.enable_deterministic_inference is None:
+        from rvascend import ops
+
+        on, why = deterministic_by_default(opts.dtype, ops.cpu_features(), ops.available_kernel_sets())
+        if on and opts.cpu_rvv_shape_gate not in (None, "invariant"):
+            on, why = False, f"--cpu-rvv-shape-gate {opts.cpu_rvv_shape_gate} routes by row count"
+        if on and opts.cpu_compile_mode == "regional":
+            on, why = False, "--cpu-compile-mode regional compiles a graph per row bucket"
+        logging.info("deterministic inference %s by default: %s", "on" if on else "off", why)
+        opts = dataclasses.replace(opts, enable_deterministic_inference=on)
+    if opts.enable_deterministic_inference and opts.cpu_compile_mode == "regional":
+        raise ValueError("--enable-deterministic-inference runs eagerly (a graph compiled per row bucket could fuse "
+                         "differently); --cpu-compile-mode regional contradicts it")
     if opts.enable_deterministic_inference and opts.dtype != "bfloat16":
         raise ValueError("--enable-deterministic-inference runs the batch-invariant BF16 kernels; with --dtype "
                          f"{opts.dtype} every Linear runs ATen's GEMM, which blocks by row count")
@@ -102,7 +131,7 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     logging.info("model: %s (%s)", name, path)
     # With the RVV policy, a GGUF file's quantized projections stay quantized (Q8_0, Q4_0,
     # Q4_1, Q4_K, Q6_K); without it the stock path serves them dequantized.
-    model = load_model(path, _DTYPES[opts.dtype], keep_quantized=kernels,
+    model = load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_kernels,
                        mtp=opts.speculative_algorithm == "NEXTN")
     if opts.speculative_token_map:
         if opts.speculative_algorithm != "NEXTN":
@@ -123,7 +152,7 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         # inference runs eagerly: a compiled graph per row bucket could fuse differently.
         deterministic = opts.enable_deterministic_inference
         config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib,
-                                           compile_mode="eager" if deterministic else opts.cpu_compile_mode,
+                                           compile_mode="eager" if deterministic else opts.cpu_compile_mode or "regional",
                                            shape_gate=opts.cpu_rvv_shape_gate,
                                            drop_unpacked=opts.cpu_rvv_drop_unpacked, deterministic=deterministic)
         if deterministic:
@@ -131,6 +160,11 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
                          "shape gate), attention on the kernel at every length, eager routes")
         report = install_rvv_policy(model, config)
         policy = get_policy(model)
+        if deterministic and report.not_packed:
+            logging.warning("deterministic inference: %d projection(s) left unpacked (%s) run F.linear, whose sums "
+                            "depend on the row count: their rows are not batch-invariant (a larger "
+                            "--cpu-rvv-memory-budget-mib packs them)", len(report.not_packed),
+                            ", ".join(sorted({reason for _, _, reason in report.not_packed})))
         if not report.packed and not any(getattr(r, "quantized", False) for r in policy.routes.values()):
             reasons = sorted({reason for _, _, reason in report.not_packed})
             logging.warning(

@@ -80,3 +80,33 @@ def test_deterministic_inference_installs_the_invariant_policy():
     with pytest.raises(ValueError, match="routes by row count"):
         launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
                                                 cpu_rvv_shape_gate="bucketed", enable_deterministic_inference=True))
+    with pytest.raises(ValueError, match="--cpu-compile-mode regional contradicts it"):
+        launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+                                                cpu_compile_mode="regional", enable_deterministic_inference=True))
+
+
+def test_deterministic_inference_is_the_default_where_it_costs_nothing():
+    avx512 = "x86-64 avx2=1 avx512=1 avx512bf16=1 avx512vnni=1"
+    x86_sets = ["avx512bf16", "portable_avx512", "avx2", "portable", "scalar"]
+    assert launch.deterministic_by_default("bfloat16", avx512, x86_sets)[0]
+    assert launch.deterministic_by_default("bfloat16", "riscv64 v=1", ["rvv", "portable", "scalar"])[0]
+    capped = "x86-64 avx2=1 avx512=0 avx512bf16=0 avx512vnni=0 RVASCEND_MAX_ISA=avx2"
+    on, why = launch.deterministic_by_default("bfloat16", capped, ["avx2", "portable", "scalar"])
+    assert not on and "1.7x-2.4x" in why
+    assert not launch.deterministic_by_default("bfloat16", "x86-64 avx2=1 avx512=1 avx512bf16=0 avx512vnni=1",
+                                               x86_sets)[0]
+    assert not launch.deterministic_by_default("float32", avx512, x86_sets)[0]
+    # Left unset, the option takes the machine's default; FP32 and a row-count gate turn it off, never fail.
+    from rvascend import ops
+
+    expected = launch.deterministic_by_default("bfloat16", ops.cpu_features(), ops.available_kernel_sets())[0]
+    _, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256))
+    assert (policy is not None and policy.config.deterministic) == expected
+    for opts in (dict(dtype="float32"), dict(cpu_rvv_shape_gate="bucketed", enable_cpu_rvv_kernels=True),
+                 dict(cpu_compile_mode="regional", enable_cpu_rvv_kernels=True)):
+        _, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+                                                               **opts))
+        assert policy is None or not policy.config.deterministic, opts
+    _, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+                                                           enable_deterministic_inference=False))
+    assert policy is None
