@@ -39,7 +39,7 @@ FLAGS = flags.FLAGS
 MODELS = ("smollm2-135m", "qwen3-0.6b", "qwen3.5-0.8b")
 TYPES = ("bf16", "q8_0", "q4_0", "q4_k_m")  # bf16, then what llama.cpp's quantizer writes from it
 # Every type prepare_models can write (the riscv64 count adds the types of llama.cpp's public tables).
-FILE_TYPES = (*TYPES, "q4_1", "q2_k", "iq4_nl")
+FILE_TYPES = (*TYPES, "q4_1", "q2_k", "q3_k_m", "q5_k_m", "iq4_nl")
 
 
 def _define_flags() -> None:

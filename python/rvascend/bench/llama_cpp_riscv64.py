@@ -15,10 +15,11 @@ and `vec_dot` (repacking off: the row-by-row dot products), as the PRs report bo
 
 Lengths: the whole model runs once with a --base-prompt prompt (64) and --generate
 tokens; a one-layer model of the same shape and type runs at every prompt length of
---prompts (bench/llama_cpp_riscv64.compose gives the whole model's count at each:
-what attention adds with length, times the depth). Decode contexts are those
-prompts plus the generated tokens (the cache holds that many once the last token is
-in). The first generated token after a prompt also pays the graph's re-planning for
+--prompts, and a two-layer one at every length of --prefill-prompts
+(bench/llama_cpp_riscv64.compose gives the whole model's count at each: the second
+layer is what each layer but the last costs, since llama.cpp's last layer runs its
+feed-forward for the output token alone). Decode contexts are those prompts plus the
+generated tokens (the cache holds that many once the last token is in). The first generated token after a prompt also pays the graph's re-planning for
 one-token batches: the last one is the decode figure.
 
 Threads: the work a guest thread does is counted per thread. On this emulator the
@@ -31,6 +32,7 @@ projected from).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -59,6 +61,11 @@ def _define_flags() -> None:
     flags.DEFINE_list("prompts", ["16", "32", "62", "64", "128", "256", "510", "512"],
                       "The one-layer model's prompt lengths (must include --base-prompt); a decode context is one "
                       "of them plus --generate.")
+    flags.DEFINE_list("prefill-prompts", ["16", "32", "64", "128", "256", "512"],
+                      "The prompt lengths counted for prefill (a two-layer model runs each; must be among --prompts "
+                      "and include --base-prompt).")
+    flags.DEFINE_string("reuse", None, "A jsonl of earlier records: their runs of the same file, variant, VLEN and "
+                        "llama.cpp build are taken instead of being counted again.")
     flags.DEFINE_integer("generate", 2, "Tokens generated after each prompt (the last is the decode figure).",
                          lower_bound=2)
     flags.DEFINE_integer("vlen", 256, "VLEN of the emulated CPU (the K1's is 256).")
@@ -131,43 +138,52 @@ class Composed:
     decode: dict[int, tuple[float, float]]
     prefill_kinds: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
     decode_kinds: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    prefill_check: float = 0.0  # the composed prompt at the whole model's own length / its count - 1
 
 
-def compose(full: CountedRun, one_layer: list[CountedRun], layers: int) -> Composed:
-    """The full model at one prompt length, plus a one-layer model of the same shape at every
-    length: what attention adds with length is the one-layer model's growth beyond linear,
-    times the depth (llama.cpp's attention reads the cache padded to 256 entries, so its cost
-    grows in steps that a fit of two small lengths would miss).
+def compose(full: CountedRun, one_layer: list[CountedRun], two_layer: list[CountedRun], layers: int) -> Composed:
+    """The whole model's counts at every length, from a one-layer and a two-layer model of the
+    same shape and type.
 
-      prefill(P) = full(P0) P / P0 + layers (one(P) - one(P0) P / P0)
-      decode(c)  = full(c0) + layers (one(c) - one(c0))
+    A prompt: llama.cpp's last layer runs its feed-forward and the lm_head for the output
+    token alone (its graph keeps only the rows it outputs), so one layer's prompt count is a
+    fixed part plus attention over the prompt, and the second layer is what every other layer
+    costs: prefill(P) = one(P) + (layers - 1) (two(P) - one(P)), at the prompts both ran. The
+    whole model's own prompt checks it (Composed.prefill_check).
+
+    A token: every layer runs it through, so only attention grows with the context (llama.cpp
+    reads the cache padded to 256 entries: its cost grows in steps):
+    decode(c) = full(c0) + layers (one(c) - one(c0)).
     """
     by_prompt = {r.prompt: r for r in one_layer}
+    second = {r.prompt: r for r in two_layer}
     base = by_prompt.get(full.prompt)
-    if base is None or len(full.token_counts) != len(base.token_counts):
-        raise ValueError(f"the one-layer runs need the full run's prompt length {full.prompt} and token count")
-    p0 = full.prompt
+    if base is None or len(full.token_counts) != len(base.token_counts) or full.prompt not in second:
+        raise ValueError(f"the one- and two-layer runs need the full run's prompt length {full.prompt} and token count")
 
-    def prompt_at(p: int, whole: float, one: float, one_base: float) -> float:
-        return whole * p / p0 + layers * (one - one_base * p / p0)
+    def prompt_at(one: float, two: float) -> float:
+        return one + (layers - 1) * (two - one)
 
     def token_at(whole: float, one: float, one_base: float) -> float:
         return whole + layers * (one - one_base)
 
-    def by_kind(f, whole: dict[str, int], one: dict[str, int], one_base: dict[str, int]) -> dict[str, float]:
-        return {k: f(whole.get(k, 0), one.get(k, 0), one_base.get(k, 0)) for k in sorted({*whole, *one, *one_base})}
+    def by_kind(f, *kinds: dict[str, int]) -> dict[str, float]:
+        """Kinds composed as the counts are; none when a run was counted without them."""
+        if not all(kinds):
+            return {}
+        return {k: f(*(d.get(k, 0) for d in kinds)) for k in sorted(set().union(*kinds))}
 
     prefill, decode, prefill_kinds, decode_kinds = {}, {}, {}, {}
     for p, run in sorted(by_prompt.items()):
-        prefill[p] = tuple(prompt_at(p, full.prompt_counts[k], run.prompt_counts[k], base.prompt_counts[k])
-                           for k in (0, 1))
-        prefill_kinds[p] = by_kind(lambda *v, p=p: prompt_at(p, *v), full.prompt_kinds, run.prompt_kinds,
-                                   base.prompt_kinds)
+        if p in second:
+            prefill[p] = tuple(prompt_at(run.prompt_counts[k], second[p].prompt_counts[k]) for k in (0, 1))
+            prefill_kinds[p] = by_kind(prompt_at, run.prompt_kinds, second[p].prompt_kinds)
         c = _context(run)
         decode[c] = tuple(token_at(_decode(full)[k], _decode(run)[k], _decode(base)[k]) for k in (0, 1))
         decode_kinds[c] = by_kind(token_at, full.token_kinds[-1], run.token_kinds[-1], base.token_kinds[-1]) \
-            if full.token_kinds else {}
-    return Composed(layers, prefill, decode, prefill_kinds, decode_kinds)
+            if full.token_kinds and run.token_kinds and base.token_kinds else {}
+    check = prefill[full.prompt][0] / full.prompt_counts[0] - 1
+    return Composed(layers, prefill, decode, prefill_kinds, decode_kinds, check)
 
 
 def thread_split(one: CountedRun, many: CountedRun) -> dict[str, Any]:
@@ -185,6 +201,34 @@ def thread_split(one: CountedRun, many: CountedRun) -> dict[str, Any]:
             "prefill": split(one.prompt_counts, many.prompt_threads)}
 
 
+def _run_from_json(d: dict[str, Any]) -> CountedRun:
+    def threads(t: dict[str, list[int]]) -> dict[int, tuple[int, int]]:
+        return {int(k): (v[0], v[1]) for k, v in t.items()}
+
+    return CountedRun(d["prompt"], tuple(d["prompt_counts"]), [tuple(c) for c in d["token_counts"]],
+                      threads(d["prompt_threads"]), [threads(t) for t in d["token_threads"]],
+                      d.get("prompt_kinds", {}), d.get("token_kinds", []))
+
+
+def reusable_runs(path: str, build: dict[str, Any], vlen: int, generate: int) -> dict[tuple, CountedRun]:
+    """(model, type, variant, depth ("full", 1 or 2), threads, prompt) -> a run of an earlier
+    record made by the same llama.cpp build at the same VLEN and token count."""
+    runs: dict[tuple, CountedRun] = {}
+    build = json.loads(json.dumps(build))  # as a record holds it: tuples are lists there
+    with open(path, encoding="utf-8") as f:
+        for record in (json.loads(line) for line in f):
+            if record.get("bench") != "llama_cpp_riscv64" or record.get("vlen") != vlen \
+                    or record.get("generate") != generate or record.get("manifest", {}).get("llama_cpp") != build:
+                continue
+            key = (record["model"], record["type"], record["variant"])
+            for t, run in record.get("full_runs", {}).items():
+                runs[(*key, "full", int(t), run["prompt"])] = _run_from_json(run)
+            for depth, name in ((1, "one_layer_runs"), (2, "two_layer_runs")):
+                for run in record.get(name, []):
+                    runs[(*key, depth, 1, run["prompt"])] = _run_from_json(run)
+    return runs
+
+
 def main(argv: list[str]) -> int:
     del argv
     from rvascend.bench import llama_cpp_peer
@@ -198,22 +242,28 @@ def main(argv: list[str]) -> int:
     driver = llama_cpp_riscv64.driver()
     image = os.path.join(deps, "riscv64_image")
     prompts = sorted({int(p) for p in FLAGS.prompts})
+    prefill_prompts = sorted({int(p) for p in FLAGS["prefill-prompts"].value})
     base_prompt = FLAGS["base-prompt"].value
     thread_counts = sorted({1, *(int(t) for t in FLAGS.threads)})
     unknown = [v for v in FLAGS.variants if v not in VARIANTS]
-    if unknown or base_prompt not in prompts:
-        raise app.UsageError(f"--variants from {VARIANTS}; --prompts must include --base-prompt {base_prompt}")
+    if unknown or base_prompt not in prompts or base_prompt not in prefill_prompts \
+            or not set(prefill_prompts) <= set(prompts):
+        raise app.UsageError(f"--variants from {VARIANTS}; --prompts must include --base-prompt {base_prompt} and "
+                             "every --prefill-prompts length")
     threads_available = len(os.sched_getaffinity(0))
     files = llama_cpp_peer.prepare_models(work, FLAGS.models, FLAGS.types, llama_cpp.python_path(), threads_available)
-    one_layer = llama_cpp_peer.prepare_models(work, FLAGS.models, FLAGS.types, llama_cpp.python_path(),
-                                              threads_available, layers=1)
+    shallow = {n: llama_cpp_peer.prepare_models(work, FLAGS.models, FLAGS.types, llama_cpp.python_path(),
+                                                threads_available, layers=n) for n in (1, 2)}
     from rvascend.engine import random_checkpoint
 
     records = []
     captured = manifest.capture(qemu_cpu=f"{qemu}: -cpu {k1_model.qemu_cpu(FLAGS.vlen)}")
     captured["llama_cpp"] = {"llama_cpp_python": llama_cpp.lock()["version"], "build": llama_cpp_riscv64.CMAKE_OPTIONS}
+    earlier = reusable_runs(FLAGS.reuse, captured["llama_cpp"], FLAGS.vlen, FLAGS.generate) if FLAGS.reuse else {}
     with tempfile.TemporaryDirectory() as tmp:
-        def count(gguf: str, threads: int, prompt: int, repack: bool) -> CountedRun:
+        def count(key: tuple, gguf: str, threads: int, prompt: int, repack: bool) -> CountedRun:
+            if (*key, threads, prompt) in earlier:
+                return earlier[(*key, threads, prompt)]
             return run_counted(qemu, plugin, image, driver, gguf, threads, prompt, FLAGS.generate, repack,
                                FLAGS.vlen, tmp)
 
@@ -223,10 +273,14 @@ def main(argv: list[str]) -> int:
             for variant in FLAGS.variants:
                 repack = variant == "repack"
                 start = time.monotonic()
-                full = {t: count(gguf, t, base_prompt, repack) for t in thread_counts}
-                singles = [count(one_layer[key], 1, p, repack) for p in prompts]
+                full = {t: count((model, kind, variant, "full"), gguf, t, base_prompt, repack) for t in thread_counts}
+                singles = [count((model, kind, variant, 1), shallow[1][key], 1, p, repack) for p in prompts]
+                pairs = [count((model, kind, variant, 2), shallow[2][key], 1, p, repack) for p in prefill_prompts]
                 logging.info("%s %s %s: %.0f s under QEMU", model, kind, variant, time.monotonic() - start)
-                composed = compose(full[1], singles, layers)
+                composed = compose(full[1], singles, pairs, layers)
+                if abs(composed.prefill_check) > 0.01:
+                    logging.warning("%s %s %s: the composed %d-token prompt is %+.2f%% off the whole model's count",
+                                    model, kind, variant, base_prompt, 100 * composed.prefill_check)
                 decode_64 = composed.decode[min(composed.decode, key=lambda c: abs(c - 64))]
                 records.append({
                     "bench": "llama_cpp_riscv64", "model": model, "type": kind, "variant": variant,
@@ -235,16 +289,19 @@ def main(argv: list[str]) -> int:
                     "decode": {str(c): list(v) for c, v in composed.decode.items()},
                     "prefill_kinds": {str(p): v for p, v in composed.prefill_kinds.items()},
                     "decode_kinds": {str(c): v for c, v in composed.decode_kinds.items()},
+                    "prefill_check": composed.prefill_check,
                     "file_bytes": os.path.getsize(gguf), "decode_weight_bytes": llama_cpp_peer.decode_step_bytes(gguf),
                     "prefill_per_token_64": composed.prefill[base_prompt][0] / base_prompt,
                     "decode_at_64": decode_64[0], "decode_vector_share": decode_64[1] / decode_64[0],
                     "full_runs": {str(t): dataclasses.asdict(r) for t, r in full.items()},
                     "one_layer_runs": [dataclasses.asdict(r) for r in singles],
+                    "two_layer_runs": [dataclasses.asdict(r) for r in pairs],
                     "threads": {str(t): thread_split(full[1], r) for t, r in full.items() if t > 1}})
                 write_jsonl(FLAGS.output, records[-1:], captured)  # each as it is counted: hours of emulation
     print_table(records, [("model", "model", "s"), ("type", "type", "s"), ("variant", "variant", "s"),
                           ("prefill_per_token_64", "prefill insns/token (P=64)", ",.0f"),
                           ("decode_at_64", "decode insns/token (ctx 64)", ",.0f"),
+                          ("prefill_check", "composed/whole prompt - 1", "+.3%"),
                           ("decode_vector_share", "vector share", ".1%")])
     return 0
 

@@ -4,6 +4,8 @@ of `./dev setup`) the driver's count on a tiny GGUF, stable between runs."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -45,21 +47,53 @@ def _run(prompt, prefill, tokens, threads=None):
                       [{"memory": 1, "reduction": v - 1} for _, v in tokens])
 
 
-def test_compose_scales_the_one_layer_growth_by_depth():
-    # Full model: 64-token prompt 6400 (100 per token), decode 50. One layer: linear 10 per
-    # token plus attention that grows past 256 entries.
-    full = _run(64, (6400, 640), [(60, 6), (50, 5)])
-    one = [_run(64, (640, 64), [(9, 1), (8, 1)]), _run(512, (5120 + 2000, 512 + 200), [(9, 1), (8 + 4, 1 + 2)])]
-    composed = bench.compose(full, one, layers=10)
-    assert composed.prefill[64] == (6400, 640)
-    assert composed.prefill[512] == (6400 * 8 + 10 * 2000, 640 * 8 + 10 * 200)
-    assert composed.decode[66] == (50, 5) and composed.decode[514] == (50 + 40, 5 + 20)
-    # Kinds compose the same way, and add up to the vector instructions.
-    for p, kinds in composed.prefill_kinds.items():
-        assert sum(kinds.values()) == composed.prefill[p][1]
-    assert composed.decode_kinds[514] == {"memory": 1, "reduction": 5 - 1 + 10 * 2}
+def _llama_cpp_like(layers, prompt, generate=2):
+    # A count shaped as llama.cpp's graph: the lm_head (fixed), per layer the projections per
+    # token and attention growing with the square of the prompt, the feed-forward per token in
+    # every layer but the last, which runs it for the output token alone. A token: every layer
+    # in full, attention by the cache padded to 256 entries. A tenth of each a memory access.
+    n = 500 + layers * (10 * prompt + prompt * prompt // 64) + (layers - 1) * 40 * prompt + 40
+    tokens = [500 + layers * (50 + 8 * ((prompt + i + 1 + 255) // 256)) for i in range(generate)]
+    return CountedRun(prompt, (n, n // 10), [(t, t // 10) for t in tokens], {}, [{} for _ in tokens],
+                      {"memory": n // 10}, [{"memory": t // 10} for t in tokens])
+
+
+def test_compose_takes_every_layer_but_the_last_from_the_second():
+    prompts = (16, 64, 300, 512)
+    full = _llama_cpp_like(22, 64)
+    one = [_llama_cpp_like(1, p) for p in prompts]
+    two = [_llama_cpp_like(2, p) for p in prompts]
+    composed = bench.compose(full, one, two, layers=22)
+    for p in prompts:  # exact: scaling the one-layer model's fixed part by depth would miss by 21 x 540 (1 - P/64)
+        assert composed.prefill[p][0] == _llama_cpp_like(22, p).prompt_counts[0], p
+        assert composed.prefill_kinds[p] == {"memory": composed.prefill[p][1]}
+    assert composed.prefill_check == 0.0
+    # Decode: the whole model's token plus the depth times one layer's growth with the cache.
+    for p in prompts:
+        assert composed.decode[p + 2][0] == _llama_cpp_like(22, p).token_counts[-1][0], p
+    # A run counted before the plugin sorted kinds gives no kinds, not the other run's times the depth.
+    bare = [dataclasses.replace(r, prompt_kinds={}, token_kinds=[{} for _ in r.token_counts]) for r in one]
+    composed = bench.compose(full, bare, two, layers=22)
+    assert composed.prefill_kinds[512] == {} and composed.decode_kinds[514] == {}
+    assert composed.prefill[512][0] == _llama_cpp_like(22, 512).prompt_counts[0]
     with pytest.raises(ValueError, match="prompt length 64"):
-        bench.compose(full, one[1:], layers=10)
+        bench.compose(full, one, two[:1], layers=22)
+
+
+def test_reusable_runs_match_the_build(tmp_path):
+    run = _llama_cpp_like(1, 16)
+    build = {"llama_cpp_python": "0.3.36", "build": ["-DGGML_RVV=ON"]}
+    record = {"bench": "llama_cpp_riscv64", "model": "m", "type": "q4_0", "variant": "repack", "vlen": 256,
+              "generate": 2, "manifest": {"llama_cpp": build}, "full_runs": {"1": dataclasses.asdict(run)},
+              "one_layer_runs": [dataclasses.asdict(run)], "two_layer_runs": []}
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(record) + "\n" + json.dumps({**record, "vlen": 128}) + "\n")
+    runs = bench.reusable_runs(str(path), build, 256, 2)
+    assert set(runs) == {("m", "q4_0", "repack", "full", 1, 16), ("m", "q4_0", "repack", 1, 1, 16)}
+    assert runs[("m", "q4_0", "repack", 1, 1, 16)] == run
+    assert bench.reusable_runs(str(path), {**build, "build": []}, 256, 2) == {}
+    # The build's options as the bench holds them (a tuple) match the record's list.
+    assert len(bench.reusable_runs(str(path), {**build, "build": ("-DGGML_RVV=ON",)}, 256, 2)) == 2
 
 
 def test_thread_split_reports_the_added_instructions():
@@ -113,5 +147,5 @@ def test_driver_count_is_stable_and_sees_attention_grow():
         assert plain.token_counts[-1][0] > first.token_counts[-1][0] * 1.5
         # The row-by-row dot products end every block in a reduction; the repacked tiles do not.
         assert plain.token_kinds[-1].get("reduction", 0) > 2 * first.token_kinds[-1].get("reduction", 0)
-        composed = bench.compose(first, [first, long], layers=4)
+        composed = bench.compose(first, [first, long], [first], layers=4)
         assert composed.decode[300][0] > composed.decode[18][0]
