@@ -19,8 +19,9 @@ tokens; a one-layer model of the same shape and type runs at every prompt length
 (bench/llama_cpp_riscv64.compose gives the whole model's count at each: the second
 layer is what each layer but the last costs, since llama.cpp's last layer runs its
 feed-forward for the output token alone). Decode contexts are those prompts plus the
-generated tokens (the cache holds that many once the last token is in). The first generated token after a prompt also pays the graph's re-planning for
-one-token batches: the last one is the decode figure.
+generated tokens (the cache holds that many once the last token is in). The first
+generated token after a prompt also pays the graph's re-planning for one-token
+batches: the last one is the decode figure.
 
 Threads: the work a guest thread does is counted per thread. On this emulator the
 threads' waiting is emulated too, so the instructions a run at N threads executes

@@ -20,7 +20,7 @@ class RvvPolicyConfig:
 
     packed_weights: bool = True       # explicit packed BF16 side buffers
     small_batch: bool = True          # route M = 2..15 (buckets 2, 4, 8, 16)
-    compile_mode: CompileMode = "regional"
+    compile_mode: Optional[CompileMode] = None  # None: regional, eager when deterministic
     memory_budget_mib: Optional[int] = None  # None: derived from available memory
     kernels: bool = True              # the RVV kernels beyond Linear (attention, ...): kernel_routes.KERNELS
     # "bucketed": the seed's contract (N, K >= 1024, row buckets; "seed" is its earlier
@@ -34,8 +34,21 @@ class RvvPolicyConfig:
     # copy is the weight (route.py, ProjectionRoute.take_weight); a tied lm_head keeps both.
     drop_unpacked: bool = False
 
+    @property
+    def compiles_regionally(self) -> bool:
+        return self.compile_mode == "regional" or (self.compile_mode is None and not self.deterministic)
+
+    def determinism_conflict(self) -> Optional[str]:
+        """What in this config routes or compiles by row count, which deterministic inference
+        cannot have; None when nothing does."""
+        if self.shape_gate not in (None, "invariant"):
+            return f"--cpu-rvv-shape-gate {self.shape_gate} routes by row count"
+        if self.compile_mode == "regional":
+            return "--cpu-compile-mode regional contradicts it"
+        return None
+
     @classmethod
-    def from_flag(cls, memory_budget_mib: Optional[int] = None, compile_mode: CompileMode = "regional",
+    def from_flag(cls, memory_budget_mib: Optional[int] = None, compile_mode: Optional[CompileMode] = None,
                   shape_gate: Optional[ShapeGate] = None, drop_unpacked: bool = False,
                   deterministic: bool = False) -> "RvvPolicyConfig":
         return cls(packed_weights=True, small_batch=True, compile_mode=compile_mode,

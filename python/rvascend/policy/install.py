@@ -53,9 +53,11 @@ class RvvPolicy:
         self.regional: Optional[regional_compile.RegionalCompile] = None
         self.report: Optional[PolicyReport] = None
         self.hook = None  # the load_state_dict post-hook's handle
-        if config.deterministic and config.shape_gate not in (None, "invariant"):
-            raise ValueError(f"deterministic inference routes every projection packed at every M (the invariant "
-                             f"shape gate); --cpu-rvv-shape-gate {config.shape_gate} routes by row count")
+        conflict = config.determinism_conflict() if config.deterministic else None
+        if conflict:
+            raise ValueError("deterministic inference routes every projection packed at every M (the invariant "
+                             "shape gate) and runs eagerly (a graph compiled per row bucket could fuse "
+                             f"differently); {conflict}")
         # "bucketed", "measured" or "invariant" (shape_gate.py)
         self.shape_gate = shape_gate.resolve("invariant" if config.deterministic else config.shape_gate)
         # Under the invariant gate no kernel route looks at a call's size either.
@@ -139,7 +141,7 @@ def get_policy(model: nn.Module) -> Optional[RvvPolicy]:
 
 
 def _validate_config(config: RvvPolicyConfig) -> None:
-    if config.compile_mode not in ("regional", "eager"):
+    if config.compile_mode not in (None, "regional", "eager"):
         raise ValueError(f"compile_mode must be 'regional' or 'eager', got {config.compile_mode!r}")
     shape_gate.resolve(config.shape_gate)  # raises on an unknown gate
     budget.derive_budget_bytes(config.memory_budget_mib)  # raises on a bad budget
@@ -210,7 +212,7 @@ def _uninstall(model: nn.Module, policy: RvvPolicy) -> None:
 
 def _attach_regional_compile(model: nn.Module, policy: RvvPolicy) -> None:
     """Compiles the model's repeated block (lazily, at its first call) when asked and possible."""
-    if policy.config.compile_mode != "regional":
+    if not policy.config.compiles_regionally:
         return
     blocks = regional_compile.repeated_blocks(model)
     why = None if blocks else "no_repeated_block"

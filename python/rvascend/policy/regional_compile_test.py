@@ -114,3 +114,15 @@ def test_server_compiles_before_it_serves():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_deterministic_inference_runs_eagerly_and_refuses_regional_compile(checkpoint):
+    # A graph compiled per row bucket could fuse differently: under deterministic inference the
+    # policy runs eagerly unless told otherwise, and refuses to be told regional.
+    model = load_model(checkpoint, torch.bfloat16)
+    install_rvv_policy(model, RvvPolicyConfig(deterministic=True, kernels=False))
+    assert get_policy(model).compile_mode == "eager" and get_policy(model).regional is None
+    assert RvvPolicyConfig().compiles_regionally and not RvvPolicyConfig(deterministic=True).compiles_regionally
+    with pytest.raises(ValueError, match="--cpu-compile-mode regional contradicts it"):
+        install_rvv_policy(load_model(checkpoint, torch.bfloat16),
+                           RvvPolicyConfig(deterministic=True, compile_mode="regional"))

@@ -68,9 +68,9 @@ def default_chunked_prefill_size() -> int:
 def deterministic_by_default(dtype: str, cpu_features: str, kernel_sets: list[str]) -> tuple[bool, str]:
     """Whether deterministic inference is on when the command line does not say, and why:
     where its kernels cost nothing against the stock path. Measured (docs/serving.md,
-    `./dev bench --parts=deterministic`): on AVX-512 BF16 + VNNI, decode steps take 0.20x-0.51x
-    and a 256-token prefill 0.72x-0.73x the stock path's time; with AVX2 alone the BF16
-    prefill takes 2.4x and Q4_1's 1.7x. On RVV the stock path is scalar ATen."""
+    `./dev bench --parts=deterministic`): on AVX-512 BF16 + VNNI, decode steps take 0.33x-0.46x
+    and a 256-token prefill 0.68x-0.77x the stock path's time; with the kernels held to AVX2
+    the prefill takes 2.3x. On RVV the stock path is scalar ATen."""
     if dtype != "bfloat16":
         return False, f"--dtype {dtype} has no batch-invariant kernels"
     if "rvv" in kernel_sets:
@@ -109,15 +109,12 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         from rvascend import ops
 
         on, why = deterministic_by_default(opts.dtype, ops.cpu_features(), ops.available_kernel_sets())
-        if on and opts.cpu_rvv_shape_gate not in (None, "invariant"):
-            on, why = False, f"--cpu-rvv-shape-gate {opts.cpu_rvv_shape_gate} routes by row count"
-        if on and opts.cpu_compile_mode == "regional":
-            on, why = False, "--cpu-compile-mode regional compiles a graph per row bucket"
+        conflict = RvvPolicyConfig(shape_gate=opts.cpu_rvv_shape_gate,
+                                   compile_mode=opts.cpu_compile_mode).determinism_conflict()
+        if on and conflict:
+            on, why = False, conflict
         logging.info("deterministic inference %s by default: %s", "on" if on else "off", why)
         opts = dataclasses.replace(opts, enable_deterministic_inference=on)
-    if opts.enable_deterministic_inference and opts.cpu_compile_mode == "regional":
-        raise ValueError("--enable-deterministic-inference runs eagerly (a graph compiled per row bucket could fuse "
-                         "differently); --cpu-compile-mode regional contradicts it")
     if opts.enable_deterministic_inference and opts.dtype != "bfloat16":
         raise ValueError("--enable-deterministic-inference runs the batch-invariant BF16 kernels; with --dtype "
                          f"{opts.dtype} every Linear runs ATen's GEMM, which blocks by row count")
@@ -149,10 +146,10 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
     if kernels:
         # Without a C++ compiler for Inductor (a board, the riscv64 image) the
         # policy itself falls back to eager routes, logged and counted. Deterministic
-        # inference runs eagerly: a compiled graph per row bucket could fuse differently.
+        # inference runs eagerly (RvvPolicyConfig.compiles_regionally).
         deterministic = opts.enable_deterministic_inference
         config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib,
-                                           compile_mode="eager" if deterministic else opts.cpu_compile_mode or "regional",
+                                           compile_mode=opts.cpu_compile_mode,
                                            shape_gate=opts.cpu_rvv_shape_gate,
                                            drop_unpacked=opts.cpu_rvv_drop_unpacked, deterministic=deterministic)
         if deterministic:
