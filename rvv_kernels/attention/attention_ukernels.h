@@ -41,6 +41,20 @@ void bf16_attention_row__avx512(const float* q, size_t g, size_t d, const uint16
                                 const uint16_t* v_pool, size_t slot_stride, const int64_t* slots,
                                 size_t n_keys, float* scratch, float* out);
 
+// The same row over an FP32 pool (FP32 models under deterministic inference).
+using F32AttentionRowUkernel = void (*)(const float* q, size_t g, size_t d, const float* k_pool,
+                                        const float* v_pool, size_t slot_stride, const int64_t* slots,
+                                        size_t n_keys, float* scratch, float* out);
+
+#define RVASCEND_DECLARE_F32_ROW(name)                                                                      \
+  void name(const float* q, size_t g, size_t d, const float* k_pool, const float* v_pool, size_t slot_stride, \
+            const int64_t* slots, size_t n_keys, float* scratch, float* out);
+RVASCEND_DECLARE_F32_ROW(f32_attention_row__portable)
+RVASCEND_DECLARE_F32_ROW(f32_attention_row__avx2)
+RVASCEND_DECLARE_F32_ROW(f32_attention_row__avx512)
+RVASCEND_DECLARE_F32_ROW(f32_attention_row__rvv)
+#undef RVASCEND_DECLARE_F32_ROW
+
 struct AttentionBlock {
   const uint16_t* q = nullptr;
   size_t q_stride = 0;

@@ -17,6 +17,7 @@ struct Kernel {
   AttentionRowUkernel row;
   AttentionBlockUkernel block;  // nullptr: a block runs row by row
   bool (*supported)(const CpuFeatures&);
+  F32AttentionRowUkernel f32_row;  // over an FP32 pool
 };
 
 // Query rows per block task: enough to amortise the block's K/V copies (2 * keys
@@ -27,15 +28,19 @@ constexpr size_t kBlockRows = 12;
 
 const Kernel kKernels[] = {
 #if defined(RVASCEND_HAVE_RVV)
-    {"rvv", bf16_attention_row__rvv, bf16_attention_block__rvv, [](const CpuFeatures& f) { return f.rvv; }},
+    {"rvv", bf16_attention_row__rvv, bf16_attention_block__rvv, [](const CpuFeatures& f) { return f.rvv; },
+     f32_attention_row__rvv},
     // Every row by the decode kernel: the baseline the block kernel is counted against.
-    {"rvv_rows", bf16_attention_row__rvv, nullptr, [](const CpuFeatures& f) { return f.rvv; }},
+    {"rvv_rows", bf16_attention_row__rvv, nullptr, [](const CpuFeatures& f) { return f.rvv; },
+     f32_attention_row__rvv},
 #endif
 #if defined(RVASCEND_HAVE_X86_VARIANTS)
-    {"avx512", bf16_attention_row__avx512, nullptr, [](const CpuFeatures& f) { return f.avx512; }},
-    {"avx2", bf16_attention_row__avx2, nullptr, [](const CpuFeatures& f) { return f.avx2; }},
+    {"avx512", bf16_attention_row__avx512, nullptr, [](const CpuFeatures& f) { return f.avx512; },
+     f32_attention_row__avx512},
+    {"avx2", bf16_attention_row__avx2, nullptr, [](const CpuFeatures& f) { return f.avx2; }, f32_attention_row__avx2},
 #endif
-    {"portable", bf16_attention_row__portable, nullptr, [](const CpuFeatures&) { return true; }},
+    {"portable", bf16_attention_row__portable, nullptr, [](const CpuFeatures&) { return true; },
+     f32_attention_row__portable},
 };
 
 const Kernel& Choose(const std::string& name) {
@@ -94,18 +99,55 @@ void ValidateWriteSlots(size_t num_slots, const int64_t* slots, size_t n) {
   }
 }
 
-void WriteKvPool(uint16_t* pool, size_t num_slots, size_t row_elements, const uint16_t* rows,
-                 const int64_t* slots, size_t n) {
+void WriteKvPool(void* pool, size_t num_slots, size_t row_elements, const void* rows, const int64_t* slots,
+                 size_t n, size_t element_bytes) {
   ValidateWriteSlots(num_slots, slots, n);
+  const size_t row_bytes = row_elements * element_bytes;
   for (size_t t = 0; t < n; ++t) {
-    std::memcpy(pool + static_cast<size_t>(slots[t]) * row_elements, rows + t * row_elements,
-                row_elements * sizeof(uint16_t));
+    std::memcpy(static_cast<uint8_t*>(pool) + static_cast<size_t>(slots[t]) * row_bytes,
+                static_cast<const uint8_t*>(rows) + t * row_bytes, row_bytes);
   }
 }
+
+namespace {
+
+// Every row alone (the batch-invariant form): one task per (row, KV head).
+void KvPoolAttentionF32(const KvPoolAttentionArgs& a, size_t num_threads, F32AttentionRowUkernel row) {
+  const size_t group = a.heads / a.kv_heads, d = a.head_dim, slot_stride = a.kv_heads * d;
+  const size_t rows = static_cast<size_t>(a.q_starts[a.batch]);
+  std::vector<size_t> row_seq(rows);
+  for (size_t b = 0; b < a.batch; ++b) {
+    for (int64_t t = a.q_starts[b]; t < a.q_starts[b + 1]; ++t) row_seq[t] = b;
+  }
+  const auto* q = static_cast<const float*>(a.q);
+  const auto* k_pool = static_cast<const float*>(a.k_pool);
+  const auto* v_pool = static_cast<const float*>(a.v_pool);
+  auto* out = static_cast<float*>(a.out);
+  ThreadPool::Global().ParallelFor(rows * a.kv_heads, num_threads, [&](size_t index) {
+    const size_t t = index / a.kv_heads, kvh = index % a.kv_heads, b = row_seq[t];
+    const size_t n = static_cast<size_t>(a.q_starts[b + 1] - a.q_starts[b]);
+    const size_t l = static_cast<size_t>(a.kv_starts[b + 1] - a.kv_starts[b]);
+    const size_t keys = l - n + (t - static_cast<size_t>(a.q_starts[b])) + 1;
+    thread_local std::vector<float> q32, scratch;
+    q32.resize(group * d);
+    scratch.resize(group * keys);
+    const float* qrow = q + t * a.q_stride + kvh * group * d;
+    for (size_t i = 0; i < group * d; ++i) q32[i] = qrow[i] * a.scale;
+    row(q32.data(), group, d, k_pool + kvh * d, v_pool + kvh * d, slot_stride,
+                                a.kv_slots + a.kv_starts[b], keys, scratch.data(),
+                                out + t * a.out_stride + kvh * group * d);
+  });
+}
+
+}  // namespace
 
 void KvPoolAttention(const KvPoolAttentionArgs& a, size_t num_threads, const std::string& kernel) {
   ValidateKvPoolAttention(a);
   const Kernel& k = Choose(kernel);
+  if (a.element == KvElement::kFloat32) {
+    KvPoolAttentionF32(a, num_threads, k.f32_row);
+    return;
+  }
   const size_t group = a.heads / a.kv_heads, d = a.head_dim;
   const size_t slot_stride = a.kv_heads * d;
   // One task per (query rows, KV head): a decode row alone, several rows of a
@@ -130,8 +172,10 @@ void KvPoolAttention(const KvPoolAttentionArgs& a, size_t num_threads, const std
     const Task& task = tasks[index / a.kv_heads];
     const size_t kvh = index % a.kv_heads;
     const size_t t = static_cast<size_t>(a.q_starts[task.b]) + task.r0;
-    const uint16_t* qrow = a.q + t * a.q_stride + kvh * group * d;
-    uint16_t* orow = a.out + t * a.out_stride + kvh * group * d;
+    const uint16_t* qrow = static_cast<const uint16_t*>(a.q) + t * a.q_stride + kvh * group * d;
+    uint16_t* orow = static_cast<uint16_t*>(a.out) + t * a.out_stride + kvh * group * d;
+    const auto* k_pool = static_cast<const uint16_t*>(a.k_pool);
+    const auto* v_pool = static_cast<const uint16_t*>(a.v_pool);
     const int64_t* slots = a.kv_slots + a.kv_starts[task.b];
     if (task.rows > 1) {
       AttentionBlock block;
@@ -141,8 +185,8 @@ void KvPoolAttention(const KvPoolAttentionArgs& a, size_t num_threads, const std
       block.rows = task.rows;
       block.g = group;
       block.d = d;
-      block.k_pool = a.k_pool + kvh * d;
-      block.v_pool = a.v_pool + kvh * d;
+      block.k_pool = k_pool + kvh * d;
+      block.v_pool = v_pool + kvh * d;
       block.slot_stride = slot_stride;
       block.slots = slots;
       block.first_keys = task.keys - task.rows + 1;
@@ -156,7 +200,7 @@ void KvPoolAttention(const KvPoolAttentionArgs& a, size_t num_threads, const std
     scratch.resize(group * task.keys);
     out32.resize(group * d);
     for (size_t i = 0; i < group * d; ++i) q32[i] = Bf16ToFloat(qrow[i]) * a.scale;
-    k.row(q32.data(), group, d, a.k_pool + kvh * d, a.v_pool + kvh * d, slot_stride, slots, task.keys,
+    k.row(q32.data(), group, d, k_pool + kvh * d, v_pool + kvh * d, slot_stride, slots, task.keys,
           scratch.data(), out32.data());
     for (size_t i = 0; i < group * d; ++i) orow[i] = FloatToBf16(out32[i]);
   });

@@ -1,6 +1,9 @@
 // Decode (and chunked-prefill) attention that reads K/V in place from a
 // per-token KV pool [slots, kv_heads, head_dim] (BF16): no gather copy, no
 // repeat_interleave for GQA, FP32 softmax, one BF16 rounding of the output.
+// An FP32 call (q, pools and out FP32) runs every row alone by the kernel's FP32
+// row form: one row's result never depends on the rows beside it, the property
+// FP32 deterministic inference needs.
 //
 // Sequence b has query rows [q_starts[b], q_starts[b+1]) and keys/values in
 // the slots kv_slots[kv_starts[b] : kv_starts[b+1]] (prefix first, then its
@@ -16,19 +19,22 @@
 
 namespace rvascend {
 
+enum class KvElement { kBf16, kFloat32 };
+
 struct KvPoolAttentionArgs {
   size_t batch = 0;
   const int64_t* q_starts = nullptr;   // [batch + 1]
   const int64_t* kv_starts = nullptr;  // [batch + 1]
   const int64_t* kv_slots = nullptr;   // [kv_starts[batch]]
   size_t heads = 0, kv_heads = 0, head_dim = 0;
-  const uint16_t* q = nullptr;  // BF16; row t, head h at q + t * q_stride + h * head_dim
+  KvElement element = KvElement::kBf16;  // of q, the pools and out
+  const void* q = nullptr;  // row t, head h at q + t * q_stride + h * head_dim (elements)
   size_t q_stride = 0;
-  const uint16_t* k_pool = nullptr;  // BF16 [num_slots, kv_heads, head_dim], contiguous
-  const uint16_t* v_pool = nullptr;
+  const void* k_pool = nullptr;  // [num_slots, kv_heads, head_dim], contiguous
+  const void* v_pool = nullptr;
   size_t num_slots = 0;
   float scale = 1.0f;
-  uint16_t* out = nullptr;  // BF16; row t, head h at out + t * out_stride + h * head_dim
+  void* out = nullptr;  // row t, head h at out + t * out_stride + h * head_dim
   size_t out_stride = 0;
 };
 
@@ -43,10 +49,10 @@ void KvPoolAttention(const KvPoolAttentionArgs& args, size_t num_threads, const 
 // Throws std::invalid_argument naming the first slot outside [0, num_slots).
 void ValidateWriteSlots(size_t num_slots, const int64_t* slots, size_t n);
 
-// pool[slots[t]] = rows[t] for t < n (rows: [n, row_elements] BF16, contiguous);
-// slots are checked against num_slots first.
-void WriteKvPool(uint16_t* pool, size_t num_slots, size_t row_elements, const uint16_t* rows,
-                 const int64_t* slots, size_t n);
+// pool[slots[t]] = rows[t] for t < n (rows: [n, row_elements] of element_bytes each,
+// contiguous); slots are checked against num_slots first.
+void WriteKvPool(void* pool, size_t num_slots, size_t row_elements, const void* rows, const int64_t* slots,
+                 size_t n, size_t element_bytes = 2);
 
 // Kernels this build has and this CPU runs, best first.
 std::vector<std::string> AvailableAttentionKernels();

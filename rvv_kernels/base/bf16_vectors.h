@@ -29,7 +29,7 @@ inline __attribute__((always_inline)) Vf WidenBf16(Vh h) {
 // eight weights before its FMA).
 template <typename Vf, typename Vu, typename Vh>
 inline __attribute__((always_inline)) Vf WidenBf16(const uint16_t* p) {
-  Vf f;
+  [[maybe_unused]] Vf f;  // the x86 forms write it
 #if defined(__AVX512F__)
   if constexpr (sizeof(Vf) == 64) {
     const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);

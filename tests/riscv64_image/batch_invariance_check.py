@@ -2,7 +2,8 @@
 top-5 log-probabilities are bit for bit those it gets alone when it is batched with
 others, prefilled in chunks, or verified as a row of a speculative step (1 + K rows),
 for a Llama- and a Qwen3.5-architecture model on the RVV kernels (their RVV builds,
-the image's torch 2.6). The host checks the same on x86 (engine/batch_invariance_test.py).
+the image's torch 2.6), and the Llama one in FP32 (the FP32 Linear and attention rows
+built with V). The host checks the same on x86 (engine/batch_invariance_test.py).
 """
 
 import random
@@ -33,8 +34,8 @@ def run(model, target, others=0, chunk=512, drafts=0):
     return [o for o in outputs if o[0] is not None], engine.stats()
 
 
-def check(name, config):
-    model = load_model(write_random_checkpoint(config))
+def check(name, config, dtype=torch.bfloat16):
+    model = load_model(write_random_checkpoint(config), dtype)
     install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
     target = [int(t) for t in torch.randint(3, 1024, (18,), generator=torch.Generator().manual_seed(5))]
     # Every decode step verifies three drafted tokens (rows of 1 + 3), whatever the model says.
@@ -53,7 +54,8 @@ def check(name, config):
 
 
 def main():
-    results = [check("llama", IMAGE_LLAMA), check("qwen3.5", IMAGE_QWEN3_5)]
+    results = [check("llama", IMAGE_LLAMA), check("qwen3.5", IMAGE_QWEN3_5),
+               check("llama fp32", IMAGE_LLAMA, torch.float32)]
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 

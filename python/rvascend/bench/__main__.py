@@ -63,6 +63,10 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         # Not in the default set: deterministic inference against the kernels' default gate and ATen.
         "deterministic": ["rvascend.bench.deterministic", f"--output={out}/deterministic.jsonl"] + model
         + (["--steps=4", "--rounds=1", "--prefill-len=64"] if quick else []),
+        # Not in the default set: the same for an FP32 model (the FP32 Linear and attention kernels).
+        "deterministic_fp32": ["rvascend.bench.deterministic", f"--output={out}/deterministic.jsonl",
+                               "--dtype=float32"] + model
+        + (["--steps=4", "--rounds=1", "--prefill-len=64"] if quick else []),
         # Not in the default set: a decode step with and without a grammar (llguidance's masks).
         "structured_output": ["rvascend.bench.structured_output", f"--output={out}/structured_output.jsonl"] + model
         + (["--steps=8", "--rounds=1", "--batch=2"] if quick else []),

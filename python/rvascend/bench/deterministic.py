@@ -10,7 +10,8 @@ what `./dev serve` runs by default where it costs nothing, server/launch.py) and
 `deterministic_quantized` (both flags: the invariant gate and the quantized kernels).
 Every engine step is timed by itself: the median decode step at batch 1 and 8, and
 a --prefill-len prompt prefilled whole (one step). Reported: each step's time and
-its ratio to `kernels` and to `off`.
+its ratio to `kernels` and to `off`. With --dtype float32 two modes: `off` (ATen's
+FP32 GEMMs and SDPA) and `deterministic` (the FP32 Linear and attention kernels).
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 
 FLAGS = flags.FLAGS
-MODES = ("off", "kernels", "deterministic", "deterministic_quantized")
+MODES = {"bfloat16": ("off", "kernels", "deterministic", "deterministic_quantized"),
+         "float32": ("off", "deterministic")}
 
 
 def _define_flags() -> None:
     flags.DEFINE_string("model-path", None, "Checkpoint (default: the random-weight test model).")
+    flags.DEFINE_enum("dtype", "bfloat16", sorted(MODES), "The model's dtype, as ./dev serve's --dtype.")
     flags.DEFINE_list("batch", ["1", "8"], "Decoding sequences.")
     flags.DEFINE_integer("steps", 24, "Decode steps timed per run.")
     flags.DEFINE_integer("prefill-len", 256, "Prompt tokens of the prefill step.")
@@ -42,8 +45,8 @@ def _define_flags() -> None:
     flags.DEFINE_string("output", "bench_results/deterministic.jsonl", "jsonl file to append to.")
 
 
-def _model(path: str, mode: str):
-    model = load_model(path, torch.bfloat16, keep_quantized=mode in ("kernels", "deterministic_quantized"))
+def _model(path: str, mode: str, dtype: str):
+    model = load_model(path, getattr(torch, dtype), keep_quantized=mode in ("kernels", "deterministic_quantized"))
     if mode != "off":
         install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=mode.startswith("deterministic")))
     return model
@@ -73,27 +76,32 @@ def _prefill(model, length: int) -> float:
 def main(argv: list[str]) -> int:
     del argv
     path = FLAGS["model-path"].value or ensure_random_model()
-    models = {mode: _model(path, mode) for mode in MODES}
+    dtype = FLAGS.dtype
+    modes = MODES[dtype]
+    base = "kernels" if "kernels" in modes else "off"
+    models = {mode: _model(path, mode, dtype) for mode in modes}
     tests = [(f"decode B={b}", lambda m, b=int(b): _decode(m, b, FLAGS.steps)) for b in FLAGS.batch]
     tests.append((f"prefill {FLAGS['prefill-len'].value}", lambda m: _prefill(m, FLAGS["prefill-len"].value)))
     for _, run in tests:  # warm-up: first calls, packing checks, allocator
         for model in models.values():
             run(model)
-    times = {(name, mode): [] for name, _ in tests for mode in MODES}
+    times = {(name, mode): [] for name, _ in tests for mode in modes}
     for _ in range(FLAGS.rounds):
         for name, run in tests:
             for mode, model in models.items():
                 times[(name, mode)].append(run(model))
     records = []
     for name, _ in tests:
-        median = {mode: statistics.median(times[(name, mode)]) for mode in MODES}
-        for mode in MODES:
-            records.append({"model_path": path, "threads": torch.get_num_threads(), "step": name, "mode": mode,
-                            "ms": 1e3 * median[mode], "vs_kernels": median[mode] / median["kernels"],
+        median = {mode: statistics.median(times[(name, mode)]) for mode in modes}
+        for mode in modes:
+            records.append({"model_path": path, "dtype": dtype, "threads": torch.get_num_threads(), "step": name,
+                            "mode": mode, "ms": 1e3 * median[mode], "vs_kernels": median[mode] / median[base],
                             "vs_off": median[mode] / median["off"]})
-        logging.info("%s: %s", name, ", ".join(f"{m} {1e3 * median[m]:.2f} ms" for m in MODES))
-    print_table(records, [("step", "step", "s"), ("mode", "mode", "s"), ("ms", "ms", ".2f"),
-                          ("vs_kernels", "vs kernels", ".3f"), ("vs_off", "vs off", ".3f")])
+        logging.info("%s: %s", name, ", ".join(f"{m} {1e3 * median[m]:.2f} ms" for m in modes))
+    columns = [("step", "step", "s"), ("mode", "mode", "s"), ("ms", "ms", ".2f")]
+    if base != "off":
+        columns.append(("vs_kernels", f"vs {base}", ".3f"))
+    print_table(records, columns + [("vs_off", "vs off", ".3f")])
     write_jsonl(FLAGS.output, records)
     return 0
 

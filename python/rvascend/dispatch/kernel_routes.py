@@ -20,11 +20,13 @@ from rvascend.dispatch.counters import RouteCounters
 ROUTES_ATTR = "_rvv_kernel_routes"
 
 
-def bf16_cpu_inference(*tensors: torch.Tensor, prefill_keys: int = 0) -> Optional[str]:
+def bf16_cpu_inference(*tensors: torch.Tensor, prefill_keys: int = 0, fp32: bool = False) -> Optional[str]:
+    """None for a BF16 CPU inference call (all FP32 too when `fp32`), else why not."""
+    dtypes = (torch.bfloat16, torch.float32) if fp32 else (torch.bfloat16,)
     for t in tensors:
         if t.device.type != "cpu":
             return "non_cpu"
-        if t.dtype != torch.bfloat16:
+        if t.dtype not in dtypes or t.dtype != tensors[0].dtype:
             return "dtype"
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "grad_required"
@@ -46,8 +48,8 @@ def _attention_kernel_has_block_form() -> bool:
 ROW_KERNEL_PREFILL_KEYS = 512
 
 
-def _kv_pool_attention(*tensors: torch.Tensor, prefill_keys: int = 0) -> Optional[str]:
-    why = bf16_cpu_inference(*tensors)
+def _kv_pool_attention(*tensors: torch.Tensor, prefill_keys: int = 0, fp32: bool = False) -> Optional[str]:
+    why = bf16_cpu_inference(*tensors, fp32=fp32)
     if why is None and prefill_keys > ROW_KERNEL_PREFILL_KEYS and not _attention_kernel_has_block_form():
         return "long_prefill_without_block_kernel"
     return why
@@ -56,11 +58,15 @@ def _kv_pool_attention(*tensors: torch.Tensor, prefill_keys: int = 0) -> Optiona
 @dataclasses.dataclass(frozen=True)
 class KernelKind:
     name: str
-    gate: Callable[..., Optional[str]]  # (*tensors, prefill_keys=) -> None, or why the torch path runs
+    gate: Callable[..., Optional[str]]  # (*tensors, prefill_keys=, fp32=) -> None, or why the torch path runs
+    # Whether the kernel takes FP32 calls under deterministic inference, where the torch
+    # path's result depends on the batch (attention: SDPA's blocks follow the query rows);
+    # the others' torch code computes each row alone.
+    fp32_invariant: bool = False
 
 
 KERNELS: dict[str, KernelKind] = {k.name: k for k in (
-    KernelKind("kv_pool_attention", _kv_pool_attention),
+    KernelKind("kv_pool_attention", _kv_pool_attention, fp32_invariant=True),
     KernelKind("rms_norm", bf16_cpu_inference),
     KernelKind("add_rms_norm", bf16_cpu_inference),
     KernelKind("rope", bf16_cpu_inference),
@@ -73,7 +79,8 @@ KERNELS: dict[str, KernelKind] = {k.name: k for k in (
 class KernelRoutes:
     """One model's kernel routing: which kinds are on, and the counters. `batch_invariant`:
     no gate looks at the call's size (a long prompt's attention stays on the kernel), so
-    a row takes the same kernels whatever it is batched with."""
+    a row takes the same kernels whatever it is batched with, and FP32 attention takes the
+    kernel's FP32 form."""
 
     def __init__(self, enabled: bool, batch_invariant: bool = False) -> None:
         self.enabled = enabled
@@ -84,7 +91,10 @@ class KernelRoutes:
         """None if a call of `kind` takes the kernel, else why not."""
         if not self.enabled:
             return "kernels_off"
-        return KERNELS[kind].gate(*tensors, prefill_keys=0 if self.batch_invariant else prefill_keys)
+        k = KERNELS[kind]
+        if self.batch_invariant:
+            return k.gate(*tensors, prefill_keys=0, fp32=k.fp32_invariant)
+        return k.gate(*tensors, prefill_keys=prefill_keys)
 
     def use(self, kind: str, *tensors: torch.Tensor, rows: int = 0, prefill_keys: int = 0) -> bool:
         """prefill_keys: when some sequence of the call has more than one query row,

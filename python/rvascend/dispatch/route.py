@@ -36,7 +36,7 @@ ROUTE_ID_BUFFER = "_rvv_route_id"
 ROUTE_ATTR = "_rvv_route"
 
 # Reasons a routed call runs the row-major callable by design (nothing stale).
-_ROW_MAJOR_REASONS = ("not_packed", "packing_off", "not_packed_budget", "not_packable")
+_ROW_MAJOR_REASONS = ("not_packed", "packing_off", "not_packed_budget", "not_packable", "fp32_kernel")
 
 _ids = itertools.count()
 _routes: "weakref.WeakValueDictionary[int, ProjectionRoute]" = weakref.WeakValueDictionary()
@@ -267,7 +267,13 @@ class ProjectionRoute:
         rows = x.numel() // k if k and x.shape[-1] == k else 0
         config = policy.config
         which = policy.shape_gate
-        why = shape_gate.gate(self.projection, x, weight, bias, config.small_batch, which)
+        if which == "invariant" and _fp32_inference(x, weight, bias):
+            policy.counters.record(self.projection, "fp32_invariant", rows)
+            return ops.f32_linear(x, weight, bias)
+        # Under the invariant gate a BF16 bias is added after the packed product.
+        added = bias if which == "invariant" and bias is not None and invariant_bias(bias, weight.shape[0]) \
+            and not _grad_needed(bias) else None
+        why = shape_gate.gate(self.projection, x, weight, bias if added is None else None, config.small_batch, which)
         if why is not None:
             policy.counters.record(self.projection, "fallback", rows, why)
             return F.linear(x, weight, bias)
@@ -275,12 +281,12 @@ class ProjectionRoute:
         if packed is None and unpacked not in _ROW_MAJOR_REASONS:
             # The packed copy is stale (or was invalidated): never use it.
             policy.counters.record(self.projection, "fallback", rows, unpacked)
-            return F.linear(x, weight)
+            return F.linear(x, weight, bias)
         if packed is None:
             policy.counters.record(self.projection, "row_major", rows, unpacked)
-            return F.linear(x, weight)
+            return F.linear(x, weight, bias)
         policy.counters.record(self.projection, "packed", rows)
-        return _packed_call(x, packed, weight.shape[0], shape_gate.bucket_rows(rows, config.small_batch, which))
+        return _packed_call(x, packed, weight.shape[0], shape_gate.bucket_rows(rows, config.small_batch, which), added)
 
     def _call_owned(self, x: torch.Tensor) -> torch.Tensor:
         """A call whose only weight is the packed one: every call the packed kernel can take
@@ -293,12 +299,16 @@ class ProjectionRoute:
         # The seed's gate: cheap, and where it passes the rows fit its buckets (the measured
         # gate buckets nothing).
         why = shape_gate.gate(self.projection, x, module._buffers[SHAPE_BUFFER], None, config.small_batch, "bucketed")
+        bias = getattr(module, "bias", None)  # packed with one only under the invariant gate
+        if why is None and _grad_needed(bias):
+            why = "grad_required"
         if why in shape_gate.UNSUPPORTED:
             policy.counters.record(self.projection, "fallback", rows, why)
-            return F.linear(x, self.unpacked_weight(module, owned))
+            return F.linear(x, self.unpacked_weight(module, owned), bias)
         policy.counters.record(self.projection, "packed", rows)
         return _packed_call(x, self.owned_packed(), n,
-                            shape_gate.bucket_rows(rows, config.small_batch, policy.shape_gate) if why is None else rows)
+                            shape_gate.bucket_rows(rows, config.small_batch, policy.shape_gate) if why is None else rows,
+                            bias)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,7 +319,28 @@ class _OwnedWeight:
     hooks: tuple
 
 
-def _packed_call(x: torch.Tensor, packed: torch.Tensor, n: int, bucket: int) -> torch.Tensor:
+def _fp32_inference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    """An FP32 CPU call without autograd, which the batch-invariant FP32 kernel takes under
+    deterministic inference (FP32 weights are never packed)."""
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and weight.dim() == 2
+            and x.dim() >= 1 and x.shape[-1] == weight.shape[1]
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+
+
+def invariant_bias(bias: torch.Tensor, n: int) -> bool:
+    """A bias the invariant gate adds after the packed product: BF16, CPU, [N]. Added to
+    each output by itself, it keeps a row's result independent of its batch (one more BF16
+    rounding than F.linear's fused bias: within one ulp of it)."""
+    return bias.dtype == torch.bfloat16 and bias.device.type == "cpu" and tuple(bias.shape) == (n,)
+
+
+def _grad_needed(t: Optional[torch.Tensor]) -> bool:
+    return t is not None and torch.is_grad_enabled() and t.requires_grad
+
+
+def _packed_call(x: torch.Tensor, packed: torch.Tensor, n: int, bucket: int,
+                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     k = packed.shape[1]
     rows = x.numel() // k
     x2 = x.reshape(rows, k)
@@ -318,6 +349,8 @@ def _packed_call(x: torch.Tensor, packed: torch.Tensor, n: int, bucket: int) -> 
     out = ops.packed_bf16_linear(x2, packed, n)
     if bucket != rows:
         out = out[:rows]
+    if bias is not None:
+        out = out + bias
     return out.reshape(*x.shape[:-1], n)
 
 

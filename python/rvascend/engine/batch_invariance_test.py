@@ -2,7 +2,8 @@
 one request's greedy tokens and top-20 log-probabilities are bit for bit those it gets
 alone, however it is batched (1 to 15 others, prefills and decodes mixed), after a
 prefix-cache hit, and in chunked prefill at three chunk sizes; a seeded sampled request
-draws the same tokens alone and batched. Llama-, Qwen3- and Qwen3.5-shaped models."""
+draws the same tokens alone and batched. Llama-, Qwen2- (biases), Qwen3- and Qwen3.5-shaped models, in
+BF16 (the packed kernels) and FP32 (the FP32 Linear and attention kernels)."""
 
 from __future__ import annotations
 
@@ -23,18 +24,22 @@ COMMON = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num
 FAMILIES = {
     "llama": lambda: transformers.LlamaConfig(**COMMON, tie_word_embeddings=True),
     "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=64, tie_word_embeddings=False),
+    # q/k/v biases: added after the packed product under the invariant gate
+    "qwen2": lambda: transformers.Qwen2Config(**COMMON, tie_word_embeddings=False),
     "qwen3.5": lambda: tiny_qwen3_5_config(2048, tie=True),
 }
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+@pytest.fixture(scope="module", params=[(f, d) for f in sorted(FAMILIES) for d in ("bfloat16", "float32")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request, tmp_path_factory):
+    family, dtype = request.param
     torch.manual_seed(0)
-    path = str(tmp_path_factory.mktemp(request.param.replace(".", "_")))
-    config = FAMILIES[request.param]()
-    cls = transformers.Qwen3_5ForCausalLM if request.param == "qwen3.5" else transformers.AutoModelForCausalLM
-    (cls(config) if request.param == "qwen3.5" else cls.from_config(config)).save_pretrained(path)
-    m = load_model(path, torch.bfloat16)
+    path = str(tmp_path_factory.mktemp(family.replace(".", "_")))
+    config = FAMILIES[family]()
+    cls = transformers.Qwen3_5ForCausalLM if family == "qwen3.5" else transformers.AutoModelForCausalLM
+    (cls(config) if family == "qwen3.5" else cls.from_config(config)).save_pretrained(path)
+    m = load_model(path, getattr(torch, dtype))
     install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", deterministic=True))
     assert get_policy(m).shape_gate == "invariant"
     return m
@@ -63,7 +68,9 @@ def test_a_requests_logits_do_not_depend_on_its_batch(model, monkeypatch):
     # Past this many keys a prompt's attention would leave the row kernel for SDPA (on a set
     # without a block form): here the 70-token prompt is past it, and stays on the kernel.
     monkeypatch.setattr(kernel_routes, "ROW_KERNEL_PREFILL_KEYS", 40)
-    get_policy(model).kernels.counters.reset()
+    policy = get_policy(model)
+    policy.kernels.counters.reset()
+    policy.counters.reset()
     rng = random.Random(0)
     target = [rng.randrange(3, model.config.vocab_size) for _ in range(70)]
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=20)
@@ -76,7 +83,11 @@ def test_a_requests_logits_do_not_depend_on_its_batch(model, monkeypatch):
         cases["prefix-cache hit"] = dict(cache_first=True)
     differs = [name for name, kw in cases.items() if _run(model, target, params, **kw) != alone]
     assert not differs, differs
-    assert get_policy(model).kernels.counters.calls("kv_pool_attention", "fallback") == 0
+    assert policy.kernels.counters.calls("kv_pool_attention", "fallback") == 0
+    # Every projection took an invariant kernel: packed (BF16) or the FP32 Linear.
+    assert policy.counters.calls(route="fallback") == 0 and policy.counters.calls(route="row_major") == 0
+    invariant = "fp32_invariant" if model.lm_head.weight.dtype == torch.float32 else "packed"
+    assert policy.counters.calls(route=invariant) > 0
 
 
 def test_a_seeded_sample_does_not_depend_on_its_batch(model):

@@ -8,6 +8,7 @@ importing `rvascend.ops.gated_delta_rule` registers recurrent_gated_delta_rule
 """
 
 from rvascend.ops import elementwise, quantized_linear
+from rvascend.ops.f32_linear import available_f32_linear_kernels, f32_linear
 from rvascend.ops.kv_pool_attention import attention_kernel_has_block_form, available_attention_kernels, kv_pool_attention
 from rvascend.ops.packed_linear import (
     BLOCK_N,
@@ -32,9 +33,11 @@ __all__ = [
     "LAYOUT_VERSION",
     "WIDE_BLOCK_N",
     "attention_kernel_has_block_form",
+    "available_f32_linear_kernels",
     "available_attention_kernels",
     "available_kernel_sets",
     "cpu_features",
+    "f32_linear",
     "kernel_set_layout_version",
     "kv_pool_attention",
     "pack_bf16_weight",

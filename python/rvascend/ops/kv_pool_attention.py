@@ -6,7 +6,8 @@ over the sequence's slots `kv_slots[kv_starts[b]:kv_starts[b+1]]`, causally
 (a sequence with n query rows and L slots: row r attends to its first
 L - n + r + 1 slots). GQA by index: query head h reads KV head
 h // (heads / kv_heads); nothing is gathered or repeated. FP32 inside, one
-BF16 rounding of the output.
+BF16 rounding of the output. All-FP32 tensors (an FP32 model under deterministic
+inference) run every query row alone, so a row's result never depends on its batch.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ def attention_kernel_has_block_form(kernel: str = "") -> bool:
 def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
            write_slots: torch.Tensor, kv_slots: torch.Tensor, kv_starts: torch.Tensor, q_starts: torch.Tensor) -> None:
     name = "kv_pool_attention"
+    if q.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"{name}: q must be bfloat16 or float32, got {q.dtype}")
     for what, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool), ("k_new", k_new), ("v_new", v_new)):
-        if t.dtype != torch.bfloat16:
-            raise TypeError(f"{name}: {what} must be bfloat16, got {t.dtype}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: {what} must be {q.dtype} like q, got {t.dtype}")
         if t.dim() != 3:
             raise ValueError(f"{name}: {what} must be 3-D, got shape {tuple(t.shape)}")
     for what, t in (("write_slots", write_slots), ("kv_slots", kv_slots), ("kv_starts", kv_starts),
@@ -82,7 +85,7 @@ def _attention_cpu(q, k_pool, v_pool, k_new, v_new, write_slots, kv_slots, kv_st
                               v_pool.data_ptr(), slots, min(k_pool.numel(), v_pool.numel()), k_new.data_ptr(),
                               v_new.data_ptr(), min(k_new.numel(), v_new.numel()), write_slots.data_ptr(),
                               write_slots.shape[0], float(scale), out.data_ptr(), heads * d, out.numel(),
-                              torch.get_num_threads())
+                              torch.get_num_threads(), q.dtype == torch.float32)
     return out
 
 

@@ -11,18 +11,18 @@ import torch.nn.functional as F
 from rvascend import ops
 
 
-def make_case(lens, heads=16, kv_heads=8, d=128, slots=None, seed=0):
+def make_case(lens, heads=16, kv_heads=8, d=128, slots=None, seed=0, dtype=torch.bfloat16):
     """lens: (new, total) per sequence. Returns the op's arguments and what SDPA needs."""
     g = torch.Generator().manual_seed(seed)
     total = sum(t for _, t in lens)
     num_slots = slots or total + 5
     perm = torch.randperm(num_slots, generator=g)[:total]
-    k_pool = torch.randn(num_slots, kv_heads, d, generator=g).bfloat16()
-    v_pool = torch.randn(num_slots, kv_heads, d, generator=g).bfloat16()
+    k_pool = torch.randn(num_slots, kv_heads, d, generator=g).to(dtype)
+    v_pool = torch.randn(num_slots, kv_heads, d, generator=g).to(dtype)
     t = sum(n for n, _ in lens)
-    q = torch.randn(t, heads, d, generator=g).bfloat16()
-    k_new = torch.randn(t, kv_heads, d, generator=g).bfloat16()
-    v_new = torch.randn(t, kv_heads, d, generator=g).bfloat16()
+    q = torch.randn(t, heads, d, generator=g).to(dtype)
+    k_new = torch.randn(t, kv_heads, d, generator=g).to(dtype)
+    v_new = torch.randn(t, kv_heads, d, generator=g).to(dtype)
     kv_starts, q_starts, write, start = [0], [0], [], 0
     for n, tot in lens:
         seq_slots = perm[start:start + tot]
@@ -73,6 +73,56 @@ def test_matches_fp64_and_torch_sdpa(lens, heads, kv_heads, d):
     assert err.mean() <= (want_bf16.double() - want64).abs().mean() + 1e-6
 
 
+def test_fp32_matches_fp64_and_torch_sdpa():
+    # The FP32 form (FP32 models under deterministic inference): FP32 arithmetic, no BF16 rounding.
+    a = make_case([(4, 20), (16, 16), (1, 513)], 12, 4, 64, dtype=torch.float32)
+    want64, k_after, v_after = sdpa_reference(a, torch.float64)
+    want32, _, _ = sdpa_reference(a, torch.float32)
+    got = ops.kv_pool_attention(**a)
+    assert got.dtype == torch.float32
+    assert torch.equal(a["k_pool"], k_after) and torch.equal(a["v_pool"], v_after)
+    err = (got.double() - want64).abs()
+    assert (err <= want64.abs() * 1e-5 + 1e-5).all(), err.max()
+    assert err.max() <= 4 * (want32.double() - want64).abs().max() + 1e-6
+
+
+def test_fp32_rows_do_not_depend_on_their_batch():
+    # One sequence of 24 rows over 40 slots: alone, beside two others, and in three chunks
+    # (each chunk's earlier rows already in the pool) give the same bits.
+    heads, kv_heads, d = 8, 2, 64
+    alone = make_case([(24, 40)], heads, kv_heads, d, seed=3, dtype=torch.float32)
+    want = ops.kv_pool_attention(**{**alone, "k_pool": alone["k_pool"].clone(), "v_pool": alone["v_pool"].clone()})
+    others = make_case([(3, 9), (5, 30)], heads, kv_heads, d, seed=4, dtype=torch.float32)
+    slots = alone["k_pool"].shape[0]
+    batched = dict(others)
+    for pool in ("k_pool", "v_pool"):
+        batched[pool] = torch.cat([alone[pool], others[pool]])
+    batched["q"] = torch.cat([others["q"][:3], alone["q"], others["q"][3:]])
+    for new in ("k_new", "v_new"):
+        batched[new] = torch.cat([others[new][:3], alone[new], others[new][3:]])
+    shift = lambda t: t + slots  # noqa: E731
+    o_slots, o_kv = others["kv_slots"], others["kv_starts"]
+    batched["kv_slots"] = torch.cat([shift(o_slots[:9]), alone["kv_slots"], shift(o_slots[9:39])])
+    batched["write_slots"] = torch.cat([shift(others["write_slots"][:3]), alone["write_slots"],
+                                        shift(others["write_slots"][3:])])
+    batched["kv_starts"] = torch.tensor([0, 9, 49, 79])
+    batched["q_starts"] = torch.tensor([0, 3, 27, 32])
+    assert o_kv.tolist() == [0, 9, 39]
+    got = ops.kv_pool_attention(**batched)
+    assert torch.equal(got[3:27], want)
+    chunked = {**alone, "k_pool": alone["k_pool"].clone(), "v_pool": alone["v_pool"].clone()}
+    rows, start = [], 0
+    for n in (7, 1, 16):
+        end = 40 - 24 + start + n
+        rows.append(ops.kv_pool_attention(
+            **{**chunked, "q": alone["q"][start:start + n], "k_new": alone["k_new"][start:start + n],
+               "v_new": alone["v_new"][start:start + n], "write_slots": alone["write_slots"][start:start + n],
+               "kv_slots": alone["kv_slots"][:end], "kv_starts": torch.tensor([0, end]),
+               "q_starts": torch.tensor([0, n])}))
+        start += n
+    assert torch.equal(torch.cat(rows), want)
+
+
 def test_only_write_slots_change_in_the_pool():
     a = make_case([(2, 10)], slots=64)
     before_k = a["k_pool"].clone()
@@ -89,7 +139,8 @@ def test_traces_under_torch_compile():
 
 
 @pytest.mark.parametrize("change,error,match", [
-    (lambda a: a.update(q=a["q"].float()), TypeError, "q must be bfloat16"),
+    (lambda a: a.update(q=a["q"].half()), TypeError, "q must be bfloat16 or float32"),
+    (lambda a: a.update(q=a["q"].float()), TypeError, "k_pool must be torch.float32 like q"),
     (lambda a: a.update(kv_slots=a["kv_slots"].int()), TypeError, "kv_slots must be a 1-D int64"),
     (lambda a: a["kv_slots"].__setitem__(0, 10**6), ValueError, "outside the KV pool"),
     (lambda a: a["write_slots"].__setitem__(0, -3), ValueError, "write_slots\\[0\\] = -3"),

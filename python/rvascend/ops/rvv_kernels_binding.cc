@@ -27,6 +27,7 @@
 #include "python/rvascend/ops/decoder_step_binding.h"
 #include "rvv_kernels/elementwise/elementwise.h"
 #include "rvv_kernels/linear/packed_layout.h"
+#include "rvv_kernels/linear/f32_linear.h"
 #include "rvv_kernels/linear/packed_linear.h"
 #include "rvv_kernels/quantized/quant_kernel_sets.h"
 #include "rvv_kernels/quantized/quant_layout.h"
@@ -108,6 +109,34 @@ void Linear(const std::string& kernel_set, size_t m, size_t n, size_t k, uintptr
   args.output_stride = output_stride;
   py::gil_scoped_release release;
   PackedBf16Linear(set, args, num_threads == 0 ? 1 : num_threads);
+}
+
+// The batch-invariant FP32 Linear over a row-major weight (bias optional: 0).
+void LinearF32(size_t m, size_t n, size_t k, uintptr_t input, size_t input_stride, size_t input_elements,
+               uintptr_t weight, size_t weight_stride, size_t weight_elements, uintptr_t bias, size_t bias_elements,
+               uintptr_t output, size_t output_stride, size_t output_elements, size_t num_threads) {
+  if (m > 1 && input_stride < k) throw std::invalid_argument("input row stride is smaller than K");
+  if (m > 1 && output_stride < n) throw std::invalid_argument("output row stride is smaller than N");
+  if (n > 1 && weight_stride < k) throw std::invalid_argument("weight row stride is smaller than K");
+  CheckExtent("input", m, k, input_stride, input_elements);
+  CheckExtent("weight", n, k, weight_stride, weight_elements);
+  CheckExtent("output", m, n, output_stride, output_elements);
+  F32LinearArgs args;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.input = Pointer<const float>(input, "input");
+  args.input_stride = input_stride;
+  args.weight = Pointer<const float>(weight, "weight");
+  args.weight_stride = weight_stride;
+  if (bias) {
+    CheckExtent("bias", 1, n, 0, bias_elements);
+    args.bias = Pointer<const float>(bias, "bias");
+  }
+  args.output = Pointer<float>(output, "output");
+  args.output_stride = output_stride;
+  py::gil_scoped_release release;
+  F32Linear(args, num_threads == 0 ? 1 : num_threads);
 }
 
 // A cheap content fingerprint of a BF16 [N, K] weight: FNV-1a over the bits
@@ -204,7 +233,7 @@ void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, size
                size_t kv_heads, size_t head_dim, uintptr_t q, size_t q_stride, size_t q_elements, uintptr_t k_pool,
                uintptr_t v_pool, size_t num_slots, size_t pool_elements, uintptr_t k_new, uintptr_t v_new,
                size_t new_elements, uintptr_t write_slots, size_t n_write, float scale, uintptr_t out,
-               size_t out_stride, size_t out_elements, size_t num_threads) {
+               size_t out_stride, size_t out_elements, size_t num_threads, bool fp32) {
   const size_t row = kv_heads * head_dim;
   if (q_rows > 1 && (q_stride < heads * head_dim || out_stride < heads * head_dim)) {
     throw std::invalid_argument("q or out row stride is smaller than heads * head_dim");
@@ -227,22 +256,34 @@ void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, size
   a.head_dim = head_dim;
   const size_t rows = q_rows;
   const size_t q_need = rows ? (rows - 1) * q_stride + heads * head_dim : 0;
-  a.q = Extent<const uint16_t>(q, q_elements, q_need, "q");
+  const size_t out_need = rows ? (rows - 1) * out_stride + heads * head_dim : 0;
+  a.element = fp32 ? KvElement::kFloat32 : KvElement::kBf16;
+  if (fp32) {
+    a.q = Extent<const float>(q, q_elements, q_need, "q");
+    a.k_pool = Extent<const float>(k_pool, pool_elements, num_slots * row, "k_pool");
+    a.v_pool = Extent<const float>(v_pool, pool_elements, num_slots * row, "v_pool");
+    a.out = Extent<float>(out, out_elements, out_need, "out");
+  } else {
+    a.q = Extent<const uint16_t>(q, q_elements, q_need, "q");
+    a.k_pool = Extent<const uint16_t>(k_pool, pool_elements, num_slots * row, "k_pool");
+    a.v_pool = Extent<const uint16_t>(v_pool, pool_elements, num_slots * row, "v_pool");
+    a.out = Extent<uint16_t>(out, out_elements, out_need, "out");
+  }
   a.q_stride = q_stride;
-  a.k_pool = Extent<const uint16_t>(k_pool, pool_elements, num_slots * row, "k_pool");
-  a.v_pool = Extent<const uint16_t>(v_pool, pool_elements, num_slots * row, "v_pool");
   a.num_slots = num_slots;
   a.scale = scale;
-  a.out = Extent<uint16_t>(out, out_elements, rows ? (rows - 1) * out_stride + heads * head_dim : 0, "out");
   a.out_stride = out_stride;
   ValidateKvPoolAttention(a);
   if (n_write) {
     const int64_t* slots = Pointer<const int64_t>(write_slots, "write_slots");
     ValidateWriteSlots(num_slots, slots, n_write);
-    WriteKvPool(Pointer<uint16_t>(k_pool, "k_pool"), num_slots, row,
-                Extent<const uint16_t>(k_new, new_elements, n_write * row, "k_new"), slots, n_write);
-    WriteKvPool(Pointer<uint16_t>(v_pool, "v_pool"), num_slots, row,
-                Extent<const uint16_t>(v_new, new_elements, n_write * row, "v_new"), slots, n_write);
+    const size_t bytes = fp32 ? sizeof(float) : sizeof(uint16_t);
+    const void* k_rows = fp32 ? static_cast<const void*>(Extent<const float>(k_new, new_elements, n_write * row, "k_new"))
+                              : Extent<const uint16_t>(k_new, new_elements, n_write * row, "k_new");
+    const void* v_rows = fp32 ? static_cast<const void*>(Extent<const float>(v_new, new_elements, n_write * row, "v_new"))
+                              : Extent<const uint16_t>(v_new, new_elements, n_write * row, "v_new");
+    WriteKvPool(Pointer<uint8_t>(k_pool, "k_pool"), num_slots, row, k_rows, slots, n_write, bytes);
+    WriteKvPool(Pointer<uint8_t>(v_pool, "v_pool"), num_slots, row, v_rows, slots, n_write, bytes);
   }
   py::gil_scoped_release release;
   KvPoolAttention(a, num_threads == 0 ? 1 : num_threads, kernel);
@@ -500,9 +541,17 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         py::arg("q_stride"), py::arg("q_elements"), py::arg("k_pool"), py::arg("v_pool"), py::arg("num_slots"),
         py::arg("pool_elements"), py::arg("k_new"), py::arg("v_new"), py::arg("new_elements"),
         py::arg("write_slots"), py::arg("n_write"), py::arg("scale"), py::arg("out"), py::arg("out_stride"),
-        py::arg("out_elements"), py::arg("num_threads"),
-        "Writes the new K/V rows into the pools, then attention of BF16 queries over K/V read in place "
-        "from the [slots, kv_heads, head_dim] pools; every buffer comes with its element count.");
+        py::arg("out_elements"), py::arg("num_threads"), py::arg("fp32") = false,
+        "Writes the new K/V rows into the pools, then attention of the queries over K/V read in place "
+        "from the [slots, kv_heads, head_dim] pools (all BF16, or all FP32 with fp32); every buffer comes "
+        "with its element count.");
+  m.def("f32_linear", &LinearF32, py::arg("m"), py::arg("n"), py::arg("k"), py::arg("input"),
+        py::arg("input_stride"), py::arg("input_elements"), py::arg("weight"), py::arg("weight_stride"),
+        py::arg("weight_elements"), py::arg("bias"), py::arg("bias_elements"), py::arg("output"),
+        py::arg("output_stride"), py::arg("output_elements"), py::arg("num_threads"),
+        "output[M, N] = input[M, K] x W[N, K]^T (+ bias), FP32, each row's result independent of M.");
+  m.def("available_f32_linear_kernels", &AvailableF32LinearKernels,
+        "f32_linear kernel sets this build has and this CPU runs, best first.");
   m.def("available_attention_kernels", &AvailableAttentionKernels,
         "Attention kernels this build has and this CPU runs, best first.");
   m.def("attention_kernel_has_block_form", &AttentionKernelHasBlockForm, py::arg("kernel") = "",

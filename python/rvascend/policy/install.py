@@ -13,7 +13,7 @@ from torch import nn
 from rvascend.dispatch import fused_decoder, kernel_routes, shape_gate, weights_generation
 from rvascend.dispatch.counters import RouteCounters
 from rvascend.dispatch.quantized_route import QuantizedRoute
-from rvascend.dispatch.route import PACKED_BUFFER, ProjectionRoute
+from rvascend.dispatch.route import PACKED_BUFFER, ProjectionRoute, invariant_bias
 from rvascend.policy import adapters, budget, regional_compile
 from rvascend.policy.config import RvvPolicyConfig
 from rvascend.runtime import allocator
@@ -100,8 +100,11 @@ class RvvPolicy:
             fits = budget.plan([tuple(r._module().weight.shape) for r in eligible], budget_bytes)
             for r in routes:
                 if r not in eligible:
-                    r.drop("not_packable")
-                    not_packed.append((r.name, r.projection, "not_packable"))
+                    # Under the invariant gate an FP32 weight runs the FP32 Linear kernel as it is.
+                    why = "fp32_kernel" if self.shape_gate == "invariant" and \
+                        r._module().weight.dtype == torch.float32 else "not_packable"
+                    r.drop(why)
+                    not_packed.append((r.name, r.projection, why))
             for r, ok in zip(eligible, fits):
                 if ok:
                     in_place = r.pack_in_place() if self.config.drop_unpacked else None
@@ -117,11 +120,14 @@ class RvvPolicy:
 
 
 def _packable(route: ProjectionRoute, which: str) -> bool:
-    """Packing pays only for weights the gate can ever route: BF16, CPU, 2-D, and a shape it routes."""
+    """Packing pays only for weights the gate can ever route: BF16, CPU, 2-D, and a shape it routes;
+    with a bias only under the invariant gate (route.invariant_bias)."""
     module = route._module()
     w = module.weight
+    bias = getattr(module, "bias", None)
     return (w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.dim() == 2
-            and getattr(module, "bias", None) is None and shape_gate.packable(w.shape[0], w.shape[1], which))
+            and (bias is None or (which == "invariant" and invariant_bias(bias, w.shape[0])))
+            and shape_gate.packable(w.shape[0], w.shape[1], which))
 
 
 def _check_tied_lm_head(model: nn.Module) -> None:

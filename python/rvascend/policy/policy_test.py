@@ -14,7 +14,7 @@ from torch import nn
 
 from rvascend import ops
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, invalidate_packed_weights, repack
-from rvascend.dispatch import shape_gate, weights_generation
+from rvascend.dispatch import weights_generation
 from rvascend.policy.install import packed_buffer_names
 from rvascend.policy.testing import make, transformers_llama
 
@@ -284,6 +284,22 @@ def test_autograd_falls_back_and_gives_the_gradient():
     assert x.grad is not None and torch.equal(x.grad, x_ref.grad)
     assert qkv.weight.grad is not None
     assert _counted(model, "grad_required") == 1
+
+
+def test_invariant_gate_packs_a_biased_projection_and_adds_its_bias():
+    # Qwen2's q/k/v biases: under deterministic inference the projection is packed and its
+    # bias added to each output after the product (a row alone and within three rows give the
+    # same bits); the measured and bucketed gates leave a biased projection to F.linear.
+    for config, route in ((RvvPolicyConfig(deterministic=True), "packed"), (EAGER, "fallback")):
+        model = make(layers=1, qkv_bias=True)
+        qkv = _qkv(model)
+        weight, bias = qkv.weight.detach().clone(), qkv.bias.detach().clone()
+        install_rvv_policy(model, config)
+        x = torch.randn(3, qkv.in_features, dtype=torch.bfloat16)
+        with torch.inference_mode():
+            got, first = qkv(x), qkv(x[:1])
+        assert close(got, F.linear(x, weight, bias)) and torch.equal(got[:1], first)
+        assert get_policy(model).counters.calls("qkv_proj", route) == 2, config
 
 
 def test_fp32_model_falls_back_on_input_dtype():

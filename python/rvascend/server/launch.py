@@ -68,9 +68,16 @@ def default_chunked_prefill_size() -> int:
 def deterministic_by_default(dtype: str, cpu_features: str, kernel_sets: list[str]) -> tuple[bool, str]:
     """Whether deterministic inference is on when the command line does not say, and why:
     where its kernels cost nothing against the stock path. Measured (docs/serving.md,
-    `./dev bench --parts=deterministic`): on AVX-512 BF16 + VNNI, decode steps take 0.33x-0.46x
-    and a 256-token prefill 0.68x-0.77x the stock path's time; with the kernels held to AVX2
-    the prefill takes 2.3x. On RVV the stock path is scalar ATen."""
+    `./dev bench --parts=deterministic`): BF16 on AVX-512 BF16 + VNNI, decode steps take
+    0.33x-0.46x and a 256-token prefill 0.68x-0.77x the stock path's time; with the kernels
+    held to AVX2 the prefill takes 2.3x. FP32 on AVX-512: decode 0.42x-0.57x, prefill
+    0.58x-0.68x; held to AVX2 the prefill takes 1.03x-1.08x. On RVV the BF16 stock path is
+    scalar ATen; FP32 there is not measured."""
+    if dtype == "float32":
+        if "avx512=1" in cpu_features:
+            return True, "FP32 with AVX-512: the FP32 Linear and attention kernels are faster than ATen at every step"
+        return False, ("FP32 without AVX-512: the FP32 kernels' prefill costs up to 1.08x ATen's on AVX2, and is "
+                       "not measured on riscv64 (--enable-deterministic-inference turns them on anyway)")
     if dtype != "bfloat16":
         return False, f"--dtype {dtype} has no batch-invariant kernels"
     if "rvv" in kernel_sets:
@@ -115,9 +122,6 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
             on, why = False, conflict
         logging.info("deterministic inference %s by default: %s", "on" if on else "off", why)
         opts = dataclasses.replace(opts, enable_deterministic_inference=on)
-    if opts.enable_deterministic_inference and opts.dtype != "bfloat16":
-        raise ValueError("--enable-deterministic-inference runs the batch-invariant BF16 kernels; with --dtype "
-                         f"{opts.dtype} every Linear runs ATen's GEMM, which blocks by row count")
     # Deterministic inference installs the policy: its kernels give a row the same result in any batch.
     kernels = opts.enable_cpu_rvv_kernels or opts.enable_deterministic_inference
     _log_cpu()
@@ -153,17 +157,19 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
                                            shape_gate=opts.cpu_rvv_shape_gate,
                                            drop_unpacked=opts.cpu_rvv_drop_unpacked, deterministic=deterministic)
         if deterministic:
-            logging.info("deterministic inference: every projection packed at every row count (the invariant "
-                         "shape gate), attention on the kernel at every length, eager routes")
+            logging.info("deterministic inference: every projection on an invariant kernel at every row count "
+                         "(%s), attention on the kernel at every length, eager routes",
+                         "the FP32 Linear" if opts.dtype == "float32" else "packed, the invariant shape gate")
         report = install_rvv_policy(model, config)
         policy = get_policy(model)
-        if deterministic and report.not_packed:
+        row_major = [p for p in report.not_packed if p[2] != "fp32_kernel"]
+        if deterministic and row_major:
             logging.warning("deterministic inference: %d projection(s) left unpacked (%s) run F.linear, whose sums "
                             "depend on the row count: their rows are not batch-invariant (a larger "
-                            "--cpu-rvv-memory-budget-mib packs them)", len(report.not_packed),
-                            ", ".join(sorted({reason for _, _, reason in report.not_packed})))
-        if not report.packed and not any(getattr(r, "quantized", False) for r in policy.routes.values()):
-            reasons = sorted({reason for _, _, reason in report.not_packed})
+                            "--cpu-rvv-memory-budget-mib packs them)", len(row_major),
+                            ", ".join(sorted({reason for _, _, reason in row_major})))
+        if row_major and not report.packed and not any(getattr(r, "quantized", False) for r in policy.routes.values()):
+            reasons = sorted({reason for _, _, reason in row_major})
             logging.warning(
                 "the RVV policy packed none of %s's Linears (%s; the %s shape gate: %s): they run through F.linear; "
                 "the attention and elementwise kernels still apply. /metrics' rvascend_rvv_projection_calls_total "

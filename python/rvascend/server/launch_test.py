@@ -74,9 +74,11 @@ def test_deterministic_inference_installs_the_invariant_policy():
                                                                 enable_deterministic_inference=True))
     assert policy is not None and policy.shape_gate == "invariant" and policy.config.deterministic
     assert policy.kernels.batch_invariant and policy.compile_mode == "eager"
-    with pytest.raises(ValueError, match="--enable-deterministic-inference runs the batch-invariant BF16 kernels"):
-        launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
-                                                dtype="float32", enable_deterministic_inference=True))
+    # FP32: no projection is packed; each runs the FP32 Linear kernel as the model holds it.
+    _, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+                                                           dtype="float32", enable_deterministic_inference=True))
+    assert policy.shape_gate == "invariant" and not policy.report.packed
+    assert {reason for _, _, reason in policy.report.not_packed} == {"fp32_kernel"}
     with pytest.raises(ValueError, match="routes by row count"):
         launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
                                                 cpu_rvv_shape_gate="bucketed", enable_deterministic_inference=True))
@@ -95,14 +97,20 @@ def test_deterministic_inference_is_the_default_where_it_costs_nothing():
     assert not on and "1.7x-2.4x" in why
     assert not launch.deterministic_by_default("bfloat16", "x86-64 avx2=1 avx512=1 avx512bf16=0 avx512vnni=1",
                                                x86_sets)[0]
-    assert not launch.deterministic_by_default("float32", avx512, x86_sets)[0]
-    # Left unset, the option takes the machine's default; FP32 and a row-count gate turn it off, never fail.
+    # FP32: on with AVX-512 (its FP32 kernels), off below it and on riscv64 (not measured there).
+    assert launch.deterministic_by_default("float32", avx512, x86_sets)[0]
+    assert not launch.deterministic_by_default("float32", capped, ["avx2", "portable", "scalar"])[0]
+    assert not launch.deterministic_by_default("float32", "riscv64 v=1", ["rvv", "portable", "scalar"])[0]
+    assert not launch.deterministic_by_default("float16", avx512, x86_sets)[0]
+    # Left unset, the option takes the machine's default; a row-count gate turns it off, never fails.
     from rvascend import ops
 
-    expected = launch.deterministic_by_default("bfloat16", ops.cpu_features(), ops.available_kernel_sets())[0]
-    _, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256))
-    assert (policy is not None and policy.config.deterministic) == expected
-    for opts in (dict(dtype="float32"), dict(cpu_rvv_shape_gate="bucketed", enable_cpu_rvv_kernels=True),
+    for dtype in ("bfloat16", "float32"):
+        expected = launch.deterministic_by_default(dtype, ops.cpu_features(), ops.available_kernel_sets())[0]
+        _, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+                                                               dtype=dtype))
+        assert (policy is not None and policy.config.deterministic) == expected, dtype
+    for opts in (dict(cpu_rvv_shape_gate="bucketed", enable_cpu_rvv_kernels=True),
                  dict(cpu_compile_mode="regional", enable_cpu_rvv_kernels=True)):
         _, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
                                                                **opts))

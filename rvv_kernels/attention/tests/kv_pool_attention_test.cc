@@ -4,10 +4,12 @@
 // set to all ones (a kernel that reads lanes it did not write fails).
 //
 // Tolerance: 1 BF16 ulp of the exact value (the one output rounding) plus
-// 1e-4 * max|V| for the FP32 scores, exponentials and sums.
+// 1e-4 * max|V| for the FP32 scores, exponentials and sums. The FP32 form
+// (FP32 pools): 1e-5 * max|V|, and every row bit for bit the row computed alone.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -109,6 +111,74 @@ void Run(const Case& c, const std::string& kernel, std::mt19937& rng) {
          kernel.c_str(), batch, c.heads, c.kv_heads, c.d, bad, worst);
 }
 
+// FP32 pools: each kernel's FP32 row form against FP64, and each query row of a batch
+// (two sequences, several rows each) bit for bit that row attended alone.
+void RunF32(const std::string& kernel, std::mt19937& rng) {
+  const size_t heads = 6, kv_heads = 2, d = 40, group = heads / kv_heads, row = kv_heads * d;
+  const std::vector<int64_t> q_starts = {0, 5, 12}, kv_starts = {0, 20, 57};
+  const size_t rows = 12, slots_n = 57, num_slots = 64;
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> k_pool(num_slots * row), v_pool(num_slots * row), q(rows * heads * d);
+  for (float& x : k_pool) x = dist(rng);
+  for (float& x : v_pool) x = dist(rng);
+  for (float& x : q) x = dist(rng);
+  std::vector<int64_t> slots(slots_n);
+  for (size_t i = 0; i < slots_n; ++i) slots[i] = static_cast<int64_t>((i * 37) % num_slots);
+  auto attend = [&](size_t batch, const int64_t* qs, const int64_t* ks, const int64_t* sl, const float* qp,
+                    float* out) {
+    KvPoolAttentionArgs a;
+    a.batch = batch;
+    a.q_starts = qs;
+    a.kv_starts = ks;
+    a.kv_slots = sl;
+    a.heads = heads;
+    a.kv_heads = kv_heads;
+    a.head_dim = d;
+    a.element = KvElement::kFloat32;
+    a.q = qp;
+    a.q_stride = heads * d;
+    a.k_pool = k_pool.data();
+    a.v_pool = v_pool.data();
+    a.num_slots = num_slots;
+    a.scale = 0.15f;
+    a.out = out;
+    a.out_stride = heads * d;
+    KvPoolAttention(a, 3, kernel);
+  };
+  std::vector<float> out(rows * heads * d);
+  attend(2, q_starts.data(), kv_starts.data(), slots.data(), q.data(), out.data());
+  int bad = 0, differ = 0;
+  for (size_t b = 0; b < 2; ++b) {
+    const int64_t n = q_starts[b + 1] - q_starts[b], l = kv_starts[b + 1] - kv_starts[b];
+    for (int64_t r = 0; r < n; ++r) {
+      const size_t t = q_starts[b] + r, keys = l - n + r + 1;
+      const int64_t qs[] = {0, 1}, ks[] = {0, static_cast<int64_t>(keys)};
+      std::vector<float> alone(heads * d);
+      attend(1, qs, ks, slots.data() + kv_starts[b], q.data() + t * heads * d, alone.data());
+      if (std::memcmp(alone.data(), out.data() + t * heads * d, alone.size() * sizeof(float)) != 0) ++differ;
+      for (size_t h = 0; h < heads; ++h) {
+        const size_t kvh = h / group;
+        std::vector<double> s(keys);
+        double m = -1e300, sum = 0;
+        for (size_t j = 0; j < keys; ++j) {
+          double dot = 0;
+          for (size_t i = 0; i < d; ++i)
+            dot += static_cast<double>(q[(t * heads + h) * d + i]) * k_pool[slots[kv_starts[b] + j] * row + kvh * d + i];
+          m = std::max(m, s[j] = dot * 0.15f);
+        }
+        for (double& x : s) sum += (x = std::exp(x - m));
+        for (size_t i = 0; i < d; ++i) {
+          double want = 0;
+          for (size_t j = 0; j < keys; ++j) want += s[j] / sum * v_pool[slots[kv_starts[b] + j] * row + kvh * d + i];
+          if (!(std::fabs(out[(t * heads + h) * d + i] - want) <= 2e-5 * 4)) ++bad;
+        }
+      }
+    }
+  }
+  EXPECT(bad == 0, "%s FP32: %d outputs beyond 8e-5 of FP64", kernel.c_str(), bad);
+  EXPECT(differ == 0, "%s FP32: %d of 12 rows differ from the row attended alone", kernel.c_str(), differ);
+}
+
 void TestErrors() {
   std::vector<int64_t> q_starts = {0, 2}, kv_starts = {0, 1}, slots = {0};
   std::vector<uint16_t> buf(64, 0);
@@ -177,6 +247,7 @@ int main() {
   for (const std::string& kernel : AvailableAttentionKernels()) {
     std::printf("kernel %s\n", kernel.c_str());
     for (const Case& c : cases) Run(c, kernel, rng);
+    RunF32(kernel, rng);
   }
   TestErrors();
   return testing::Summary();

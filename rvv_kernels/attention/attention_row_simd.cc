@@ -1,15 +1,16 @@
 // Host decode-attention row (attention_ukernels.h) in one-register generic
 // vectors (base/simd_vectors.h), compiled once per x86 ISA level the
-// dispatcher may pick; RVASCEND_ATTENTION_ROW names the function. Each key is
-// widened once for the g heads that share it; softmax is exact in FP32 with
+// dispatcher may pick; RVASCEND_ATTENTION_ROW names the BF16-pool function and
+// RVASCEND_ATTENTION_ROW_F32 the FP32-pool one (either may be left out). Each key
+// is widened once for the g heads that share it; softmax is exact in FP32 with
 // the RVV kernels' exp.
 #include <cstring>
 
 #include "rvv_kernels/attention/attention_ukernels.h"
 #include "rvv_kernels/base/simd_vectors.h"
 
-#ifndef RVASCEND_ATTENTION_ROW
-#error "define RVASCEND_ATTENTION_ROW (bf16_attention_row__avx2, ...)"
+#if !defined(RVASCEND_ATTENTION_ROW) && !defined(RVASCEND_ATTENTION_ROW_F32)
+#error "define RVASCEND_ATTENTION_ROW (bf16_attention_row__avx2, ...) or RVASCEND_ATTENTION_ROW_F32"
 #endif
 
 namespace rvascend {
@@ -26,16 +27,23 @@ constexpr size_t kHeadsAtOnce = 4;
 // at DRAM latency, 150 ns per row, without it).
 constexpr size_t kPrefetchKeys = 8;
 
-RVASCEND_SIMD_INLINE void Prefetch(const uint16_t* row, size_t d) {
-  for (size_t b = 0; b < d * sizeof(uint16_t); b += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + b);
+template <typename T>
+RVASCEND_SIMD_INLINE void Prefetch(const T* row, size_t d) {
+  for (size_t b = 0; b < d * sizeof(T); b += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + b);
 }
+
+// n <= kLanes values of a pool row as FP32 lanes (the rest 0).
+RVASCEND_SIMD_INLINE VF LoadN(const uint16_t* p, size_t n) { return simd::LoadBf16N(p, n); }
+RVASCEND_SIMD_INLINE VF LoadN(const float* p, size_t n) { return simd::LoadFN(p, n); }
+RVASCEND_SIMD_INLINE VF Load(const uint16_t* p) { return simd::LoadBf16(p); }
+RVASCEND_SIMD_INLINE VF Load(const float* p) { return simd::LoadF(p); }
 
 // scores[h * n_keys + j + b] = q_h . k_(j+b) for heads [h0, h0 + hn) and kb keys
 // at once: each accumulator is one FMA chain, and one key's chains alone left the
 // FMA units waiting on their latency (a Qwen3 decode row ran at 4.5 GMAC/s). The
 // loops over heads and keys are unrolled so the accumulators stay registers.
-template <size_t hn, size_t kb>
-RVASCEND_SIMD_INLINE void DotKeys(const float* q, size_t h0, size_t d, const uint16_t* const* rows, size_t j,
+template <size_t hn, size_t kb, typename T>
+RVASCEND_SIMD_INLINE void DotKeys(const float* q, size_t h0, size_t d, const T* const* rows, size_t j,
                                   size_t n_keys, float* scores) {
   VF acc[kb][hn] = {};
   for (size_t i = 0; i < d; i += kLanes) {
@@ -45,7 +53,7 @@ RVASCEND_SIMD_INLINE void DotKeys(const float* q, size_t h0, size_t d, const uin
     for (size_t h = 0; h < hn; ++h) qv[h] = simd::LoadFN(q + (h0 + h) * d + i, lanes);
 #pragma GCC unroll 4
     for (size_t b = 0; b < kb; ++b) {
-      const VF kv = simd::LoadBf16N(rows[b] + i, lanes);
+      const VF kv = LoadN(rows[b] + i, lanes);
 #pragma GCC unroll 4
       for (size_t h = 0; h < hn; ++h) acc[b][h] += qv[h] * kv;
     }
@@ -57,14 +65,14 @@ RVASCEND_SIMD_INLINE void DotKeys(const float* q, size_t h0, size_t d, const uin
   }
 }
 
-template <size_t hn>
-void Scores(const float* q, size_t h0, size_t d, const uint16_t* k_pool, size_t slot_stride,
+template <size_t hn, typename T>
+void Scores(const float* q, size_t h0, size_t d, const T* k_pool, size_t slot_stride,
             const int64_t* slots, size_t n_keys, float* scores) {
   constexpr size_t kb = hn <= 2 ? 4 : 2;  // at most eight accumulators
   const auto row = [&](size_t j) { return k_pool + static_cast<size_t>(slots[j]) * slot_stride; };
   size_t j = 0;
   for (; j + kb <= n_keys; j += kb) {
-    const uint16_t* rows[kb];
+    const T* rows[kb];
     for (size_t b = 0; b < kb; ++b) {
       rows[b] = row(j + b);
       if (j + b + kPrefetchKeys < n_keys) Prefetch(row(j + b + kPrefetchKeys), d);
@@ -72,7 +80,7 @@ void Scores(const float* q, size_t h0, size_t d, const uint16_t* k_pool, size_t 
     DotKeys<hn, kb>(q, h0, d, rows, j, n_keys, scores);
   }
   for (; j < n_keys; ++j) {
-    const uint16_t* rows[1] = {row(j)};
+    const T* rows[1] = {row(j)};
     DotKeys<hn, 1>(q, h0, d, rows, j, n_keys, scores);
   }
 }
@@ -111,8 +119,8 @@ constexpr size_t kKeyBlock = 32;
 
 // out[h][i, i + c kLanes) += sum over keys [j0, j1) of p[h][j] v_j for c chunks at
 // once: as for the scores, several FMA chains per key instead of one per head.
-template <size_t hn, size_t c>
-RVASCEND_SIMD_INLINE void ValueChunks(const float* p, size_t h0, size_t d, size_t i, const uint16_t* v_pool,
+template <size_t hn, size_t c, typename T>
+RVASCEND_SIMD_INLINE void ValueChunks(const float* p, size_t h0, size_t d, size_t i, const T* v_pool,
                                       size_t slot_stride, const int64_t* slots, size_t j0, size_t j1,
                                       size_t n_keys, float* out) {
   VF acc[hn][c];
@@ -122,10 +130,10 @@ RVASCEND_SIMD_INLINE void ValueChunks(const float* p, size_t h0, size_t d, size_
     for (size_t u = 0; u < c; ++u) acc[h][u] = simd::LoadF(out + (h0 + h) * d + i + u * kLanes);
   }
   for (size_t j = j0; j < j1; ++j) {
-    const uint16_t* v = v_pool + static_cast<size_t>(slots[j]) * slot_stride + i;
+    const T* v = v_pool + static_cast<size_t>(slots[j]) * slot_stride + i;
     VF vv[c];
 #pragma GCC unroll 4
-    for (size_t u = 0; u < c; ++u) vv[u] = simd::LoadBf16(v + u * kLanes);
+    for (size_t u = 0; u < c; ++u) vv[u] = Load(v + u * kLanes);
 #pragma GCC unroll 4
     for (size_t h = 0; h < hn; ++h) {
       const float ph = p[(h0 + h) * n_keys + j];
@@ -140,8 +148,8 @@ RVASCEND_SIMD_INLINE void ValueChunks(const float* p, size_t h0, size_t d, size_
   }
 }
 
-template <size_t hn>
-void Values(const float* p, size_t h0, size_t d, const uint16_t* v_pool, size_t slot_stride,
+template <size_t hn, typename T>
+void Values(const float* p, size_t h0, size_t d, const T* v_pool, size_t slot_stride,
             const int64_t* slots, size_t n_keys, float* out) {
   constexpr size_t c = hn <= 2 ? 4 : 2;  // at most eight accumulators, four value vectors
   for (size_t h = 0; h < hn; ++h) std::memset(out + (h0 + h) * d, 0, d * sizeof(float));
@@ -160,7 +168,7 @@ void Values(const float* p, size_t h0, size_t d, const uint16_t* v_pool, size_t 
 #pragma GCC unroll 4
       for (size_t h = 0; h < hn; ++h) acc[h] = simd::LoadFN(out + (h0 + h) * d + i, lanes);
       for (size_t j = j0; j < j1; ++j) {
-        const VF vv = simd::LoadBf16N(v_pool + static_cast<size_t>(slots[j]) * slot_stride + i, lanes);
+        const VF vv = LoadN(v_pool + static_cast<size_t>(slots[j]) * slot_stride + i, lanes);
 #pragma GCC unroll 4
         for (size_t h = 0; h < hn; ++h) acc[h] += p[(h0 + h) * n_keys + j] * vv;
       }
@@ -170,10 +178,9 @@ void Values(const float* p, size_t h0, size_t d, const uint16_t* v_pool, size_t 
   }
 }
 
-}  // namespace
-
-void RVASCEND_ATTENTION_ROW(const float* q, size_t g, size_t d, const uint16_t* k_pool, const uint16_t* v_pool,
-                            size_t slot_stride, const int64_t* slots, size_t n_keys, float* scratch, float* out) {
+template <typename T>
+void Row(const float* q, size_t g, size_t d, const T* k_pool, const T* v_pool, size_t slot_stride,
+         const int64_t* slots, size_t n_keys, float* scratch, float* out) {
   static_assert(kHeadsAtOnce == 4, "the switches below name each round size");
   for (size_t h0 = 0; h0 < g; h0 += kHeadsAtOnce) {
     switch (g - h0) {
@@ -193,5 +200,22 @@ void RVASCEND_ATTENTION_ROW(const float* q, size_t g, size_t d, const uint16_t* 
     }
   }
 }
+
+}  // namespace
+
+#if defined(RVASCEND_ATTENTION_ROW)
+void RVASCEND_ATTENTION_ROW(const float* q, size_t g, size_t d, const uint16_t* k_pool, const uint16_t* v_pool,
+                            size_t slot_stride, const int64_t* slots, size_t n_keys, float* scratch, float* out) {
+  Row(q, g, d, k_pool, v_pool, slot_stride, slots, n_keys, scratch, out);
+}
+#endif
+
+#if defined(RVASCEND_ATTENTION_ROW_F32)
+void RVASCEND_ATTENTION_ROW_F32(const float* q, size_t g, size_t d, const float* k_pool, const float* v_pool,
+                                size_t slot_stride, const int64_t* slots, size_t n_keys, float* scratch,
+                                float* out) {
+  Row(q, g, d, k_pool, v_pool, slot_stride, slots, n_keys, scratch, out);
+}
+#endif
 
 }  // namespace rvascend
