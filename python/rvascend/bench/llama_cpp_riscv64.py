@@ -139,7 +139,9 @@ class Composed:
     decode: dict[int, tuple[float, float]]
     prefill_kinds: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
     decode_kinds: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
-    prefill_check: float = 0.0  # the composed prompt at the whole model's own length / its count - 1
+    # The composed prompt at the whole model's own length / its count - 1, before the composed
+    # prompts were brought to that count (compose's last step).
+    prefill_check: float = 0.0
 
 
 def compose(full: CountedRun, one_layer: list[CountedRun], two_layer: list[CountedRun], layers: int) -> Composed:
@@ -150,7 +152,11 @@ def compose(full: CountedRun, one_layer: list[CountedRun], two_layer: list[Count
     token alone (its graph keeps only the rows it outputs), so one layer's prompt count is a
     fixed part plus attention over the prompt, and the second layer is what every other layer
     costs: prefill(P) = one(P) + (layers - 1) (two(P) - one(P)), at the prompts both ran. The
-    whole model's own prompt checks it (Composed.prefill_check).
+    whole model's own prompt checks it (Composed.prefill_check) and sets it: a type whose recipe
+    varies the type by layer (Q5_K_M gives Q6_K to the first and last eighth of the layers and
+    every third between; IQ4_NL and Q3_K_M their own) gives a one- and a two-layer file another
+    mix than the whole model's, a difference in weight work per prompt token, so the whole
+    model's count at its prompt P0 corrects every prompt by P / P0 of the difference there.
 
     A token: every layer runs it through, so only attention grows with the context (llama.cpp
     reads the cache padded to 256 entries: its cost grows in steps):
@@ -183,8 +189,21 @@ def compose(full: CountedRun, one_layer: list[CountedRun], two_layer: list[Count
         decode[c] = tuple(token_at(_decode(full)[k], _decode(run)[k], _decode(base)[k]) for k in (0, 1))
         decode_kinds[c] = by_kind(token_at, full.token_kinds[-1], run.token_kinds[-1], base.token_kinds[-1]) \
             if full.token_kinds and run.token_kinds and base.token_kinds else {}
-    check = prefill[full.prompt][0] / full.prompt_counts[0] - 1
+    p0 = full.prompt
+    check = prefill[p0][0] / full.prompt_counts[0] - 1
+    at_p0, kinds_at_p0 = prefill[p0], prefill_kinds.get(p0, {})
+    prefill = {p: tuple(v[k] + (full.prompt_counts[k] - at_p0[k]) * p / p0 for k in (0, 1)) for p, v in prefill.items()}
+    if full.prompt_kinds and kinds_at_p0:
+        prefill_kinds = {p: {k: kinds.get(k, 0) + (full.prompt_kinds.get(k, 0) - kinds_at_p0.get(k, 0)) * p / p0
+                             for k in sorted(set(kinds) | set(full.prompt_kinds))} if kinds else {}
+                         for p, kinds in prefill_kinds.items()}
     return Composed(layers, prefill, decode, prefill_kinds, decode_kinds, check)
+
+
+def composed_record(record: dict[str, Any]) -> Composed:
+    """compose() over the runs a llama_cpp_riscv64 record keeps (its one-thread whole run)."""
+    return compose(_run_from_json(record["full_runs"]["1"]), [_run_from_json(r) for r in record["one_layer_runs"]],
+                   [_run_from_json(r) for r in record["two_layer_runs"]], record["layers"])
 
 
 def thread_split(one: CountedRun, many: CountedRun) -> dict[str, Any]:

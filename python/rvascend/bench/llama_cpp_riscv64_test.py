@@ -80,6 +80,28 @@ def test_compose_takes_every_layer_but_the_last_from_the_second():
         bench.compose(full, one, two[:1], layers=22)
 
 
+def test_compose_brings_the_prompts_to_the_whole_models_count():
+    # A recipe that varies the type by layer: the whole model does 3 more instructions per
+    # prompt token (2 of them vector, all memory) than one and two layers of it compose to.
+    prompts = (16, 64, 512)
+    shallow = _llama_cpp_like(22, 64)
+    n, v = shallow.prompt_counts
+    full = dataclasses.replace(shallow, prompt_counts=(n + 3 * 64, v + 2 * 64), prompt_kinds={"memory": v + 2 * 64})
+    one = [_llama_cpp_like(1, p) for p in prompts]
+    two = [_llama_cpp_like(2, p) for p in prompts]
+    composed = bench.compose(full, one, two, layers=22)
+    assert composed.prefill_check == pytest.approx(-3 * 64 / (n + 3 * 64))
+    for p in prompts:
+        want = _llama_cpp_like(22, p).prompt_counts
+        assert composed.prefill[p][0] == pytest.approx(want[0] + 3 * p), p
+        # Vector counts: each run's is its total // 10, which composes to within those roundings.
+        assert composed.prefill[p][1] == pytest.approx(want[1] + 2 * p, rel=5e-3), p
+        assert composed.prefill_kinds[p]["memory"] == pytest.approx(want[1] + 2 * p, rel=5e-3), p
+    record = {"layers": 22, "full_runs": {"1": dataclasses.asdict(full)},
+              "one_layer_runs": [dataclasses.asdict(r) for r in one], "two_layer_runs": [dataclasses.asdict(r) for r in two]}
+    assert bench.composed_record(json.loads(json.dumps(record))).prefill == composed.prefill
+
+
 def test_reusable_runs_match_the_build(tmp_path):
     run = _llama_cpp_like(1, 16)
     build = {"llama_cpp_python": "0.3.36", "build": ["-DGGML_RVV=ON"]}

@@ -19,7 +19,7 @@ from typing import Any
 from absl import app, flags
 
 from rvascend.bench import k1_model
-from rvascend.bench.calibration.fit import llama_cpp_tok_s
+from rvascend.bench.calibration.fit import llama_cpp_tok_s, recomposed
 from rvascend.bench.riscv64_step import project_record
 from rvascend.bench.results import print_table
 
@@ -55,7 +55,8 @@ def rows(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], board: k1_mod
 
 def main(argv: list[str]) -> int:
     del argv
-    ours, theirs = _read(FLAGS.ours, "riscv64_step"), _read(FLAGS.llama_cpp, "llama_cpp_riscv64")
+    ours = _read(FLAGS.ours, "riscv64_step")
+    theirs = [recomposed(r) for r in _read(FLAGS.llama_cpp, "llama_cpp_riscv64")]
     for board in (k1_model.CALIBRATED, k1_model.ASSUMED):
         print(f"\nboard model: {board.name}")
         print_table(rows(ours, theirs, board),

@@ -53,14 +53,28 @@ def load_points(path: str = POINTS) -> list[dict[str, Any]]:
 
 
 def load_counts(path: str = COUNTS) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """(model, type, variant) -> the latest llama_cpp_riscv64 record of it."""
+    """(model, type, variant) -> the latest llama_cpp_riscv64 record of it, its prompts composed
+    again from the runs it keeps (llama_cpp_riscv64.compose as it is now, not as it was when
+    the record was written)."""
     counts = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             record = json.loads(line)
             if record.get("bench") == "llama_cpp_riscv64":
-                counts[(record["model"], record["type"], record["variant"])] = record
+                counts[(record["model"], record["type"], record["variant"])] = recomposed(record)
     return counts
+
+
+def recomposed(record: dict[str, Any]) -> dict[str, Any]:
+    """A llama_cpp_riscv64 record with its prompts composed again from the runs it keeps."""
+    from rvascend.bench import llama_cpp_riscv64
+
+    if record.get("one_layer_runs") and record.get("two_layer_runs"):
+        composed = llama_cpp_riscv64.composed_record(record)
+        record = {**record, "prefill": {str(p): list(v) for p, v in composed.prefill.items()},
+                  "prefill_kinds": {str(p): v for p, v in composed.prefill_kinds.items()},
+                  "prefill_check": composed.prefill_check}
+    return record
 
 
 def llama_cpp_tok_s(record: dict[str, Any], prefill: bool, length: float, threads: int,
