@@ -74,15 +74,20 @@ struct QV;
       return __riscv_vsext_vf4_i32##M32(LoadI8(p, vl), vl);                                          \
     }                                                                                                \
     static F32 Cvt(I32 v, size_t vl) { return __riscv_vfcvt_f_x_v_f32##M32(v, vl); }                \
-    /* f16 scales * s, rounded once (the portable ScaleProduct). */                                  \
-    static F32 Scales(const uint8_t* p, float s, size_t vl) {                                        \
+    /* f16 scales * 2^56, exact: the rows of a multi-row call share it. */                           \
+    static F32 WeightScales(const uint8_t* p, size_t vl) {                                           \
       vuint32##M32##_t u = __riscv_vzext_vf2_u32##M32(                                              \
           __riscv_vle16_v_u16##M16(reinterpret_cast<const uint16_t*>(p), vl), vl);                   \
       vuint32##M32##_t mag = __riscv_vsll_vx_u32##M32(__riscv_vand_vx_u32##M32(u, 0x7fffu, vl), 13, vl); \
       vuint32##M32##_t sign = __riscv_vsll_vx_u32##M32(__riscv_vand_vx_u32##M32(u, 0x8000u, vl), 16, vl); \
       F32 d = __riscv_vreinterpret_v_u32##M32##_f32##M32(__riscv_vor_vv_u32##M32(mag, sign, vl));     \
-      return __riscv_vfmul_vf_f32##M32(__riscv_vfmul_vf_f32##M32(d, kTwo56, vl), s * kTwo56, vl);   \
+      return __riscv_vfmul_vf_f32##M32(d, kTwo56, vl);                                              \
     }                                                                                                \
+    /* WeightScales * s, rounded once (the portable ScaleProduct). */                                 \
+    static F32 Times(F32 weight_scales, float s, size_t vl) {                                        \
+      return __riscv_vfmul_vf_f32##M32(weight_scales, s * kTwo56, vl);                               \
+    }                                                                                                \
+    static F32 Scales(const uint8_t* p, float s, size_t vl) { return Times(WeightScales(p, vl), s, vl); } \
     static F32 FmaccVv(F32 acc, F32 a, F32 b, size_t vl) { return __riscv_vfmacc_vv_f32##M32(acc, a, b, vl); } \
     static F32 FmaccVf(F32 acc, float a, F32 b, size_t vl) { return __riscv_vfmacc_vf_f32##M32(acc, a, b, vl); } \
     static F32 ZeroF(size_t vl) { return __riscv_vfmv_v_f_f32##M32(0.0f, vl); }                     \
@@ -132,13 +137,21 @@ void Chunk32(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size_t
     if constexpr (F == QuantFormat::kQ8_0) {
       const uint8_t* q = blk + 2 * t + off;
       s0 = s1 = s2 = s3 = V::Zero32(vl);
+      // Every row's pair of products first (e8 sources), then every row's widening add
+      // (e16): one vtype change each way per k pair, not two per row (counted at VLEN 256,
+      // clang, 64 rows: 1.98 M vset{i}vl{i} per 64 M MACs before).
       RVASCEND_UNROLL(16)
       for (size_t i = 0; i < 32; i += 2) {
         const auto w0 = V::LoadI8(q + i * t, vl), w1 = V::LoadI8(q + (i + 1) * t, vl);
-        s0 = V::WaddW(s0, V::Wmacc(V::Wmul(w0, a0[i], vl), a0[i + 1], w1, vl), vl);
-        if constexpr (kRows > 1) s1 = V::WaddW(s1, V::Wmacc(V::Wmul(w0, a1[i], vl), a1[i + 1], w1, vl), vl);
-        if constexpr (kRows > 2) s2 = V::WaddW(s2, V::Wmacc(V::Wmul(w0, a2[i], vl), a2[i + 1], w1, vl), vl);
-        if constexpr (kRows > 3) s3 = V::WaddW(s3, V::Wmacc(V::Wmul(w0, a3[i], vl), a3[i + 1], w1, vl), vl);
+        const auto p0 = V::Wmacc(V::Wmul(w0, a0[i], vl), a0[i + 1], w1, vl);
+        [[maybe_unused]] typename V::I16 p1, p2, p3;
+        if constexpr (kRows > 1) p1 = V::Wmacc(V::Wmul(w0, a1[i], vl), a1[i + 1], w1, vl);
+        if constexpr (kRows > 2) p2 = V::Wmacc(V::Wmul(w0, a2[i], vl), a2[i + 1], w1, vl);
+        if constexpr (kRows > 3) p3 = V::Wmacc(V::Wmul(w0, a3[i], vl), a3[i + 1], w1, vl);
+        s0 = V::WaddW(s0, p0, vl);
+        if constexpr (kRows > 1) s1 = V::WaddW(s1, p1, vl);
+        if constexpr (kRows > 2) s2 = V::WaddW(s2, p2, vl);
+        if constexpr (kRows > 3) s3 = V::WaddW(s3, p3, vl);
       }
     } else {
       const uint8_t* qs = blk + (F == QuantFormat::kQ4_1 ? 4 : 2) * t + off;
@@ -158,20 +171,33 @@ void Chunk32(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size_t
       if constexpr (kRows > 2) s2 = V::Wadd(l2, h2, vl);
       if constexpr (kRows > 3) s3 = V::Wadd(l3, h3, vl);
     }
-    auto finish = [&](int i, typename V::I32 s) {
-      const float ad = r.d[i][b];
-      const int32_t asum = r.sum32[i][b];
-      if constexpr (F == QuantFormat::kQ4_0) s = V::SubX(s, 8 * asum, vl);
-      auto acc = V::FmaccVv(V::LoadF(r.c[i] + off, vl), V::Cvt(s, vl), V::Scales(blk + 2 * off, ad, vl), vl);
-      if constexpr (F == QuantFormat::kQ4_1) {
-        acc = V::FmaccVf(acc, ad * static_cast<float>(asum), V::Scales(blk + 2 * t + 2 * off, 1.0f, vl), vl);
-      }
-      V::StoreF(r.c[i] + off, acc, vl);
+    // The block's FP32 accumulators, each row's sum times its scales (f16 weight scale x
+    // activation scale, rounded once).
+    auto finish_rows = [&](auto scales_of) {
+      auto finish = [&](int i, typename V::I32 s) {
+        const float ad = r.d[i][b];
+        const int32_t asum = r.sum32[i][b];
+        if constexpr (F == QuantFormat::kQ4_0) s = V::SubX(s, 8 * asum, vl);
+        auto acc = V::FmaccVv(V::LoadF(r.c[i] + off, vl), V::Cvt(s, vl), scales_of(ad), vl);
+        if constexpr (F == QuantFormat::kQ4_1) {
+          acc = V::FmaccVf(acc, ad * static_cast<float>(asum), V::Scales(blk + 2 * t + 2 * off, 1.0f, vl), vl);
+        }
+        V::StoreF(r.c[i] + off, acc, vl);
+      };
+      finish(0, s0);
+      if constexpr (kRows > 1) finish(1, s1);
+      if constexpr (kRows > 2) finish(2, s2);
+      if constexpr (kRows > 3) finish(3, s3);
     };
-    finish(0, s0);
-    if constexpr (kRows > 1) finish(1, s1);
-    if constexpr (kRows > 2) finish(2, s2);
-    if constexpr (kRows > 3) finish(3, s3);
+    if constexpr (F == QuantFormat::kQ4_0) {
+      // The weight scales once for every row, each row's product then one multiply.
+      // Counted at VLEN 256 (clang, 64 rows): 7.8 % fewer K1 cycles per MAC. Q8_0's and
+      // Q4_1's finishes have no registers for it: there it spilled (1.25x, 2.2x the cycles).
+      const auto weight_scales = V::WeightScales(blk + 2 * off, vl);
+      finish_rows([&](float ad) { return V::Times(weight_scales, ad, vl); });
+    } else {
+      finish_rows([&](float ad) { return V::Scales(blk + 2 * off, ad, vl); });
+    }
   }
 }
 
