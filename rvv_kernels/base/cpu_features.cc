@@ -112,14 +112,17 @@ CpuFeatures Capped(CpuFeatures f) {
   const char* env = std::getenv("RVASCEND_MAX_ISA");
   const std::string cap = env ? env : "";
   if (cap.empty() || cap == "native") return f;
-  if (cap != "avx2" && cap != "generic") {
-    throw std::invalid_argument("RVASCEND_MAX_ISA=" + cap + ": expected native, avx2 (x86-64) or generic");
+  if (cap != "avx2" && cap != "avx512" && cap != "generic") {
+    throw std::invalid_argument("RVASCEND_MAX_ISA=" + cap +
+                                ": expected native, avx2 or avx512 (x86-64: AVX-512 F/BW/VL without BF16 and VNNI), "
+                                "or generic");
   }
 #if !defined(__x86_64__)
-  if (cap == "avx2") throw std::invalid_argument("RVASCEND_MAX_ISA=avx2 is for x86-64 hosts");
+  if (cap != "generic") throw std::invalid_argument("RVASCEND_MAX_ISA=" + cap + " is for x86-64 hosts");
 #endif
   f.max_isa = cap;
-  f.avx512 = f.avx512bf16 = f.avx512vnni = false;
+  f.avx512bf16 = f.avx512vnni = false;
+  if (cap != "avx512") f.avx512 = false;
   if (cap == "generic") {
     f.avx2 = f.rvv = f.zvfbfwma = false;
     f.zvfbfwma_source = "RVASCEND_MAX_ISA=generic";

@@ -69,6 +69,24 @@ def test_avx2_cap_leaves_no_avx512_kernel_in_any_family():
     assert set(_sets(capped)) <= set(_sets(native))
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the AVX-512 cap is an x86-64 one")
+def test_avx512_cap_drops_bf16_and_vnni_only():
+    # A host with AVX-512 F/BW/VL but neither BF16 nor VNNI (Skylake-SP): what it runs.
+    native = _native_report()
+    if "avx512=1" not in native["features"]:
+        pytest.skip("this host has no AVX-512")
+    done = _report("avx512")
+    assert done.returncode == 0, done.stderr
+    capped = json.loads(done.stdout)
+    features = capped["features"]
+    assert "avx512=1" in features and "avx512bf16=0" in features and "avx512vnni=0" in features, features
+    assert "RVASCEND_MAX_ISA=avx512" in features
+    assert "avx512bf16" not in capped["linear"] and "avx512vnni" not in capped["quantized"], capped
+    assert capped["linear"][0] == "portable_avx512" and capped["attention"][0] == "avx512", capped
+    assert capped["linear_error"] < 1e-2, capped
+    assert set(_sets(capped)) <= set(_sets(native))
+
+
 def test_generic_cap_runs_the_portable_kernels_only():
     done = _report("generic")
     assert done.returncode == 0, done.stderr
@@ -82,7 +100,7 @@ def test_generic_cap_runs_the_portable_kernels_only():
 def test_unknown_cap_is_an_error_naming_the_variable():
     done = _report("avx9")
     assert done.returncode != 0
-    assert "RVASCEND_MAX_ISA=avx9" in done.stderr and "expected native, avx2" in done.stderr
+    assert "RVASCEND_MAX_ISA=avx9" in done.stderr and "expected native, avx2 or avx512" in done.stderr
 
 
 if __name__ == "__main__":

@@ -68,9 +68,9 @@ flags.DEFINE_enum("reasoning-parser", None, ["qwen3"],
                   "Split <think>...</think> into reasoning_content (qwen3: Qwen3 and Qwen3.5); default: off.")
 flags.DEFINE_bool("enable-deterministic-inference", None,
                   "Same request, same answer: a request's logits do not depend on what it is batched with, the "
-                  "prefix cache or the prefill chunking (BF16; installs the kernels' policy with the invariant "
-                  "shape gate). Default: on where it costs nothing (RVV; x86 with AVX-512 BF16 and VNNI), off "
-                  "elsewhere; --noenable-deterministic-inference turns it off.")
+                  "prefix cache or the prefill chunking (BF16 and FP32; installs the kernels' policy with the "
+                  "invariant shape gate). Default: on where it costs nothing (RVV in BF16; x86 with AVX2 or "
+                  "AVX-512), off elsewhere; --noenable-deterministic-inference turns it off.")
 flags.DEFINE_enum("speculative-algorithm", None, ["NGRAM", "NEXTN"],
                   "Speculative decoding: NGRAM drafts tokens from the request's own prompt and output, NEXTN with "
                   "a Qwen3.5 checkpoint's MTP head; one step verifies them (the output is exactly what decoding "

@@ -67,25 +67,25 @@ def default_chunked_prefill_size() -> int:
 
 def deterministic_by_default(dtype: str, cpu_features: str, kernel_sets: list[str]) -> tuple[bool, str]:
     """Whether deterministic inference is on when the command line does not say, and why:
-    where its kernels cost nothing against the stock path. Measured (docs/serving.md,
-    `./dev bench --parts=deterministic`): BF16 on AVX-512 BF16 + VNNI, decode steps take
-    0.33x-0.46x and a 256-token prefill 0.68x-0.77x the stock path's time; with the kernels
-    held to AVX2 the prefill takes 2.3x. FP32 on AVX-512: decode 0.42x-0.57x, prefill
-    0.58x-0.68x; held to AVX2 the prefill takes 1.03x-1.08x. On RVV the BF16 stock path is
-    scalar ATen; FP32 there is not measured."""
-    if dtype == "float32":
-        if "avx512=1" in cpu_features:
-            return True, "FP32 with AVX-512: the FP32 Linear and attention kernels are faster than ATen at every step"
-        return False, ("FP32 without AVX-512: the FP32 kernels' prefill costs up to 1.08x ATen's on AVX2, and is "
-                       "not measured on riscv64 (--enable-deterministic-inference turns them on anyway)")
-    if dtype != "bfloat16":
+    where its kernels cost nothing against the stock path. Measured by `./dev bench
+    --parts=deterministic` and `deterministic_fp32` (docs/serving.md) on the default model,
+    each x86 class on one AVX-512 BF16 host with every library capped to it (RVASCEND_MAX_ISA,
+    ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS), step time against the
+    stock path's: AVX-512 BF16 + VNNI 0.38x-0.72x (BF16) and 0.54x-0.66x (FP32); AVX-512
+    without BF16 and VNNI 0.27x-0.52x and 0.51x-0.66x; AVX2 0.23x-0.73x and 0.61x-0.96x. On
+    RVV the BF16 stock path is scalar ATen; FP32 on riscv64 is not measured."""
+    if dtype not in ("bfloat16", "float32"):
         return False, f"--dtype {dtype} has no batch-invariant kernels"
     if "rvv" in kernel_sets:
+        if dtype == "float32":
+            return False, ("FP32 on riscv64: its invariant kernels' cost is not measured there "
+                           "(--enable-deterministic-inference turns them on anyway)")
         return True, "RVV: the kernels' invariant gate is their default, and the stock path is scalar ATen"
-    if "avx512bf16=1" in cpu_features and "avx512vnni=1" in cpu_features:
-        return True, "AVX-512 BF16 and VNNI: the invariant kernels are faster than the stock path at every step"
-    return False, ("without AVX-512 BF16 and VNNI the invariant kernels' prefill costs 1.7x-2.4x the stock path's "
-                   "time (--enable-deterministic-inference turns them on anyway)")
+    if "avx2=1" in cpu_features:
+        return True, ("x86 with AVX2 or AVX-512: the invariant kernels are faster than the stock path at every "
+                      "step measured (decode and prefill, batch 1 and 8)")
+    return False, ("no AVX2: the invariant kernels' cost is not measured on this CPU "
+                   "(--enable-deterministic-inference turns them on anyway)")
 
 
 def _log_cpu() -> None:
