@@ -1,20 +1,22 @@
 """Same request, same answer: with deterministic inference (the policy's invariant gate)
 one request's greedy tokens and top-20 log-probabilities are bit for bit those it gets
 alone, however it is batched (1 to 15 others, prefills and decodes mixed), after a
-prefix-cache hit, and in chunked prefill at three chunk sizes; a seeded sampled request
+prefix-cache hit, in chunked prefill at three chunk sizes, and as a row of a 1 + 3 verify
+step (speculative decoding); a seeded sampled request
 draws the same tokens alone and batched. Llama-, Qwen2- (biases), Qwen3- and Qwen3.5-shaped models, in
 BF16 (the packed kernels) and FP32 (the FP32 Linear and attention kernels)."""
 
 from __future__ import annotations
 
 import random
+from typing import Optional
 
 import pytest
 import torch
 import transformers
 
 from rvascend.dispatch import kernel_routes
-from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine import Engine, EngineConfig, SamplingParams, ngram_draft
 from rvascend.models.loader import load_model
 from rvascend.models.testing import tiny_qwen3_5_config
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
@@ -46,11 +48,13 @@ def model(request, tmp_path_factory):
 
 
 def _run(model, target: list[int], params: SamplingParams, others: int = 0, chunk: int = 512,
-         cache_first: bool = False) -> list:
+         cache_first: bool = False, drafts: int = 0, stats: Optional[dict] = None) -> list:
     rng = random.Random(others * 31 + chunk)
     vocab = model.config.vocab_size
     engine = Engine(model, None, EngineConfig(max_total_tokens=8192, chunked_prefill_size=chunk,
-                                              max_running_requests=32, disable_radix_cache=not cache_first))
+                                              max_running_requests=32, disable_radix_cache=not cache_first,
+                                              speculative_algorithm="NGRAM" if drafts else None,
+                                              speculative_num_draft_tokens=max(drafts, 1)))
     if cache_first:  # a request sharing the first 48 tokens runs first: the target's prefix is cached
         engine.generate([target[:48] + [5, 6, 7]], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
     outputs = []
@@ -61,6 +65,8 @@ def _run(model, target: list[int], params: SamplingParams, others: int = 0, chun
                                                   ignore_eos=True))
     while engine.has_work():
         engine.step()
+    if stats is not None:
+        stats.update(engine.stats())
     return [o for o in outputs if o[0] is not None]
 
 
@@ -79,10 +85,16 @@ def test_a_requests_logits_do_not_depend_on_its_batch(model, monkeypatch):
     cases = {f"{k} others": dict(others=k) for k in (1, 3, 7, 15)}
     cases.update({f"chunk {c}": dict(chunk=c) for c in (16, 29, 64)})
     cases["chunk 16 with 7 others"] = dict(chunk=16, others=7)
+    # Rows of a 1 + 3 verify step: every decode step drafts the target's own first tokens,
+    # whatever the model says, so steps take all, part or none of a draft.
+    monkeypatch.setattr(ngram_draft.NgramIndex, "propose", lambda self, prompt, output, k: target[:k])
+    verify_stats: dict = {}
+    cases["verify rows, 3 drafts"] = dict(drafts=3, stats=verify_stats)
     if model.config.linear_attention is None:  # hybrids keep no prefix cache
         cases["prefix-cache hit"] = dict(cache_first=True)
     differs = [name for name, kw in cases.items() if _run(model, target, params, **kw) != alone]
     assert not differs, differs
+    assert verify_stats["spec_drafted_tokens"] > 0
     assert policy.kernels.counters.calls("kv_pool_attention", "fallback") == 0
     # Every projection took an invariant kernel: packed (BF16) or the FP32 Linear.
     assert policy.counters.calls(route="fallback") == 0 and policy.counters.calls(route="row_major") == 0
