@@ -1,21 +1,22 @@
 // RVV 1.0 prefill-attention block (VLEN-agnostic): several query rows of one
 // sequence against one KV head.
 //
-// The decode row kernel spends one reduction per key on a single query row.
-// Here the block's rows share every key, so the block becomes two small GEMMs
-// over FP32 copies made once per block: K^T (d x keys, by strided stores) and
-// V (keys x d). One GEMM tile serves both: kTileRows rows over a chunk of
-// columns (e32m8; keys for the scores, the head dimension for the values),
-// each row of K^T or V feeding kTileRows scalar-vector FMAs. Three
-// accumulator groups and one operand group fill the 32 vector registers. No
-// reduction instruction in either GEMM; the copies are 2 * keys * d elements
-// against 2 * rows * g * keys * d MACs.
+// Each row's scores are computed as the decode row kernel computes them
+// (rvv_row_scores.h: one dot product and one reduction per key), so a row's
+// output is bit for bit the same alone, in a prompt, in a chunk or in a verify
+// step: what deterministic inference needs, and what a score GEMM over the
+// block (one FMA chain per key in another order) broke. The block's rows still
+// share the values: a GEMM tile over an FP32 copy of V made once per block,
+// kTileRows rows over a chunk of the head dimension (e32m8), each V row feeding
+// kTileRows scalar-vector FMAs in key order, as the row kernel's value loop
+// adds them.
 #include <riscv_vector.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "rvv_kernels/attention/attention_ukernels.h"
+#include "rvv_kernels/attention/rvv_row_scores.h"
 #include "rvv_kernels/attention/rvv_softmax.h"
 #include "rvv_kernels/base/rvv_lmul.h"
 
@@ -27,7 +28,8 @@ using F = V::F;
 constexpr size_t kTileRows = 3;
 
 struct BlockScratch {
-  std::vector<float> q, kt, v, p;
+  std::vector<float> q, v, p, split;
+  std::vector<const uint16_t*> k_rows;
   static BlockScratch& ThisThread() {
     thread_local BlockScratch s;
     return s;
@@ -77,11 +79,11 @@ void bf16_attention_block__rvv(const AttentionBlock& b) {
   const size_t keys = b.first_keys + rows - 1;  // the last row's
   BlockScratch& s = BlockScratch::ThisThread();
   s.q.resize(rows * gd);
-  s.kt.resize(d * keys);
   s.v.resize(keys * d);
   s.p.resize(rows * keys);
+  s.split.resize(d);
+  s.k_rows.resize(keys);
   float* q = s.q.data();
-  float* kt = s.kt.data();
   float* v = s.v.data();
   float* p = s.p.data();
   for (size_t r = 0; r < rows; ++r) {
@@ -93,10 +95,9 @@ void bf16_attention_block__rvv(const AttentionBlock& b) {
   }
   for (size_t j = 0; j < keys; ++j) {
     const size_t offset = static_cast<size_t>(b.slots[j]) * b.slot_stride;
+    s.k_rows[j] = b.k_pool + offset;
     for (size_t i = 0; i < d;) {
       const size_t vl = V::SetVl(d - i);
-      __riscv_vsse32_v_f32m8(kt + i * keys + j, static_cast<ptrdiff_t>(keys * sizeof(float)),
-                             V::LoadBf16(b.k_pool + offset + i, vl), vl);
       V::Store(v + j * d + i, V::LoadBf16(b.v_pool + offset + i, vl), vl);
       i += vl;
     }
@@ -106,14 +107,11 @@ void bf16_attention_block__rvv(const AttentionBlock& b) {
       const size_t nr = std::min(kTileRows, rows - r0);
       const size_t tile_keys = b.first_keys + r0 + nr - 1;
       float* pt = p + r0 * keys;
-      // Scores: rows r0.. of q (this head) times K^T, over the tile's keys.
-      GemmRows(nr, q + r0 * gd + h * d, gd, kt, keys, d, tile_keys, [&](size_t r, size_t c, F acc, size_t vl) {
-        V::Store(pt + r * keys + c, acc, vl);
-      });
       // Each row's own causal length; its keys up to the tile's last are
-      // zero weights for the shared values loop.
+      // zero weights for the shared values loop (added after its own keys).
       for (size_t r = r0; r < r0 + nr; ++r) {
         const size_t n = b.first_keys + r;
+        rvv::RowScores(q + r * gd + h * d, d, s.k_rows.data(), n, s.split.data(), p + r * keys);
         rvv::Softmax(p + r * keys, n);
         std::fill(p + r * keys + n, p + r * keys + tile_keys, 0.0f);
       }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "rvv_kernels/attention/attention_ukernels.h"
+#include "rvv_kernels/attention/rvv_row_scores.h"
 #include "rvv_kernels/attention/rvv_softmax.h"
 #include "rvv_kernels/base/rvv_lmul.h"
 
@@ -26,104 +27,6 @@ namespace {
 
 // Two query heads per pass over the values, sharing each widened V row.
 constexpr size_t kHeadsPerPass = 2;
-
-// One head's scores for odd head dimensions (K rows not word-aligned): one
-// BF16 element per lane.
-template <int kLmul>
-void ScoresByElement(const float* q, size_t d, const uint16_t* const* rows, size_t n_keys, float* scores) {
-  using V = rvv::Lmul<kLmul>;
-  using F = typename V::F;
-  const size_t vlmax = V::VlMax();
-  const vfloat32m1_t zero = __riscv_vfmv_v_f_f32m1(0.0f, 1);
-  for (size_t j = 0; j < n_keys; ++j) {
-    const uint16_t* k = rows[j];
-    // Tail-undisturbed accumulation: the zeros past a short last chunk stay
-    // zeros, so the reduction over VLMAX adds nothing from the tail.
-    F acc = V::Zero(vlmax);
-    for (size_t i = 0; i < d;) {
-      const size_t vl = V::SetVl(d - i);
-      acc = V::FmaccVvTu(acc, V::Load(q + i, vl), V::LoadBf16(k + i, vl), vl);
-      i += vl;
-    }
-    scores[j] = __riscv_vfmv_f_s_f32m1_f32(V::SumTo(acc, zero, vlmax));
-  }
-}
-
-// One head's scores when its half = d / 2 words are kChunks whole chunks of
-// vl: q stays in registers for all keys (at VLEN 256, 128 dimensions are two
-// chunks: per key two loads, four ALU ops, four FMAs and one reduction).
-template <int kLmul, int kChunks>
-void ScoresInRegisters(const float* qe, const float* qo, size_t vl, const uint16_t* const* rows, size_t n_keys,
-                       float* scores) {
-  using V = rvv::Lmul<kLmul>;
-  using F = typename V::F;
-  static_assert(kChunks == 1 || kChunks == 2, "one or two chunks of q fit the registers");
-  const vfloat32m1_t zero = __riscv_vfmv_v_f_f32m1(0.0f, 1);
-  const F qe0 = V::Load(qe, vl), qo0 = V::Load(qo, vl);
-  const F qe1 = kChunks == 2 ? V::Load(qe + vl, vl) : qe0;
-  const F qo1 = kChunks == 2 ? V::Load(qo + vl, vl) : qo0;
-  for (size_t j = 0; j < n_keys; ++j) {
-    const uint16_t* k = rows[j];
-    F lo, hi;
-    V::LoadBf16Pair(k, vl, lo, hi);
-    F acc = V::FmaccVv(V::Mul(qe0, lo, vl), qo0, hi, vl);
-    if (kChunks == 2) {
-      V::LoadBf16Pair(k + 2 * vl, vl, lo, hi);
-      acc = V::FmaccVv(V::FmaccVv(acc, qe1, lo, vl), qo1, hi, vl);
-    }
-    scores[j] = __riscv_vfmv_f_s_f32m1_f32(V::SumTo(acc, zero, vl));
-  }
-}
-
-// Any even d: chunks of vl0 words, a short last chunk tail-undisturbed (the
-// reduction over the first vl0 lanes sees every lane).
-template <int kLmul>
-void ScoresChunked(const float* qe, const float* qo, size_t half, const uint16_t* const* rows, size_t n_keys,
-                   float* scores) {
-  using V = rvv::Lmul<kLmul>;
-  using F = typename V::F;
-  const size_t vl0 = V::SetVl(half);
-  const vfloat32m1_t zero = __riscv_vfmv_v_f_f32m1(0.0f, 1);
-  for (size_t j = 0; j < n_keys; ++j) {
-    const uint16_t* k = rows[j];
-    F acc = V::Zero(vl0);
-    for (size_t i = 0; i < half;) {
-      const size_t vl = V::SetVl(half - i);
-      F lo, hi;
-      V::LoadBf16Pair(k + 2 * i, vl, lo, hi);
-      acc = V::FmaccVvTu(V::FmaccVvTu(acc, V::Load(qe + i, vl), lo, vl), V::Load(qo + i, vl), hi, vl);
-      i += vl;
-    }
-    scores[j] = __riscv_vfmv_f_s_f32m1_f32(V::SumTo(acc, zero, vl0));
-  }
-}
-
-// qe/qo: one head's even / odd dimensions (half = d / 2 of each); rows[j]:
-// key j's K row.
-void Scores(const float* qe, const float* qo, size_t half, const uint16_t* const* rows, size_t n_keys,
-            float* scores) {
-  using V = rvv::Lmul<4>;
-  const size_t vl = V::SetVl(half);
-  if (half == vl) {
-    ScoresInRegisters<4, 1>(qe, qo, vl, rows, n_keys, scores);
-  } else if (half == 2 * vl) {
-    ScoresInRegisters<4, 2>(qe, qo, vl, rows, n_keys, scores);
-  } else {
-    ScoresChunked<4>(qe, qo, half, rows, n_keys, scores);
-  }
-}
-
-// One head's q (d values) -> its even and its odd dimensions.
-void SplitEvenOdd(const float* q, size_t d, float* qe, float* qo) {
-  using V = rvv::Lmul<4>;
-  const size_t half = d / 2;
-  for (size_t i = 0; i < half;) {
-    const size_t vl = V::SetVl(half - i);
-    V::Store(qe + i, V::LoadStrided(q + 2 * i, 8, vl), vl);
-    V::Store(qo + i, V::LoadStrided(q + 2 * i + 1, 8, vl), vl);
-    i += vl;
-  }
-}
 
 // rows[j]: key j's V row.
 template <int kLmul>
@@ -171,20 +74,13 @@ void bf16_attention_row__rvv(const float* q, size_t g, size_t d, const uint16_t*
     v_rows[j] = v_pool + offset;
   }
   // K rows of an even head dimension are d / 2 whole (aligned) words; q is
-  // split the same way, each head once per call.
-  const bool by_word = d % 2 == 0;
-  if (by_word) rs.q_split.resize(d);
+  // split the same way, each head once per call (rvv_row_scores.h).
+  rs.q_split.resize(d);
   for (size_t h0 = 0; h0 < g; h0 += kHeadsPerPass) {
     const size_t heads = std::min(kHeadsPerPass, g - h0);
     float* s = scratch + h0 * n_keys;
     for (size_t h = 0; h < heads; ++h) {
-      if (by_word) {
-        float* qe = rs.q_split.data();
-        SplitEvenOdd(q + (h0 + h) * d, d, qe, qe + d / 2);
-        Scores(qe, qe + d / 2, d / 2, k_rows, n_keys, s + h * n_keys);
-      } else {
-        ScoresByElement<4>(q + (h0 + h) * d, d, k_rows, n_keys, s + h * n_keys);
-      }
+      rvv::RowScores(q + (h0 + h) * d, d, k_rows, n_keys, rs.q_split.data(), s + h * n_keys);
       rvv::Softmax(s + h * n_keys, n_keys);
     }
     Values<8>(s, heads, d, v_rows, n_keys, out + h0 * d);

@@ -8,6 +8,7 @@
 // different order may differ that much before the one final rounding). With
 // integer-valued data every FP32 partial sum is exact, and the result must
 // then be bit-identical to the round-to-nearest-even of the exact value.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -260,6 +261,35 @@ void TestThreadsAgree(const std::vector<const Bf16PackedKernelSet*>& sets) {
   }
 }
 
+// Batch invariance (deterministic inference): every row of an M-row call, M = 1 ... 17,
+// is bit for bit what that row gives alone, whichever tile (GEMV or GEMM, a full or a
+// ragged row tile) computes it and however the call is split over threads.
+void TestRowsAreTheirRowsAlone(const std::vector<const Bf16PackedKernelSet*>& sets) {
+  const Problem all = MakeProblem(17, 333, 96, false, 1234);
+  for (const auto* ks : sets) {
+    std::vector<std::vector<uint16_t>> alone(all.m);
+    for (size_t r = 0; r < all.m; ++r) {
+      Problem row = all;
+      row.m = 1;
+      row.a.assign(all.a.begin() + r * all.k, all.a.begin() + (r + 1) * all.k);
+      alone[r] = Run(*ks, row, 1, all.n);
+    }
+    size_t differ = 0;
+    for (size_t m = 1; m <= all.m; ++m) {
+      Problem some = all;
+      some.m = m;
+      some.a.resize(m * all.k);
+      for (size_t threads : {1, 3}) {
+        const auto out = Run(*ks, some, threads, all.n);
+        for (size_t r = 0; r < m; ++r) {
+          differ += !std::equal(alone[r].begin(), alone[r].end(), out.begin() + r * all.n);
+        }
+      }
+    }
+    EXPECT(differ == 0, "%s: %zu rows of M = 1..17 calls differ from the row alone", ks->name, differ);
+  }
+}
+
 void TestNonFinite(const std::vector<const Bf16PackedKernelSet*>& sets) {
   Problem p = MakeProblem(2, 40, 16, false, 7);
   p.a[3] = 0x7fc0;           // NaN in row 0 poisons all of row 0
@@ -298,6 +328,7 @@ int main() {
   timed("rounding", [] { TestRounding(); });
   timed("pack", [] { TestPack(); });
   timed("shapes", [&] { TestShapes(sets); });
+  timed("rows alone", [&] { TestRowsAreTheirRowsAlone(sets); });
   timed("threads", [&] { TestThreadsAgree(sets); });
   timed("layout mismatch", [&] { TestLayoutMismatch(sets); });
   timed("non-finite", [&] { TestNonFinite(sets); });

@@ -213,6 +213,42 @@ void TestSetQuantization(const QuantKernelSet& set, std::mt19937& rng) {
   }
 }
 
+// Batch invariance (deterministic inference): every row of an M-row call, M = 1 ... 17, is
+// bit for bit what it gives alone, whichever tile, row grouping or thread split computes it.
+void TestRowsAreTheirRowsAlone(const QuantKernelSet& set, QuantFormat f, std::mt19937& rng) {
+  const size_t t = QuantKernelSetTile(set), n = 2 * t + 3, k = FormatInfo(f).block_k == 32 ? 96 : 256;
+  const auto ggml = RandomGgml(f, n, k, rng);
+  std::vector<uint8_t> packed(QuantLayoutBytes(f, n, k, t));
+  RepackGgmlWeight(f, ggml.data(), n, k, t, packed.data(), 2);
+  const size_t rows = 17;
+  const auto x = RandomActivations(rows, k, rng);
+  auto run = [&](size_t row0, size_t m, size_t threads) {
+    QuantizedLinearArgs args;
+    args.format = f;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.input = x.data() + row0 * k;
+    args.input_stride = k;
+    args.weight = packed.data();
+    args.tile = t;
+    std::vector<float> out(m * n);
+    QuantizedLinearF32(set, args, out.data(), n, threads);
+    return out;
+  };
+  std::vector<std::vector<float>> alone;
+  for (size_t r = 0; r < rows; ++r) alone.push_back(run(r, 1, 1));
+  size_t differ = 0;
+  for (size_t m = 1; m <= rows; ++m) {
+    for (size_t threads : {1, 3}) {
+      const auto out = run(0, m, threads);
+      for (size_t r = 0; r < m; ++r) differ += std::memcmp(alone[r].data(), out.data() + r * n, n * sizeof(float)) != 0;
+    }
+  }
+  EXPECT(differ == 0, "%s %s: %zu rows of M = 1..17 calls differ from the row alone", set.name, FormatInfo(f).name,
+         differ);
+}
+
 void TestShape(const QuantKernelSet& set, QuantFormat f, size_t m, size_t n, size_t k, std::mt19937& rng) {
   const QuantFormatInfo& info = FormatInfo(f);
   const size_t t = QuantKernelSetTile(set);
@@ -397,6 +433,7 @@ int main() {
       // from 2; the VNNI set's expanded tile from 32 rows: 4 x 9, 2, 1).
       TestShape(*set, f, set->max_rows + 15, t + 3, k2, rng);
       TestShape(*set, f, 39, 2 * t - 3, k1, rng);
+      TestRowsAreTheirRowsAlone(*set, f, rng);
     }
     TestErrors(*set, rng);
     // A set may leave a format out: the portable kernel serves that slot, at the set's tile.
