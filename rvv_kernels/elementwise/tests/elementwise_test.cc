@@ -221,6 +221,42 @@ void TestArgmax(const ElementwiseKernels& k, std::mt19937& rng) {
 // ulps everywhere (the sums run in another order, exp is a polynomial, and
 // either may move a value across one of the two roundings) and bit-identical
 // for at least 99 % of the values; argmax identical.
+// Batch invariance: every row of an M-row call, M = 1 ... 17, bit for bit the row alone,
+// on one thread and on three (RMSNorm with a residual, SiLU*mul, sigmoid*mul, argmax).
+void TestRowsAreTheirRowsAlone(const ElementwiseKernels& k, std::mt19937& rng) {
+  const size_t rows = 17, d = 576, stride = 2 * d;
+  const auto x = Random(rng, rows * stride, 2.0f), res = Random(rng, rows * stride, 1.0f),
+             w = Random(rng, d, 0.5f, 1.0f);
+  // out (rows x d) and residual_out of the first m rows; argmax of the rows' first 2d values.
+  auto run = [&](size_t row0, size_t m, size_t threads) {
+    std::vector<uint16_t> norm(m * d), sum(m * d), silu(m * d), gated(m * d);
+    std::vector<int64_t> top(m);
+    const uint16_t* xr = x.data() + row0 * stride;
+    const uint16_t* rr = res.data() + row0 * stride;
+    RmsNormRows(k, m, d, xr, stride, rr, stride, w.data(), 1e-6f, false, norm.data(), sum.data(), threads);
+    SiluMulRows(k, m, d, xr, stride, silu.data(), threads);
+    SigmoidMulRows(k, m, 1, d, xr, stride, rr, stride, d, gated.data(), threads);
+    ArgmaxRows(k, m, stride, xr, stride, top.data(), threads);
+    return std::make_tuple(norm, sum, silu, gated, top);
+  };
+  std::vector<decltype(run(0, 1, 1))> alone;
+  for (size_t r = 0; r < rows; ++r) alone.push_back(run(r, 1, 1));
+  size_t differ = 0;
+  for (size_t m = 1; m <= rows; ++m) {
+    for (size_t threads : {1, 3}) {
+      const auto [norm, sum, silu, gated, top] = run(0, m, threads);
+      for (size_t r = 0; r < m; ++r) {
+        const auto& [n1, s1, si1, g1, t1] = alone[r];
+        differ += !std::equal(n1.begin(), n1.end(), norm.begin() + r * d) ||
+                  !std::equal(s1.begin(), s1.end(), sum.begin() + r * d) ||
+                  !std::equal(si1.begin(), si1.end(), silu.begin() + r * d) ||
+                  !std::equal(g1.begin(), g1.end(), gated.begin() + r * d) || t1[0] != top[r];
+      }
+    }
+  }
+  EXPECT(differ == 0, "%s: %zu rows of M = 1..17 calls differ from the row alone", k.name, differ);
+}
+
 void TestAgainstPortable(const ElementwiseKernels& k, std::mt19937& rng) {
   const ElementwiseKernels& p = ChooseElementwiseKernels("portable");
   size_t values = 0, differ = 0, far = 0;
@@ -292,6 +328,7 @@ int main() {
     TestRope(k, rng);
     TestSigmoidMul(k, rng);
     TestArgmax(k, rng);
+    TestRowsAreTheirRowsAlone(k, rng);
     if (std::string(k.name) != "portable") TestAgainstPortable(k, rng);
   }
   bool threw = false;
