@@ -109,50 +109,16 @@ void WriteKvPool(void* pool, size_t num_slots, size_t row_elements, const void* 
   }
 }
 
-namespace {
-
-// Every row alone (the batch-invariant form): one task per (row, KV head).
-void KvPoolAttentionF32(const KvPoolAttentionArgs& a, size_t num_threads, F32AttentionRowUkernel row) {
-  const size_t group = a.heads / a.kv_heads, d = a.head_dim, slot_stride = a.kv_heads * d;
-  const size_t rows = static_cast<size_t>(a.q_starts[a.batch]);
-  std::vector<size_t> row_seq(rows);
-  for (size_t b = 0; b < a.batch; ++b) {
-    for (int64_t t = a.q_starts[b]; t < a.q_starts[b + 1]; ++t) row_seq[t] = b;
-  }
-  const auto* q = static_cast<const float*>(a.q);
-  const auto* k_pool = static_cast<const float*>(a.k_pool);
-  const auto* v_pool = static_cast<const float*>(a.v_pool);
-  auto* out = static_cast<float*>(a.out);
-  ThreadPool::Global().ParallelFor(rows * a.kv_heads, num_threads, [&](size_t index) {
-    const size_t t = index / a.kv_heads, kvh = index % a.kv_heads, b = row_seq[t];
-    const size_t n = static_cast<size_t>(a.q_starts[b + 1] - a.q_starts[b]);
-    const size_t l = static_cast<size_t>(a.kv_starts[b + 1] - a.kv_starts[b]);
-    const size_t keys = l - n + (t - static_cast<size_t>(a.q_starts[b])) + 1;
-    thread_local std::vector<float> q32, scratch;
-    q32.resize(group * d);
-    scratch.resize(group * keys);
-    const float* qrow = q + t * a.q_stride + kvh * group * d;
-    for (size_t i = 0; i < group * d; ++i) q32[i] = qrow[i] * a.scale;
-    row(q32.data(), group, d, k_pool + kvh * d, v_pool + kvh * d, slot_stride,
-                                a.kv_slots + a.kv_starts[b], keys, scratch.data(),
-                                out + t * a.out_stride + kvh * group * d);
-  });
-}
-
-}  // namespace
-
 void KvPoolAttention(const KvPoolAttentionArgs& a, size_t num_threads, const std::string& kernel) {
   ValidateKvPoolAttention(a);
   const Kernel& k = Choose(kernel);
-  if (a.element == KvElement::kFloat32) {
-    KvPoolAttentionF32(a, num_threads, k.f32_row);
-    return;
-  }
+  const bool fp32 = a.element == KvElement::kFloat32;
   const size_t group = a.heads / a.kv_heads, d = a.head_dim;
   const size_t slot_stride = a.kv_heads * d;
   // One task per (query rows, KV head): a decode row alone, several rows of a
-  // prefill together when the kernel has a block form. The heaviest first,
-  // since causal rows grow.
+  // BF16 prefill together when the kernel has a block form (an FP32 call runs
+  // every row alone, by the kernel's FP32 row form). The heaviest first, since
+  // causal rows grow.
   struct Task {
     size_t b, r0, rows, keys;  // keys: the last row's
   };
@@ -160,7 +126,7 @@ void KvPoolAttention(const KvPoolAttentionArgs& a, size_t num_threads, const std
   for (size_t b = 0; b < a.batch; ++b) {
     const size_t n = static_cast<size_t>(a.q_starts[b + 1] - a.q_starts[b]);
     const size_t l = static_cast<size_t>(a.kv_starts[b + 1] - a.kv_starts[b]);
-    const size_t step = (k.block != nullptr && n > 1) ? kBlockRows : 1;
+    const size_t step = (!fp32 && k.block != nullptr && n > 1) ? kBlockRows : 1;
     for (size_t r0 = 0; r0 < n; r0 += step) {
       const size_t rows = std::min(step, n - r0);
       tasks.push_back({b, r0, rows, l - n + r0 + rows});
@@ -172,11 +138,22 @@ void KvPoolAttention(const KvPoolAttentionArgs& a, size_t num_threads, const std
     const Task& task = tasks[index / a.kv_heads];
     const size_t kvh = index % a.kv_heads;
     const size_t t = static_cast<size_t>(a.q_starts[task.b]) + task.r0;
+    const int64_t* slots = a.kv_slots + a.kv_starts[task.b];
+    thread_local std::vector<float> q32, scratch, out32;
+    if (fp32) {
+      q32.resize(group * d);
+      scratch.resize(group * task.keys);
+      const float* qrow = static_cast<const float*>(a.q) + t * a.q_stride + kvh * group * d;
+      for (size_t i = 0; i < group * d; ++i) q32[i] = qrow[i] * a.scale;
+      k.f32_row(q32.data(), group, d, static_cast<const float*>(a.k_pool) + kvh * d,
+                static_cast<const float*>(a.v_pool) + kvh * d, slot_stride, slots, task.keys, scratch.data(),
+                static_cast<float*>(a.out) + t * a.out_stride + kvh * group * d);
+      return;
+    }
     const uint16_t* qrow = static_cast<const uint16_t*>(a.q) + t * a.q_stride + kvh * group * d;
     uint16_t* orow = static_cast<uint16_t*>(a.out) + t * a.out_stride + kvh * group * d;
     const auto* k_pool = static_cast<const uint16_t*>(a.k_pool);
     const auto* v_pool = static_cast<const uint16_t*>(a.v_pool);
-    const int64_t* slots = a.kv_slots + a.kv_starts[task.b];
     if (task.rows > 1) {
       AttentionBlock block;
       block.q = qrow;
@@ -195,7 +172,6 @@ void KvPoolAttention(const KvPoolAttentionArgs& a, size_t num_threads, const std
       k.block(block);
       return;
     }
-    thread_local std::vector<float> q32, scratch, out32;
     q32.resize(group * d);
     scratch.resize(group * task.keys);
     out32.resize(group * d);

@@ -258,17 +258,15 @@ void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, size
   const size_t q_need = rows ? (rows - 1) * q_stride + heads * head_dim : 0;
   const size_t out_need = rows ? (rows - 1) * out_stride + heads * head_dim : 0;
   a.element = fp32 ? KvElement::kFloat32 : KvElement::kBf16;
-  if (fp32) {
-    a.q = Extent<const float>(q, q_elements, q_need, "q");
-    a.k_pool = Extent<const float>(k_pool, pool_elements, num_slots * row, "k_pool");
-    a.v_pool = Extent<const float>(v_pool, pool_elements, num_slots * row, "v_pool");
-    a.out = Extent<float>(out, out_elements, out_need, "out");
-  } else {
-    a.q = Extent<const uint16_t>(q, q_elements, q_need, "q");
-    a.k_pool = Extent<const uint16_t>(k_pool, pool_elements, num_slots * row, "k_pool");
-    a.v_pool = Extent<const uint16_t>(v_pool, pool_elements, num_slots * row, "v_pool");
-    a.out = Extent<uint16_t>(out, out_elements, out_need, "out");
-  }
+  // q, the pools, the new rows and out hold that element; extents are counted in elements.
+  auto extent = [fp32](uintptr_t address, size_t have, size_t need, const char* what) -> void* {
+    return fp32 ? static_cast<void*>(Extent<float>(address, have, need, what))
+                : static_cast<void*>(Extent<uint16_t>(address, have, need, what));
+  };
+  a.q = extent(q, q_elements, q_need, "q");
+  a.k_pool = extent(k_pool, pool_elements, num_slots * row, "k_pool");
+  a.v_pool = extent(v_pool, pool_elements, num_slots * row, "v_pool");
+  a.out = extent(out, out_elements, out_need, "out");
   a.q_stride = q_stride;
   a.num_slots = num_slots;
   a.scale = scale;
@@ -277,11 +275,9 @@ void Attention(const std::string& kernel, size_t batch, uintptr_t q_starts, size
   if (n_write) {
     const int64_t* slots = Pointer<const int64_t>(write_slots, "write_slots");
     ValidateWriteSlots(num_slots, slots, n_write);
+    const void* k_rows = extent(k_new, new_elements, n_write * row, "k_new");
+    const void* v_rows = extent(v_new, new_elements, n_write * row, "v_new");
     const size_t bytes = fp32 ? sizeof(float) : sizeof(uint16_t);
-    const void* k_rows = fp32 ? static_cast<const void*>(Extent<const float>(k_new, new_elements, n_write * row, "k_new"))
-                              : Extent<const uint16_t>(k_new, new_elements, n_write * row, "k_new");
-    const void* v_rows = fp32 ? static_cast<const void*>(Extent<const float>(v_new, new_elements, n_write * row, "v_new"))
-                              : Extent<const uint16_t>(v_new, new_elements, n_write * row, "v_new");
     WriteKvPool(Pointer<uint8_t>(k_pool, "k_pool"), num_slots, row, k_rows, slots, n_write, bytes);
     WriteKvPool(Pointer<uint8_t>(v_pool, "v_pool"), num_slots, row, v_rows, slots, n_write, bytes);
   }
