@@ -324,8 +324,7 @@ def _fp32_inference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     deterministic inference (FP32 weights are never packed)."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
     return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and weight.dim() == 2
-            and x.dim() >= 1 and x.shape[-1] == weight.shape[1]
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+            and x.dim() >= 1 and x.shape[-1] == weight.shape[1] and not any(map(_grad_needed, tensors)))
 
 
 def invariant_bias(bias: torch.Tensor, n: int) -> bool:

@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from rvascend.ops.packed_linear import _native, eager_call, readable_elements, register_fake
+from rvascend.ops.packed_linear import _native, eager_call, readable_elements, register_fake, row_major
 
 for schema in (
         "rms_norm(Tensor x, Tensor weight, float eps, bool zero_centred=False) -> Tensor",
@@ -55,9 +55,7 @@ def _rows(name: str, x: torch.Tensor, width: int) -> torch.Tensor:
         x2 = x
     else:
         x2 = x.reshape(-1, width) if x.numel() else x.reshape(0, width)
-    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < width):
-        x2 = x2.contiguous()
-    return x2
+    return row_major(x2)
 
 
 def _check_norm(name: str, x: torch.Tensor, weight: torch.Tensor) -> None:

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from rvascend.ops.packed_linear import _native, eager_call, readable_elements, register_fake
+from rvascend.ops.packed_linear import _native, eager_call, readable_elements, register_fake, row_major
 
 torch.library.define("rvascend::f32_linear", "(Tensor input, Tensor weight, Tensor? bias) -> Tensor")
 
@@ -37,17 +37,12 @@ def _check(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         raise ValueError(f"f32_linear: bias has shape {tuple(bias.shape)}, expected ({weight.shape[0]},)")
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """t with unit column stride and non-overlapping rows (a copy only when it has not)."""
-    return t if t.stride(-1) == 1 and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1]) else t.contiguous()
-
-
 def _f32_linear_cpu(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     _check(input, weight, bias)
     n, k = weight.shape
     lead = input.shape[:-1]
-    x = _rows(input.reshape(-1, k))
-    w = _rows(weight)
+    x = row_major(input.reshape(-1, k))
+    w = row_major(weight)
     m = x.shape[0]
     out = torch.empty((m, n), dtype=torch.float32)
     if m and n:

@@ -51,14 +51,19 @@ def _native_report() -> dict:
     return json.loads(done.stdout)
 
 
+def _native_and_capped(cap: str, needs: str) -> tuple[dict, dict]:
+    """The reports without a cap and under RVASCEND_MAX_ISA=cap; skips a host without `needs`."""
+    native = _native_report()
+    if needs not in native["features"]:
+        pytest.skip(f"this host has no {needs.removesuffix('=1')}")
+    done = _report(cap)
+    assert done.returncode == 0, done.stderr
+    return native, json.loads(done.stdout)
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the AVX2 cap is an x86-64 one")
 def test_avx2_cap_leaves_no_avx512_kernel_in_any_family():
-    native = _native_report()
-    if "avx2=1" not in native["features"]:
-        pytest.skip("this host has no AVX2")
-    done = _report("avx2")
-    assert done.returncode == 0, done.stderr
-    capped = json.loads(done.stdout)
+    native, capped = _native_and_capped("avx2", "avx2=1")
     assert "avx512=0" in capped["features"] and "RVASCEND_MAX_ISA=avx2" in capped["features"]
     assert not [s for s in _sets(capped) if "avx512" in s], capped
     # Every family keeps its AVX2 kernels, first where the host had AVX-512 ones.
@@ -72,12 +77,7 @@ def test_avx2_cap_leaves_no_avx512_kernel_in_any_family():
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the AVX-512 cap is an x86-64 one")
 def test_avx512_cap_drops_bf16_and_vnni_only():
     # A host with AVX-512 F/BW/VL but neither BF16 nor VNNI (Skylake-SP): what it runs.
-    native = _native_report()
-    if "avx512=1" not in native["features"]:
-        pytest.skip("this host has no AVX-512")
-    done = _report("avx512")
-    assert done.returncode == 0, done.stderr
-    capped = json.loads(done.stdout)
+    native, capped = _native_and_capped("avx512", "avx512=1")
     features = capped["features"]
     assert "avx512=1" in features and "avx512bf16=0" in features and "avx512vnni=0" in features, features
     assert "RVASCEND_MAX_ISA=avx512" in features

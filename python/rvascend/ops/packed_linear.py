@@ -157,16 +157,20 @@ torch.library.define(
 def _pack_cpu(weight: torch.Tensor, layout_version: int = LAYOUT_VERSION) -> torch.Tensor:
     _check_pack_args(weight, layout_version)
     n, k = weight.shape
-    # Rows must not overlap (an expanded weight has row stride 0): anything
-    # but unit column stride and row stride >= K packs from a contiguous copy.
-    if weight.stride(1) != 1 or (n > 1 and weight.stride(0) < k):
-        weight = weight.contiguous()
+    weight = row_major(weight)
     b = block_n(layout_version)
     packed = torch.empty((-(-n // b), k, b), dtype=torch.bfloat16)
     if n and k:
         _native.pack_bf16_weight(weight.data_ptr(), n, k, weight.stride(0) if n > 1 else k,
                                  readable_elements(weight), packed.data_ptr(), b)
     return packed
+
+
+def row_major(t: torch.Tensor) -> torch.Tensor:
+    """A 2-D t with unit column stride and rows that do not overlap (row stride at least its
+    width), as the kernels read it: t itself when it has them, else a contiguous copy (an
+    expanded tensor's row stride is 0)."""
+    return t if t.stride(-1) == 1 and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1]) else t.contiguous()
 
 
 def readable_elements(t: torch.Tensor) -> int:
@@ -180,9 +184,7 @@ def _linear_cpu(input: torch.Tensor, packed_weight: torch.Tensor, out_features: 
     _check_cpu("packed_bf16_linear", input, packed_weight)
     k = packed_weight.shape[1]
     lead = input.shape[:-1]
-    x = input.reshape(-1, k)
-    if x.stride(-1) != 1 or (x.shape[0] > 1 and x.stride(0) < k):
-        x = x.contiguous()
+    x = row_major(input.reshape(-1, k))
     m = x.shape[0]
     out = torch.empty((m, out_features), dtype=torch.bfloat16)
     if m:

@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from rvascend.ops.packed_linear import _native, eager_call, readable_elements, register_fake
+from rvascend.ops.packed_linear import _native, eager_call, readable_elements, register_fake, row_major
 
 QUANT_LAYOUT_VERSION: int = int(_native.QUANT_LAYOUT_VERSION)
 # The kept formats, read from the native registry (rvv_kernels/quantized/quant_formats.inc):
@@ -136,9 +136,7 @@ def _linear_cpu(input: torch.Tensor, qweight: torch.Tensor, fmt: str, out_featur
         raise RuntimeError("quantized_linear: tensors must be on the CPU")
     k = input.shape[-1]
     lead = input.shape[:-1]
-    x = input.reshape(-1, k)
-    if x.stride(-1) != 1 or (x.shape[0] > 1 and x.stride(0) < k):
-        x = x.contiguous()
+    x = row_major(input.reshape(-1, k))
     m = x.shape[0]
     out = torch.empty((m, out_features), dtype=input.dtype)
     if m:
