@@ -18,10 +18,13 @@ The hardware facts, and where they come from:
 - DRAM about 7 GB/s with all cores (ANCHORS.md, measured on the board by the
   seed's authors; 10.66 GB/s theoretical), about 2.6 GB/s for one thread
   (sbc-bench's single-thread memcpy on a BPI-F3).
-Threads per region: the packed Linear kernels and the attention kernel split
-their work over the thread pool (up to 8 threads); ATen's GEMM under OpenMP
-likewise; every other region (small ATen ops, Python, the engine) runs on
-one thread, as torch 2.6's scalar ATen does for tensors this small.
+Threads per region: the packed Linear kernels, the attention kernel and the Gated
+DeltaNet op (its (sequence, value head) units, its conv's channels) split their work
+over the thread pool (up to 8 threads); ATen's GEMM under OpenMP likewise; the
+elementwise kernels (RMSNorm, SiLU*mul, RoPE, the output gate) split a step's rows,
+so they run on as many threads as the step has rows (a prompt's tokens; one thread for
+one decoding sequence); every other region (small ATen ops, Python, the engine) runs
+on one thread, as torch 2.6's scalar ATen does for tensors this small.
 """
 
 from __future__ import annotations
@@ -124,8 +127,11 @@ def qemu_cpu(vlen: int = 256) -> str:
     return f"rv64,v=true,vext_spec=v1.0,vlen={vlen},zfh=true,zvfh=true,zicbop=true,zihintpause=true"
 
 
-# Every packed projection (a hybrid's in_proj / out_proj too) and attention.
-PARALLEL_REGIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head", "in_proj", "out_proj", "attention")
+# Every packed projection (a hybrid's in_proj / out_proj too), attention and the Gated DeltaNet op.
+PARALLEL_REGIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head", "in_proj", "out_proj", "attention",
+                    "deltanet")
+# The elementwise kernels' regions (rvv_kernels/elementwise: one row, or one token's heads, per task).
+ROW_PARALLEL_REGIONS = ("rms_norm", "silu_mul", "qk_norm_rope", "output_gate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,15 +143,23 @@ class Region:
     vector_kinds: dict[str, float] | None = None  # the vector instructions by kind, where counted
 
 
-def region_seconds(r: Region, threads: int, ipc: float | None = None, board: Board = ASSUMED) -> float:
-    t = threads if r.name in PARALLEL_REGIONS else 1
-    return board.seconds(r.instructions, r.vector_instructions, r.bytes, t, ipc, r.vector_kinds)
+def region_threads(name: str, threads: int, rows: int = 1) -> int:
+    """The threads region `name` of a step of `rows` rows (tokens) runs on, of `threads`."""
+    if name in PARALLEL_REGIONS:
+        return threads
+    return max(1, min(threads, rows)) if name in ROW_PARALLEL_REGIONS else 1
+
+
+def region_seconds(r: Region, threads: int, ipc: float | None = None, board: Board = ASSUMED, rows: int = 1) -> float:
+    return board.seconds(r.instructions, r.vector_instructions, r.bytes, region_threads(r.name, threads, rows), ipc,
+                         r.vector_kinds)
 
 
 def tokens_per_second(regions: list[Region], sequences: int, threads: int, ipc: float | None = None,
-                      board: Board = ASSUMED) -> float:
-    """`ipc`: scalar instructions per cycle (the board's own when None; 0.5 is the conservative case)."""
-    return sequences / sum(region_seconds(r, threads, ipc, board) for r in regions)
+                      board: Board = ASSUMED, rows: int = 1) -> float:
+    """`ipc`: scalar instructions per cycle (the board's own when None; 0.5 is the conservative case);
+    `rows`: the step's rows (tokens), over which the elementwise kernels split."""
+    return sequences / sum(region_seconds(r, threads, ipc, board, rows) for r in regions)
 
 
 def unavoidable_bytes(region: str, config: dict, context: int, layers: int, kv_reads: float = 1.0,

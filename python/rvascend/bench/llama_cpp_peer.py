@@ -91,33 +91,38 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
         gguf_checkpoint.convert(default_model.ensure_default_model(), checkpoint)
         gguf_export.export(checkpoint, out)
 
-    def qwen3_5(tmp: str, out: str) -> None:
-        # llama.cpp's converter writes this family (its value-head order, norms as 1 + w); it
-        # needs a tokenizer it recognises: the default model's, padded to the vocabulary.
-        checkpoint = random_checkpoint.write("qwen3.5-0.8b", os.path.join(tmp, "checkpoint"))
-        source = gguf_checkpoint.GgufCheckpoint(default_model.ensure_default_model())
-        tokenizer_json, tokenizer_config = source.tokenizer_files()
-        source.close()
-        tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
-        for name, content in (("tokenizer.json", tokenizer_json), ("tokenizer_config.json", tokenizer_config)):
-            with open(os.path.join(checkpoint, name), "w", encoding="utf-8") as f:
-                json.dump(content, f)
-        script = llama_cpp.converter_script(os.path.join(tmp, "llama.cpp"))
-        subprocess.run([sys.executable, script, checkpoint, "--outfile", out, "--outtype", "bf16", "--no-mtp"],
-                       check=True, capture_output=True)
+    def qwen3_5(shape: str):
+        def write(tmp: str, out: str) -> None:
+            # llama.cpp's converter writes this family (its value-head order, norms as 1 + w); it
+            # needs a tokenizer it recognises: the default model's, padded to the vocabulary.
+            checkpoint = random_checkpoint.write(shape, os.path.join(tmp, "checkpoint"), layers=layers)
+            source = gguf_checkpoint.GgufCheckpoint(default_model.ensure_default_model())
+            tokenizer_json, tokenizer_config = source.tokenizer_files()
+            source.close()
+            tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+            for name, content in (("tokenizer.json", tokenizer_json), ("tokenizer_config.json", tokenizer_config)):
+                with open(os.path.join(checkpoint, name), "w", encoding="utf-8") as f:
+                    json.dump(content, f)
+            script = llama_cpp.converter_script(os.path.join(tmp, "llama.cpp"))
+            subprocess.run([sys.executable, script, checkpoint, "--outfile", out, "--outtype", "bf16", "--no-mtp"],
+                           check=True, capture_output=True)
+        return write
 
     def random_shape(shape: str):
         return lambda tmp, out: gguf_export.export(
             random_checkpoint.write(shape, os.path.join(tmp, "checkpoint"), layers=layers), out)
 
-    random_shapes = ("qwen3-0.6b", "tinyllama-1.1b", "qwen2.5-0.5b")
-    sources = {"smollm2-135m": smollm2, "qwen3.5-0.8b": qwen3_5, **{n: random_shape(n) for n in random_shapes}}
+    # Every model but SmolLM2 (its real weights) is random weights in a real model's shapes, and
+    # can be truncated; a hybrid's depth should be whole periods of its layer pattern (4).
+    random_shapes = {"qwen3-0.6b": random_shape, "tinyllama-1.1b": random_shape, "qwen2.5-0.5b": random_shape,
+                     "qwen3.5-0.8b": qwen3_5, "qwen3.5-2b": qwen3_5}
+    sources = {"smollm2-135m": smollm2, **{n: source(n) for n, source in random_shapes.items()}}
     unknown = [n for n in names if n not in sources] + [t for t in types if t not in FILE_TYPES]
     if unknown:
         raise ValueError(f"unknown model(s) or type(s) {unknown}; models: {sorted(sources)}, "
                          f"types: {', '.join(FILE_TYPES)}")
     if layers is not None and any(n not in random_shapes for n in names):
-        raise ValueError(f"only the random-weight models {random_shapes} can be truncated to {layers} layers")
+        raise ValueError(f"only the random-weight models {sorted(random_shapes)} can be truncated to {layers} layers")
     files = {}
     for base in names:
         name = base if layers is None else f"{base}-{layers}l"

@@ -14,11 +14,12 @@ weights repacked at load for its GEMV/GEMM tiles where it has them for the type)
 and `vec_dot` (repacking off: the row-by-row dot products), as the PRs report both.
 
 Lengths: the whole model runs once with a --base-prompt prompt (64) and --generate
-tokens; a one-layer model of the same shape and type runs at every prompt length of
---prompts, and a two-layer one at every length of --prefill-prompts
-(bench/llama_cpp_riscv64.compose gives the whole model's count at each: the second
-layer is what each layer but the last costs, since llama.cpp's last layer runs its
-feed-forward for the output token alone). Decode contexts are those prompts plus the
+tokens; a one-unit model of the same shape and type runs at every prompt length of
+--prompts, and a two-unit one at every length of --prefill-prompts, a unit being one
+layer, or one period of a hybrid's layer pattern (Qwen3.5: three Gated DeltaNet layers
+and one of full attention; depth_unit) (bench/llama_cpp_riscv64.compose gives the whole
+model's count at each: the second unit is what each unit but the last costs, since
+llama.cpp's last layer runs its feed-forward for the output token alone). Decode contexts are those prompts plus the
 generated tokens (the cache holds that many once the last token is in). The first
 generated token after a prompt also pays the graph's re-planning for one-token
 batches: the last one is the decode figure.
@@ -144,9 +145,18 @@ class Composed:
     prefill_check: float = 0.0
 
 
-def compose(full: CountedRun, one_layer: list[CountedRun], two_layer: list[CountedRun], layers: int) -> Composed:
-    """The whole model's counts at every length, from a one-layer and a two-layer model of the
-    same shape and type.
+def depth_unit(config: dict[str, Any]) -> int:
+    """Layers in one period of the model's layer pattern: 1 when every layer is of one kind, 4
+    for Qwen3.5 (three Gated DeltaNet layers, then one of full attention)."""
+    types = config.get("layer_types") or [None]
+    return next(u for u in range(1, len(types) + 1)
+                if len(types) % u == 0 and all(t == types[i % u] for i, t in enumerate(types)))
+
+
+def compose(full: CountedRun, one_layer: list[CountedRun], two_layer: list[CountedRun], layers: int,
+            unit: int = 1) -> Composed:
+    """The whole model's counts at every length, from a one-unit and a two-unit model of the
+    same shape and type (a unit: `unit` layers, depth_unit; the text below says layer for it).
 
     A prompt: llama.cpp's last layer runs its feed-forward and the lm_head for the output
     token alone (its graph keeps only the rows it outputs), so one layer's prompt count is a
@@ -162,6 +172,9 @@ def compose(full: CountedRun, one_layer: list[CountedRun], two_layer: list[Count
     reads the cache padded to 256 entries: its cost grows in steps):
     decode(c) = full(c0) + layers (one(c) - one(c0)).
     """
+    if layers % unit:
+        raise ValueError(f"{layers} layers are not whole units of {unit}")
+    layers //= unit
     by_prompt = {r.prompt: r for r in one_layer}
     second = {r.prompt: r for r in two_layer}
     base = by_prompt.get(full.prompt)
@@ -197,13 +210,14 @@ def compose(full: CountedRun, one_layer: list[CountedRun], two_layer: list[Count
         prefill_kinds = {p: {k: kinds.get(k, 0) + (full.prompt_kinds.get(k, 0) - kinds_at_p0.get(k, 0)) * p / p0
                              for k in sorted(set(kinds) | set(full.prompt_kinds))} if kinds else {}
                          for p, kinds in prefill_kinds.items()}
-    return Composed(layers, prefill, decode, prefill_kinds, decode_kinds, check)
+    return Composed(layers * unit, prefill, decode, prefill_kinds, decode_kinds, check)
 
 
 def composed_record(record: dict[str, Any]) -> Composed:
     """compose() over the runs a llama_cpp_riscv64 record keeps (its one-thread whole run)."""
     return compose(_run_from_json(record["full_runs"]["1"]), [_run_from_json(r) for r in record["one_layer_runs"]],
-                   [_run_from_json(r) for r in record["two_layer_runs"]], record["layers"])
+                   [_run_from_json(r) for r in record["two_layer_runs"]], record["layers"],
+                   record.get("unit_layers", 1))
 
 
 def thread_split(one: CountedRun, many: CountedRun) -> dict[str, Any]:
@@ -231,7 +245,7 @@ def _run_from_json(d: dict[str, Any]) -> CountedRun:
 
 
 def reusable_runs(path: str, build: dict[str, Any], vlen: int, generate: int) -> dict[tuple, CountedRun]:
-    """(model, type, variant, depth ("full", 1 or 2), threads, prompt) -> a run of an earlier
+    """(model, type, variant, depth ("full", 1 or 2 units), threads, prompt) -> a run of an earlier
     record made by the same llama.cpp build at the same VLEN and token count."""
     runs: dict[tuple, CountedRun] = {}
     build = json.loads(json.dumps(build))  # as a record holds it: tuples are lists there
@@ -271,10 +285,13 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"--variants from {VARIANTS}; --prompts must include --base-prompt {base_prompt} and "
                              "every --prefill-prompts length")
     threads_available = len(os.sched_getaffinity(0))
-    files = llama_cpp_peer.prepare_models(work, FLAGS.models, FLAGS.types, llama_cpp.python_path(), threads_available)
-    shallow = {n: llama_cpp_peer.prepare_models(work, FLAGS.models, FLAGS.types, llama_cpp.python_path(),
-                                                threads_available, layers=n) for n in (1, 2)}
     from rvascend.engine import random_checkpoint
+
+    files = llama_cpp_peer.prepare_models(work, FLAGS.models, FLAGS.types, llama_cpp.python_path(), threads_available)
+    units = {m: depth_unit(random_checkpoint.SHAPES[m]) for m in FLAGS.models}
+    shallow = {(m, n): llama_cpp_peer.prepare_models(work, [m], FLAGS.types, llama_cpp.python_path(),
+                                                     threads_available, layers=n * units[m])
+               for m in FLAGS.models for n in (1, 2)}
 
     records = []
     captured = manifest.capture(qemu_cpu=f"{qemu}: -cpu {k1_model.qemu_cpu(FLAGS.vlen)}")
@@ -294,17 +311,18 @@ def main(argv: list[str]) -> int:
                 repack = variant == "repack"
                 start = time.monotonic()
                 full = {t: count((model, kind, variant, "full"), gguf, t, base_prompt, repack) for t in thread_counts}
-                singles = [count((model, kind, variant, 1), shallow[1][key], 1, p, repack) for p in prompts]
-                pairs = [count((model, kind, variant, 2), shallow[2][key], 1, p, repack) for p in prefill_prompts]
+                singles = [count((model, kind, variant, 1), shallow[(model, 1)][key], 1, p, repack) for p in prompts]
+                pairs = [count((model, kind, variant, 2), shallow[(model, 2)][key], 1, p, repack)
+                         for p in prefill_prompts]
                 logging.info("%s %s %s: %.0f s under QEMU", model, kind, variant, time.monotonic() - start)
-                composed = compose(full[1], singles, pairs, layers)
+                composed = compose(full[1], singles, pairs, layers, units[model])
                 if abs(composed.prefill_check) > 0.01:
                     logging.warning("%s %s %s: the composed %d-token prompt is %+.2f%% off the whole model's count",
                                     model, kind, variant, base_prompt, 100 * composed.prefill_check)
                 decode_64 = composed.decode[min(composed.decode, key=lambda c: abs(c - 64))]
                 records.append({
                     "bench": "llama_cpp_riscv64", "model": model, "type": kind, "variant": variant,
-                    "vlen": FLAGS.vlen, "layers": layers, "base_prompt": base_prompt, "generate": FLAGS.generate,
+                    "vlen": FLAGS.vlen, "layers": layers, "unit_layers": units[model], "base_prompt": base_prompt, "generate": FLAGS.generate,
                     "prefill": {str(p): list(v) for p, v in composed.prefill.items()},
                     "decode": {str(c): list(v) for c, v in composed.decode.items()},
                     "prefill_kinds": {str(p): v for p, v in composed.prefill_kinds.items()},

@@ -80,6 +80,42 @@ def test_compose_takes_every_layer_but_the_last_from_the_second():
         bench.compose(full, one, two[:1], layers=22)
 
 
+def _hybrid_like(periods, prompt, generate=2):
+    # A hybrid's count (Qwen3.5): each period of four layers, three Gated DeltaNet layers (a
+    # prompt token costs each the same at every length, a generated token too) and one of full
+    # attention (growing with the prompt's square, and by the padded cache for a token); the
+    # last layer runs its feed-forward for the output token alone.
+    n = 500 + periods * (3 * 30 * prompt + 10 * prompt + prompt * prompt // 64) + (4 * periods - 1) * 40 * prompt + 40
+    tokens = [500 + periods * (3 * 70 + 50 + 8 * ((prompt + i + 1 + 255) // 256)) for i in range(generate)]
+    return CountedRun(prompt, (n, n // 10), [(t, t // 10) for t in tokens], {}, [{} for _ in tokens], {}, [])
+
+
+def test_compose_takes_a_hybrid_by_whole_periods_of_its_layer_pattern():
+    from rvascend.engine import random_checkpoint
+
+    assert bench.depth_unit(random_checkpoint.SHAPES["qwen3.5-2b"]) == 4
+    assert bench.depth_unit(random_checkpoint.SHAPES["qwen3.5-0.8b"]) == 4
+    assert bench.depth_unit(random_checkpoint.SHAPES["tinyllama-1.1b"]) == 1
+    assert bench.depth_unit({"layer_types": ["a", "a", "b", "a", "a", "b", "a", "b"]}) == 8
+    prompts = (16, 64, 512)
+    full = _hybrid_like(6, 64)
+    one = [_hybrid_like(1, p) for p in prompts]
+    two = [_hybrid_like(2, p) for p in prompts]
+    composed = bench.compose(full, one, two, layers=24, unit=4)
+    assert composed.layers == 24 and composed.prefill_check == 0.0
+    for p in prompts:
+        assert composed.prefill[p][0] == _hybrid_like(6, p).prompt_counts[0], p
+        assert composed.decode[p + 2][0] == _hybrid_like(6, p).token_counts[-1][0], p
+    # Taken layer by layer, a 4- and an 8-layer file would count each period's growth four times over.
+    by_layer = bench.compose(full, one, two, layers=24)
+    assert by_layer.decode[514][0] > composed.decode[514][0]
+    record = {"layers": 24, "unit_layers": 4, "full_runs": {"1": dataclasses.asdict(full)},
+              "one_layer_runs": [dataclasses.asdict(r) for r in one], "two_layer_runs": [dataclasses.asdict(r) for r in two]}
+    assert bench.composed_record(json.loads(json.dumps(record))).decode == composed.decode
+    with pytest.raises(ValueError, match="whole units of 4"):
+        bench.compose(full, one, two, layers=22, unit=4)
+
+
 def test_compose_brings_the_prompts_to_the_whole_models_count():
     # A recipe that varies the type by layer: the whole model does 3 more instructions per
     # prompt token (2 of them vector, all memory) than one and two layers of it compose to.

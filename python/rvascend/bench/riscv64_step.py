@@ -10,12 +10,12 @@ random BF16 weights in a real model's shapes (--shape: Qwen3-0.6B by default,
 SmolLM2-135M, ...) at 1 and 2 layers (so per-layer and fixed costs separate
 and extrapolate to the model's depth). Steps: decode at context 64 and 512
 with M = 1 and 4 sequences, and prefill of one 16-, 64- and 256-token prompt
-(full, q4_0, q8_0; stock: 16, its rate per token does not depend on the
+(full and the quantized modes; stock: 16, its rate per token does not depend on the
 length). Modes: stock (no policy), linear (the policy with packed Linears
 only), op_by_op (every kernel, each called from Python as the modules call
 it), full (the policy as --enable-cpu-rvv-kernels installs it: a decode
-step's layers in one native call), q4_0 and q8_0 (full, on the same weights
-exported to a GGUF of that type and kept quantized). All code is
+step's layers in one native call), q4_0, q4_1 and q8_0 (full, on the same
+weights exported to a GGUF of that type and kept quantized). All code is
 counted: the interpreter, libtorch, libc, our extension. Output: a table per
 step (instructions by region, share outside the Linears, projected K1 tok/s
 at 1 and 8 threads, and at 8 threads with IPC 0.5; prefill: prompt tokens
@@ -23,7 +23,7 @@ per second), jsonl records with the manifest, and a stacked-bar plot per region.
 
 QEMU: 10, built with TCG plugins from the pinned source (build/qemu_plugins.py), with
 the K1's extensions (k1_model.qemu_cpu: Zfh, Zvfh, no Zvfbf*, so the shift-widening
-BF16 kernels run, as on the K1). The q4_0 / q8_0 files are this project's export or,
+BF16 kernels run, as on the K1). The quantized files are this project's export or,
 with --gguf_source=llama_cpp, the very files llama.cpp is counted on.
 """
 
@@ -66,18 +66,18 @@ def _define_flags() -> None:
     flags.DEFINE_list("modes", ["stock", "linear", "op_by_op", "full", "q4_0", "q8_0"],
                       "stock: no policy; linear: packed Linears only; op_by_op: every kernel, called module by "
                       "module; full: the policy as --enable-cpu-rvv-kernels installs it (fused decode step); "
-                      "q4_0, q8_0: full, on the same weights as a Q4_0 / Q8_0 GGUF kept quantized.")
+                      "q4_0, q4_1, q8_0: full, on the same weights as a GGUF of that type kept quantized.")
     flags.DEFINE_list("contexts", ["64", "512"], "Context lengths of the decode step.")
     flags.DEFINE_list("rows", ["1", "4"], "Sequences decoding together (M).")
     flags.DEFINE_list("prefill_lens", ["16", "64", "256"], "Prompt lengths of the prefill steps counted (one "
-                      "sequence; modes full, q4_0 and q8_0; empty: none).")
+                      "sequence; mode full and the quantized modes; empty: none).")
     flags.DEFINE_list("stock_prefill_lens", ["16"], "Prompt lengths of mode stock's prefill steps: scalar ATen "
                       "runs every prompt length at the same rate per token (SmolLM2-135M: 3.81, 3.86 and 3.81 "
                       "K1 tok/s at 16, 64 and 256 tokens), and a long stock prompt takes hours to emulate.")
     flags.DEFINE_string("shape", "qwen3-0.6b", "Whose shapes the random-weight checkpoint has "
                         "(engine/random_checkpoint.py SHAPES: qwen3-0.6b, smollm2-135m, ...).")
     flags.DEFINE_enum("gguf_source", "ours", ["ours", "llama_cpp"],
-                      "Who writes the q4_0 / q8_0 files: this project's exporter (every matrix in that type) or "
+                      "Who writes the quantized modes' files: this project's exporter (every matrix in that type) or "
                       "llama.cpp's quantizer with its default recipe (bench/llama_cpp_peer.prepare_models: the "
                       "files llama.cpp is counted on by bench/llama_cpp_riscv64.py, for a same-file comparison).")
     flags.DEFINE_list("verify_drafts", [], "Speculative verify steps to count: K draft tokens per sequence "
@@ -92,10 +92,10 @@ def _define_flags() -> None:
     flags.DEFINE_string("plot", "bench_results/riscv64_step.png", "PNG plot (empty: none).")
 
 
-_MODE_ARG = {"stock": "off", "linear": "linear", "op_by_op": "op_by_op", "full": "full", "q4_0": "full",
-             "q8_0": "full"}
-# Weight bytes per weight in each mode (GGML's Q4_0: 18 bytes per 32, Q8_0: 34 per 32).
-_BYTES_PER_WEIGHT = {"q4_0": 18 / 32, "q8_0": 34 / 32}
+# Weight bytes per weight in each quantized mode (GGML's Q4_0: 18 bytes per 32, Q4_1: 20, Q8_0: 34).
+_BYTES_PER_WEIGHT = {"q4_0": 18 / 32, "q4_1": 20 / 32, "q8_0": 34 / 32}
+_MODE_ARG = {"stock": "off", "linear": "linear", "op_by_op": "op_by_op", "full": "full",
+             **{mode: "full" for mode in _BYTES_PER_WEIGHT}}
 HYBRID_LINEARS = ("in_proj", "out_proj")  # Gated DeltaNet layers' (Qwen3.5)
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head") + HYBRID_LINEARS
 # Library of a mapped file, by name prefix (the image maps versioned sonames).
@@ -161,7 +161,7 @@ def _sum(intervals, ids, spans) -> tuple[int, int, dict[str, int]]:
 def _gguf_type(mode: str):
     import gguf
 
-    return {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q8_0": gguf.GGMLQuantizationType.Q8_0}[mode]
+    return gguf.GGMLQuantizationType[mode.upper()]
 
 
 def _llama_cpp_files(shape: str, modes: list[str], layers: list[int], target_layers: int
@@ -300,7 +300,8 @@ def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: in
                                                           draft_vocab=draft_vocab(step.get("kind", "decode"))),
                                {k: c * scale for k, c in kinds[name].items()} if kinds.get(name) else None)
                for name, (n, v) in step["regions"].items()]
-    return k1_model.tokens_per_second(regions, rows * context if prefill else rows, threads, ipc, board)
+    tokens = rows * context if prefill else rows * (1 + drafts)
+    return k1_model.tokens_per_second(regions, rows * context if prefill else rows, threads, ipc, board, tokens)
 
 
 def project_record(record: dict[str, Any], threads: int, board: k1_model.Board) -> float:
@@ -351,16 +352,19 @@ def main(argv: list[str]) -> int:
     qemu = FLAGS.qemu or qemu_plugins.emulator(os.path.join(checkout.root(), ".deps"))
     qemu_version = _check_qemu(qemu)
     logging.info("QEMU: %s", qemu_version)
+    unknown = [m for m in FLAGS.modes if m not in _MODE_ARG]
+    if unknown:
+        raise app.UsageError(f"unknown --modes {unknown}; known: {', '.join(_MODE_ARG)}")
     layers = [int(x) for x in FLAGS.layers]
     configs = [(int(c), int(m), "decode") for c in FLAGS.contexts for m in FLAGS.rows]
     full_prefills = [(int(p), 1, "prefill") for p in FLAGS.prefill_lens if p]
-    prefills = {"full": full_prefills, "q4_0": full_prefills, "q8_0": full_prefills,
+    prefills = {"full": full_prefills, **{mode: full_prefills for mode in _BYTES_PER_WEIGHT},
                 "stock": [(int(p), 1, "prefill") for p in FLAGS.stock_prefill_lens if p]}
     spec_kinds = [f"verify{k}" for k in FLAGS.verify_drafts]
     if random_checkpoint.SHAPES[FLAGS.shape].get("mtp_num_hidden_layers"):
         spec_kinds += [f"nextn{k}" + (f"h{FLAGS.draft_vocab}" if FLAGS.draft_vocab else "")
                        for k in FLAGS.verify_drafts]
-    for mode in ("full", "q4_0", "q8_0"):
+    for mode in ("full", *_BYTES_PER_WEIGHT):
         prefills[mode] = [(int(c), int(m), kind) for c in FLAGS.contexts for m in FLAGS.rows
                           for kind in spec_kinds] + prefills[mode]
     records = []

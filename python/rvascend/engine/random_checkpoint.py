@@ -70,6 +70,15 @@ SHAPES = {
         "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1},
 }
 
+# Qwen3.5-2B's text model, as the GGUF metadata of its conversion (unsloth/Qwen3.5-2B-GGUF,
+# revision f6d5376b) gives it to llama.cpp: Qwen3.5-0.8B's (24 layers of the same pattern, 8
+# heads / 2 KV heads of 256, Gated DeltaNet 16 key and 16 value heads of 128, tied embedding:
+# 1.88 B parameters) with hidden 2048 and feed-forward 6144. The shape of the K1's published IME
+# figure for Qwen3.5-2B Q4_1 (SpacemiT's llama.cpp build document). Without an MTP head: the
+# metadata does not give one.
+SHAPES["qwen3.5-2b"] = {**{k: v for k, v in SHAPES["qwen3.5-0.8b"].items() if k != "mtp_num_hidden_layers"},
+                        "hidden_size": 2048, "intermediate_size": 6144}
+
 FLAGS = flags.FLAGS
 
 
