@@ -14,8 +14,12 @@ vector instruction of each kind group (KIND_GROUPS; one for every vector instruc
 when the counts have no kinds) and DRAM bandwidth at the points' thread count, minimise
 the squared log error over the points not held out, plus a weak pull toward the assumed
 board's values (PRIOR_WEIGHT; Nelder-Mead over their logarithms, from the assumed
-board). Printed: every point with measured / projected, and the error of the fit and of
-the held-out points apart.
+board). Points measured with SpacemiT's IME matrix backend ("backend": "ime") run code
+QEMU does not count, so they time nothing; each still read its file's weights every
+generated token, so it bounds the DRAM bandwidth at its thread count from below
+(bandwidth_floors), and where no counted point fits the bandwidth at that thread count
+the board takes that floor in place of the assumed figure. Printed: every point with
+measured / projected, and the error of the fit and of the held-out points apart.
 """
 
 from __future__ import annotations
@@ -77,15 +81,23 @@ def recomposed(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def llama_cpp_tok_s(record: dict[str, Any], prefill: bool, length: float, threads: int,
-                    board: k1_model.Board) -> float:
-    """llama.cpp's projected tok/s on a counted record: a `length`-token prompt (it reads the
-    weights once), or a token generated at the counted context nearest `length`. Its DRAM
-    traffic is the file's matrices and the K/V its attention reads at that length (F16, as
-    this engine's projection counts them)."""
+def step_bytes(record: dict[str, Any], context: int) -> float:
+    """DRAM bytes llama.cpp's step on a counted record's file cannot avoid at `context`: the
+    file's matrices, the K/V its attention reads (F16, as this engine's projection counts
+    them) and a hybrid's Gated DeltaNet states, read and written once."""
     from rvascend.engine import random_checkpoint
 
     config = random_checkpoint.SHAPES[record["model"]]
+    layers = config["num_hidden_layers"]
+    return record["decode_weight_bytes"] + sum(k1_model.unavoidable_bytes(r, config, context, layers)
+                                               for r in ("attention", "deltanet"))
+
+
+def llama_cpp_tok_s(record: dict[str, Any], prefill: bool, length: float, threads: int,
+                    board: k1_model.Board) -> float:
+    """llama.cpp's projected tok/s on a counted record: a `length`-token prompt (it reads the
+    weights once), or a token generated at the counted context nearest `length`; its DRAM
+    traffic, step_bytes."""
     if prefill:
         context, tokens = int(length), int(length)
         key, step = str(context), "prefill"
@@ -94,16 +106,39 @@ def llama_cpp_tok_s(record: dict[str, Any], prefill: bool, length: float, thread
         context, tokens, step = int(key), 1, "decode"
     n, v = record[step][key]
     kinds = record.get(f"{step}_kinds", {}).get(key)
-    kv = k1_model.unavoidable_bytes("attention", config, context, config["num_hidden_layers"])
-    return tokens / board.seconds(n, v, record["decode_weight_bytes"] + kv, threads, kinds=kinds)
+    return tokens / board.seconds(n, v, step_bytes(record, context), threads, kinds=kinds)
+
+
+def _context(point: dict[str, Any]) -> float:
+    """The context a point's test runs at: its prompt, or the middle of its generated tokens."""
+    return point["length"] if point["test"] == "pp" else point["prompt"] + point["length"] / 2
+
+
+def _record_of(point: dict[str, Any], counts: dict[tuple[str, str, str], dict[str, Any]]) -> dict[str, Any] | None:
+    """The counted record of a point's file: its own variant's, or (an IME point, whose code
+    is not llama.cpp's) any variant's, for the file's bytes."""
+    if point.get("backend") != "ime":
+        return counts.get((point["model"], point["type"], point["variant"]))
+    return next((r for (m, t, _), r in sorted(counts.items()) if (m, t) == (point["model"], point["type"])), None)
+
+
+def bandwidth_floors(points: list[dict[str, Any]], counts: dict[tuple[str, str, str], dict[str, Any]]
+                     ) -> dict[int, float]:
+    """Thread count -> the least DRAM bandwidth the generation points measured with IME allow:
+    each generated token read at least step_bytes of its file, so bandwidth >= tok/s x bytes."""
+    floors: dict[int, float] = {}
+    for p in points:
+        record = _record_of(p, counts)
+        if p.get("backend") == "ime" and p["test"] == "tg" and record is not None:
+            floor = p["tok_s"] * step_bytes(record, round(_context(p)))
+            floors[p["threads"]] = max(floors.get(p["threads"], 0.0), floor)
+    return floors
 
 
 def project(board: k1_model.Board, point: dict[str, Any], record: dict[str, Any]) -> float:
     """A public point's test projected: pp as its prompt, tg as the token in the middle of
     its generated ones."""
-    if point["test"] == "pp":
-        return llama_cpp_tok_s(record, True, point["length"], point["threads"], board)
-    return llama_cpp_tok_s(record, False, point["prompt"] + point["length"] / 2, point["threads"], board)
+    return llama_cpp_tok_s(record, point["test"] == "pp", _context(point), point["threads"], board)
 
 
 # What the core can do at most, whatever fits the points best: the X60 issues two
@@ -189,7 +224,7 @@ def fit(points: list[dict[str, Any]], counts: dict[tuple[str, str, str], dict[st
         groups: dict[str, tuple[str, ...]] | None = None) -> Fit:
     """`groups`: KIND_GROUPS when every counted record has its vector instructions by kind,
     else none (one CPI for every vector instruction)."""
-    usable = [p for p in points if (p["model"], p["type"], p["variant"]) in counts]
+    usable = [p for p in points if p.get("backend") != "ime" and (p["model"], p["type"], p["variant"]) in counts]
     if groups is None:
         groups = KIND_GROUPS if usable and all(_has_kinds(counts[(p["model"], p["type"], p["variant"])])
                                                for p in usable) else {}
@@ -216,7 +251,24 @@ def fit(points: list[dict[str, Any]], counts: dict[tuple[str, str, str], dict[st
         mix = _kind_mix(training, counts)
         board = dataclasses.replace(board, cpi_vector=sum(board.cpi_kinds.get(k, board.cpi_vector) * n
                                                           for k, n in mix.items()) / sum(mix.values()))
+    # Where no counted point fits the bandwidth, the IME runs' floor replaces the assumed figure.
+    floors = bandwidth_floors(points, counts)
+    bandwidth = {**board.bandwidth, **{n: max(floor, board.bandwidth[n]) if n == t else floor
+                                       for n, floor in floors.items()}}
+    # Fewer threads stream no more than more threads do (the assumed board's all-core figure
+    # from 2 threads up would otherwise stand above a floor set at 4).
+    board = dataclasses.replace(board, bandwidth={n: min(bw for m, bw in bandwidth.items() if m >= n)
+                                                  for n in bandwidth})
     rows = []
+    for p in points:
+        record = _record_of(p, counts)
+        if p.get("backend") != "ime" or record is None or p["test"] != "tg":
+            continue
+        projected = board.bandwidth_at(p["threads"]) / step_bytes(record, round(_context(p)))
+        rows.append({"id": p["id"], "model": p["model"], "type": p["type"], "variant": "IME",
+                     "threads": p["threads"], "test": f"{p['test']}{p['length']}", "measured": p["tok_s"],
+                     "projected": projected, "ratio": p["tok_s"] / projected, "assumed_projected": float("nan"),
+                     "held_out": None, "role": "bandwidth floor"})
     for p in usable:
         projected = project(board, p, counts[(p["model"], p["type"], p["variant"])])
         assumed = project(base, p, counts[(p["model"], p["type"], p["variant"])])

@@ -48,13 +48,17 @@ def _points_made_by(board, records):
     return points
 
 
+# Two counted programs of one file, and a board that made their points.
+TRUTH = k1_model.Board("truth", 1.6e9, 0.7, 3.0, {8: 5e9}, {8: 1.0}, "test")
+RECORDS = {("m", "t", "a"): {"model": "tinyllama-1.1b", "prefill": {"64": [6e9, 1e9]},
+                             "decode": {"34": [1e8, 8e7]}, "decode_weight_bytes": 6e8},
+           ("m", "t", "b"): {"model": "tinyllama-1.1b", "prefill": {"64": [3e9, 2e9]},
+                             "decode": {"34": [9e7, 1e7]}, "decode_weight_bytes": 6e8}}
+
+
 def test_the_fit_recovers_constants_that_made_the_points():
-    truth = k1_model.Board("truth", 1.6e9, 0.7, 3.0, {8: 5e9}, {8: 1.0}, "test")
-    records = {("m", "t", "a"): {"model": "tinyllama-1.1b", "prefill": {"64": [6e9, 1e9]},
-                                 "decode": {"34": [1e8, 8e7]}, "decode_weight_bytes": 6e8},
-               ("m", "t", "b"): {"model": "tinyllama-1.1b", "prefill": {"64": [3e9, 2e9]},
-                                 "decode": {"34": [9e7, 1e7]}, "decode_weight_bytes": 6e8}}
-    points = _points_made_by(truth, records)
+    records = RECORDS
+    points = _points_made_by(TRUTH, records)
     result = fit.fit(points, records, prior_weight=0.0)
     assert result.fit_error < 1e-3
     assert result.board.ipc_scalar == pytest.approx(0.7, rel=1e-2)
@@ -69,8 +73,9 @@ def test_every_public_point_names_its_source_threads_and_version():
     points = fit.load_points()
     assert len(points) >= 15 and any(p["held_out"] for p in points)
     for p in points:
-        assert p["source"].startswith("llama.cpp PR #") and p["llama_cpp"] and p["threads"] in (1, 4, 8)
-        assert p["test"] in ("pp", "tg") and p["tok_s"] > 0 and p["variant"] in ("repack", "vec_dot")
+        assert p["source"].startswith("llama.cpp ") and p["llama_cpp"] and p["threads"] in (1, 4, 8)
+        assert p["test"] in ("pp", "tg") and p["tok_s"] > 0
+        assert p["variant"] in ("repack", "vec_dot") if p.get("backend") != "ime" else p["test"] == "tg"
 
 
 def test_the_calibrated_board_is_what_the_checked_in_inputs_fit_to():
@@ -81,6 +86,7 @@ def test_the_calibrated_board_is_what_the_checked_in_inputs_fit_to():
     assert result.board.ipc_scalar == pytest.approx(c.ipc_scalar, rel=1e-3)
     assert result.board.cpi_vector == pytest.approx(c.cpi_vector, rel=1e-3)
     assert result.board.bandwidth[8] == pytest.approx(c.bandwidth[8], rel=1e-3)
+    assert result.board.bandwidth[4] == pytest.approx(c.bandwidth[4], rel=1e-3)
     assert result.board.cpi_kinds == pytest.approx(c.cpi_kinds, rel=1e-3)
     assert (round(result.fit_error, 3), round(result.held_out_error, 3)) == k1_model.CALIBRATION_ERRORS
     assert all(math.isfinite(r["projected"]) for r in result.rows)
@@ -107,3 +113,25 @@ def test_the_fit_recovers_a_cost_per_kind_of_vector_instruction():
     assert result.board.cpi_kinds["reduction"] / result.board.cpi_kinds["memory"] == pytest.approx(4.5, rel=0.05)
     # One CPI for all cannot fit both.
     assert fit.fit(points, records, prior_weight=0.0, groups={}).fit_error > 0.1
+
+
+def test_an_ime_generation_point_sets_the_bandwidth_at_its_thread_count_from_below():
+    records = RECORDS
+    points = _points_made_by(TRUTH, records)
+    base = k1_model.Board("base", 1.6e9, 1.0, 4.0, {1: 2e9, 2: 7e9}, {1: 1.0}, "test")
+    without = fit.fit(points, records, base=base, prior_weight=0.0)
+    # No floor: the assumed all-core figure, from 2 threads up, held to what 8 threads fit.
+    assert without.board.bandwidth_at(4) == pytest.approx(5e9, rel=1e-2)
+    # Two IME runs on 4 threads of files with tinyllama-1.1b's K/V: 6 tok/s and 5 tok/s, each token
+    # reading the file's 6e8 bytes and K/V at context 32.
+    kv = 2 * 2 * 32 * 4 * 64 * 22
+    ime = [{"id": f"ime{i}", "model": "m", "type": "t", "backend": "ime", "threads": 4, "test": "tg", "length": 64,
+            "prompt": 0, "tok_s": tok_s, "held_out": False} for i, tok_s in enumerate((6.0, 5.0))]
+    result = fit.fit(points + ime, records, base=base, prior_weight=0.0)
+    assert result.board.bandwidth[4] == pytest.approx(6.0 * (6e8 + kv))
+    assert result.board.bandwidth_at(2) == result.board.bandwidth[4]  # two threads stream no more than four
+    assert result.board.bandwidth[8] == pytest.approx(5e9, rel=1e-2)  # what the counted points fit
+    floors = {r["id"]: r["ratio"] for r in result.rows if r["role"] == "bandwidth floor"}
+    assert floors == pytest.approx({"ime0": 1.0, "ime1": 5 / 6})
+    # They time nothing, so the errors are the counted points' alone.
+    assert (result.fit_error, result.held_out_error) == (without.fit_error, without.held_out_error)
