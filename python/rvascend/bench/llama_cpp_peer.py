@@ -40,6 +40,9 @@ MODELS = ("smollm2-135m", "qwen3-0.6b", "qwen3.5-0.8b")
 TYPES = ("bf16", "q8_0", "q4_0", "q4_k_m")  # bf16, then what llama.cpp's quantizer writes from it
 # Every type prepare_models can write (the riscv64 count adds the types of llama.cpp's public tables).
 FILE_TYPES = (*TYPES, "q4_1", "q2_k", "q3_k_m", "q5_k_m", "iq4_nl")
+# Models whose files hold real weights (SmolLM2: the served default's), which cannot be
+# truncated to fewer layers; every other model is random weights in a real model's shapes.
+REAL_WEIGHTS = ("smollm2-135m",)
 
 
 def _define_flags() -> None:
@@ -81,10 +84,15 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
                    layers: int | None = None) -> dict[str, str]:
     """"name type" -> GGUF file, written once: BF16 by this project's exporter, the
     quantized types from it by llama.cpp's quantizer (its default recipe). `layers`
-    truncates a random-weight model to that many layers (files named -<layers>l)."""
+    truncates a random-weight model to that many layers (files named -<layers>l); a
+    model's own depth is its whole file."""
     from rvascend.engine import random_checkpoint
     from rvascend.models import default_model
     from rvascend.models import gguf_checkpoint, gguf_export
+
+    if layers is not None and all(random_checkpoint.SHAPES[n]["num_hidden_layers"] == layers
+                                  for n in names if n in random_checkpoint.SHAPES):
+        layers = None
 
     def smollm2(tmp: str, out: str) -> None:
         checkpoint = os.path.join(tmp, "checkpoint")
@@ -116,7 +124,7 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
     # can be truncated; a hybrid's depth should be whole periods of its layer pattern (4).
     random_shapes = {"qwen3-0.6b": random_shape, "tinyllama-1.1b": random_shape, "qwen2.5-0.5b": random_shape,
                      "qwen3.5-0.8b": qwen3_5, "qwen3.5-2b": qwen3_5}
-    sources = {"smollm2-135m": smollm2, **{n: source(n) for n, source in random_shapes.items()}}
+    sources = {REAL_WEIGHTS[0]: smollm2, **{n: source(n) for n, source in random_shapes.items()}}
     unknown = [n for n in names if n not in sources] + [t for t in types if t not in FILE_TYPES]
     if unknown:
         raise ValueError(f"unknown model(s) or type(s) {unknown}; models: {sorted(sources)}, "

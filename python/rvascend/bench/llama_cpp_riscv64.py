@@ -19,7 +19,9 @@ tokens; a one-unit model of the same shape and type runs at every prompt length 
 layer, or one period of a hybrid's layer pattern (Qwen3.5: three Gated DeltaNet layers
 and one of full attention; depth_unit) (bench/llama_cpp_riscv64.compose gives the whole
 model's count at each: the second unit is what each unit but the last costs, since
-llama.cpp's last layer runs its feed-forward for the output token alone). Decode contexts are those prompts plus the
+llama.cpp's last layer runs its feed-forward for the output token alone). A model of
+real weights (SmolLM2, the served default) cannot be cut: its unit is the whole model,
+run at every prompt length. Decode contexts are those prompts plus the
 generated tokens (the cache holds that many once the last token is in). The first
 generated token after a prompt also pays the graph's re-planning for one-token
 batches: the last one is the decode figure.
@@ -288,21 +290,28 @@ def main(argv: list[str]) -> int:
     from rvascend.engine import random_checkpoint
 
     files = llama_cpp_peer.prepare_models(work, FLAGS.models, FLAGS.types, llama_cpp.python_path(), threads_available)
-    units = {m: depth_unit(random_checkpoint.SHAPES[m]) for m in FLAGS.models}
+    # A model of real weights cannot be cut to fewer layers: its whole file is its one unit, run
+    # at every prompt (compose then adds nothing to the counts).
+    units = {m: random_checkpoint.SHAPES[m]["num_hidden_layers"] if m in llama_cpp_peer.REAL_WEIGHTS
+             else depth_unit(random_checkpoint.SHAPES[m]) for m in FLAGS.models}
     shallow = {(m, n): llama_cpp_peer.prepare_models(work, [m], FLAGS.types, llama_cpp.python_path(),
                                                      threads_available, layers=n * units[m])
-               for m in FLAGS.models for n in (1, 2)}
+               for m in FLAGS.models for n in (1, 2) if n == 1 or m not in llama_cpp_peer.REAL_WEIGHTS}
 
     records = []
     captured = manifest.capture(qemu_cpu=f"{qemu}: -cpu {k1_model.qemu_cpu(FLAGS.vlen)}")
     captured["llama_cpp"] = {"llama_cpp_python": llama_cpp.lock()["version"], "build": llama_cpp_riscv64.CMAKE_OPTIONS}
     earlier = reusable_runs(FLAGS.reuse, captured["llama_cpp"], FLAGS.vlen, FLAGS.generate) if FLAGS.reuse else {}
     with tempfile.TemporaryDirectory() as tmp:
+        runs: dict[tuple, CountedRun] = {}
+
         def count(key: tuple, gguf: str, threads: int, prompt: int, repack: bool) -> CountedRun:
             if (*key, threads, prompt) in earlier:
                 return earlier[(*key, threads, prompt)]
-            return run_counted(qemu, plugin, image, driver, gguf, threads, prompt, FLAGS.generate, repack,
-                               FLAGS.vlen, tmp)
+            if (gguf, threads, prompt, repack) not in runs:  # a whole file's one unit is its full run too
+                runs[(gguf, threads, prompt, repack)] = run_counted(qemu, plugin, image, driver, gguf, threads, prompt,
+                                                                    FLAGS.generate, repack, FLAGS.vlen, tmp)
+            return runs[(gguf, threads, prompt, repack)]
 
         for key, gguf in files.items():
             model, kind = key.split()
@@ -313,7 +322,8 @@ def main(argv: list[str]) -> int:
                 full = {t: count((model, kind, variant, "full"), gguf, t, base_prompt, repack) for t in thread_counts}
                 singles = [count((model, kind, variant, 1), shallow[(model, 1)][key], 1, p, repack) for p in prompts]
                 pairs = [count((model, kind, variant, 2), shallow[(model, 2)][key], 1, p, repack)
-                         for p in prefill_prompts]
+                         for p in prefill_prompts] if (model, 2) in shallow else \
+                    [r for r in singles if r.prompt in prefill_prompts]
                 logging.info("%s %s %s: %.0f s under QEMU", model, kind, variant, time.monotonic() - start)
                 composed = compose(full[1], singles, pairs, layers, units[model])
                 if abs(composed.prefill_check) > 0.01:

@@ -114,6 +114,11 @@ def test_compose_takes_a_hybrid_by_whole_periods_of_its_layer_pattern():
     assert bench.composed_record(json.loads(json.dumps(record))).decode == composed.decode
     with pytest.raises(ValueError, match="whole units of 4"):
         bench.compose(full, one, two, layers=22, unit=4)
+    # A model that cannot be cut (real weights) is one unit: its own runs at every prompt come out as they are.
+    whole = [_hybrid_like(6, p) for p in prompts]
+    composed = bench.compose(full, whole, whole, layers=24, unit=24)
+    for p, run in zip(prompts, whole):
+        assert composed.prefill[p][0] == run.prompt_counts[0] and composed.decode[p + 2][0] == run.token_counts[-1][0]
 
 
 def test_compose_brings_the_prompts_to_the_whole_models_count():
