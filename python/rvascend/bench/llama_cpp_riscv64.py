@@ -332,7 +332,8 @@ def main(argv: list[str]) -> int:
                 decode_64 = composed.decode[min(composed.decode, key=lambda c: abs(c - 64))]
                 records.append({
                     "bench": "llama_cpp_riscv64", "model": model, "type": kind, "variant": variant,
-                    "vlen": FLAGS.vlen, "layers": layers, "unit_layers": units[model], "base_prompt": base_prompt, "generate": FLAGS.generate,
+                    "vlen": FLAGS.vlen, "layers": layers, "unit_layers": units[model], "base_prompt": base_prompt,
+                    "generate": FLAGS.generate,
                     "prefill": {str(p): list(v) for p, v in composed.prefill.items()},
                     "decode": {str(c): list(v) for c, v in composed.decode.items()},
                     "prefill_kinds": {str(p): v for p, v in composed.prefill_kinds.items()},

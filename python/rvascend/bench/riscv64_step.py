@@ -178,9 +178,7 @@ def _llama_cpp_files(shape: str, modes: list[str], layers: list[int], target_lay
              for mode in modes for n in layers}
     config = random_checkpoint.SHAPES[shape]
     weights = sum(k1_model.unavoidable_bytes(r, config, 0, target_layers, bytes_per_weight=1.0) for r in LINEARS)
-    own_depth = target_layers == config["num_hidden_layers"]
-    full = llama_cpp_peer.prepare_models(work, [shape], modes, python, threads,
-                                         layers=None if own_depth else target_layers)
+    full = llama_cpp_peer.prepare_models(work, [shape], modes, python, threads, layers=target_layers)
     return files, {mode: llama_cpp_peer.decode_step_bytes(full[f"{shape} {mode}"]) / weights for mode in modes}
 
 
@@ -300,8 +298,9 @@ def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: in
                                                           draft_vocab=draft_vocab(step.get("kind", "decode"))),
                                {k: c * scale for k, c in kinds[name].items()} if kinds.get(name) else None)
                for name, (n, v) in step["regions"].items()]
-    tokens = rows * context if prefill else rows * (1 + drafts)
-    return k1_model.tokens_per_second(regions, rows * context if prefill else rows, threads, ipc, board, tokens)
+    produced = rows * context if prefill else rows
+    return k1_model.tokens_per_second(regions, produced, threads, ipc, board,
+                                      produced if prefill else rows * (1 + drafts))
 
 
 def project_record(record: dict[str, Any], threads: int, board: k1_model.Board) -> float:

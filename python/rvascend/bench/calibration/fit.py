@@ -122,16 +122,21 @@ def _record_of(point: dict[str, Any], counts: dict[tuple[str, str, str], dict[st
     return next((r for (m, t, _), r in sorted(counts.items()) if (m, t) == (point["model"], point["type"])), None)
 
 
+def _ime_generation(points: list[dict[str, Any]], counts: dict[tuple[str, str, str], dict[str, Any]]
+                    ) -> list[tuple[dict[str, Any], float]]:
+    """The generation points measured with IME whose file was counted, each with the bytes
+    (step_bytes) one of its generated tokens read at least."""
+    return [(p, step_bytes(record, round(_context(p)))) for p in points
+            if p.get("backend") == "ime" and p["test"] == "tg" and (record := _record_of(p, counts)) is not None]
+
+
 def bandwidth_floors(points: list[dict[str, Any]], counts: dict[tuple[str, str, str], dict[str, Any]]
                      ) -> dict[int, float]:
     """Thread count -> the least DRAM bandwidth the generation points measured with IME allow:
     each generated token read at least step_bytes of its file, so bandwidth >= tok/s x bytes."""
     floors: dict[int, float] = {}
-    for p in points:
-        record = _record_of(p, counts)
-        if p.get("backend") == "ime" and p["test"] == "tg" and record is not None:
-            floor = p["tok_s"] * step_bytes(record, round(_context(p)))
-            floors[p["threads"]] = max(floors.get(p["threads"], 0.0), floor)
+    for p, bytes_ in _ime_generation(points, counts):
+        floors[p["threads"]] = max(floors.get(p["threads"], 0.0), p["tok_s"] * bytes_)
     return floors
 
 
@@ -260,11 +265,8 @@ def fit(points: list[dict[str, Any]], counts: dict[tuple[str, str, str], dict[st
     board = dataclasses.replace(board, bandwidth={n: min(bw for m, bw in bandwidth.items() if m >= n)
                                                   for n in bandwidth})
     rows = []
-    for p in points:
-        record = _record_of(p, counts)
-        if p.get("backend") != "ime" or record is None or p["test"] != "tg":
-            continue
-        projected = board.bandwidth_at(p["threads"]) / step_bytes(record, round(_context(p)))
+    for p, bytes_ in _ime_generation(points, counts):
+        projected = board.bandwidth_at(p["threads"]) / bytes_
         rows.append({"id": p["id"], "model": p["model"], "type": p["type"], "variant": "IME",
                      "threads": p["threads"], "test": f"{p['test']}{p['length']}", "measured": p["tok_s"],
                      "projected": projected, "ratio": p["tok_s"] / projected, "assumed_projected": float("nan"),
