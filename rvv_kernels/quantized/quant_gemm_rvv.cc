@@ -7,14 +7,15 @@
 // lanes); 4-bit weights come two k to a byte (one load, then `vand` / `vsrl`
 // for the low and high nibble). int16 lanes hold at most 16 products of a
 // 4-bit weight (|15 x 127| x 16 < 2^15) or 2 of an 8-bit one, then widen into
-// int32. The scales are applied once per block in FP32: the f16 scale is
+// int32; Q4_0's whole block fits one int16 lane by its offset (ChunkQ4_0). The scales are applied once per block in FP32: the f16 scale is
 // widened by integer ops (no Zvfh needed: the K1 has it, QEMU 7.2 does not),
 // multiplied by the activation scale, and one FMA adds the block.
 // The operations and their order are the portable kernels' (quant_gemm_portable.cc),
 // so both give bit-identical results; the tests check that at every VLEN.
 //
 // Multi-row calls process the tile in two halves of VLEN/8 columns with
-// e8 m1 groups, so the int16 accumulators of up to 4 rows fit the register file.
+// e8 m1 groups, so the int16 accumulators of up to 8 rows (Q4_0) or 4 rows (the
+// other formats, two accumulators a row) fit the register file.
 #include <riscv_vector.h>
 
 #include <cmath>
@@ -65,6 +66,8 @@ struct QV;
     static I32 Wadd(I16 a, I16 b, size_t vl) { return __riscv_vwadd_vv_i32##M32(a, b, vl); }        \
     static I32 WaddW(I32 acc, I16 b, size_t vl) { return __riscv_vwadd_wv_i32##M32(acc, b, vl); }   \
     static I32 SubX(I32 a, int32_t b, size_t vl) { return __riscv_vsub_vx_i32##M32(a, b, vl); }     \
+    static I16 Sub16X(I16 a, int16_t b, size_t vl) { return __riscv_vsub_vx_i16##M16(a, b, vl); }   \
+    static I32 Sext16(I16 v, size_t vl) { return __riscv_vsext_vf2_i32##M32(v, vl); }               \
     static I32 Macc(I32 acc, I32 a, I32 b, size_t vl) { return __riscv_vmacc_vv_i32##M32(acc, a, b, vl); } \
     static I32 MaccX(I32 acc, int32_t a, I32 b, size_t vl) { return __riscv_vmacc_vx_i32##M32(acc, a, b, vl); } \
     static I32 ZextU8(const uint8_t* p, size_t vl) {                                                \
@@ -99,13 +102,18 @@ RVASCEND_DEFINE_QV(1, m1, m2, m4)
 RVASCEND_DEFINE_QV(2, m2, m4, m8)
 #undef RVASCEND_DEFINE_QV
 
-// Rows of one call: activation pointers and scales, by row index 0..3.
+// Rows of one call: activation pointers and scales, by row index 0..7.
+constexpr size_t kMaxRows = 8;
 struct Rows {
-  const int8_t* q[4];
-  const float* d[4];
-  const int32_t* sum32[4];
-  float* c[4];
+  const int8_t* q[kMaxRows];
+  const float* d[kMaxRows];
+  const int32_t* sum32[kMaxRows];
+  float* c[kMaxRows];
 };
+
+// X(i) for each row index of Rows: the per-row accumulators are vector registers,
+// which C++ cannot index, so the rows are spelled out.
+#define RVASCEND_EACH_ROW(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 
 Rows RowsOf(size_t m, const QuantActs& a, size_t row0, float* c, size_t c_stride) {
   Rows r{};
@@ -121,7 +129,7 @@ Rows RowsOf(size_t m, const QuantActs& a, size_t row0, float* c, size_t c_stride
 
 // The FP32 accumulators live in the output rows between blocks (a load, an FMA
 // and a store per block, next to 32 k-steps), which frees the register file.
-// One chunk [off, off + vl) of a tile, kRows rows, a 32-blocks format.
+// One chunk [off, off + vl) of a tile, kRows rows, Q8_0 or Q4_1.
 template <QuantFormat F, int L, int kRows>
 void Chunk32(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size_t off, size_t vl) {
   using V = QV<L>;
@@ -172,32 +180,76 @@ void Chunk32(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size_t
       if constexpr (kRows > 3) s3 = V::Wadd(l3, h3, vl);
     }
     // The block's FP32 accumulators, each row's sum times its scales (f16 weight scale x
-    // activation scale, rounded once).
-    auto finish_rows = [&](auto scales_of) {
-      auto finish = [&](int i, typename V::I32 s) {
-        const float ad = r.d[i][b];
-        const int32_t asum = r.sum32[i][b];
-        if constexpr (F == QuantFormat::kQ4_0) s = V::SubX(s, 8 * asum, vl);
-        auto acc = V::FmaccVv(V::LoadF(r.c[i] + off, vl), V::Cvt(s, vl), scales_of(ad), vl);
-        if constexpr (F == QuantFormat::kQ4_1) {
-          acc = V::FmaccVf(acc, ad * static_cast<float>(asum), V::Scales(blk + 2 * t + 2 * off, 1.0f, vl), vl);
-        }
-        V::StoreF(r.c[i] + off, acc, vl);
-      };
-      finish(0, s0);
-      if constexpr (kRows > 1) finish(1, s1);
-      if constexpr (kRows > 2) finish(2, s2);
-      if constexpr (kRows > 3) finish(3, s3);
+    // activation scale, rounded once). The weight scales are widened again for each row:
+    // kept across the rows, they spilled (Q8_0 1.25x, Q4_1 2.2x the cycles).
+    auto finish = [&](int i, typename V::I32 s) {
+      const float ad = r.d[i][b];
+      auto acc = V::FmaccVv(V::LoadF(r.c[i] + off, vl), V::Cvt(s, vl), V::Scales(blk + 2 * off, ad, vl), vl);
+      if constexpr (F == QuantFormat::kQ4_1) {
+        acc = V::FmaccVf(acc, ad * static_cast<float>(r.sum32[i][b]), V::Scales(blk + 2 * t + 2 * off, 1.0f, vl), vl);
+      }
+      V::StoreF(r.c[i] + off, acc, vl);
     };
-    if constexpr (F == QuantFormat::kQ4_0) {
-      // The weight scales once for every row, each row's product then one multiply.
-      // Counted at VLEN 256 (clang, 64 rows): 7.8 % fewer K1 cycles per MAC. Q8_0's and
-      // Q4_1's finishes have no registers for it: there it spilled (1.25x, 2.2x the cycles).
-      const auto weight_scales = V::WeightScales(blk + 2 * off, vl);
-      finish_rows([&](float ad) { return V::Times(weight_scales, ad, vl); });
-    } else {
-      finish_rows([&](float ad) { return V::Scales(blk + 2 * off, ad, vl); });
+    finish(0, s0);
+    if constexpr (kRows > 1) finish(1, s1);
+    if constexpr (kRows > 2) finish(2, s2);
+    if constexpr (kRows > 3) finish(3, s3);
+  }
+}
+
+// Q4_0, one chunk, kRows (1..8) rows, one int16 accumulator per row for both nibbles of
+// a block. Its 32 products of unsigned nibbles can overflow int16 (32 x 15 x 127), but the
+// block's value, sum(a x (nibble - 8)), lies within 32 x 8 x 127 = 32512: the lanes add
+// modulo 2^16 and the offset 8 x sum(a) is taken off in the same arithmetic, so the
+// result is that value exactly, the portable kernel's integer. Half the accumulators of
+// separate low and high sums let eight rows share each weight load and unpack (counted
+// at VLEN 256, clang, 64 rows of a 2048 x 2048 product: 0.106 K1 cycles per MAC under
+// k1_model.CALIBRATED, against 0.131 for four rows with two accumulators each).
+template <int L, int kRows>
+void ChunkQ4_0(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size_t off, size_t vl) {
+  using V = QV<L>;
+  const size_t record = FormatInfo(QuantFormat::kQ4_0).tile_block_bytes * t;
+  for (int i = 0; i < kRows; ++i) V::StoreF(r.c[i] + off, V::ZeroF(vl), vl);
+  for (size_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = tile + b * record;
+    const uint8_t* qs = blk + 2 * t + off;
+#define RVASCEND_ROW_ACTS(i) [[maybe_unused]] const int8_t* a##i = r.q[kRows > i ? i : 0] + 32 * b;
+    RVASCEND_EACH_ROW(RVASCEND_ROW_ACTS)
+#undef RVASCEND_ROW_ACTS
+    [[maybe_unused]] typename V::I16 s0, s1, s2, s3, s4, s5, s6, s7;
+    {
+      const auto bytes = V::LoadU8(qs, vl);
+      const auto lo = V::Lo(bytes, vl), hi = V::Hi(bytes, vl);
+#define RVASCEND_ROW_FIRST(i) \
+  if constexpr (kRows > i) s##i = V::Wmacc(V::Wmul(lo, a##i[0], vl), a##i[16], hi, vl);
+      RVASCEND_EACH_ROW(RVASCEND_ROW_FIRST)
+#undef RVASCEND_ROW_FIRST
     }
+    RVASCEND_UNROLL(15)
+    for (size_t k = 1; k < 16; ++k) {
+      const auto bytes = V::LoadU8(qs + k * t, vl);
+      const auto lo = V::Lo(bytes, vl), hi = V::Hi(bytes, vl);
+#define RVASCEND_ROW_STEP(i) \
+  if constexpr (kRows > i) s##i = V::Wmacc(V::Wmacc(s##i, a##i[k], lo, vl), a##i[k + 16], hi, vl);
+      RVASCEND_EACH_ROW(RVASCEND_ROW_STEP)
+#undef RVASCEND_ROW_STEP
+    }
+    // Every row's offset first (e16), then every row's FP32 finish (e32): two vtype
+    // changes per block, not two per row. |8 x sum(a)| <= 8 x 32 x 127 fits int16.
+#define RVASCEND_ROW_OFFSET(i) \
+  if constexpr (kRows > i) s##i = V::Sub16X(s##i, static_cast<int16_t>(8 * r.sum32[i][b]), vl);
+    RVASCEND_EACH_ROW(RVASCEND_ROW_OFFSET)
+#undef RVASCEND_ROW_OFFSET
+    const auto weight_scales = V::WeightScales(blk + 2 * off, vl);
+#define RVASCEND_ROW_FINISH(i)                                                                            \
+  if constexpr (kRows > i) {                                                                             \
+    V::StoreF(r.c[i] + off,                                                                              \
+              V::FmaccVv(V::LoadF(r.c[i] + off, vl), V::Cvt(V::Sext16(s##i, vl), vl),                    \
+                         V::Times(weight_scales, r.d[i][b], vl), vl),                                    \
+              vl);                                                                                       \
+  }
+    RVASCEND_EACH_ROW(RVASCEND_ROW_FINISH)
+#undef RVASCEND_ROW_FINISH
   }
 }
 
@@ -304,17 +356,39 @@ void Chunk(const Rows& r, const QuantActs& a, const uint8_t* tile, size_t t, siz
 template <QuantFormat F>
 void Gemm(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c, size_t c_stride) {
   const Rows r = RowsOf(m, a, row0, c, c_stride);
-  if (m == 1) {
+  if constexpr (F == QuantFormat::kQ4_0) {
+    if (m == 1) {
+      ChunkQ4_0<2, 1>(r, a.k / 32, tile, t, 0, QV<2>::SetVl(t));
+      return;
+    }
+    const size_t half = t / 2;
+    for (size_t off = 0; off < t; off += half) {
+      const size_t vl = QV<1>::SetVl(half), blocks = a.k / 32;
+      switch (m) {
+        case 2: ChunkQ4_0<1, 2>(r, blocks, tile, t, off, vl); break;
+        case 3: ChunkQ4_0<1, 3>(r, blocks, tile, t, off, vl); break;
+        case 4: ChunkQ4_0<1, 4>(r, blocks, tile, t, off, vl); break;
+        case 5: ChunkQ4_0<1, 5>(r, blocks, tile, t, off, vl); break;
+        case 6: ChunkQ4_0<1, 6>(r, blocks, tile, t, off, vl); break;
+        case 7: ChunkQ4_0<1, 7>(r, blocks, tile, t, off, vl); break;
+        default: ChunkQ4_0<1, 8>(r, blocks, tile, t, off, vl); break;
+      }
+    }
+  } else if (m > 4) {
+    // The other formats' accumulators fit four rows: two passes over the tile.
+    Gemm<F>(4, a, row0, tile, t, c, c_stride);
+    Gemm<F>(m - 4, a, row0 + 4, tile, t, c + 4 * c_stride, c_stride);
+  } else if (m == 1) {
     Chunk<F, 2, 1>(r, a, tile, t, 0, QV<2>::SetVl(t));
-    return;
-  }
-  const size_t half = t / 2;
-  for (size_t off = 0; off < t; off += half) {
-    const size_t vl = QV<1>::SetVl(half);
-    switch (m) {
-      case 2: Chunk<F, 1, 2>(r, a, tile, t, off, vl); break;
-      case 3: Chunk<F, 1, 3>(r, a, tile, t, off, vl); break;
-      default: Chunk<F, 1, 4>(r, a, tile, t, off, vl); break;
+  } else {
+    const size_t half = t / 2;
+    for (size_t off = 0; off < t; off += half) {
+      const size_t vl = QV<1>::SetVl(half);
+      switch (m) {
+        case 2: Chunk<F, 1, 2>(r, a, tile, t, off, vl); break;
+        case 3: Chunk<F, 1, 3>(r, a, tile, t, off, vl); break;
+        default: Chunk<F, 1, 4>(r, a, tile, t, off, vl); break;
+      }
     }
   }
 }
@@ -393,7 +467,7 @@ void StoreBf16Rvv(const float* c, size_t n, uint16_t* out) {
 
 // tile 0: T = VLEN/4, one e8 m2 group (the driver passes it as t).
 const QuantKernelSet kRvvQuantKernels = {
-    "rvv", 0, false, 4,
+    "rvv", 0, false, kMaxRows,
     {Gemm<QuantFormat::kQ8_0>, Gemm<QuantFormat::kQ4_0>, Gemm<QuantFormat::kQ4_1>, Gemm<QuantFormat::kQ4_K>,
      Gemm<QuantFormat::kQ6_K>},
     QuantizeRowRvv, StoreBf16Rvv};

@@ -4,8 +4,9 @@
 // summed in FP64. Every kernel set must stay within the FP32 bound of its
 // per-block scale products and accumulation, and every vector set must equal the
 // portable set bit for bit. Also: the repack round trip (row dequantization),
-// tails in N, M from 1 to 9, K not a whole number of blocks, NaN or infinite
-// scales, a tile width the set cannot read, NaN activations.
+// tails in N, M from 1 to 9, integer sums at their bounds, K not a whole number
+// of blocks, NaN or infinite scales, a tile width the set cannot read, NaN
+// activations.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -249,14 +250,14 @@ void TestRowsAreTheirRowsAlone(const QuantKernelSet& set, QuantFormat f, std::mt
          differ);
 }
 
-void TestShape(const QuantKernelSet& set, QuantFormat f, size_t m, size_t n, size_t k, std::mt19937& rng) {
+// The product of GGML weight `ggml` [n, k] and BF16 activations `x` [m, k] through `set`.
+void CheckProduct(const QuantKernelSet& set, QuantFormat f, const std::vector<uint8_t>& ggml,
+                  const std::vector<uint16_t>& x, size_t m, size_t n, size_t k) {
   const QuantFormatInfo& info = FormatInfo(f);
   const size_t t = QuantKernelSetTile(set);
-  const auto ggml = RandomGgml(f, n, k, rng);
   CheckGgmlWeight(f, ggml.data(), n, k, t);
   std::vector<uint8_t> packed(QuantLayoutBytes(f, n, k, t));
   RepackGgmlWeight(f, ggml.data(), n, k, t, packed.data(), 2);
-  const auto x = RandomActivations(m, k, rng);
   const QuantizedActivations acts(x.data(), m, k, k, info.act_block);
   const QuantActs& a = acts.view();
   const auto w = DequantizeGgml(f, ggml, n, k);
@@ -328,6 +329,43 @@ void TestShape(const QuantKernelSet& set, QuantFormat f, size_t m, size_t n, siz
   for (size_t i = 0; i < n * k; ++i) bad_ggml += !(std::fabs(all[i] - w[i]) <= 1e-6 * std::fabs(w[i]) + 1e-30);
   EXPECT(bad_ggml == 0, "%s: %d values dequantized from the GGML blocks differ from the reference", info.name,
          bad_ggml);
+}
+
+void TestShape(const QuantKernelSet& set, QuantFormat f, size_t m, size_t n, size_t k, std::mt19937& rng) {
+  const auto ggml = RandomGgml(f, n, k, rng);
+  CheckProduct(set, f, ggml, RandomActivations(m, k, rng), m, n, k);
+}
+
+// Blocks whose integer sums reach the formats' bounds: every activation at +-127 (rows of
+// +1, of -1, and alternating), every quant at its extremes (4-bit 0 and 15, 8-bit +-127),
+// the columns in each combination. The RVV Q4_0 kernel sums a block's nibbles in int16
+// lanes that wrap (32 x 15 x 127 > 2^15) and relies on sum(a x (q - 8)) fitting them.
+void TestExtremeSums(const QuantKernelSet& set, QuantFormat f, std::mt19937& rng) {
+  const QuantFormatInfo& info = FormatInfo(f);
+  if (info.block_k != 32) return;
+  const size_t quants = f == QuantFormat::kQ4_1 ? 4 : 2;  // the quants' offset in a GGML block
+  const size_t n = QuantKernelSetTile(set) + 5, k = 128, m = set.max_rows + 3;
+  auto ggml = RandomGgml(f, n, k, rng);
+  const uint8_t q8[] = {0x81, 0x7F, 0x81, 0x7F}, q4[] = {0x00, 0xFF, 0x0F, 0xF0};
+  for (size_t j = 0; j < n; ++j) {
+    for (size_t b = 0; b < k / 32; ++b) {
+      uint8_t* p = ggml.data() + (j * (k / 32) + b) * info.ggml_block_bytes + quants;
+      const uint8_t v = f == QuantFormat::kQ8_0 ? q8[(j + (j / 4)) % 4] : q4[j % 4];
+      std::memset(p, v, info.ggml_block_bytes - quants);
+      // Q8_0's columns 2 and 3 mod 4 alternate sign along k, so the row's signs meet both.
+      if (f == QuantFormat::kQ8_0 && j % 4 >= 2) {
+        for (size_t i = 0; i < 32; i += 2) p[i] = 0x81 + 0x7F - p[i];
+      }
+    }
+  }
+  std::vector<uint16_t> x(m * k);
+  for (size_t r = 0; r < m; ++r) {
+    for (size_t i = 0; i < k; ++i) {
+      const float v = r % 3 == 0 ? 1.0f : r % 3 == 1 ? -1.0f : (i % 2 ? 1.0f : -1.0f);
+      x[r * k + i] = FloatToBf16(v);
+    }
+  }
+  CheckProduct(set, f, ggml, x, m, n, k);
 }
 
 template <typename F>
@@ -434,6 +472,7 @@ int main() {
       TestShape(*set, f, set->max_rows + 15, t + 3, k2, rng);
       TestShape(*set, f, 39, 2 * t - 3, k1, rng);
       TestRowsAreTheirRowsAlone(*set, f, rng);
+      TestExtremeSums(*set, f, rng);
     }
     TestErrors(*set, rng);
     // A set may leave a format out: the portable kernel serves that slot, at the set's tile.
