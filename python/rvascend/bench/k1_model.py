@@ -125,6 +125,27 @@ CALIBRATED = Board(
                "permute": 1.3893167996541733})
 
 
+# The K3's X100 cores on paper (bench/calibration/k3_board.py). No plain-RVV llama.cpp figure on
+# them is public, so nothing is fitted: CALIBRATED with each vector kind's cycles times the X100 /
+# X60 ratio of rvv-bench's measured instruction throughputs (x100_over_x60.json: the geometric mean
+# over the kind's instructions at the kernels' SEW/LMUL; the tables time no vset{i}vl{i}, which keeps
+# the K1's cycles), scalar IPC divided by the ratio of a scalar add's, the X100's 2.4 GHz (rvv-bench's
+# X100 page), and DRAM at the floor SpacemiT's IME2 generation sets: Qwen3-4B Q4_0 at 11.29 tok/s on
+# eight A100 cores (llama.cpp docs/build-riscv64-spacemit.md) from a 2.21 GiB file whose tied embedding
+# is read whole for every token, so the K3's DRAM streams at least 26.8 GB/s to eight cores (its
+# Qwen3-0.6B and Qwen3.5-2B figures imply 21). Eight threads only: no K3 figure at four names its bytes.
+X100_OVER_X60 = {"float": 0.9616, "integer": 0.8784, "memory": 0.7753, "multiply": 0.9981, "permute": 0.8955,
+                 "reduction": 0.6242, "scalar": 0.7581, "vector": 0.8611}
+K3_CLOCK_HZ = 2.4e9
+K3_BANDWIDTH = 2.21 * 2**30 * 11.29  # bytes/s, eight threads
+K3_ON_PAPER = Board(
+    "k3_on_paper", K3_CLOCK_HZ, CALIBRATED.ipc_scalar / X100_OVER_X60["scalar"],
+    CALIBRATED.cpi_vector * X100_OVER_X60["vector"], {8: K3_BANDWIDTH}, {1: 1.0},
+    "the calibrated K1 board scaled by rvv-bench's X100 / X60 instruction throughputs, at 2.4 GHz, DRAM at "
+    "the floor SpacemiT's IME2 Qwen3-4B generation sets",
+    cpi_kinds={k: c * X100_OVER_X60.get(k, 1.0) for k, c in CALIBRATED.cpi_kinds.items()})
+
+
 def qemu_cpu(vlen: int = 256) -> str:
     """QEMU's -cpu for the K1's X60 cores as counted here: RVV 1.0 at `vlen` with the scalar
     and vector half-precision extensions (Zfh, Zvfh) and the cache-block prefetch and pause

@@ -6,8 +6,9 @@ Ours: bench/riscv64_step.py records made with --gguf_source=llama_cpp (the step'
 with their vector counts; projections, regions in parallel as the thread pool runs them).
 llama.cpp's: bench/llama_cpp_riscv64.py records of the same files (every op split over
 the threads, as ggml does). Both under k1_model.CALIBRATED (and ASSUMED beside it), at 4
-and 8 threads; llama.cpp at its faster variant (repacked or vec_dot) for each row. The
-ratio ours / llama.cpp is the headline: one board model, one file, one thread count.
+and 8 threads, and under k1_model.K3_ON_PAPER (the K3's X100 cores on paper) at 8;
+llama.cpp at its faster variant (repacked or vec_dot) for each row. The ratio ours /
+llama.cpp is the headline: one board model, one file, one thread count.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def _read(path: str, bench: str) -> list[dict[str, Any]]:
         return [r for r in (json.loads(line) for line in f) if r.get("bench") == bench]
 
 
-def rows(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], board: k1_model.Board) -> list[dict[str, Any]]:
+def rows(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], board: k1_model.Board,
+         threads: tuple[int, ...] = THREADS) -> list[dict[str, Any]]:
     by_file: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in theirs:
         by_file.setdefault((r["model"], r["type"]), []).append(r)
@@ -42,13 +44,13 @@ def rows(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], board: k1_mod
         if not peers or r["rows"] != 1:
             continue
         row = {"model": r["shape"], "type": r["mode"], "step": r["kind"], "length": r["context"]}
-        for t in THREADS:
+        for t in threads:
             row[f"ours_{t}"] = project_record(r, t, board)
             speeds = {p["variant"]: llama_cpp_tok_s(p, r["kind"] == "prefill", r["context"], t, board) for p in peers}
             variant = max(speeds, key=speeds.get)
             row[f"llama_cpp_{t}"], row[f"llama_cpp_variant_{t}"] = speeds[variant], variant
             row[f"ratio_{t}"] = row[f"ours_{t}"] / speeds[variant]
-        row["ratio_best"] = max(row[f"ours_{t}"] for t in THREADS) / max(row[f"llama_cpp_{t}"] for t in THREADS)
+        row["ratio_best"] = max(row[f"ours_{t}"] for t in threads) / max(row[f"llama_cpp_{t}"] for t in threads)
         table.append(row)
     return table
 
@@ -57,14 +59,14 @@ def main(argv: list[str]) -> int:
     del argv
     ours = _read(FLAGS.ours, "riscv64_step")
     theirs = [recomposed(r) for r in _read(FLAGS.llama_cpp, "llama_cpp_riscv64")]
-    for board in (k1_model.CALIBRATED, k1_model.ASSUMED):
+    for board, threads in ((k1_model.CALIBRATED, THREADS), (k1_model.ASSUMED, THREADS), (k1_model.K3_ON_PAPER, (8,))):
         print(f"\nboard model: {board.name}")
-        print_table(rows(ours, theirs, board),
+        print_table(rows(ours, theirs, board, threads),
                     [("model", "model", "s"), ("type", "type", "s"), ("step", "step", "s"), ("length", "ctx/prompt", "d")]
-                    + [c for t in THREADS for c in ((f"ours_{t}", f"ours {t}T", ".2f"),
+                    + [c for t in threads for c in ((f"ours_{t}", f"ours {t}T", ".2f"),
                                                     (f"llama_cpp_{t}", f"llama.cpp {t}T", ".2f"),
                                                     (f"ratio_{t}", f"ratio {t}T", ".2f"))]
-                    + [("ratio_best", "ratio (each at its best T)", ".2f")])
+                    + ([("ratio_best", "ratio (each at its best T)", ".2f")] if len(threads) > 1 else []))
     return 0
 
 
