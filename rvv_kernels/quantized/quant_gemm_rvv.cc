@@ -362,42 +362,57 @@ void Chunk(const Rows& r, const QuantActs& a, const uint8_t* tile, size_t t, siz
   }
 }
 
+// Q4_0: one e8 m2 chunk for one row (the decode step), two e8 m1 halves for 2..8 rows.
+void GemmQ4_0(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c, size_t c_stride) {
+  const Rows r = RowsOf(m, a, row0, c, c_stride);
+  const size_t blocks = a.k / 32;
+  if (m == 1) {
+    ChunkQ4_0<2, 1>(r, blocks, tile, t, 0, QV<2>::SetVl(t));
+    return;
+  }
+  const size_t half = t / 2;
+  for (size_t off = 0; off < t; off += half) {
+    const size_t vl = QV<1>::SetVl(half);
+    switch (m) {
+      case 2: ChunkQ4_0<1, 2>(r, blocks, tile, t, off, vl); break;
+      case 3: ChunkQ4_0<1, 3>(r, blocks, tile, t, off, vl); break;
+      case 4: ChunkQ4_0<1, 4>(r, blocks, tile, t, off, vl); break;
+      case 5: ChunkQ4_0<1, 5>(r, blocks, tile, t, off, vl); break;
+      case 6: ChunkQ4_0<1, 6>(r, blocks, tile, t, off, vl); break;
+      case 7: ChunkQ4_0<1, 7>(r, blocks, tile, t, off, vl); break;
+      default: ChunkQ4_0<1, 8>(r, blocks, tile, t, off, vl); break;
+    }
+  }
+}
+
+// The other formats, up to 4 rows (their accumulators fit no more): one e8 m2 chunk for
+// one row, two e8 m1 halves for 2..4 rows.
+template <QuantFormat F>
+void GemmFourRows(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c,
+                  size_t c_stride) {
+  const Rows r = RowsOf(m, a, row0, c, c_stride);
+  if (m == 1) {
+    Chunk<F, 2, 1>(r, a, tile, t, 0, QV<2>::SetVl(t));
+    return;
+  }
+  const size_t half = t / 2;
+  for (size_t off = 0; off < t; off += half) {
+    const size_t vl = QV<1>::SetVl(half);
+    switch (m) {
+      case 2: Chunk<F, 1, 2>(r, a, tile, t, off, vl); break;
+      case 3: Chunk<F, 1, 3>(r, a, tile, t, off, vl); break;
+      default: Chunk<F, 1, 4>(r, a, tile, t, off, vl); break;
+    }
+  }
+}
+
 template <QuantFormat F>
 void Gemm(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c, size_t c_stride) {
-  const Rows r = RowsOf(m, a, row0, c, c_stride);
   if constexpr (F == QuantFormat::kQ4_0) {
-    if (m == 1) {
-      ChunkQ4_0<2, 1>(r, a.k / 32, tile, t, 0, QV<2>::SetVl(t));
-      return;
-    }
-    const size_t half = t / 2;
-    for (size_t off = 0; off < t; off += half) {
-      const size_t vl = QV<1>::SetVl(half), blocks = a.k / 32;
-      switch (m) {
-        case 2: ChunkQ4_0<1, 2>(r, blocks, tile, t, off, vl); break;
-        case 3: ChunkQ4_0<1, 3>(r, blocks, tile, t, off, vl); break;
-        case 4: ChunkQ4_0<1, 4>(r, blocks, tile, t, off, vl); break;
-        case 5: ChunkQ4_0<1, 5>(r, blocks, tile, t, off, vl); break;
-        case 6: ChunkQ4_0<1, 6>(r, blocks, tile, t, off, vl); break;
-        case 7: ChunkQ4_0<1, 7>(r, blocks, tile, t, off, vl); break;
-        default: ChunkQ4_0<1, 8>(r, blocks, tile, t, off, vl); break;
-      }
-    }
-  } else if (m > 4) {
-    // The other formats' accumulators fit four rows: two passes over the tile.
-    Gemm<F>(4, a, row0, tile, t, c, c_stride);
-    Gemm<F>(m - 4, a, row0 + 4, tile, t, c + 4 * c_stride, c_stride);
-  } else if (m == 1) {
-    Chunk<F, 2, 1>(r, a, tile, t, 0, QV<2>::SetVl(t));
+    GemmQ4_0(m, a, row0, tile, t, c, c_stride);
   } else {
-    const size_t half = t / 2;
-    for (size_t off = 0; off < t; off += half) {
-      const size_t vl = QV<1>::SetVl(half);
-      switch (m) {
-        case 2: Chunk<F, 1, 2>(r, a, tile, t, off, vl); break;
-        case 3: Chunk<F, 1, 3>(r, a, tile, t, off, vl); break;
-        default: Chunk<F, 1, 4>(r, a, tile, t, off, vl); break;
-      }
+    for (size_t i = 0; i < m; i += 4) {
+      GemmFourRows<F>(m - i < 4 ? m - i : 4, a, row0 + i, tile, t, c + i * c_stride, c_stride);
     }
   }
 }
