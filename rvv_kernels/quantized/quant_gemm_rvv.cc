@@ -127,6 +127,27 @@ Rows RowsOf(size_t m, const QuantActs& a, size_t row0, float* c, size_t c_stride
   return r;
 }
 
+// How far each k loop unrolls, by compiler. Counted at VLEN 256, 2048 x 2048, in K1 cycles
+// per MAC under k1_model.CALIBRATED (64 rows; 1 row):
+//   Q4_0    clang  15: 0.106; 0.124   rolled 0.115                GCC 14  1: 0.133; 0.140   15: 0.354
+//   Q8_0    clang   8: 0.195; 0.216   16: 0.242; 0.213            GCC 14  1: 0.231; 0.229   16: 0.597; 0.349
+//   Q4_1    clang  16: 0.156; 0.134   8: 0.170                    GCC 14  1: 0.185; 0.152   16: 0.505; 0.213
+//   Q4_K    clang  16 for 1 row (0.147), 8 for more (0.163; 16: 0.318)   GCC 14  16: 0.174
+// Unrolled whole, GCC schedules the loads early and spills the accumulators (Q4_0, 8 rows:
+// 445 vector spills and reloads in a call); clang does the same where a format's rows hold
+// more registers than there are (Q8_0's int32 sums, Q4_K's).
+#if defined(__clang__)
+#define RVASCEND_UNROLL_Q4_0 RVASCEND_UNROLL(15)
+#define RVASCEND_UNROLL_Q8_0 RVASCEND_UNROLL(8)
+#define RVASCEND_UNROLL_Q4_1 RVASCEND_UNROLL(16)
+#define RVASCEND_UNROLL_Q4_K_ROWS RVASCEND_UNROLL(8)
+#else
+#define RVASCEND_UNROLL_Q4_0 RVASCEND_UNROLL(1)
+#define RVASCEND_UNROLL_Q8_0 RVASCEND_UNROLL(1)
+#define RVASCEND_UNROLL_Q4_1 RVASCEND_UNROLL(1)
+#define RVASCEND_UNROLL_Q4_K_ROWS RVASCEND_UNROLL(16)
+#endif
+
 // The FP32 accumulators live in the output rows between blocks (a load, an FMA
 // and a store per block, next to 32 k-steps), which frees the register file.
 // One chunk [off, off + vl) of a tile, kRows rows, Q8_0 or Q4_1.
@@ -148,7 +169,7 @@ void Chunk32(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size_t
       // Every row's pair of products first (e8 sources), then every row's widening add
       // (e16): one vtype change each way per k pair, not two per row (counted at VLEN 256,
       // clang, 64 rows: 1.98 M vset{i}vl{i} per 64 M MACs before).
-      RVASCEND_UNROLL(16)
+      RVASCEND_UNROLL_Q8_0
       for (size_t i = 0; i < 32; i += 2) {
         const auto w0 = V::LoadI8(q + i * t, vl), w1 = V::LoadI8(q + (i + 1) * t, vl);
         const auto p0 = V::Wmacc(V::Wmul(w0, a0[i], vl), a0[i + 1], w1, vl);
@@ -162,9 +183,9 @@ void Chunk32(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size_t
         if constexpr (kRows > 3) s3 = V::WaddW(s3, p3, vl);
       }
     } else {
-      const uint8_t* qs = blk + (F == QuantFormat::kQ4_1 ? 4 : 2) * t + off;
+      const uint8_t* qs = blk + 4 * t + off;  // past the tile's two f16 per column, d and m
       auto l0 = V::Zero16(vl), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
-      RVASCEND_UNROLL(16)
+      RVASCEND_UNROLL_Q4_1
       for (size_t i = 0; i < 16; ++i) {
         const auto bytes = V::LoadU8(qs + i * t, vl);
         const auto lo = V::Lo(bytes, vl), hi = V::Hi(bytes, vl);
@@ -205,15 +226,6 @@ void Chunk32(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size_t
 // separate low and high sums let eight rows share each weight load and unpack (counted
 // at VLEN 256, clang, 64 rows of a 2048 x 2048 product: 0.106 K1 cycles per MAC under
 // k1_model.CALIBRATED, against 0.131 for four rows with two accumulators each).
-// GCC 14 schedules the unrolled loop's loads early and spills the accumulators (445 vector
-// spills and reloads in the call, 0.354 K1 cycles per MAC at 8 rows); rolled, 0.133. Clang
-// unrolled: 0.106, rolled 0.115.
-#if defined(__clang__)
-#define RVASCEND_Q4_0_UNROLL RVASCEND_UNROLL(15)
-#else
-#define RVASCEND_Q4_0_UNROLL RVASCEND_UNROLL(1)
-#endif
-
 template <int L, int kRows>
 void ChunkQ4_0(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size_t off, size_t vl) {
   using V = QV<L>;
@@ -234,7 +246,7 @@ void ChunkQ4_0(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size
       RVASCEND_EACH_ROW(RVASCEND_ROW_FIRST)
 #undef RVASCEND_ROW_FIRST
     }
-    RVASCEND_Q4_0_UNROLL
+    RVASCEND_UNROLL_Q4_0
     for (size_t k = 1; k < 16; ++k) {
       const auto bytes = V::LoadU8(qs + k * t, vl);
       const auto lo = V::Lo(bytes, vl), hi = V::Hi(bytes, vl);
@@ -264,6 +276,8 @@ void ChunkQ4_0(const Rows& r, size_t blocks, const uint8_t* tile, size_t t, size
 
 // Q4_K, one chunk, kRows rows: per sub-block of 32 the integer sum, scaled by the
 // sub-block's 6-bit scale (and its min by the activation sum) in int32.
+// With more than one row its sums outgrow the register file (8 int16 and 8 int32 groups at
+// 4 rows), which is why its multi-row loop unrolls less (the table above Chunk32).
 template <int L, int kRows>
 void ChunkQ4K(const Rows& r, size_t supers, const uint8_t* tile, size_t t, size_t off, size_t vl) {
   using V = QV<L>;
@@ -280,8 +294,7 @@ void ChunkQ4K(const Rows& r, size_t supers, const uint8_t* tile, size_t t, size_
       const int8_t* a2 = r.q[kRows > 2 ? 2 : 0] + k0;
       const int8_t* a3 = r.q[kRows > 3 ? 3 : 0] + k0;
       auto l0 = V::Zero16(vl), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
-      RVASCEND_UNROLL(16)
-      for (size_t i = 0; i < 16; ++i) {
+      auto step = [&](size_t i) {
         const auto bytes = V::LoadU8(qs + i * t, vl);
         const auto lo = V::Lo(bytes, vl), hi = V::Hi(bytes, vl);
         l0 = V::Wmacc(l0, a0[i], lo, vl);
@@ -289,6 +302,13 @@ void ChunkQ4K(const Rows& r, size_t supers, const uint8_t* tile, size_t t, size_
         if constexpr (kRows > 1) { l1 = V::Wmacc(l1, a1[i], lo, vl); h1 = V::Wmacc(h1, a1[i + 16], hi, vl); }
         if constexpr (kRows > 2) { l2 = V::Wmacc(l2, a2[i], lo, vl); h2 = V::Wmacc(h2, a2[i + 16], hi, vl); }
         if constexpr (kRows > 3) { l3 = V::Wmacc(l3, a3[i], lo, vl); h3 = V::Wmacc(h3, a3[i + 16], hi, vl); }
+      };
+      if constexpr (kRows == 1) {
+        RVASCEND_UNROLL(16)
+        for (size_t i = 0; i < 16; ++i) step(i);
+      } else {
+        RVASCEND_UNROLL_Q4_K_ROWS
+        for (size_t i = 0; i < 16; ++i) step(i);
       }
       const auto sc = V::ZextU8(blk + 4 * t + j * t + off, vl);
       const auto mn = V::ZextU8(blk + 12 * t + j * t + off, vl);
