@@ -7,9 +7,10 @@
 // lanes); 4-bit weights come two k to a byte (one load, then `vand` / `vsrl`
 // for the low and high nibble). int16 lanes hold at most 16 products of a
 // 4-bit weight (|15 x 127| x 16 < 2^15) or 2 of an 8-bit one, then widen into
-// int32; Q4_0's whole block fits one int16 lane by its offset (ChunkQ4_0). The scales are applied once per block in FP32: the f16 scale is
-// widened by integer ops (no Zvfh needed: the K1 has it, QEMU 7.2 does not),
-// multiplied by the activation scale, and one FMA adds the block.
+// int32; Q4_0's whole block fits one int16 lane by its offset (ChunkQ4_0).
+// The scales are applied once per block in FP32: the f16 scale is widened by
+// integer ops (no Zvfh needed: the K1 has it, QEMU 7.2 does not), multiplied by
+// the activation scale, and one FMA adds the block.
 // The operations and their order are the portable kernels' (quant_gemm_portable.cc),
 // so both give bit-identical results; the tests check that at every VLEN.
 //
@@ -65,7 +66,6 @@ struct QV;
     static I16 Wmul(I8 w, int8_t a, size_t vl) { return __riscv_vwmul_vx_i16##M16(w, a, vl); }     \
     static I32 Wadd(I16 a, I16 b, size_t vl) { return __riscv_vwadd_vv_i32##M32(a, b, vl); }        \
     static I32 WaddW(I32 acc, I16 b, size_t vl) { return __riscv_vwadd_wv_i32##M32(acc, b, vl); }   \
-    static I32 SubX(I32 a, int32_t b, size_t vl) { return __riscv_vsub_vx_i32##M32(a, b, vl); }     \
     static I16 Sub16X(I16 a, int16_t b, size_t vl) { return __riscv_vsub_vx_i16##M16(a, b, vl); }   \
     static I32 Sext16(I16 v, size_t vl) { return __riscv_vsext_vf2_i32##M32(v, vl); }               \
     static I32 Macc(I32 acc, I32 a, I32 b, size_t vl) { return __riscv_vmacc_vv_i32##M32(acc, a, b, vl); } \

@@ -59,7 +59,8 @@ def main(argv: list[str]) -> int:
     del argv
     ours = _read(FLAGS.ours, "riscv64_step")
     theirs = [recomposed(r) for r in _read(FLAGS.llama_cpp, "llama_cpp_riscv64")]
-    for board, threads in ((k1_model.CALIBRATED, THREADS), (k1_model.ASSUMED, THREADS), (k1_model.K3_ON_PAPER, (8,))):
+    boards = ((k1_model.CALIBRATED, THREADS), (k1_model.ASSUMED, THREADS), (k1_model.K3_ON_PAPER, (8,)))
+    for board, threads in boards:
         print(f"\nboard model: {board.name}")
         print_table(rows(ours, theirs, board, threads),
                     [("model", "model", "s"), ("type", "type", "s"), ("step", "step", "s"), ("length", "ctx/prompt", "d")]

@@ -17,7 +17,7 @@ SpacemiT's IME2 generation figures set (k1_model.K3_BANDWIDTH). The tables have 
 vset{i}vl{i}: that kind keeps the K1's cycles.
 
 Written next to this file as x100_over_x60.json (the ratios and the commit they came
-from); k1_model's K3 constants are checked against it (k1_model_test.py).
+from); k1_model's K3 constants are checked against it (k3_board_test.py).
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ def vector_kind(instruction: str) -> Optional[str]:
 
 
 def ratios(x60: dict[str, dict[str, float]], x100: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Per kind ("vector": every vector instruction; "scalar": the add): the geometric mean of X100 / X60 cycles over the
-    unmasked instructions both tables time at LMULS (SCALAR_LMULS for the add), and how many
-    (instruction, LMUL) pairs it averages."""
+    """Per kind ("vector": every vector instruction; "scalar": the add): the geometric mean of
+    X100 / X60 cycles over the unmasked instructions both tables time at LMULS (SCALAR_LMULS
+    for the add), and how many (instruction, LMUL) pairs it averages."""
     logs: dict[str, list[float]] = {"vector": []}
     for name, a in x60.items():
         b = x100.get(name)
