@@ -101,6 +101,7 @@ CpuFeatures Detect() {
              __builtin_cpu_supports("avx512vl");
   f.avx512bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
   f.avx512vnni = f.avx512 && __builtin_cpu_supports("avx512vnni");
+  f.amx_bf16 = __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-tile");
 #endif
   return f;
 }
@@ -121,7 +122,7 @@ CpuFeatures Capped(CpuFeatures f) {
   if (cap != "generic") throw std::invalid_argument("RVASCEND_MAX_ISA=" + cap + " is for x86-64 hosts");
 #endif
   f.max_isa = cap;
-  f.avx512bf16 = f.avx512vnni = false;
+  f.avx512bf16 = f.avx512vnni = f.amx_bf16 = false;
   if (cap != "avx512") f.avx512 = false;
   if (cap == "generic") {
     f.avx2 = f.rvv = f.zvfbfwma = false;
@@ -139,7 +140,8 @@ std::string CpuFeatures::Describe() const {
   out << "riscv64 rvv=" << rvv << " vlen=" << vlen_bits << " zvfbfwma=" << zvfbfwma << " ("
       << zvfbfwma_source << ")";
 #elif defined(__x86_64__)
-  out << "x86-64 avx2=" << avx2 << " avx512=" << avx512 << " avx512bf16=" << avx512bf16 << " avx512vnni=" << avx512vnni;
+  out << "x86-64 avx2=" << avx2 << " avx512=" << avx512 << " avx512bf16=" << avx512bf16 << " avx512vnni=" << avx512vnni
+      << " amxbf16=" << amx_bf16;
 #else
   out << "generic CPU";
 #endif

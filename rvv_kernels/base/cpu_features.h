@@ -16,6 +16,9 @@ struct CpuFeatures {
   bool avx512 = false;     // x86-64: AVX-512 F/BW/VL
   bool avx512bf16 = false; // x86-64: AVX-512 F/BW/VL + BF16 (vdpbf16ps)
   bool avx512vnni = false; // x86-64: AVX-512 F/BW/VL + VNNI (vpdpbusd)
+  // x86-64: AMX-BF16 tiles. No kernel here uses them; oneDNN does, so the stock path's
+  // BF16 prefill is that fast on such a host (deterministic inference's default reads it).
+  bool amx_bf16 = false;
   std::string max_isa;     // RVASCEND_MAX_ISA when it capped the above, else empty
   std::string Describe() const;
 };

@@ -9,7 +9,11 @@ threads for --seconds. Each client loops over a mix of:
   a lone continuation byte forced for hundreds of tokens (logit_bias), too
   many and too long stop strings, explicit nulls, an oversize chunked body, a
   huge logit_bias, a DNS-rebound Host, a GET /flush_cache, malformed JSON;
-- clients that leave mid-stream.
+- clients that leave mid-stream;
+- with n-gram drafts on (the server's default flags here), requests that end inside
+  accepted draft runs: a passage to repeat, with a stop token id or a stop string
+  taken from its own answer, and chats whose history quotes the answer and its end
+  token, under a regex, so that drafts carry EOS right after the grammar's last token.
 
 A prober reads /health every 100 ms throughout. At the end the server must be
 idle again: nothing running or waiting, no KV slot reserved or used, no
@@ -42,6 +46,8 @@ from rvascend.server.loopback import server_process
 
 FLAGS = flags.FLAGS
 API_KEY = "soak-key"
+# N-gram drafts on: every request is verified in runs, and the draft cases below need them.
+SERVER_ARGS = ("--enable-cpu-rvv-kernels", "--speculative-algorithm=NGRAM", "--speculative-num-draft-tokens=4")
 
 
 def _define_flags() -> None:
@@ -51,7 +57,7 @@ def _define_flags() -> None:
     flags.DEFINE_integer("clients", 16, "Concurrent clients.")
     flags.DEFINE_float("near-tie", 0.05, "Lone-run log-probability margin under which a differing answer is "
                        "counted as a near tie, not a failure.")
-    flags.DEFINE_string("server-args", "--enable-cpu-rvv-kernels", "Extra flags for the server, space-separated.")
+    flags.DEFINE_string("server-args", " ".join(SERVER_ARGS), "Extra flags for the server, space-separated.")
     flags.DEFINE_string("output", "bench_results/soak.jsonl", "jsonl file to append to.")
 
 
@@ -100,6 +106,55 @@ def _lone_margin(http: httpx.Client, path: str, body: dict[str, Any]) -> tuple[s
         tops = [sorted(t.values(), reverse=True) for t in choice["logprobs"]["top_logprobs"]]
     margins = [t[0] - t[1] if len(t) > 1 else float("inf") for t in tops]
     return _text(path, data), margins
+
+
+# Each draft case: (name, path, body, check(response JSON) -> a failure, or None).
+_PASSAGE = "one two three four five six seven eight nine ten. "
+_GRAMMAR = "[a-c]{12}"
+
+
+def _draft_cases(http: httpx.Client) -> list[tuple[str, str, dict[str, Any], Callable[[dict], Optional[str]]]]:
+    """Requests whose end lands inside runs of accepted drafts: a stop token id or a stop
+    string at several places of a repeated passage's own answer, and a regex whose answer
+    the chat history quotes with its end token. Checked for what holds in any batch: the
+    end is the one asked for, the text obeys it."""
+    prompt = f"Repeat after me: {_PASSAGE * 3}"
+    r = http.post("/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 40, "temperature": 0}})
+    r.raise_for_status()
+    ids, text = r.json()["output_ids"], r.json()["text"]
+    cases = []
+    firsts = [p for p in range(2, len(ids)) if ids[p] not in ids[:p]]  # where a token first appears
+    for p in firsts[::max(1, len(firsts) // 5)][:5]:
+        def check(data, token=ids[p]):
+            out, reason = data["output_ids"], data["meta_info"]["finish_reason"]
+            if reason != {"type": "stop", "matched": token} or out[-1] != token or token in out[:-1]:
+                return f"ended {reason} after {len(out)} tokens, not at its first {token}"
+            return None
+        cases.append(("drafts: stop token", "/generate", {"text": prompt, "sampling_params": {
+            "max_new_tokens": 40, "temperature": 0, "stop_token_ids": [ids[p]]}}, check))
+    for at in (3, 10, 18, 30):
+        piece = text[at:at + 3]
+        if len(piece) == 3 and piece not in text[:at + 2]:
+            def check(data, piece=piece):
+                reason = data["meta_info"]["finish_reason"]
+                if reason != {"type": "stop", "matched": piece} or piece in data["text"]:
+                    return f"ended {reason} with {data['text']!r}, not before its first {piece!r}"
+                return None
+            cases.append(("drafts: stop string", "/generate", {"text": prompt, "sampling_params": {
+                "max_new_tokens": 40, "temperature": 0, "stop": [piece]}}, check))
+    ask = {"role": "user", "content": "Twelve letters from a, b and c, please."}
+    messages = [ask, {"role": "assistant", "content": "abcabcabcabc"}] * 3 + [ask]
+
+    def obeys(data):
+        choice = data["choices"][0]
+        content = choice["message"]["content"] or ""
+        if choice["finish_reason"] != "stop" or not re.fullmatch(_GRAMMAR, content):
+            return f"{choice['finish_reason']}: {content!r} does not match {_GRAMMAR}"
+        return None
+    for temperature in (0, 0.8):
+        cases.append(("drafts: regex with the end token quoted", "/v1/chat/completions", {
+            "messages": messages, "regex": _GRAMMAR, "max_tokens": 20, "temperature": temperature, "seed": 1}, obeys))
+    return cases
 
 
 # Each hostile request: (name, call(client) -> response, statuses it must get).
@@ -170,8 +225,8 @@ class _Tally:
                 self.failures.append(message)
 
 
-def _client(url: str, seed: int, deadline: float, valid: list, lone: dict, hostile: list, tally: _Tally,
-            near_tie: float) -> None:
+def _client(url: str, seed: int, deadline: float, valid: list, lone: dict, hostile: list, drafts: list,
+            tally: _Tally, near_tie: float) -> None:
     rng = random.Random(seed)
     http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)
     while time.monotonic() < deadline:
@@ -210,6 +265,13 @@ def _client(url: str, seed: int, deadline: float, valid: list, lone: dict, hosti
                         if n >= 2:
                             break  # the client leaves mid-stream
                 tally.count("left mid-stream", status)
+            elif roll < 0.8 and drafts:
+                name, path, body, check = drafts[rng.randrange(len(drafts))]
+                r = http.post(path, json=body)
+                tally.count(name, r.status_code)
+                failure = f"{r.status_code}: {r.text[:200]}" if r.status_code != 200 else check(r.json())
+                if failure:
+                    tally.fail(f"{name}: {failure}")
             else:
                 name, call, expected = hostile[rng.randrange(len(hostile))]
                 r = call(http)
@@ -263,6 +325,7 @@ def run(url: str, server_pid: int, seconds: float, clients: int, near_tie: float
     valid = _valid_requests(random.Random(0))
     lone = [_lone_margin(http, path, body) for path, body in valid]
     hostile = _hostile(_continuation_byte_token(http))
+    drafts = _draft_cases(http)
     process = psutil.Process(server_pid)
     rss_before = process.memory_info().rss
     tally, health, health_failures, stop = _Tally(), [], [], threading.Event()
@@ -270,7 +333,7 @@ def run(url: str, server_pid: int, seconds: float, clients: int, near_tie: float
     prober.start()
     deadline = time.monotonic() + seconds
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        for f in [pool.submit(_client, url, seed, deadline, valid, lone, hostile, tally, near_tie)
+        for f in [pool.submit(_client, url, seed, deadline, valid, lone, hostile, drafts, tally, near_tie)
                   for seed in range(clients)]:
             f.result()
     stop.set()

@@ -64,6 +64,11 @@ ISA_CMAKE_ARGS = {
     "avx2": "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
             "-DGGML_AVX512=OFF",
 }
+# -march=native on an Intel host with AMX compiles ggml's AMX buffer type in, and the pinned
+# llama.cpp segfaults repacking Q4_1 tensors there (ggml_backend_amx_buffer_set_tensor)
+# before its first token. GCC lets explicit -mno-* flags win over -march=native whatever their
+# order, so every build leaves AMX out and runs on every x86 host class.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 def ensure_python(work: str, isa: str = "native") -> str:
@@ -78,6 +83,7 @@ def ensure_python(work: str, isa: str = "native") -> str:
     python = os.path.join(venv, "bin", "python")
     stamp = os.path.join(venv, "INSTALLED")
     pinned = {k: spec[k] for k in ("package", "version", "sdist_sha256", "dependencies")}
+    pinned["cflags"] = NO_AMX_FLAGS
     if ISA_CMAKE_ARGS[isa]:
         pinned["cmake_args"] = ISA_CMAKE_ARGS[isa]
     if os.path.exists(stamp):
@@ -91,7 +97,8 @@ def ensure_python(work: str, isa: str = "native") -> str:
     pip = [python, "-m", "pip", "install", "--progress-bar", "off"]
     subprocess.run(pip + ["--no-deps", *spec["dependencies"]], check=True)
     # One compile job per core (CMake defaults to one job).
-    env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(len(os.sched_getaffinity(0)))}
+    env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(len(os.sched_getaffinity(0))),
+           "CFLAGS": NO_AMX_FLAGS, "CXXFLAGS": NO_AMX_FLAGS}
     if ISA_CMAKE_ARGS[isa]:
         env["CMAKE_ARGS"] = ISA_CMAKE_ARGS[isa]
     subprocess.run(pip + ["--no-deps", sdist], check=True, env=env)

@@ -110,6 +110,7 @@ class _Row:
     input_logprobs: list = dataclasses.field(default_factory=list)
     sampled: list[sampler.Sampled] = dataclasses.field(default_factory=list)  # one, or the accepted run
     error: Optional[str] = None
+    appended: int = 0             # of `sampled`, the tokens _commit appended (an end drops the rest)
     next_draft: Optional[list[int]] = None  # NEXTN: the MTP head's draft for its next step
 
 
@@ -324,7 +325,10 @@ class Engine:
             seq.draft = seq.mtp_draft[:k] if config.speculative_algorithm == "NEXTN" else \
                 seq.ngram.propose(seq.prompt_ids, seq.output_ids, k)
             if seq.matcher is not None and seq.draft:
-                seq.draft = seq.draft[:seq.matcher.validate_tokens(seq.draft)]
+                # Nothing follows an EOS under a grammar, and the matcher never takes a drafted
+                # EOS (GrammarBackend._draft_masks): the draft ends at its first one.
+                end = next((i + 1 for i, t in enumerate(seq.draft) if t in self.eos_ids), len(seq.draft))
+                seq.draft = seq.draft[:seq.matcher.validate_tokens(seq.draft[:end])]
         return seq.draft
 
     def _take_state_slots(self, seq: Sequence) -> None:
@@ -601,21 +605,38 @@ class Engine:
         return ops.elementwise.argmax(logits).tolist()
 
     def _commit(self, plan: _Plan) -> None:
-        """Applies a step that ran: slots, prompt progress, tokens, outputs, the cache.
-        A sequence whose own commit fails (its client's callback, its detokenizer) is
-        failed alone; its state is whole, so its slots are released as usual."""
+        """Applies a step that ran: tokens, outputs, slots, prompt progress, the cache.
+        A sequence whose own commit fails (its client's callback, its detokenizer, its
+        cache insertion) is failed alone and gives back what it holds."""
         now = time.perf_counter()
-        finished = []
+        failed: dict[int, Exception] = {}
+        # Tokens first: an end inside a verified run (EOS, a stop token or string, max_tokens)
+        # decides how many of the run's K/V the sequence keeps.
+        for row in plan.rows:
+            if row.sample_row is None:
+                continue
+            try:
+                if row.error is not None:
+                    raise sampler.SamplingError(row.error)
+                for sampled in row.sampled:  # one token, or a verified run: each as decoding emits it
+                    self._append(row.seq, sampled, now)
+                    row.appended += 1
+                    if row.seq.finish_reason is not None:
+                        break  # the rest of the run is dropped, with its K/V
+            except Exception as e:  # noqa: BLE001 - fails this sequence only
+                if not isinstance(e, sampler.SamplingError):
+                    logging.exception("committing a token of sequence %d failed", row.seq.id)
+                failed[id(row)] = e
         with self._lock:
             for row in plan.rows:
-                # A verify row keeps one K/V per token it drew (its input token's, and those
-                # of the drafts accepted before its last draw); the rejected drafts' slots go
-                # back now. A row that failed keeps all: its sequence releases them.
-                kept = len(row.sampled) if row.drafts and row.error is None else len(row.fresh)
+                # A decode row keeps the K/V of its input token and of each accepted draft
+                # it appended after it (one per token appended); the rest go back now, so a
+                # sequence never holds a slot past its tokens.
+                kept = len(row.fresh) if row.prefill else max(1, row.appended)
                 row.seq.slots.extend(row.fresh[:kept])
                 self._free_slots.extend(reversed(row.fresh[kept:]))
                 if row.drafts:
-                    accepted = len(row.sampled) - 1
+                    accepted = len(row.sampled) - 1 if row.error is None else 0
                     row.seq.draft_budget.record(row.drafts, accepted)
                     self.spec_drafted += row.drafts
                     self.spec_accepted += accepted
@@ -629,49 +650,35 @@ class Engine:
                 if row.prefill:
                     row.seq.prefilled += row.new
                 row.seq.input_logprobs.extend(row.input_logprobs)
-        for row in plan.rows:
-            seq = row.seq
-            if row.sample_row is None:
-                continue
-            try:
-                if row.error is not None:
-                    raise sampler.SamplingError(row.error)
-                for sampled in row.sampled:  # one token, or a verified run: each as decoding emits it
-                    self._append(seq, sampled, now)
-                    if seq.finish_reason is not None:
-                        break  # EOS, a stop or max_tokens inside the run: the rest is dropped
-            except Exception as e:  # noqa: BLE001 - fails this sequence only
-                if not isinstance(e, sampler.SamplingError):
-                    logging.exception("committing a token of sequence %d failed", seq.id)
-                with self._lock:
+            for row in plan.rows:
+                seq = row.seq
+                error = failed.get(id(row))
+                if error is not None:
                     if seq in self._running:
                         self._running.remove(seq)
                     if seq.status is not Status.FINISHED:
-                        self._fail(seq, str(e) if isinstance(e, sampler.SamplingError)
-                                   else f"{type(e).__name__}: {e}")
+                        self._fail(seq, str(error) if isinstance(error, sampler.SamplingError)
+                                   else f"{type(error).__name__}: {error}")
                     # Finished by its last token before the callback raised: what it
                     # holds goes back all the same.
                     self._release(seq)
-                continue
-            if seq.finish_reason is not None:
-                finished.append(seq)
-            elif row.prefill and self.cache is not None:
-                with self._lock:  # the prompt just prefilled serves the requests admitted next
-                    if seq.status is Status.RUNNING and seq in self._running:
-                        self._cache_tokens(seq)
-        if finished:
-            with self._lock:
-                for seq in finished:
+                elif seq.finish_reason is not None:
                     if seq in self._running:
                         self._running.remove(seq)
                     self._release(seq)
+                elif row.prefill and row.sample_row is not None and self.cache is not None \
+                        and seq.status is Status.RUNNING and seq in self._running:
+                    # The prompt just prefilled serves the requests admitted next.
+                    self._cache_or_fail(seq)
 
     # -- tokens and endings -------------------------------------------------------
     def _append(self, seq: Sequence, sampled: sampler.Sampled, now: float) -> None:
         """One new token of `seq`: its grammar, its output, its timing, its text."""
         token = sampled.token
         if seq.matcher is not None and seq.grammar_active and not seq.matcher.consume_token(token):
-            raise sampler.SamplingError(f"the grammar refused token {token}: {seq.matcher.get_error()}")
+            # The matcher's own message dumps its parser state and the grammar: for the log only.
+            logging.warning("sequence %d: the grammar refused token %d: %s", seq.id, token, seq.matcher.get_error())
+            raise sampler.SamplingError(f"the grammar refused token {token}")
         seq.output_ids.append(token)
         after = seq.params.grammar_after
         if not seq.grammar_active and tuple(seq.output_ids[-len(after):]) == after:
@@ -769,6 +776,16 @@ class Engine:
             self.cache.unlock(seq.cache_node)
         seq.cache_node = node
 
+    def _cache_or_fail(self, seq: Sequence) -> None:
+        """Caches the prompt `seq` has prefilled; if that fails, `seq` alone fails and gives
+        back what it holds (caller holds the lock)."""
+        try:
+            self._cache_tokens(seq)
+        except Exception as e:  # noqa: BLE001 - this sequence's failure, not the step's
+            logging.exception("caching the prompt of sequence %d failed", seq.id)
+            self._running.remove(seq)
+            self._fail(seq, f"caching its prompt failed: {type(e).__name__}: {e}")
+
     def _release(self, seq: Sequence) -> None:
         """Returns whatever a sequence holds: slots, reservation, prefix-cache lock,
         recurrent-state slots. Idempotent, and decided on what is held, not on the
@@ -776,7 +793,10 @@ class Engine:
         prefix cache unless it failed (nothing of a request that errored is worth keeping)."""
         if self.cache is not None:
             if seq.error is None and seq.slots:
-                self._cache_tokens(seq)
+                try:
+                    self._cache_tokens(seq)
+                except Exception:  # noqa: BLE001 - uncached, its slots are freed below as any others
+                    logging.exception("caching the tokens of sequence %d failed", seq.id)
             if seq.cache_node is not None:
                 self.cache.unlock(seq.cache_node)
                 seq.cache_node = None

@@ -25,6 +25,7 @@ import threading
 from typing import Literal
 
 import torch
+from absl import logging
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice", "lark")
 MAX_GRAMMAR_BYTES = 128 * 1024
@@ -109,6 +110,9 @@ class GrammarBackend:
 
         self.vocab = vocab
         self._tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=sorted(eos_ids))
+        self._eos_ids = frozenset(eos_ids)
+        self._eos_only = torch.zeros(vocab, dtype=torch.bool)
+        self._eos_only[[t for t in eos_ids if 0 <= t < vocab]] = True
         self._compiled: collections.OrderedDict[Grammar, object] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._executor = llguidance.LLExecutor(num_threads=1)
@@ -149,18 +153,27 @@ class GrammarBackend:
     def _draft_masks(self, rows: list[tuple[object, list[int]]]) -> list[torch.Tensor]:
         out = [torch.empty(1 + len(draft), self.vocab, dtype=torch.bool) for _, draft in rows]
         consumed = [0] * len(rows)
+        ended = [False] * len(rows)  # the draft so far ends in EOS
         try:
             for i in range(1 + max(len(draft) for _, draft in rows)):
-                live = [j for j, (_, draft) in enumerate(rows) if i <= len(draft)]
-                masks = self._masks([rows[j][0] for j in live])
+                live = [j for j, (_, draft) in enumerate(rows) if i <= len(draft) and not ended[j]]
+                masks = self._masks([rows[j][0] for j in live]) if live else []
                 for mask, j in zip(masks, live):
                     out[j][i] = mask
                     matcher, draft = rows[j]
-                    if i < len(draft):
-                        if not matcher.consume_token(draft[i]):
-                            raise GrammarError(f"the draft token {draft[i]} is not in the grammar: "
-                                               f"{matcher.get_error()}")
-                        consumed[j] += 1
+                    if i == len(draft):
+                        continue
+                    if draft[i] in self._eos_ids:
+                        # llguidance's rollback does not count an EOS it consumed, so a drafted EOS
+                        # is never fed to the matcher: after it, only EOS (the sequence has ended).
+                        ended[j] = True
+                        out[j][i + 1:] = self._eos_only
+                        continue
+                    if not matcher.consume_token(draft[i]):
+                        # The matcher's message holds its parser state: the log's, not the client's.
+                        logging.warning("draft token %d refused by the grammar: %s", draft[i], matcher.get_error())
+                        raise GrammarError(f"the draft token {draft[i]} is not in the grammar")
+                    consumed[j] += 1
         finally:
             for (matcher, _), n in zip(rows, consumed):
                 if n:

@@ -85,7 +85,8 @@ class PrefixCache:
         the tree's slots for them. Where a prefix was cached already the tree keeps its
         own slots (the caller's copies there are the caller's to free); the new
         suffix's slots become the tree's."""
-        assert len(tokens) == len(slots)
+        if len(tokens) != len(slots):  # checked before the tree changes: a refusal leaves it whole
+            raise ValueError(f"{len(tokens)} tokens cannot be cached with {len(slots)} K/V slots")
         node, i, path = self._descend(tokens)
         if i == len(tokens):
             return node, path

@@ -65,7 +65,12 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[tor
     if len(output_ids) < params.min_tokens:
         banned = [t for t in (*eos_ids, *params.stop_token_ids) if 0 <= t < logits.shape[0]]
         if banned:
-            logits[banned] = float("-inf")
+            held = logits.clone()
+            held[banned] = float("-inf")
+            # Where a grammar allows only ending tokens, the grammar wins over min_tokens
+            # (as max_tokens does): banning them would leave nothing to draw.
+            if not bool(torch.isneginf(held).all()):
+                logits = held
     infinite = torch.isposinf(logits).nonzero().flatten()
     if params.greedy:
         token = int(torch.argmax(logits).item())

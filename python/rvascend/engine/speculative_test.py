@@ -118,6 +118,90 @@ def test_endings_inside_an_accepted_run(model):
     assert got == _generate(model, [REPEATING], params, spec=False, eos=tokens[19])[0] and got[0][1] == "stop"
 
 
+def _verify_runs(monkeypatch) -> list[tuple[int, int]]:
+    """Records (output tokens before the run, tokens drawn) of every verify row committed."""
+    runs: list[tuple[int, int]] = []
+    real = engine_module.Engine._commit
+
+    def recording(self, plan):
+        runs.extend((len(r.seq.output_ids), len(r.sampled)) for r in plan.rows if r.drafts)
+        real(self, plan)
+
+    monkeypatch.setattr(engine_module.Engine, "_commit", recording)
+    return runs
+
+
+@pytest.mark.parametrize("end", ["eos", "stop_token", "stop_string"])
+def test_an_end_at_the_first_token_of_an_accepted_run(model, monkeypatch, end):
+    """An end (EOS, a stop token, a stop string) on the first token of a run of two or more
+    accepted drafts, prefix cache on. The sequence kept a K/V slot per drawn token, more
+    slots than tokens, and the cache's insert failed: the engine failed every request and
+    leaked the pool. Drafts here are the answer's own next tokens, so every run is taken whole;
+    the end is put on the first token of each run in turn. The answer is decoding's, the same
+    request again on the same engine (through the cache) answers the same, and every slot,
+    reservation and lock is back."""
+    tokenizer = Tokenizer(ensure_random_model())
+    prompt = list(range(40, 90))
+    free = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    answer = _generate(model, [prompt], free, spec=False)[0][0][0]
+    monkeypatch.setattr(NgramIndex, "propose", lambda self, p, output, k: answer[len(output):len(output) + k])
+    runs = _verify_runs(monkeypatch)
+    _generate(model, [prompt], free, spec=True)
+    text = [tokenizer.decode(answer[:p]) for p in range(len(answer) + 1)]
+
+    def ends_first_at(p: int) -> bool:
+        if end != "stop_string":
+            return answer[p] not in answer[:p]
+        piece = text[p + 1][len(text[p]):]
+        return text[p + 1].startswith(text[p]) and piece.strip() != "" and piece not in text[p]
+
+    firsts = [p for p, drawn in runs if drawn >= 3 and p < len(answer) and ends_first_at(p)]
+    assert firsts, (runs, answer)
+    for p in firsts:
+        engine = Engine(model, tokenizer, EngineConfig(max_total_tokens=1024, speculative_algorithm="NGRAM"))
+        params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=end != "eos",
+                                stop_token_ids=(answer[p],) if end == "stop_token" else (),
+                                stop=(text[p + 1][len(text[p]):],) if end == "stop_string" else ())
+        if end == "eos":
+            engine.eos_ids = {answer[p]}
+        for _ in range(2):  # the second time, its prompt and answer come from the cache
+            (seq,) = engine.generate([prompt], params)
+            assert (seq.output_ids, seq.finish_reason, seq.error) == (answer[:p + 1], "stop", None)
+            if end == "stop_string":
+                assert seq.text == text[p]
+            stats = engine.stats()
+            assert (stats["kv_used_tokens"], stats["kv_reserved_tokens"], stats["kv_locked_tokens"]) == (0, 0, 0)
+        assert engine.stats()["cache_hit_rate"] > 0.4
+
+
+def test_a_failing_cache_insertion_fails_its_sequence_alone(model, monkeypatch):
+    """The step-transaction rule holds past the forward pass: a sequence whose prefix-cache
+    insertion raises (at the end of its prefill, or when it ends) fails alone with what it
+    holds given back; the others in its steps finish with decoding's answers."""
+    from rvascend.engine import prefix_cache
+
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompts = [list(range(40, 60)), list(range(60, 90)), REPEATING]
+    want = [o for o, _, _ in _generate(model, prompts, params, spec=False)[0]]
+    real = prefix_cache.PrefixCache.insert
+
+    def poisoned(self, tokens, slots):
+        if tokens[:3] == prompts[1][:3]:
+            raise RuntimeError("injected in the cache")
+        return real(self, tokens, slots)
+
+    monkeypatch.setattr(prefix_cache.PrefixCache, "insert", poisoned)
+    for chunk in (None, 8):  # the poisoned prompt ends in its own step, or in a chunk beside decoding rows
+        engine = Engine(model, None, EngineConfig(max_total_tokens=1024, chunked_prefill_size=chunk,
+                                                  speculative_algorithm="NGRAM"))
+        seqs = engine.generate(prompts, params)
+        assert [s.output_ids for i, s in enumerate(seqs) if i != 1] == [w for i, w in enumerate(want) if i != 1]
+        assert seqs[1].finish_reason == "error" and "injected in the cache" in seqs[1].error
+        assert all(s.error is None for i, s in enumerate(seqs) if i != 1)
+        stats = engine.stats()
+        assert (stats["kv_used_tokens"], stats["kv_reserved_tokens"], stats["kv_locked_tokens"]) == (0, 0, 0)
+
+
 def test_a_failed_verify_step_changes_nothing(model, monkeypatch):
     """A verify step that fails after its rows were drawn (the seeded generator advanced
     once per verified position, 1 + K slots taken) leaves the slots and the generator as
@@ -178,6 +262,56 @@ def test_constrained_requests_draft_within_their_grammar(model):
                                                     grammar_after=(tokenizer.encode("x")[-1],)))
     engine._admit()
     assert not seq.grammar_active and engine._draft(seq) == []
+
+
+@pytest.mark.parametrize("after_eos", ["eos", "text"])
+def test_drafts_ending_in_eos_under_a_grammar(model, monkeypatch, after_eos):
+    """A draft holding the grammar's last token and then EOS (as NEXTN drafts after a closing
+    brace). llguidance's rollback does not count a consumed EOS, so feeding the drafted EOS to
+    the matcher left it in error ("the grammar refused token ...") or one token behind (then
+    its masks are wrong). The answer is decoding's, greedy and sampled; drafts past the EOS are
+    cut; the matcher ends where decoding leaves it."""
+    tokenizer = Tokenizer(ensure_random_model())
+    pattern = "[a-c]{8}"
+    prompt = tokenizer.encode("abcabcab")
+    eos = tokenizer.eos_token_id
+    results = {}
+    for drafting in (False, True):
+        engine = Engine(model, tokenizer, EngineConfig(max_total_tokens=1024, speculative_algorithm="NGRAM"
+                                                       if drafting else None))
+        engine.eos_ids = {eos}
+        outs = []
+        for temperature in (0.0, 0.9):
+            params = SamplingParams(max_tokens=16, temperature=temperature, seed=2, grammar=Grammar("regex", pattern))
+            if drafting:  # the answer's own next tokens, EOS included, then more past it
+                answer = results[temperature]
+                tail = [eos, eos if after_eos == "eos" else answer[0]]
+                future = answer + tail
+                monkeypatch.setattr(NgramIndex, "propose",
+                                    lambda self, p, output, k, f=future: f[len(output):len(output) + k])
+            (seq,) = engine.generate([prompt], params)
+            assert seq.error is None and seq.finish_reason == "stop", seq.error
+            assert re.fullmatch(pattern, tokenizer.decode(seq.output_ids)), tokenizer.decode(seq.output_ids)
+            if not drafting:
+                results[temperature] = seq.output_ids
+            outs.append(seq.output_ids)
+        if drafting:
+            assert outs == [results[0.0], results[0.9]]
+            assert engine.stats()["spec_accepted_tokens"] > 0
+            assert engine.stats()["kv_used_tokens"] == 0
+
+
+def test_min_tokens_under_a_grammar_that_must_end(model):
+    """min_tokens beyond what a grammar allows: where the mask leaves only EOS, the grammar
+    wins (as it does over max_tokens) instead of a 500 naming llguidance's state, greedy and
+    sampled."""
+    tokenizer = Tokenizer(ensure_random_model())
+    engine = Engine(model, tokenizer, EngineConfig(max_total_tokens=512))
+    for temperature in (0.0, 0.9):
+        (seq,) = engine.generate([tokenizer.encode("ab")], SamplingParams(
+            max_tokens=12, min_tokens=8, temperature=temperature, seed=1, grammar=Grammar("regex", "[a-c]{2}")))
+        assert seq.error is None and seq.finish_reason == "stop", seq.error
+        assert re.fullmatch("[a-c]{2}", tokenizer.decode(seq.output_ids))
 
 
 def test_bad_flags(model):

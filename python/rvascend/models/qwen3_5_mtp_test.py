@@ -189,6 +189,40 @@ def test_nextn_drafts_are_the_heads_over_the_whole_text_with_drafts_accepted(che
             assert ref[p].max() - ref[p][d] <= 1e-4, (p, d, int(ref[p].argmax()))
 
 
+def test_nextn_ends_at_the_first_token_of_an_accepted_run(checkpoint, monkeypatch):
+    """A stop token on the first token of a run of accepted NEXTN drafts: the answer is
+    decoding's up to it, and every K/V slot and state slot is back (the verify row keeps the
+    K/V and the states of the tokens it appended only). The drafts are the known answer,
+    so every run is taken whole."""
+    from rvascend.engine import mtp_draft
+
+    _, _, path = checkpoint
+    model = load_model(path, torch.float32, mtp=True)
+    prompt = torch.randint(0, VOCAB, (11,), generator=torch.Generator().manual_seed(9)).tolist()
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    config = EngineConfig(max_total_tokens=256, speculative_num_draft_tokens=3)
+    want = Engine(model, None, config).generate([prompt], params)[0].output_ids
+    real = mtp_draft.draft
+
+    def known(model_, pool, target, rows, k, *args):
+        drafts = real(model_, pool, target, rows, k, *args)
+        for row, d in zip(rows, drafts):
+            if d is not None:
+                done = len(row.seq.output_ids) + (1 if row.seq.prefilled < len(row.seq.prompt_ids) else row.kept)
+                d[:] = want[done:done + len(d)] or d
+        return drafts
+
+    monkeypatch.setattr(mtp_draft, "draft", known)
+    ends = [p for p in range(1, 12) if want[p] not in want[:p]]
+    assert ends
+    engine = Engine(model, None, dataclasses.replace(config, speculative_algorithm="NEXTN"))
+    for p in ends:
+        (seq,) = engine.generate([prompt], dataclasses.replace(params, stop_token_ids=(want[p],)))
+        assert (seq.output_ids, seq.finish_reason) == (want[:p + 1], "stop")
+        assert engine.stats()["kv_used_tokens"] == 0 and engine.states_free == config.max_running_requests
+    assert engine.stats()["spec_accepted_tokens"] > 0
+
+
 def test_a_draft_vocabulary_drafts_among_its_tokens_and_leaves_the_output(checkpoint, tmp_path):
     """restrict_draft_vocab: each draft is the argmax of the full head's logits over the
     subset (within the BF16 rounding of the logits: the same rows, another GEMM), the

@@ -8,7 +8,6 @@ from its pinned GGUF into the cache at first use.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import uvicorn
@@ -124,8 +123,8 @@ def main(argv: list[str]) -> int:
                    "enable_deterministic_inference": policy is not None and policy.config.deterministic,
                    "max_running_requests": opts.max_running_requests,
                    "max_total_tokens": engine.config.max_total_tokens}
-    api_key = FLAGS["api-key"].value or os.environ.get(API_KEY_ENV) or None
-    app_ = create_app(engine, name, policy, api_key, FLAGS["watchdog-timeout"].value, server_args,
+    app_ = create_app(engine, name, policy, limits.resolve_api_key(FLAGS["api-key"].value),
+                      FLAGS["watchdog-timeout"].value, server_args,
                       limits.allowed_hosts(FLAGS.host, FLAGS["allowed-hosts"].value),
                       tool_call_parser=FLAGS["tool-call-parser"].value, reasoning_parser=FLAGS["reasoning-parser"].value)
     uvicorn.run(app_, host=FLAGS.host, port=FLAGS.port, log_level="warning",

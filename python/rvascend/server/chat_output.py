@@ -117,6 +117,7 @@ class ChatOutput:
         calls: list[dict[str, Any]] = []
         if self.call:
             rest, calls = tool_calls.parse("".join(self.call), self.parser)
+            calls = self.tools.kept_calls(calls)
             self._add(delta, "content", rest)
             self.call = []
         return delta, calls

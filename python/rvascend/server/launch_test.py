@@ -102,6 +102,12 @@ def test_deterministic_inference_is_the_default_where_it_costs_nothing():
     on, why = launch.deterministic_by_default("float32", "riscv64 v=1", ["rvv", "portable", "scalar"])
     assert not on and "not measured" in why
     assert not launch.deterministic_by_default("float16", avx512, x86_sets)[0]
+    # An AMX host's stock BF16 prefill is oneDNN's AMX tiles (4.7x the kernels'); FP32 has no AMX path.
+    amx = "x86-64 avx2=1 avx512=1 avx512bf16=1 avx512vnni=1 amxbf16=1"
+    on, why = launch.deterministic_by_default("bfloat16", amx, x86_sets)
+    assert not on and "AMX" in why
+    assert launch.deterministic_by_default("float32", amx, x86_sets)[0]
+    assert launch.deterministic_by_default("bfloat16", avx512 + " amxbf16=0", x86_sets)[0]
     # Left unset, the option takes the machine's default; a row-count gate turns it off, never fails.
     from rvascend import ops
 

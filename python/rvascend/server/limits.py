@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
+import urllib.parse
 from typing import Awaitable, Callable, Optional, Sequence
 
 from absl import logging
@@ -19,6 +21,13 @@ ASGIApp = Callable[..., Awaitable[None]]
 # The API key in the environment: what --workers hands its servers and router, so the
 # key is never on a command line (visible to every user in `ps`).
 API_KEY_ENV = "RVASCEND_API_KEY"
+
+
+def resolve_api_key(flag: Optional[str]) -> Optional[str]:
+    """The API key a server or a --workers router requires: the --api-key flag's value,
+    else API_KEY_ENV's; None (no key) when neither is set or both are empty."""
+    return flag or os.environ.get(API_KEY_ENV) or None
+
 
 # Paths open without the API key: probes and scrapers carry no credentials.
 UNGUARDED_PATHS = frozenset({"/health", "/metrics"})
@@ -77,11 +86,55 @@ def allowed_hosts(bind_host: str, extra: Sequence[str] = ()) -> Optional[frozens
     return _LOOPBACK_NAMES | names | {bind}
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def same_origin(origin: str, host: str) -> bool:
+    """Whether a browser's Origin header names the server the request was sent to, as
+    its Host header addresses it: the same host (or loopback names both) and port.
+    "null" (a sandboxed frame, a file:// page) names no server."""
+    try:
+        page = urllib.parse.urlsplit(origin.strip())
+        server = urllib.parse.urlsplit("//" + host.strip())
+        # A Host without a port was sent to the default port of the client's scheme, which
+        # behind a TLS proxy is not this server's: a same-origin page used its own scheme.
+        default = _DEFAULT_PORTS.get(page.scheme)
+        ports_match = (page.port or default) == (server.port or default)
+    except ValueError:  # a port that is not a number, or out of range
+        return False
+    if page.hostname is None or not ports_match:
+        return False
+    return page.hostname == server.hostname or {page.hostname, server.hostname} <= _LOOPBACK_NAMES
+
+
+# RFC 9110's safe methods: they change nothing, and this server reads no body with them.
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _body_problem(headers: dict[bytes, bytes], method: str, path: str) -> Optional[str]:
+    """Why a request that may change state is refused for its body, or None. A page of
+    another site can post a form (urlencoded, multipart, text/plain) without asking, but
+    application/json only after a CORS preflight this server never grants. A POST with
+    neither a Content-Type nor a body, as `curl -X POST .../flush_cache` sends it, is
+    served: a form always names its type, and a script's bodiless cross-site POST
+    carries an Origin, refused before this."""
+    content_type = headers.get(b"content-type")
+    if content_type is None:
+        if headers.get(b"content-length", b"0") not in (b"", b"0") or b"transfer-encoding" in headers:
+            return f"{method} {path} has a body but no Content-Type: send it as application/json"
+        return None
+    if content_type.split(b";", 1)[0].strip().lower() != b"application/json":
+        return (f"Content-Type {content_type.decode('latin-1')!r} is not application/json: {method} {path} "
+                "takes a JSON body")
+    return None
+
+
 class RequestGuard:
     """Pure ASGI middleware in front of every endpoint: the Host header (DNS
-    rebinding) and the API key on every path but /health and /metrics (as SGLang
-    guards them), a 413 for bodies over
-    `body_limit` bytes (announced or read), and a JSON 500 for any unhandled error.
+    rebinding), the Origin header (cross-site requests from web pages), the API key
+    (as SGLang guards it) on every path but /health and /metrics, JSON bodies (a
+    web page's form cannot be one), a 413 for bodies over `body_limit` bytes
+    (announced or read), and a JSON 500 for any unhandled error.
 
     Pure ASGI (not Starlette's BaseHTTPMiddleware) so that the endpoint's
     `request.is_disconnected()` sees the client leave.
@@ -99,15 +152,31 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", ()))
-        if self.allowed_hosts is not None and scope["path"] not in UNGUARDED_PATHS:
+        path, method = scope["path"], scope["method"]
+        guarded = path not in UNGUARDED_PATHS
+        if self.allowed_hosts is not None and guarded:
             host = host_name(headers.get(b"host", b"").decode("latin-1"))
             if host not in self.allowed_hosts:
                 await send_json_error(send, 421, f"Host {host!r} is not one this server answers to "
                                       "(--allowed-hosts)", "invalid_request_error")
                 return
-        if self.expected is not None and scope["path"] not in UNGUARDED_PATHS:
+        # Browsers send Origin with every POST and every cross-site fetch; SDKs and curl
+        # send none, and are served.
+        origin = headers.get(b"origin")
+        if origin is not None and guarded:
+            origin_text, host_text = origin.decode("latin-1"), headers.get(b"host", b"").decode("latin-1")
+            if not same_origin(origin_text, host_text):
+                await send_json_error(send, 403, f"Origin {origin_text!r} is not this server ({host_text!r}): "
+                                      "requests from other sites' web pages are refused", "invalid_request_error")
+                return
+        if self.expected is not None and guarded:
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
                 await send_json_error(send, 401, "missing or wrong API key", "authentication_error")
+                return
+        if method not in _SAFE_METHODS and guarded:
+            problem = _body_problem(headers, method, path)
+            if problem is not None:
+                await send_json_error(send, 415, problem, "invalid_request_error")
                 return
         announced = headers.get(b"content-length", b"")
         if announced.isdigit() and int(announced) > self.limit:

@@ -78,6 +78,11 @@ class _EngineCollector:
             g = GaugeMetricFamily(f"rvascend_{key}", help_text)
             g.add_metric([], stats[key])
             yield g
+        for key, help_text in (("spec_drafted_tokens", "Draft tokens verified (speculative decoding)"),
+                               ("spec_accepted_tokens", "Draft tokens accepted (speculative decoding)")):
+            c = CounterMetricFamily(f"rvascend_{key}", help_text)
+            c.add_metric([], stats[key])
+            yield c
         for name, help_text, value in (
                 ("num_running_reqs", "Requests decoding", stats["running"]),
                 ("num_queue_reqs", "Requests queued", stats["waiting"]),

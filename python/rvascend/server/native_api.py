@@ -17,7 +17,7 @@ from rvascend.engine import SamplingParams
 from rvascend.engine.sequence import Sequence
 from rvascend.server import limits, responses
 from rvascend.server.context import BAD_INPUT, ServerContext
-from rvascend.server.protocol import GenerateRequest, UnsupportedField
+from rvascend.server.protocol import GenerateRequest, UnsupportedField, load_json
 from rvascend.server.responses import ChoiceState, error
 from rvascend.server.streaming import stream_events
 from rvascend.server.structured_output import SGLANG_SAMPLING_KEYS, sampling_params_grammar
@@ -142,9 +142,9 @@ def _logprob_fields(ctx: ServerContext, seq: Sequence, state: ChoiceState, with_
 
 async def _json_object(request: Request) -> dict[str, Any]:
     try:
-        body = await request.json()
-    except ValueError:
-        raise StarletteHTTPException(400, "the body is not valid JSON") from None
+        body = load_json("the body", await request.body())
+    except UnsupportedField as e:
+        raise StarletteHTTPException(400, str(e)) from None
     if not isinstance(body, dict):
         raise StarletteHTTPException(400, "the body must be a JSON object")
     return body

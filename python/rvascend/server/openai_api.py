@@ -66,8 +66,8 @@ def openai_routes(ctx: ServerContext) -> APIRouter:
                 raise limits.InputError("this server has no tokenizer: chat needs one")
             tools = tool_calls.tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
             add, cont, kwargs = req.template_options()
-            if tools is not None:
-                kwargs["tools"] = tools.tools  # as transformers' apply_chat_template(tools=...) passes them
+            if tools is not None and tools.offered:
+                kwargs["tools"] = tools.offered  # as transformers' apply_chat_template(tools=...) passes them
             # Off the event loop: a model file's template is untrusted code (its budget
             # bounds the render, tokenizer/template_budget.py), and /health must not wait.
             prompt = await asyncio.to_thread(ctx.tokenizer.apply_chat_template, messages, add, cont, kwargs)

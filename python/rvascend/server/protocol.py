@@ -4,12 +4,15 @@ Known fields are type-checked strictly (`"max_tokens": "ten"` is a 400, not a
 guess). Unknown fields are ignored, as OpenAI-compatible servers do, except
 the ones that would change the answer if ignored (`functions`, `suffix`, ...):
 those are refused by name. Output constraints (`response_format` and its vLLM
-and SGLang kin) are read by server/structured_output.py.
+and SGLang kin) are read by server/structured_output.py. The free-form JSON a
+request carries (tools, chat_template_kwargs, response formats, a tool call's
+arguments) may nest at most MAX_JSON_DEPTH levels.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
@@ -19,6 +22,13 @@ from rvascend.engine import Grammar, SamplingParams
 Number = Union[StrictFloat, StrictInt]
 MAX_N = 16
 MAX_LOGPROBS = 20
+# Nesting of the free-form JSON a client sends. A real tool's parameter schema
+# nests a dozen levels; what walks such JSON recurses once per level or more
+# (the chat template's input conversion and loops, the JSON encoders), and
+# Python's recursion limit of 1000 frames gave a 500 past about 500 levels.
+MAX_JSON_DEPTH = 64
+# Keys of the deepest branch a nesting error shows.
+_SHOWN_KEYS = 3
 
 # Fields that change what a client gets back; serving without them would be a
 # silently different answer.
@@ -28,6 +38,56 @@ _UNSUPPORTED = ("functions", "function_call", "suffix", "best_of", "audio",
 
 class UnsupportedField(ValueError):
     pass
+
+
+def _deepest(value: Any) -> tuple[int, list[Union[str, int]]]:
+    """(depth, keys down the deepest branch) of a JSON value: a scalar is 0 deep, an
+    object or array one more than its deepest item. Iterative, so no depth overflows it."""
+    links: list[tuple[int, Union[str, int, None], int]] = []  # (parent's link, key, depth) per container
+    stack: list[tuple[Any, int, Union[str, int, None], int]] = [(value, -1, None, 1)]
+    deepest = -1
+    while stack:
+        node, parent, key, depth = stack.pop()
+        if isinstance(node, dict):
+            items = node.items()
+        elif isinstance(node, list):
+            items = enumerate(node)
+        else:
+            continue
+        links.append((parent, key, depth))
+        here = len(links) - 1
+        if deepest < 0 or depth > links[deepest][2]:
+            deepest = here
+        stack.extend((v, here, k, depth + 1) for k, v in items if isinstance(v, (dict, list)))
+    keys, at = [], deepest
+    while at > 0:
+        at, key, _ = links[at]
+        keys.append(key)
+    return (links[deepest][2] if deepest >= 0 else 0), keys[::-1]
+
+
+def check_nesting(what: str, value: Any) -> None:
+    """UnsupportedField naming `what` and its depth if the JSON `value` nests deeper
+    than MAX_JSON_DEPTH (counted from `value` itself)."""
+    depth, keys = _deepest(value)
+    if depth > MAX_JSON_DEPTH:
+        branch = what + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys[:_SHOWN_KEYS])
+        raise UnsupportedField(f"{what} is nested {depth} levels deep (along {branch}"
+                               f"{'...' if len(keys) > _SHOWN_KEYS else ''}); at most {MAX_JSON_DEPTH} are served")
+
+
+def load_json(what: str, text: Union[str, bytes]) -> Any:
+    """A client's JSON text, parsed, within MAX_JSON_DEPTH; UnsupportedField if it is not
+    JSON (nor UTF-8) or nests deeper."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise UnsupportedField(f"{what} is not JSON: {e}") from None
+    except RecursionError:  # the parser recurses once per level
+        raise UnsupportedField(f"{what} is nested deeper than Python's recursion limit of "
+                               f"{sys.getrecursionlimit()} levels; at most {MAX_JSON_DEPTH} are served") from None
+    check_nesting(what, value)
+    return value
 
 
 class _NullIsDefault(BaseModel):
@@ -76,6 +136,8 @@ class _Request(_NullIsDefault):
         for name in _UNSUPPORTED:
             if extra.get(name) not in (None, [], {}) and not (name == "best_of" and extra[name] == self.n):
                 raise UnsupportedField(f"'{name}' is not supported by this server")
+        for name, value in extra.items():
+            check_nesting(name, value)
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -152,10 +214,7 @@ class ToolCall(_NullIsDefault):
         (OpenAI's API sends them as JSON text)."""
         arguments = self.function.arguments
         if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                raise UnsupportedField("a tool call's function.arguments is not JSON") from None
+            arguments = load_json("a tool call's function.arguments", arguments)
         fields = self.model_dump()
         fields["function"]["arguments"] = arguments
         return fields
@@ -215,6 +274,11 @@ class ChatCompletionRequest(_Request):
         super().check_supported()
         if (self.model_extra or {}).get("echo"):
             raise UnsupportedField("'echo' is not supported in chat completions by this server")
+        for name in ("chat_template_kwargs", "tools", "tool_choice"):
+            check_nesting(name, getattr(self, name))
+        for i, message in enumerate(self.messages):
+            for j, call in enumerate(message.tool_calls or ()):
+                check_nesting(f"messages[{i}].tool_calls[{j}].function.arguments", call.function.arguments)
 
     def template_options(self) -> tuple[bool, bool, dict[str, Any]]:
         """(add_generation_prompt, continue_final_message, other template variables);
@@ -264,5 +328,6 @@ class GenerateRequest(_NullIsDefault):
         for name, value in (self.model_extra or {}).items():
             if value not in (None, False, [], {}, ""):
                 raise UnsupportedField(f"'{name}' is not supported by this server")
+        check_nesting("sampling_params", self.sampling_params)
         if not self.return_logprob and (self.logprob_start_len != -1 or self.top_logprobs_num):
             raise UnsupportedField("logprob_start_len and top_logprobs_num need return_logprob: true")

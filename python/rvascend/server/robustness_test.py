@@ -410,5 +410,60 @@ def test_detokenization_cost_per_token_is_constant(server):
         del tok.decode
 
 
+# -- 9. deeply nested JSON is a 400 naming its depth --------------------------------------------
+def _nested(depth: int) -> str:
+    """JSON text of objects nested `depth` deep, written directly (json.dumps recurses)."""
+    return '{"a": ' * (depth - 1) + "{}" + "}" * (depth - 1)
+
+
+def _chat(fields: str, messages: str = '[{"role": "user", "content": "hi"}]') -> str:
+    return ", ".join(['{"max_tokens": 1', '"messages": ' + messages] + ([fields] if fields else [])) + "}"
+
+
+def _tool(parameters: str) -> str:
+    return '"tools": [{"type": "function", "function": {"name": "f", "parameters": ' + parameters + "}}]"
+
+
+def _called(arguments: str) -> str:
+    return ('[{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"type": "function", '
+            '"function": {"name": "f", "arguments": ' + arguments + '}}]}, {"role": "tool", "content": "4"}]')
+
+
+@pytest.mark.parametrize("path,body,match", [
+    # 600 deep was a 500 (RecursionError converting them for the chat template).
+    ("/v1/chat/completions", _chat('"chat_template_kwargs": {"x": ' + _nested(600) + "}"),
+     "chat_template_kwargs is nested 601 levels deep (along chat_template_kwargs.x.a.a...); at most 64"),
+    ("/v1/chat/completions", _chat(_tool(_nested(600))),
+     "tools is nested 603 levels deep (along tools[0].function.parameters...); at most 64"),
+    ("/v1/chat/completions", _chat("", _called(_nested(600))),
+     "messages[1].tool_calls[0].function.arguments is nested 600 levels deep"),
+    ("/v1/chat/completions", _chat("", _called(json.dumps(_nested(600)))),
+     "a tool call's function.arguments is nested 600 levels deep"),
+    ("/v1/chat/completions", _chat("", _called(json.dumps(_nested(5000)))),
+     "a tool call's function.arguments is nested deeper than Python's recursion limit"),
+    # Just over the limit: served before, and nothing recursed far enough to fail.
+    ("/v1/chat/completions", _chat(_tool(_nested(62))), "tools is nested 65 levels deep"),
+    ("/v1/chat/completions", _chat('"chat_template_kwargs": {"x": ' + _nested(64) + "}"),
+     "chat_template_kwargs is nested 65 levels deep"),
+    ("/v1/completions", '{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "n", '
+     '"schema": ' + _nested(100) + "}}}", "response_format is nested 102 levels deep"),
+    ("/v1/completions", '{"prompt": "x", "guided_json": ' + json.dumps(_nested(5000)) + "}",
+     "guided_json is nested deeper than Python's recursion limit"),
+    ("/generate", '{"text": "x", "sampling_params": {"json_schema": ' + json.dumps(_nested(600)) + "}}",
+     "sampling_params.json_schema is nested 600 levels deep"),
+    ("/tokenize", '{"prompt": "x", "deep": ' + _nested(5000) + "}", "the body is nested deeper than"),
+])
+def test_deeply_nested_json_is_a_400_naming_its_depth(server, path, body, match):
+    r = _post(server, path, body)
+    assert r.status_code == 400, r.text[:300]
+    assert match in r.json()["error"]["message"]
+
+
+def test_json_nested_within_the_limit_is_served(server):
+    r = _post(server, "/v1/chat/completions", _chat(_tool(_nested(61)) + ', "chat_template_kwargs": {"x": '
+                                                     + _nested(63) + "}"))
+    assert r.status_code == 200, r.text[:300]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 import httpx
 from absl import logging
 
-from rvascend.server.limits import API_KEY_ENV
+from rvascend.server.limits import API_KEY_ENV, resolve_api_key
 from rvascend.server.loopback import address_in_use, free_port, wait_healthy
 
 ROUTER_SETTINGS = (
@@ -84,7 +84,8 @@ def local_worker(args: Sequence[str], port: int, log: Optional[str]) -> subproce
 
 def split_args(args: Sequence[str]) -> tuple[list[str], str, int, Optional[str]]:
     """(the workers' flags, the router's host, port, the API key): --host/--port are the
-    router's (the workers take loopback ports); --api-key goes to both."""
+    router's (the workers take loopback ports); the key, from --api-key or API_KEY_ENV as
+    a single server takes it, goes to both."""
     rest, host, port, key = [], "127.0.0.1", 30000, None
     it = iter(args)
     for arg in it:
@@ -103,7 +104,7 @@ def split_args(args: Sequence[str]) -> tuple[list[str], str, int, Optional[str]]
                 key = value  # to the workers through the environment (Cluster)
         else:
             rest.append(arg)
-    return rest, host, port, key
+    return rest, host, port, resolve_api_key(key)
 
 
 def wait_router(url: str, proc: subprocess.Popen, workers: int, api_key: Optional[str], timeout: float,

@@ -9,7 +9,8 @@ import pytest
 from rvascend.server import scale_out
 
 
-def test_host_and_port_are_the_routers_and_the_key_is_on_no_command_line():
+def test_host_and_port_are_the_routers_and_the_key_is_on_no_command_line(monkeypatch):
+    monkeypatch.delenv(scale_out.API_KEY_ENV, raising=False)
     rest, host, port, key = scale_out.split_args(
         ["--model-path", "/m", "--host=0.0.0.0", "--port", "31000", "--api-key", "K", "--enable-cpu-rvv-inductor"])
     assert (host, port, key) == ("0.0.0.0", 31000, "K")
@@ -20,6 +21,18 @@ def test_host_and_port_are_the_routers_and_the_key_is_on_no_command_line():
     for bad in ("abc", "0", "70000"):
         with pytest.raises(ValueError, match=f"--port must be a port number, got '{bad}'"):
             scale_out.split_args([f"--port={bad}"])
+
+
+def test_the_key_in_the_environment_guards_the_router_too(monkeypatch):
+    """RVASCEND_API_KEY alone guards a single server; with --workers it once reached the
+    workers but not the router, whose admin API (/add_worker, ...) was then open."""
+    monkeypatch.setenv(scale_out.API_KEY_ENV, "E")
+    assert scale_out.split_args(["--model-path", "/m"])[3] == "E"
+    assert scale_out.split_args(["--api-key=K"])[3] == "K"  # the flag wins, as for a single server
+    monkeypatch.setenv(scale_out.API_KEY_ENV, "")
+    assert scale_out.split_args([])[3] is None
+    monkeypatch.delenv(scale_out.API_KEY_ENV)
+    assert scale_out.split_args([])[3] is None
 
 
 def test_the_router_command_carries_the_reliability_settings():

@@ -4,6 +4,7 @@ request fields that change the answer are honoured or refused by name."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import httpx
@@ -120,6 +121,45 @@ def test_a_rebound_host_name_is_refused_and_flush_is_post_only(server):
     assert server.http.get("/health", headers={"Host": "evil.example"}).status_code == 200  # probes stay open
     assert server.http.get("/flush_cache").status_code == 405
     assert server.http.post("/flush_cache").status_code == 200
+    server.wait_idle()
+
+
+def test_a_cross_site_page_cannot_drive_the_server(server):
+    """CSRF: a page of another site may post a form to a local server without asking; the
+    browser sends the page's Origin and the form's Content-Type. Such a POST once got
+    "200 Cache flushed." Requests without an Origin (SDKs, curl) are served as before.
+    (With the key sent: the key is a separate guard, and off by default.)"""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    r = server.http.post("/flush_cache", content=b"x=1", headers={"Origin": "http://evil.example", "Host": "127.0.0.1",
+                                                                  **form})
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["message"].startswith("Origin 'http://evil.example' is not this server ('127.0.0.1')")
+    own = f"127.0.0.1:{server.port}"
+    for origin in ("http://evil.example", "null", f"http://127.0.0.1:{server.port + 1}", "http://localhost",
+                   "http://127.0.0.1:notaport"):
+        r = server.http.post("/v1/chat/completions", json=chat, headers={"Origin": origin})
+        assert r.status_code == 403 and "is not this server" in r.json()["error"]["message"], origin
+    assert server.http.get("/v1/models", headers={"Origin": "http://evil.example"}).status_code == 403
+    assert server.http.get("/health", headers={"Origin": "http://evil.example"}).status_code == 200
+    # The server's own pages (FastAPI's /docs), by any loopback name of it, are served.
+    for origin in (f"http://{own}", f"http://localhost:{server.port}", f"http://[::1]:{server.port}"):
+        assert server.http.post("/v1/chat/completions", json=chat, headers={"Origin": origin}).status_code == 200
+    # Bodies: JSON only, whatever the Origin; a bodiless POST without a type is curl -X POST's.
+    body = json.dumps(chat).encode()
+    for content_type in ("application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "text/plain"):
+        for path in ("/v1/chat/completions", "/flush_cache"):
+            r = server.http.post(path, content=body, headers={"Content-Type": content_type})
+            assert r.status_code == 415, (path, content_type, r.text)
+            assert r.json()["error"]["message"] == (f"Content-Type {content_type!r} is not application/json: "
+                                                    f"POST {path} takes a JSON body")
+    r = server.http.post("/v1/chat/completions", content=body)
+    assert r.status_code == 415 and "has a body but no Content-Type" in r.json()["error"]["message"]
+    for content_type in ("application/json; charset=utf-8", "Application/JSON"):
+        r = server.http.post("/v1/chat/completions", content=body, headers={"Content-Type": content_type})
+        assert r.status_code == 200, (content_type, r.text)
+    assert server.http.post("/flush_cache").status_code == 200
+    assert server.http.post("/flush_cache", headers={"Content-Type": "application/json"}).status_code == 200
     server.wait_idle()
 
 

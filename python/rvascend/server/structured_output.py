@@ -16,12 +16,18 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from rvascend.engine import Grammar
-from rvascend.server.protocol import UnsupportedField
+from rvascend.server.protocol import UnsupportedField, load_json
+
+
+def _json_schema(value: Any, field: str) -> Grammar:
+    # JSON text escapes the request's nesting check (protocol.check_nesting) until it
+    # is parsed, and the parser itself recurses: parsed here, within the same limit.
+    return Grammar.json_schema(load_json(field, value) if isinstance(value, str) else value)
 
 
 def _from(kind: str, value: Any, field: str) -> Grammar:
     if kind == "json_schema":
-        return Grammar.json_schema(value)
+        return _json_schema(value, field)
     if kind == "choice":
         if not isinstance(value, list):
             raise UnsupportedField(f"'{field}' must be a list of strings")
@@ -46,7 +52,7 @@ def _response_format(fmt: Any) -> Optional[Grammar]:
         if spec.get("strict") not in (None, True, False):
             raise UnsupportedField("response_format.json_schema.strict must be a boolean")
         # strict or not, the output follows the schema: this server has one mode, the strict one.
-        return Grammar.json_schema(spec["schema"])
+        return _json_schema(spec["schema"], "response_format.json_schema.schema")
     raise UnsupportedField(f"response_format type {kind!r} is not supported (text, json_object, json_schema)")
 
 

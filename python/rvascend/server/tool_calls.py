@@ -34,7 +34,7 @@ def parser_for(architecture: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class ToolRequest:
     """A chat request's tools and what it asks of them."""
-    tools: list[dict[str, Any]]     # as the chat template receives them (OpenAI's shape)
+    tools: list[dict[str, Any]]     # all the request lists, checked (OpenAI's shape)
     choice: str                     # "auto" | "none" | "required" | "function"
     function: Optional[str]         # with choice "function": its name
     parallel: bool
@@ -42,6 +42,21 @@ class ToolRequest:
     @property
     def parse(self) -> bool:
         return self.choice != "none"
+
+    @property
+    def offered(self) -> list[dict[str, Any]]:
+        """The tools the model is shown (its chat template's `tools`) and may call, as
+        SGLang offers them: none with tool_choice "none", only the named one with a named
+        choice: a tool in the prompt invites a call to it, so one that may not be called
+        is left out."""
+        if self.choice == "none":
+            return []
+        return [t for t in self.tools if self.choice != "function" or t["function"]["name"] == self.function]
+
+    def kept_calls(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The parsed calls a client gets: the first only with parallel_tool_calls false,
+        whatever the tool_choice (SGLang and vLLM drop the rest alike)."""
+        return calls if self.parallel else calls[:1]
 
 
 def tool_request(tools: Optional[list[Any]], tool_choice: Any, parallel: Optional[bool]) -> Optional[ToolRequest]:
@@ -90,10 +105,9 @@ def call_grammar(request: ToolRequest, parser: str) -> Optional[Grammar]:
     more of the tools; one unless parallel) or a named function (that one); else None."""
     if request.choice not in ("required", "function"):
         return None
-    tools = [t for t in request.tools if request.choice == "required" or t["function"]["name"] == request.function]
     key = "parameters" if parser == "llama3" else "arguments"
     # JSON laid out as in every other JSON grammar here (engine/grammar.py).
-    schema = {"anyOf": [_call_schema(t, key) for t in tools], "x-guidance": JSON_LAYOUT}
+    schema = {"anyOf": [_call_schema(t, key) for t in request.offered], "x-guidance": JSON_LAYOUT}
     body = "%json " + json.dumps(schema)
     many = request.parallel and request.choice == "required"
     if parser == "llama3":

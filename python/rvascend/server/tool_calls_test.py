@@ -103,6 +103,23 @@ def test_streaming_splits_alike_at_every_chunk_boundary(reasoning, in_reasoning,
         assert [c["function"]["name"] for c in calls] == names, cut
 
 
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "add"}}])
+def test_parallel_tool_calls_false_keeps_one_call_whatever_the_choice(choice):
+    """At most one call without parallel_tool_calls: not only under 'required' (where the
+    grammar already makes one) but under 'auto' and a named choice, where the model's
+    own text may hold several."""
+    two = ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
+           '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>')
+    for parallel, want in ((False, [{"a": 1, "b": 2}]), (None, [{"a": 1, "b": 2}, {"a": 3, "b": 4}])):
+        request = tool_calls.tool_request(TOOLS, choice, parallel)
+        message, has_calls = ChatOutput(False, False, request, "qwen25").message(two)
+        assert has_calls and [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == want
+        assert message["content"] is None  # the dropped call is not content either
+        out = ChatOutput(False, False, request, "qwen25")  # streamed: the calls come at the end
+        out.feed(two)
+        assert len(out.finish()[1]) == len(want)
+
+
 def test_a_prompt_that_opens_the_reasoning():
     assert starts_in_reasoning("<|im_start|>assistant\n<think>\n")
     assert not starts_in_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
@@ -135,6 +152,39 @@ def test_required_and_named_tool_choice_make_valid_calls(server):
     assert [_valid(c, ("add",)) and c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["add"]
     (none,) = _chat(s, tool_choice="none", temperature=0, max_tokens=8)
     assert "tool_calls" not in none["message"]
+
+
+def test_the_template_sees_only_the_tools_the_choice_allows(server):
+    """As SGLang renders them: tool_choice 'none' shows the model no tools (a tool in the
+    prompt invites a call), a named choice only that tool, 'auto' and 'required' all."""
+    from rvascend.tokenizer.chat_template import ChatTemplate
+
+    s, _ = server
+    tok = s.engine.tokenizer
+    original = tok.chat_template
+    messages = [{"role": "user", "content": "Add 2 and 3."}]
+    try:
+        tok.chat_template = ChatTemplate(
+            "{% for t in tools or [] %}[tool {{ t.function.name }}]\n{% endfor %}"
+            "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>")
+
+        def rendered(tools):
+            prompt = tok.apply_chat_template(messages, template_kwargs={"tools": tools} if tools else None)
+            return len(tok.encode(prompt, add_special_tokens=False))
+        everything, only_add, nothing = rendered(TOOLS), rendered(TOOLS[1:]), rendered(None)
+        assert len({everything, only_add, nothing}) == 3
+        choices = {"none": "none", "named": {"type": "function", "function": {"name": "add"}}, "auto": "auto",
+                   "required": "required"}
+        seen = {}
+        for name, choice in choices.items():
+            r = s.http.post("/v1/chat/completions", json={"messages": messages, "tools": TOOLS, "max_tokens": 1,
+                                                          "tool_choice": choice})
+            assert r.status_code == 200, r.text
+            seen[name] = r.json()["usage"]["prompt_tokens"]
+        assert seen == {"none": nothing, "named": only_add, "auto": everything, "required": everything}
+    finally:
+        tok.chat_template = original
+    s.wait_idle()
 
 
 def test_tool_calls_stream_as_deltas(server):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import time
 from typing import Any, Optional, Union
 
@@ -72,7 +71,8 @@ def _raise_exception(message: Any) -> None:
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None,
             separators: Optional[tuple[str, str]] = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return template_budget.capped_json(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                                       sort_keys=sort_keys)
 
 
 def _strftime_now(fmt: str) -> str:
