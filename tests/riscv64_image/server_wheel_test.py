@@ -28,7 +28,8 @@ import openai
 from rvascend import checkout
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.server import riscv64
-from rvascend.server.launch import ServeOptions, build_engine
+from rvascend.server.launch import build_engine
+from rvascend.server.server_args import ServerArgs
 from rvascend.server.loopback import free_port, wait_healthy
 
 PROMPT = "The capital of France is"
@@ -52,7 +53,7 @@ def host_greedy(model: str, requests: list[list[int]], policy: bool, near_tie: f
                 max_tokens: int = 4) -> list[list[str]]:
     """The host engine's greedy tokens (their texts) for each request, cut before the
     first token whose top-2 log-probability gap is below `near_tie`."""
-    engine, _, _ = build_engine(ServeOptions(model_path=model, enable_cpu_rvv_kernels=policy,
+    engine, _, _ = build_engine(ServerArgs(model_path=model, enable_cpu_rvv_kernels=policy,
                                              enable_deterministic_inference=None if policy else False,
                                              cpu_compile_mode="eager", max_total_tokens=512))
     from rvascend.engine import SamplingParams

@@ -272,6 +272,7 @@ def test_the_server_flags_load_the_head_and_its_draft_vocabulary(checkpoint, tmp
     import shutil
 
     from rvascend.server import launch
+    from rvascend.server.server_args import ServerArgs
 
     _, _, path = checkpoint
     served = tmp_path / "served"
@@ -282,13 +283,13 @@ def test_the_server_flags_load_the_head_and_its_draft_vocabulary(checkpoint, tmp
     token_map.write_text(" ".join(str(t) for t in range(40)))
     opts = dict(model_path=str(served), max_total_tokens=256, speculative_algorithm="NEXTN",
                 speculative_num_draft_tokens=2, speculative_token_map=str(token_map))
-    engine, _, _ = launch.build_engine(launch.ServeOptions(**opts))
+    engine, _, _ = launch.build_engine(ServerArgs(**opts))
     assert engine.config.speculative_algorithm == "NEXTN" and engine.model.mtp.draft_ids.tolist() == list(range(40))
     with pytest.raises(ValueError, match="needs --speculative-algorithm NEXTN"):
-        launch.build_engine(launch.ServeOptions(**{**opts, "speculative_algorithm": "NGRAM"}))
+        launch.build_engine(ServerArgs(**{**opts, "speculative_algorithm": "NGRAM"}))
     token_map.write_text(f"1 2 {VOCAB + 5}")
     with pytest.raises(ValueError, match=f"token {VOCAB + 5} is outside"):
-        launch.build_engine(launch.ServeOptions(**opts))
+        launch.build_engine(ServerArgs(**opts))
 
 
 def test_a_draft_pass_that_fails_gives_its_lent_slots_back(checkpoint, monkeypatch):

@@ -12,7 +12,7 @@ import psutil
 import torch
 from absl import logging
 
-from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine import Engine, SamplingParams
 from rvascend.runtime import allocator
 from rvascend.models import default_model
 from rvascend.tokenizer.chat_template import ChatTemplateError
@@ -21,36 +21,13 @@ from rvascend.models.decoder import KVPool
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicy, RvvPolicyConfig, get_policy, install_rvv_policy
 from rvascend.dispatch import fused_decoder, shape_gate
+from rvascend.server import server_args
+from rvascend.server.server_args import ServerArgs
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # Without --max-total-tokens the KV pool gets at most this share of free memory.
 _KV_MEMORY_FRACTION = 0.25
 _KV_MAX_DEFAULT_TOKENS = 32768
-
-
-@dataclasses.dataclass
-class ServeOptions:
-    model_path: Optional[str] = None
-    dtype: str = "bfloat16"
-    device: str = "cpu"
-    attention_backend: str = "torch_native"
-    enable_cpu_rvv_kernels: bool = False
-    cpu_rvv_memory_budget_mib: Optional[int] = None
-    cpu_compile_mode: Optional[str] = None  # regional | eager; None: regional, eager under deterministic inference
-    cpu_rvv_shape_gate: Optional[str] = None  # bucketed (or seed) | measured | invariant; None: the machine's default
-    cpu_rvv_drop_unpacked: bool = False
-    max_running_requests: int = 8
-    max_total_tokens: Optional[int] = None
-    max_queued_requests: int = 64
-    context_length: Optional[int] = None
-    chunked_prefill_size: Optional[int] = None  # None: default_chunked_prefill_size(); <= 0: whole prompts
-    disable_radix_cache: bool = False
-    enable_deterministic_inference: Optional[bool] = None  # None: deterministic_by_default()
-    speculative_algorithm: Optional[str] = None  # NGRAM, NEXTN (Qwen3.5's MTP head)
-    speculative_num_draft_tokens: int = 4
-    speculative_token_map: Optional[str] = None  # NEXTN: a file of the token ids drafts come from
-    speculative_ngram_min_match_window_size: int = 2
-    speculative_ngram_max_match_window_size: int = 8
 
 
 def default_chunked_prefill_size() -> int:
@@ -107,7 +84,7 @@ def _log_cpu() -> None:
                         "path, and F.linear serves where the policy would pack")
 
 
-def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
+def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
     """(engine, served model name, installed policy or None)."""
     if opts.device != "cpu":
         raise ValueError(f"--device {opts.device!r} is not supported: this engine serves on the CPU")
@@ -196,14 +173,8 @@ def build_engine(opts: ServeOptions) -> tuple[Engine, str, Optional[RvvPolicy]]:
         logging.info("KV pool: %d tokens (%.1f MiB)", tokens, tokens * per_token / 2**20)
     chunk = default_chunked_prefill_size() if opts.chunked_prefill_size is None else opts.chunked_prefill_size
     logging.info("chunked prefill: %s", f"{chunk} prompt tokens per step" if chunk > 0 else "whole prompts")
-    engine = Engine(model, tokenizer, EngineConfig(
-        max_running_requests=opts.max_running_requests, max_total_tokens=tokens,
-        max_queued_requests=opts.max_queued_requests, context_length=opts.context_length,
-        chunked_prefill_size=chunk, disable_radix_cache=opts.disable_radix_cache,
-        speculative_algorithm=opts.speculative_algorithm,
-        speculative_num_draft_tokens=opts.speculative_num_draft_tokens,
-        speculative_ngram_min_match_window_size=opts.speculative_ngram_min_match_window_size,
-        speculative_ngram_max_match_window_size=opts.speculative_ngram_max_match_window_size))
+    engine = Engine(model, tokenizer, server_args.engine_config(opts, max_total_tokens=tokens,
+                                                                 chunked_prefill_size=chunk))
     allocator.keep_step_buffers()  # the weights are in place
     if policy is not None and policy.regional is not None:
         _compile_before_serving(engine, policy)

@@ -11,6 +11,7 @@ import pytest
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.engine.testing import greedy
 from rvascend.server import launch
+from rvascend.server.server_args import ServerArgs
 
 
 @pytest.mark.parametrize("machine,chunk", [("riscv64", 64), ("x86_64", 512), ("aarch64", 512)])
@@ -22,7 +23,7 @@ def test_chunked_prefill_default_per_machine(monkeypatch, machine, chunk):
 @pytest.mark.parametrize("given,want", [(None, 64), (16, 16), (-1, -1)])
 def test_the_engine_gets_the_flag_or_the_machine_default(monkeypatch, given, want):
     monkeypatch.setattr(platform, "machine", lambda: "riscv64")
-    engine, _, _ = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(),
+    engine, _, _ = launch.build_engine(ServerArgs(model_path=ensure_random_model(),
                                                            chunked_prefill_size=given, max_total_tokens=256))
     assert engine.config.chunked_prefill_size == want
 
@@ -30,15 +31,15 @@ def test_the_engine_gets_the_flag_or_the_machine_default(monkeypatch, given, wan
 def test_drop_unpacked_serves_the_same_tokens_from_the_packed_weights_alone():
     opts = dict(model_path=ensure_random_model(), enable_cpu_rvv_kernels=True, cpu_compile_mode="eager",
                 cpu_rvv_shape_gate="bucketed", max_total_tokens=256)
-    keep, _, _ = launch.build_engine(launch.ServeOptions(**opts))
-    drop, _, policy = launch.build_engine(launch.ServeOptions(**opts, cpu_rvv_drop_unpacked=True))
+    keep, _, _ = launch.build_engine(ServerArgs(**opts))
+    drop, _, policy = launch.build_engine(ServerArgs(**opts, cpu_rvv_drop_unpacked=True))
     assert policy.config.drop_unpacked
     layer = drop.model.model.layers[0]
     assert "weight" not in layer.mlp.down_proj._parameters and "weight" not in layer.self_attn.qkv_proj._parameters
     prompt = list(range(5, 40))
     assert greedy(drop.model, prompt, 8) == greedy(keep.model, prompt, 8)
     with pytest.raises(ValueError, match="--cpu-rvv-drop-unpacked .* needs --enable-cpu-rvv-kernels"):
-        launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), cpu_rvv_drop_unpacked=True))
+        launch.build_engine(ServerArgs(model_path=ensure_random_model(), cpu_rvv_drop_unpacked=True))
 
 
 def test_a_model_whose_chat_template_cannot_render_is_refused_at_start(tmp_path):
@@ -51,7 +52,7 @@ def test_a_model_whose_chat_template_cannot_render_is_refused_at_start(tmp_path)
     config["chat_template"] = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     config_path.write_text(json.dumps(config))
     with pytest.raises(ValueError, match="looping's chat template cannot serve a chat: .* went over its budget"):
-        launch.build_engine(launch.ServeOptions(model_path=str(model), max_total_tokens=256))
+        launch.build_engine(ServerArgs(model_path=str(model), max_total_tokens=256))
 
 
 
@@ -70,20 +71,20 @@ def test_the_kernels_flag_and_its_sglang_name_turn_on_the_same_option(flag):
 
 
 def test_deterministic_inference_installs_the_invariant_policy():
-    engine, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+    engine, _, policy = launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                                                 enable_deterministic_inference=True))
     assert policy is not None and policy.shape_gate == "invariant" and policy.config.deterministic
     assert policy.kernels.batch_invariant and policy.compile_mode == "eager"
     # FP32: no projection is packed; each runs the FP32 Linear kernel as the model holds it.
-    _, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+    _, _, policy = launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                                            dtype="float32", enable_deterministic_inference=True))
     assert policy.shape_gate == "invariant" and not policy.report.packed
     assert {reason for _, _, reason in policy.report.not_packed} == {"fp32_kernel"}
     with pytest.raises(ValueError, match="routes by row count"):
-        launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+        launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                                 cpu_rvv_shape_gate="bucketed", enable_deterministic_inference=True))
     with pytest.raises(ValueError, match="--cpu-compile-mode regional contradicts it"):
-        launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+        launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                                 cpu_compile_mode="regional", enable_deterministic_inference=True))
 
 
@@ -113,14 +114,14 @@ def test_deterministic_inference_is_the_default_where_it_costs_nothing():
 
     for dtype in ("bfloat16", "float32"):
         expected = launch.deterministic_by_default(dtype, ops.cpu_features(), ops.available_kernel_sets())[0]
-        _, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+        _, _, policy = launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                                                dtype=dtype))
         assert (policy is not None and policy.config.deterministic) == expected, dtype
     for opts in (dict(cpu_rvv_shape_gate="bucketed", enable_cpu_rvv_kernels=True),
                  dict(cpu_compile_mode="regional", enable_cpu_rvv_kernels=True)):
-        _, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+        _, _, policy = launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                                                **opts))
         assert policy is None or not policy.config.deterministic, opts
-    _, _, policy = launch.build_engine(launch.ServeOptions(model_path=ensure_random_model(), max_total_tokens=256,
+    _, _, policy = launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                                            enable_deterministic_inference=False))
     assert policy is None

@@ -13,7 +13,8 @@ import uvicorn
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.server import limits
 from rvascend.server.app import create_app
-from rvascend.server.launch import ServeOptions, build_engine
+from rvascend.server.launch import build_engine
+from rvascend.server.server_args import ServerArgs
 from rvascend.server.loopback import bound_loopback_socket
 
 API_KEY = "test-key"
@@ -41,7 +42,7 @@ class Server:
         opts = dict(model_path=ensure_random_model(), enable_cpu_rvv_kernels=True, cpu_compile_mode="eager",
                     cpu_rvv_shape_gate="bucketed", max_total_tokens=4096, max_running_requests=8)
         opts.update(options)
-        self.engine, self.name, self.policy = build_engine(ServeOptions(**opts))
+        self.engine, self.name, self.policy = build_engine(ServerArgs(**opts))
         # Bound here and handed to uvicorn: a port picked free and bound later can be taken
         # in between by another test's server.
         self.socket = bound_loopback_socket()
