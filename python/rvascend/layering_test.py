@@ -80,6 +80,16 @@ def test_no_module_imports_a_layer_above_its_own():
     assert not upward, "imports that go up the layers:\n" + "\n".join(sorted(upward))
 
 
+def test_in_the_engine_only_the_model_runner_touches_dispatch():
+    """The engine's scheduling, speculation and outputs see the model through the model
+    runner alone (engine/testing.py holds test fixtures, which set kernels up themselves)."""
+    reaching = [f"{name} (line {line}) imports {target}" for name, edges in _graph().items()
+                if name.startswith("rvascend.engine.") and name not in ("rvascend.engine.model_runner",
+                                                                         "rvascend.engine.testing")
+                for target, line in edges if target.startswith("rvascend.dispatch")]
+    assert not reaching, "engine modules past the model runner into dispatch:\n" + "\n".join(sorted(reaching))
+
+
 def test_every_subpackage_has_a_layer():
     subpackages = {d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "__init__.py"))}
     assert subpackages - {"_native"} == set(LAYERS)  # _native: the extensions ./dev setup installs

@@ -27,6 +27,7 @@ torch.set_num_threads(1)
 from rvascend import ops  # noqa: E402
 from rvascend.bench.step_kinds import draft_tokens, draft_vocab  # noqa: E402
 from rvascend.engine import Engine, EngineConfig, SamplingParams, mtp_draft, sampler  # noqa: E402
+from rvascend.engine.model_runner import ModelRunner  # noqa: E402
 from rvascend.engine.ngram_draft import DraftBudget  # noqa: E402
 from rvascend.engine.sequence import Sequence, Status  # noqa: E402
 from rvascend.models import decoder, layers  # noqa: E402
@@ -118,7 +119,7 @@ def instrument(model: torch.nn.Module, regions: Regions) -> None:
     # The residual add and the norm after it, fused or not.
     layers.RMSNorm.add_forward = regions.wrap(layers.RMSNorm.add_forward, "rms_norm")
     sampler.sample = regions.wrap(sampler.sample, "sampling")
-    Engine._greedy_tokens = regions.wrap(Engine._greedy_tokens, "sampling")
+    ModelRunner.greedy_tokens = regions.wrap(ModelRunner.greedy_tokens, "sampling")
     mtp_draft.draft = regions.wrap(mtp_draft.draft, "mtp_draft")
     instrument_fused_decoder(regions)
 
@@ -160,12 +161,12 @@ def decode_ready(engine: Engine, context: int, rows: int, vocab: int) -> list[Se
         seq = Sequence(ids[:-1], SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))
         seq.output_ids = [ids[-1]]
         seq.status = Status.RUNNING
-        seq.slots = [engine._free_slots.pop() for _ in range(context - 1)]
+        seq.slots = [engine.scheduler.free_slots.pop() for _ in range(context - 1)]
         seq.prefilled = len(seq.prompt_ids)
-        engine._take_state_slots(seq)  # a hybrid model's recurrent-state slots (contents: whatever)
+        engine.scheduler.take_state_slots(seq)  # a hybrid model's recurrent-state slots (contents: whatever)
         seq.reserved = seq.reservation
-        engine._reserved += seq.reserved
-        engine._running.append(seq)
+        engine.scheduler.reserved += seq.reserved
+        engine.scheduler.running.append(seq)
         seqs.append(seq)
     return seqs
 
@@ -184,12 +185,12 @@ def rewind(engine: Engine, seqs: list[Sequence], context: int) -> None:
     for seq in seqs:
         while seq.num_tokens > context:
             seq.output_ids.pop()
-            engine._free_slots.append(seq.slots.pop())
+            engine.scheduler.free_slots.append(seq.slots.pop())
             seq.token_times.pop()
         seq.finish_reason = None
         seq.status = Status.RUNNING
-        if seq not in engine._running:
-            engine._running.append(seq)
+        if seq not in engine.scheduler.running:
+            engine.scheduler.running.append(seq)
 
 
 def main() -> int:

@@ -132,16 +132,16 @@ def _draft_cases(http: httpx.Client) -> list[tuple[str, str, dict[str, Any], Cal
             return None
         cases.append(("drafts: stop token", "/generate", {"text": prompt, "sampling_params": {
             "max_new_tokens": 40, "temperature": 0, "stop_token_ids": [ids[p]]}}, check))
-    for at in (3, 10, 18, 30):
-        piece = text[at:at + 3]
-        if len(piece) == 3 and piece not in text[:at + 2]:
-            def check(data, piece=piece):
-                reason = data["meta_info"]["finish_reason"]
-                if reason != {"type": "stop", "matched": piece} or piece in data["text"]:
-                    return f"ended {reason} with {data['text']!r}, not before its first {piece!r}"
-                return None
-            cases.append(("drafts: stop string", "/generate", {"text": prompt, "sampling_params": {
-                "max_new_tokens": 40, "temperature": 0, "stop": [piece]}}, check))
+    # Three-character pieces of the answer where they first appear, spread over it.
+    pieces = [at for at in range(1, len(text) - 2) if text[at:at + 3] not in text[:at + 2]]
+    for at in pieces[::max(1, len(pieces) // 4)][:4]:
+        def check(data, piece=text[at:at + 3]):
+            reason = data["meta_info"]["finish_reason"]
+            if reason != {"type": "stop", "matched": piece} or piece in data["text"]:
+                return f"ended {reason} with {data['text']!r}, not before its first {piece!r}"
+            return None
+        cases.append(("drafts: stop string", "/generate", {"text": prompt, "sampling_params": {
+            "max_new_tokens": 40, "temperature": 0, "stop": [text[at:at + 3]]}}, check))
     ask = {"role": "user", "content": "Twelve letters from a, b and c, please."}
     messages = [ask, {"role": "assistant", "content": "abcabcabcabc"}] * 3 + [ask]
 

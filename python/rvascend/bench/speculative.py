@@ -101,13 +101,13 @@ def _run(model, tokenizer, prompts, params, spec: bool, draft_tokens: int):
     steps: collections.Counter[int] = collections.Counter()  # per sequence-step: its drafts
     t0 = time.perf_counter()
     while engine.has_work():
-        running = [s for s in engine._running if not s.prefilling]
+        running = [s for s in engine.scheduler.running if not s.prefilling]
         engine.step()
         for s in running:
             steps[len(s.draft)] += 1
     seconds = time.perf_counter() - t0
     tokens = sum(len(s.output_ids) for s in seqs) - done
-    return tokens / seconds, [s.output_ids for s in seqs], engine.stats(), engine.spec_outcomes, steps, tokens
+    return tokens / seconds, [s.output_ids for s in seqs], engine.stats(), engine.speculator.outcomes, steps, tokens
 
 
 def _k1_step_seconds(path: str) -> dict[int, dict[int, float]]:

@@ -310,11 +310,11 @@ def test_prefix_cache_evicts_under_pool_pressure_and_never_overcommits():
             assert seq.output_ids == want[i]
         stats = engine.stats()
         assert stats["kv_used_tokens"] == 0 and stats["kv_cached_tokens"] <= 96
-        assert len(engine._free_slots) + stats["kv_cached_tokens"] == 96
+        assert len(engine.scheduler.free_slots) + stats["kv_cached_tokens"] == 96
     # Two at once sharing a prompt, in a pool that cannot hold three copies.
     both = engine.generate([prompts[0], prompts[0]], params)
     assert both[0].output_ids == both[1].output_ids == want[0]
-    assert len(engine._free_slots) + engine.stats()["kv_cached_tokens"] == 96
+    assert len(engine.scheduler.free_slots) + engine.stats()["kv_cached_tokens"] == 96
 
 
 def test_identical_prompts_admitted_together_share_the_cached_copy():
@@ -325,7 +325,7 @@ def test_identical_prompts_admitted_together_share_the_cached_copy():
     assert a.output_ids == b.output_ids
     # The second copy's slots were given up for the tree's: one copy is cached.
     assert engine.stats()["kv_cached_tokens"] == 30 + 3
-    assert len(engine._free_slots) == 256 - 33
+    assert len(engine.scheduler.free_slots) == 256 - 33
 
 
 def test_a_request_sharing_a_prefill_under_way_waits_for_it_and_hits_the_cache():
@@ -355,7 +355,7 @@ def test_flush_cache_and_failed_requests_are_not_cached():
     while engine.has_work():
         engine.step()
     assert engine.flush_cache() and engine.stats()["kv_cached_tokens"] == 0
-    assert len(engine._free_slots) == 256
+    assert len(engine.scheduler.free_slots) == 256
     assert engine.generate([prompt], params)[0].cached_tokens == 0
     assert engine.flush_cache()
     # A request that fails keeps nothing in the cache.
@@ -371,7 +371,7 @@ def test_flush_cache_and_failed_requests_are_not_cached():
     finally:
         engine.model.forward = forward
     assert bad.finish_reason == "error" and engine.stats()["kv_cached_tokens"] == 0
-    assert len(engine._free_slots) == 256
+    assert len(engine.scheduler.free_slots) == 256
 
 
 def test_checkpoint_errors(tmp_path, checkpoint):

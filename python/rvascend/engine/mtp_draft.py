@@ -19,7 +19,6 @@ from typing import Callable, Optional, Sequence as Seq
 
 import torch
 
-from rvascend.dispatch.route import projection_linear
 from rvascend.models.decoder import ForwardBatch, KVPool
 
 
@@ -60,7 +59,7 @@ def draft(model, pool: KVPool, target: ForwardBatch, rows: Seq[MtpRow], k: int, 
     if not drafting:
         return out
     h = h[last[drafting]]
-    tokens = _argmax(model, h)
+    tokens = model.mtp.draft_tokens(model.lm_head, h)
     for i, t in zip(drafting, tokens):
         out[i] = [t]
     # Further drafts, one position a pass, in lent slots.
@@ -80,16 +79,9 @@ def draft(model, pool: KVPool, target: ForwardBatch, rows: Seq[MtpRow], k: int, 
                                  [r.seq.kv_slot_tensor(r.fresh + m) for r, m in zip(seqs, mine)],
                                  torch.tensor([m[-1] for m in mine], dtype=torch.long))
             h = mtp(model.model.embed_tokens(chain.input_ids), h, model.rotary, chain, pool)
-            for i, t in zip(drafting, _argmax(model, h)):
+            for i, t in zip(drafting, model.mtp.draft_tokens(model.lm_head, h)):
                 out[i].append(t)
     finally:
         give_back(lent)
     return out
 
-
-def _argmax(model, h: torch.Tensor) -> list[int]:
-    """The draft tokens: the lm_head's argmax, over the draft vocabulary when there is one."""
-    head = model.mtp.draft_head
-    if head is None:
-        return projection_linear(model.lm_head, h).argmax(-1).tolist()
-    return model.mtp.draft_ids[projection_linear(head, h).argmax(-1)].tolist()

@@ -13,6 +13,7 @@ import torch
 
 from rvascend.engine import Engine, EngineConfig, Grammar, SamplingParams
 from rvascend.engine import engine as engine_module
+from rvascend.engine import model_runner
 from rvascend.engine.ngram_draft import PAUSE_STEPS, DraftBudget, NgramIndex
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.models.loader import load_model
@@ -222,17 +223,18 @@ def test_a_failed_verify_step_changes_nothing(model, monkeypatch):
             # Beside a prompt that asks for its log-probabilities: computed after the sampling.
             other = engine.add_request(list(range(3, 30)), SamplingParams(max_tokens=1, logprobs=0,
                                                                          logprob_start_len=0))
-            engine._admit()
-            free, generator = sorted(engine._free_slots), seq.generator.get_state().clone()
+            with engine.scheduler.lock:
+                engine.scheduler.admit()
+            free, generator = sorted(engine.scheduler.free_slots), seq.generator.get_state().clone()
             plan = engine._prepare([(seq, 1 + len(seq.draft)), (other, len(other.prompt_ids))])
-            real = engine_module._prompt_logprobs
-            monkeypatch.setattr(engine_module, "_prompt_logprobs", boom)
+            real = model_runner.prompt_logprobs
+            monkeypatch.setattr(model_runner, "prompt_logprobs", boom)
             with pytest.raises(RuntimeError, match="injected"):
                 engine._run(plan)
-            monkeypatch.setattr(engine_module, "_prompt_logprobs", real)
+            monkeypatch.setattr(model_runner, "prompt_logprobs", real)
             assert len(plan.rows[0].sampled) >= 1  # it had drawn
             engine._abandon(plan)
-            assert sorted(engine._free_slots) == free and torch.equal(seq.generator.get_state(), generator)
+            assert sorted(engine.scheduler.free_slots) == free and torch.equal(seq.generator.get_state(), generator)
             failures += 1
         engine.step()
     assert failures == 3 and seq.output_ids == want
@@ -260,7 +262,8 @@ def test_constrained_requests_draft_within_their_grammar(model):
     assert engine.stats()["spec_accepted_tokens"] > 0
     seq = engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0, grammar=grammar,
                                                     grammar_after=(tokenizer.encode("x")[-1],)))
-    engine._admit()
+    with engine.scheduler.lock:
+        engine.scheduler.admit()
     assert not seq.grammar_active and engine._draft(seq) == []
 
 

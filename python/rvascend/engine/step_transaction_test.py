@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams, sampler
-from rvascend.engine import engine as engine_module
+from rvascend.engine import model_runner
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.engine.sequence import Status
 from rvascend.models.loader import load_model
@@ -34,9 +34,9 @@ def _engine(model, **config) -> Engine:
 
 
 def _snapshot(engine: Engine) -> dict:
-    seqs = sorted(engine._running, key=lambda s: s.id)
+    seqs = sorted(engine.scheduler.running, key=lambda s: s.id)
     return {
-        "free": sorted(engine._free_slots), "reserved": engine._reserved,
+        "free": sorted(engine.scheduler.free_slots), "reserved": engine.scheduler.reserved,
         "cache": (engine.cache.size, engine.cache.locked_size) if engine.cache else None,
         "seqs": [(s.id, list(s.slots), s.prefilled, list(s.output_ids), s.status, s.finish_reason, s.emitted,
                   s.reserved, len(s.token_times), len(s.input_logprobs),
@@ -60,8 +60,9 @@ def _mid_flight(model) -> tuple[Engine, list]:
 
 
 def _work(engine: Engine) -> list:
-    decoding = [s for s in engine._running if not s.prefilling]
-    return [(s, 1) for s in decoding] + engine._prefill_chunk([s for s in engine._running if s.prefilling])
+    decoding = [s for s in engine.scheduler.running if not s.prefilling]
+    return [(s, 1) for s in decoding] + engine.scheduler.prefill_chunk([s for s in engine.scheduler.running if s.prefilling],
+                                                                   engine.config.chunked_prefill_size)
 
 
 @pytest.mark.parametrize("stage", ["take_slots", "forward", "sampling", "prompt_logprobs"])
@@ -73,7 +74,7 @@ def test_a_failure_before_commit_changes_nothing(model, stage, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError(f"injected failure in {stage}")
     if stage == "take_slots":
-        monkeypatch.setattr(engine, "_take_slots", boom)
+        monkeypatch.setattr(engine.scheduler, "take_slots", boom)
     elif stage == "forward":
         monkeypatch.setattr(engine.model, "forward", boom)
     elif stage == "sampling":
@@ -83,11 +84,11 @@ def test_a_failure_before_commit_changes_nothing(model, stage, monkeypatch):
         def sample_then_fail(*args, **kwargs):
             real(*args, **kwargs)
             raise RuntimeError("injected")
-        monkeypatch.setattr(engine, "_greedy_tokens", lambda *a: None)
+        monkeypatch.setattr(engine.runner, "greedy_tokens", lambda *a: None)
         monkeypatch.setattr(sampler, "sample", sample_then_fail)
-        monkeypatch.setattr(engine_module, "_prompt_logprobs", boom)
+        monkeypatch.setattr(model_runner, "prompt_logprobs", boom)
     else:
-        monkeypatch.setattr(engine_module, "_prompt_logprobs", boom)
+        monkeypatch.setattr(model_runner, "prompt_logprobs", boom)
     plan = None
     with pytest.raises(RuntimeError, match="injected"):
         plan = engine._prepare(work)
@@ -105,7 +106,7 @@ def test_a_poisoned_sequence_fails_alone_and_the_others_answer_as_if_alone(model
     emitted = {s.id: [] for s in seqs}
     for s in seqs:
         s.on_output = lambda seq, out: emitted[seq.id].append(out)
-    real = engine_module._prompt_logprobs
+    real = model_runner.prompt_logprobs
     calls = [0]
 
     def poisoned(row, logits):
@@ -113,7 +114,7 @@ def test_a_poisoned_sequence_fails_alone_and_the_others_answer_as_if_alone(model
         if calls[0] <= 2:  # the mixed step and the poisoned sequence's own retry
             raise RuntimeError("poisoned prompt")
         return real(row, logits)
-    monkeypatch.setattr(engine_module, "_prompt_logprobs", poisoned)
+    monkeypatch.setattr(model_runner, "prompt_logprobs", poisoned)
     writes: list[list[int]] = []
     forward = engine.model.forward
 
@@ -131,7 +132,7 @@ def test_a_poisoned_sequence_fails_alone_and_the_others_answer_as_if_alone(model
         assert [o.token_id for o in outs] == s.output_ids[-len(outs):]   # each token emitted once
         assert [o.finished for o in outs].count(True) == 1 and outs[-1].finished
     assert engine.stats()["kv_used_tokens"] == 0 and engine.stats()["kv_reserved_tokens"] == 0
-    assert len(engine._free_slots) + engine.stats()["kv_cached_tokens"] == 512
+    assert len(engine.scheduler.free_slots) + engine.stats()["kv_cached_tokens"] == 512
 
 
 def test_seeded_and_greedy_answers_survive_a_failed_step(model, monkeypatch):
@@ -142,14 +143,14 @@ def test_seeded_and_greedy_answers_survive_a_failed_step(model, monkeypatch):
         a = engine.add_request(_prompt(20, 1), SamplingParams(max_tokens=16, temperature=1.0, seed=7))
         b = engine.add_request(_prompt(12, 2), SamplingParams(max_tokens=16, temperature=0))
         steps = [0]
-        real = engine._greedy_tokens
+        real = engine.runner.greedy_tokens
 
         def flaky(*args):
             steps[0] += 1
             if fail and steps[0] in (3, 7):
                 raise RuntimeError("transient failure")
             return real(*args)
-        monkeypatch.setattr(engine, "_greedy_tokens", flaky)
+        monkeypatch.setattr(engine.runner, "greedy_tokens", flaky)
         while engine.has_work():
             engine.step()
         return a, b, engine
@@ -157,7 +158,7 @@ def test_seeded_and_greedy_answers_survive_a_failed_step(model, monkeypatch):
     a1, b1, engine = run(True)
     assert a1.output_ids == a0.output_ids and b1.output_ids == b0.output_ids
     assert a1.finish_reason == b1.finish_reason == "length"
-    assert len(engine._free_slots) + engine.stats()["kv_cached_tokens"] == 512
+    assert len(engine.scheduler.free_slots) + engine.stats()["kv_cached_tokens"] == 512
 
 
 def test_commit_failure_of_one_client_fails_only_it(model):
@@ -210,7 +211,7 @@ def test_cached_kv_does_not_outlive_the_weights(model):
     while engine.has_work():
         engine.step()
     assert engine.stats()["kv_used_tokens"] == 0
-    assert len(engine._free_slots) + engine.stats()["kv_cached_tokens"] == 512
+    assert len(engine.scheduler.free_slots) + engine.stats()["kv_cached_tokens"] == 512
     invalidate_packed_weights(local)
     assert engine.generate([prompt], params)[0].cached_tokens == 0
     assert engine.stats()["cache_retirements"] == 2
@@ -292,7 +293,7 @@ def test_a_callback_that_raises_leaks_nothing(model, when):
     sequence's last token (which has already marked it finished), it once left
     the sequence's slots, reservation and prefix-cache lock held for good."""
     engine = _engine(model, max_total_tokens=96)
-    idle = {"free": len(engine._free_slots), "reserved": 0}
+    idle = {"free": len(engine.scheduler.free_slots), "reserved": 0}
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
     def callback(seq, out):
@@ -305,8 +306,8 @@ def test_a_callback_that_raises_leaks_nothing(model, when):
             break
         engine.step()
     assert all(s.status is Status.FINISHED for s in seqs)
-    assert engine._reserved == idle["reserved"] and engine.cache.locked_size == 0
-    assert len(engine._free_slots) + engine.cache.evictable_size == idle["free"]
+    assert engine.scheduler.reserved == idle["reserved"] and engine.cache.locked_size == 0
+    assert len(engine.scheduler.free_slots) + engine.cache.evictable_size == idle["free"]
     assert all(not s.slots and s.reserved == 0 and s.cache_node is None for s in seqs)
     # The pool is whole: a request that needs all of it is served.
     (seq,) = engine.generate([_prompt(40, 9)], SamplingParams(max_tokens=56, temperature=0, ignore_eos=True))

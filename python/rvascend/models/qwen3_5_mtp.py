@@ -101,3 +101,10 @@ class MultiTokenPredictor(nn.Module):
         h, residual = self.layers[0](h, None, cos, sin, batch, pool)
         h, _ = self.norm.add_forward(h, residual)
         return h
+
+    def draft_tokens(self, lm_head: nn.Module, h: torch.Tensor) -> list[int]:
+        """The draft tokens of the head's outputs `h`: the lm_head's argmax, over the draft
+        vocabulary when there is one (restrict_draft_vocab)."""
+        if self.draft_head is None:
+            return projection_linear(lm_head, h).argmax(-1).tolist()
+        return self.draft_ids[projection_linear(self.draft_head, h).argmax(-1)].tolist()

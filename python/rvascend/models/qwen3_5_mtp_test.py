@@ -243,7 +243,7 @@ def test_a_draft_vocabulary_drafts_among_its_tokens_and_leaves_the_output(checkp
     h = torch.randn(5, model.config.hidden_size, dtype=torch.bfloat16)
     with torch.inference_mode():
         full = (h.float() @ model.lm_head.weight.float().T)[:, hot]
-        drafts = mtp_draft._argmax(model, h)
+        drafts = model.mtp.draft_tokens(model.lm_head, h)
     assert all(t in hot for t in drafts)
     for row, token in zip(full, drafts):  # the best of the subset, but for BF16 rounding
         assert row[hot.index(token)] >= row.max() - 0.01 * row.abs().max()
@@ -306,7 +306,7 @@ def test_a_draft_pass_that_fails_gives_its_lent_slots_back(checkpoint, monkeypat
                                               speculative_num_draft_tokens=3))
     seq = engine.add_request(prompt, params)
     engine.step()  # the prompt, and the head's first drafts
-    free = sorted(engine._free_slots)
+    free = sorted(engine.scheduler.free_slots)
     calls = []
     real = qwen3_5_mtp.MultiTokenPredictor.forward
 
@@ -321,7 +321,7 @@ def test_a_draft_pass_that_fails_gives_its_lent_slots_back(checkpoint, monkeypat
     with pytest.raises(RuntimeError, match="injected"):
         engine._run(plan)
     engine._abandon(plan)
-    assert sorted(engine._free_slots) == free and len(calls) == 2
+    assert sorted(engine.scheduler.free_slots) == free and len(calls) == 2
     monkeypatch.undo()
     while engine.has_work():
         engine.step()

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine import engine as engine_module
+from rvascend.engine import model_runner
 from rvascend.engine.sequence import Status
 from rvascend.models import qwen3_5
 from rvascend.models.loader import load_model
@@ -275,8 +275,8 @@ def test_a_failed_hybrid_verify_step_leaves_the_states_it_read(pair, monkeypatch
     held = (seq.state_slot, list(seq.spare_state_slots))
     plan = engine._prepare([(seq, 1 + len(engine._draft(seq)))])
     assert plan.batch.state_token_slots is not None
-    monkeypatch.setattr(engine_module.sampler, "sample", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
-    monkeypatch.setattr(engine, "_greedy_tokens", lambda *a: (_ for _ in ()).throw(RuntimeError("x")))
+    monkeypatch.setattr(model_runner.sampler, "sample", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
+    monkeypatch.setattr(engine.runner, "greedy_tokens", lambda *a: (_ for _ in ()).throw(RuntimeError("x")))
     with pytest.raises(RuntimeError):
         engine._run(plan)
     engine._abandon(plan)

@@ -1,0 +1,192 @@
+"""The model side of a step: the KV pool and recurrent states, the batch of a step's
+rows, the forward pass and every row's sampling (SGLang's ModelRunner).
+
+It is the only engine module that touches `dispatch` (which kernel a call takes, and
+the weights' generation, which retires the prefix cache when the weights change).
+`prepare` and `run` change nothing a client or another step can see: the step's
+commit (engine.py) does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+from absl import logging
+
+from rvascend import ops
+from rvascend.dispatch import weights_generation
+from rvascend.dispatch.kernel_routes import routes_of
+from rvascend.engine import sampler
+from rvascend.engine.grammar import GrammarBackend
+from rvascend.engine.sequence import Sequence
+from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
+from rvascend.models.state_pool import RecurrentStatePool
+
+
+@dataclasses.dataclass
+class Row:
+    """What one sequence contributes to a step and gets back from it."""
+
+    seq: Sequence
+    new: int                      # tokens it runs this step
+    prefill: bool                 # they are prompt tokens
+    fresh: list[int]              # slots taken for them
+    input_rows: list[int] = dataclasses.field(default_factory=list)  # logit rows of prompt log-probabilities
+    sample_row: Optional[int] = None  # logit row its next token is sampled from
+    drafts: int = 0               # draft tokens it verifies: rows sample_row .. sample_row + drafts
+    # Results, filled by run():
+    input_logprobs: list = dataclasses.field(default_factory=list)
+    sampled: list[sampler.Sampled] = dataclasses.field(default_factory=list)  # one, or the accepted run
+    error: Optional[str] = None
+    appended: int = 0             # of `sampled`, the tokens the commit appended (an end drops the rest)
+    next_draft: Optional[list[int]] = None  # NEXTN: the MTP head's draft for its next step
+
+
+@dataclasses.dataclass
+class Plan:
+    rows: list[Row]
+    batch: ForwardBatch
+    generator_states: list[tuple[torch.Generator, torch.Tensor]]
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, pool_slots: int, state_slots: int, keep_hidden: bool) -> None:
+        self.model = model
+        dtype = next(model.parameters()).dtype
+        mtp = getattr(model, "mtp", None)
+        self.pool = KVPool(model.config, pool_slots, dtype, extra_layers=len(mtp.layers) if mtp is not None else 0)
+        self.states: Optional[RecurrentStatePool] = None
+        if model.config.linear_attention is not None:
+            self.states = self.pool.states = RecurrentStatePool(model.config, state_slots, dtype)
+            logging.info("recurrent states: %d slots of %.1f MiB", state_slots,
+                         RecurrentStatePool.bytes_per_slot(model.config, dtype) / 2**20)
+        self.keep_hidden = keep_hidden  # NEXTN: the MTP head reads the final hidden states
+        self.last_batch_rows = 0
+        weights_generation.watch(model)
+
+    def weights_generation(self) -> int:
+        """Changes whenever the model's weights do (load_state_dict, repacking)."""
+        return weights_generation.current(self.model)
+
+    def prepare(self, work: list[tuple[Sequence, int]], fresh: list[int]) -> Plan:
+        """The batch of `work` (sequence, tokens it runs), its new tokens' K/V in `fresh`."""
+        rows, ids, positions, new_lens, prefix_lens, kv_slots, logit_rows = [], [], [], [], [], [], []
+        offset = 0
+        for seq, n in work:
+            prefill = seq.prefilling
+            new = seq.prompt_ids[seq.prefilled:seq.prefilled + n] if prefill else [seq.last_token] + seq.draft[:n - 1]
+            start = seq.prefilled if prefill else seq.num_tokens - 1
+            row = Row(seq, len(new), prefill, fresh[:len(new)])
+            del fresh[:len(new)]
+            ids.extend(new)
+            positions.extend(range(start, start + len(new)))
+            new_lens.append(len(new))
+            prefix_lens.append(start)
+            kv_slots.append(seq.kv_slot_tensor(row.fresh))
+            if prefill and seq.params.logprob_start_len >= 0:
+                # Row p's logits give the log-probability of prompt token p + 1.
+                first = max(start, seq.params.logprob_start_len - 1)
+                last = min(start + len(new), len(seq.prompt_ids) - 1)
+                row.input_rows = list(range(len(logit_rows), len(logit_rows) + max(0, last - first)))
+                logit_rows.extend(offset + p - start for p in range(first, last))
+            if not prefill:  # a decode row, and the drafts it verifies: every row's logits
+                row.sample_row, row.drafts = len(logit_rows), len(new) - 1
+                logit_rows.extend(range(offset, offset + len(new)))
+            elif start + len(new) == len(seq.prompt_ids):
+                row.sample_row = len(logit_rows)
+                logit_rows.append(offset + len(new) - 1)
+            offset += len(new)
+            rows.append(row)
+        write = [s for row in rows for s in row.fresh]
+        hybrid = self.states is not None
+        if len(ids) == len(rows) and logit_rows == list(range(len(ids))):
+            logit_rows = None  # every sequence's one row: forward's default, without a gather
+        # A verify row's token j < k leaves its states in spare slot j, its last token in spare slot k.
+        token_slots = [s for r in rows for s in (r.seq.spare_state_slots[:r.drafts] + [-1] if r.drafts else
+                                                 [-1] * r.new)] if hybrid and any(r.drafts for r in rows) else None
+        batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
+                             new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long),
+                             logit_rows=None if logit_rows is None else torch.tensor(logit_rows, dtype=torch.long),
+                             state_slots=[r.seq.spare_state_slots[r.drafts] for r in rows] if hybrid else None,
+                             state_read_slots=[r.seq.state_slot for r in rows] if hybrid else None,
+                             state_token_slots=token_slots, keep_hidden=self.keep_hidden)
+        states = [(r.seq.generator, r.seq.generator.get_state()) for r in rows if r.seq.generator is not None]
+        return Plan(rows, batch, states)
+
+    def run(self, plan: Plan, grammars: Optional[GrammarBackend], eos_ids: set[int]) -> None:
+        """The forward pass and every row's sampling, into the plan; nothing is committed.
+        A sequence whose logits cannot be sampled gets an error of its own."""
+        self.last_batch_rows = int(plan.batch.input_ids.shape[0])
+        constrained = [r for r in plan.rows if r.sample_row is not None and r.seq.matcher is not None
+                       and r.seq.grammar_active]
+        masks = grammars.masks_later([(r.seq.matcher, r.seq.draft[:r.drafts]) for r in constrained]) \
+            if constrained else None
+        with torch.inference_mode():
+            logits = self.model(plan.batch, self.pool)
+        allowed = dict(zip(map(id, constrained), masks.result())) if masks is not None else {}
+        sampling = [r for r in plan.rows if r.sample_row is not None]
+        sample_rows = [r.sample_row + i for r in sampling for i in range(r.drafts + 1)]
+        fast = self.greedy_tokens([r.seq for r in sampling], logits if sample_rows == list(range(logits.shape[0]))
+                                  else logits[sample_rows])
+        eos = tuple(eos_ids)
+        first = 0  # the row's first sample row in `fast`
+        for row in sampling:
+            seq = row.seq
+            try:
+                # Position by position, as decoding would draw them: the token of a drafted
+                # position is drawn from the target's own distribution there (greedy: its
+                # argmax), and the draft survives while they agree. The first disagreement
+                # is kept as the target's token; so is the token after an all-accepted draft.
+                # Drafts are one token each, so this is exact rejection sampling: the output
+                # is distributed as without drafts, and a seeded generator draws the same.
+                for i in range(row.drafts + 1):
+                    if fast is not None:
+                        if fast[first + i] < 0:
+                            raise sampler.SamplingError("the model produced NaN logits for this sequence")
+                        drawn = sampler.Sampled(fast[first + i])
+                    else:
+                        mask = allowed.get(id(row))
+                        drawn = sampler.sample(logits[row.sample_row + i], seq.params, seq.generator,
+                                               seq.prompt_ids, seq.output_ids + [t.token for t in row.sampled], eos,
+                                               None if mask is None else mask[i])
+                    row.sampled.append(drawn)
+                    if i == row.drafts or drawn.token != seq.draft[i]:
+                        break
+            except Exception as e:  # noqa: BLE001 - this sequence's logits, this sequence's failure
+                row.error = str(e) if isinstance(e, sampler.SamplingError) else \
+                    f"sampling failed: {type(e).__name__}: {e}"
+            first += row.drafts + 1
+        for row in plan.rows:
+            if row.input_rows:
+                row.input_logprobs = prompt_logprobs(row, logits)
+
+    def greedy_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> Optional[list[int]]:
+        """Every row's argmax in one kernel call when all rows are plain greedy and routed, else None."""
+        routes = routes_of(self.model)
+        if routes is None or not seqs or not all(sampler.plain_greedy(s.params, len(s.output_ids)) for s in seqs):
+            return None
+        if not routes.use("argmax", logits, rows=len(seqs)):
+            return None
+        return ops.elementwise.argmax(logits).tolist()
+
+
+def prompt_logprobs(row: Row, logits: torch.Tensor) -> list[tuple[int, Optional[float], Optional[list]]]:
+    """(token, logprob, top logprobs) of the prompt tokens `row`'s input rows predict;
+    the prompt's first token, which nothing predicts, gets None."""
+    seq = row.seq
+    out: list[tuple[int, Optional[float], Optional[list]]] = []
+    first_predicted = max(seq.prefilled, seq.params.logprob_start_len - 1) + 1
+    if seq.prefilled == 0 and seq.params.logprob_start_len == 0:
+        out.append((seq.prompt_ids[0], None, None))
+    k = seq.params.logprobs or 0
+    for i, r in enumerate(row.input_rows):
+        token = seq.prompt_ids[first_predicted + i]
+        lp = sampler.log_softmax(logits[r].float())
+        top = None
+        if k:
+            values, ids = lp.topk(k)
+            top = [(int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist())]
+        out.append((token, float(lp[token]), top))
+    return out

@@ -1,0 +1,283 @@
+"""Admission and memory: the request queues, the KV pool's free slots and reservations,
+the recurrent-state slots and the prefix cache (SGLang's scheduler and its allocators).
+
+FCFS admission against the KV pool: KV memory is reserved at admission for prompt +
+max_tokens, so a running request never runs out of slots; requests wait until their
+reservation fits. The reservation stays prompt + max_tokens, cached part included: every
+slot a running request refers to is counted in its own reservation, so shared slots
+never overcommit the pool (sharing saves compute and time to first token, not admission
+room). A hybrid model's sequence also holds recurrent-state slots (engine.py says how
+many and why) from admission to release.
+
+The prefix cache (prefix_cache.py) keeps the K/V of finished and fully prefilled
+prompts; a new request starts prefilling after the longest cached prefix of its prompt.
+Cached slots nobody uses are evicted when the free list runs dry. When the model's
+weights change the cache is retired before the next step.
+
+Every method but `lock`'s own users expects the caller to hold `lock`.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Optional
+
+from absl import logging
+
+from rvascend.engine.prefix_cache import PrefixCache, common_prefix_len
+from rvascend.engine.sequence import Output, Sequence, Status
+
+# Shared uncached prompt tokens that make a request wait for another one's prefill.
+SHARED_PREFILL_WAIT = 32
+
+
+class Scheduler:
+    def __init__(self, max_running: int, max_prefill_tokens: int, pool_slots: int, state_slots_each: int,
+                 state_slots: int, cache: Optional[PrefixCache], weights_generation: int) -> None:
+        self.max_running = max_running
+        self.max_prefill_tokens = max_prefill_tokens
+        self.pool_slots = pool_slots
+        self.lock = threading.Lock()
+        self.pending: collections.deque[Sequence] = collections.deque()  # added since the last step
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []
+        self.free_slots = list(range(pool_slots - 1, -1, -1))
+        self.state_slots_each = state_slots_each
+        self.state_slots = state_slots
+        self.free_states = list(range(state_slots - 1, -1, -1))
+        self.cache = cache
+        self.reserved = 0
+        self.weights_generation = weights_generation  # of the weights the cached K/V were computed with
+
+    # -- queues ----------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        return len(self.pending) + len(self.waiting) + len(self.running)
+
+    def stats(self) -> dict[str, float]:
+        cache = self.cache
+        evictable = cache.evictable_size if cache else 0
+        return {"running": len(self.running), "waiting": len(self.waiting) + len(self.pending),
+                "kv_used_tokens": self.pool_slots - len(self.free_slots) - evictable,
+                "kv_cached_tokens": cache.size if cache else 0,
+                "kv_locked_tokens": cache.locked_size if cache else 0,
+                "state_slots_free": len(self.free_states), "state_slots_total": self.state_slots,
+                "kv_reserved_tokens": self.reserved, "kv_total_tokens": self.pool_slots,
+                "cache_hit_rate": cache.hit_rate if cache else 0.0,
+                "cache_retirements": cache.retirements if cache else 0}
+
+    def flush_cache(self) -> bool:
+        """Empties the prefix cache; refused (False) while requests are queued or running."""
+        if self.cache is None:
+            return True
+        if self.queued:
+            return False
+        freed = self.cache.flush()
+        if freed is None:
+            return False
+        self.free_slots.extend(freed)
+        return True
+
+    def retire_stale_cache(self, generation: int) -> None:
+        """Drops cached K/V computed with weights that have changed since."""
+        if generation == self.weights_generation:
+            return
+        self.weights_generation = generation
+        if self.cache is not None:
+            self.free_slots.extend(self.cache.retire())
+            logging.info("the model's weights changed: the prefix cache was emptied")
+
+    # -- admission ----------------------------------------------------------------------
+    def admit(self) -> list[Sequence]:
+        """Admits waiting requests in arrival order while their reservations fit. A
+        request that shares a prefill under way steps aside (it will hit the cache
+        once that prefill is done) without holding up the requests behind it."""
+        admitted: list[Sequence] = []
+        deferred: list[Sequence] = []
+        tokens = 0
+        while self.waiting and len(self.running) + len(admitted) < self.max_running:
+            seq = self.waiting[0]
+            if self._shares_a_prefill_under_way(seq, admitted):
+                deferred.append(self.waiting.popleft())
+                continue
+            if self.reserved + seq.reservation > self.pool_slots:
+                break  # FCFS: the head waits for memory, nobody overtakes it
+            if self.state_slots and len(self.free_states) < self.state_slots_each:
+                break  # every slot held (unreachable while running requests <= max_running)
+            if admitted and tokens + len(seq.prompt_ids) > self.max_prefill_tokens:
+                break
+            self.waiting.popleft()
+            seq.reserved = seq.reservation
+            self.reserved += seq.reserved
+            tokens += len(seq.prompt_ids)
+            seq.status = Status.RUNNING
+            seq.weights_generation = self.weights_generation
+            self.take_state_slots(seq)
+            self._reuse_cached_prefix(seq)
+            admitted.append(seq)
+        self.waiting.extendleft(reversed(deferred))
+        return admitted
+
+    def take_state_slots(self, seq: Sequence) -> None:
+        """A hybrid model's sequence's recurrent-state slots, from admission to release (the
+        caller has checked there are enough)."""
+        if self.state_slots:
+            seq.state_slot = self.free_states.pop()
+            seq.spare_state_slots = [self.free_states.pop() for _ in range(self.state_slots_each - 1)]
+
+    def _shares_a_prefill_under_way(self, seq: Sequence, admitted: list[Sequence]) -> bool:
+        """Whether a request being prefilled is computing at least SHARED_PREFILL_WAIT
+        prompt tokens `seq` starts with. Then `seq` waits for it (SGLang's in-batch prefix
+        caching): prefilling the same tokens twice would only slow both down, and once
+        they are cached `seq` prefills only its own rest."""
+        if self.cache is None:
+            return False
+        for other in [*self.running, *admitted]:
+            if other.prefilling:
+                shared = common_prefix_len(other.prompt_ids, seq.prompt_ids[:cacheable(seq)])
+                if shared >= other.cached_tokens + SHARED_PREFILL_WAIT:
+                    return True
+        return False
+
+    def _reuse_cached_prefix(self, seq: Sequence) -> None:
+        """Starts `seq` after the longest cached prefix of its prompt."""
+        if self.cache is None:
+            return
+        slots, node = self.cache.match(seq.prompt_ids[:cacheable(seq)])
+        self.cache.lock(node)
+        seq.cache_node = node
+        seq.slots = list(slots)
+        seq.prefilled = seq.cached_tokens = len(slots)
+        self.cache.hit_tokens += len(slots)
+        self.cache.queried_tokens += len(seq.prompt_ids)
+
+    @staticmethod
+    def prefill_chunk(prefilling: list[Sequence], budget: Optional[int]) -> list[tuple[Sequence, int]]:
+        """(sequence, prompt tokens to prefill now), in arrival order, within `budget`
+        prompt tokens (None or <= 0: whole prompts)."""
+        if budget is None or budget <= 0:
+            return [(s, len(s.prompt_ids) - s.prefilled) for s in prefilling]
+        work = []
+        for seq in prefilling:
+            n = min(len(seq.prompt_ids) - seq.prefilled, budget)
+            work.append((seq, n))
+            budget -= n
+            if budget == 0:
+                break
+        return work
+
+    # -- slots ---------------------------------------------------------------------------
+    def take_slots(self, n: int) -> list[int]:
+        """n free slots, evicting unused cached prefixes if the free list is short."""
+        if len(self.free_slots) < n and self.cache is not None:
+            self.free_slots.extend(self.cache.evict(n - len(self.free_slots)))
+        if len(self.free_slots) < n:  # the reservations make this unreachable
+            raise RuntimeError(f"the KV pool has {len(self.free_slots)} free slots, {n} needed")
+        taken = self.free_slots[len(self.free_slots) - n:]
+        del self.free_slots[len(self.free_slots) - n:]
+        taken.reverse()
+        return taken
+
+    def lend(self, n: int) -> list[int]:
+        """Up to n free slots for the step's own scratch (given back before it commits)."""
+        n = min(n, len(self.free_slots))
+        taken = self.free_slots[len(self.free_slots) - n:]
+        del self.free_slots[len(self.free_slots) - n:]
+        return taken
+
+    def keep(self, seq: Sequence, fresh: list[int], kept: int, newest_state: int) -> None:
+        """A step's commit for `seq`: it keeps the first `kept` of the step's `fresh` K/V slots
+        (the rest go back) and the states after its last kept token, in its spare state slot
+        `newest_state` (the one it read from becomes a spare)."""
+        seq.slots.extend(fresh[:kept])
+        self.free_slots.extend(reversed(fresh[kept:]))
+        if self.state_slots:
+            newest = seq.spare_state_slots[newest_state]
+            seq.spare_state_slots = [s for s in seq.spare_state_slots if s != newest] + [seq.state_slot]
+            seq.state_slot = newest
+
+    # -- the prefix cache ------------------------------------------------------------------
+    def cache_tokens(self, seq: Sequence) -> None:
+        """Gives the K/V `seq` has written to the prefix cache and moves its lock to
+        their end. Where the tree had the same tokens already, `seq` switches to the
+        tree's slots and frees its own copies. K/V of weights that have changed
+        since the sequence was admitted are never cached."""
+        if seq.weights_generation != self.weights_generation:
+            return
+        tokens = (seq.prompt_ids + seq.output_ids)[:len(seq.slots)]
+        node, tree_slots = self.cache.insert(tokens, seq.slots)
+        self.free_slots.extend(s for s, t in zip(seq.slots, tree_slots) if s != t)
+        seq.slots = tree_slots
+        self.cache.lock(node)
+        if seq.cache_node is not None:
+            self.cache.unlock(seq.cache_node)
+        seq.cache_node = node
+
+    def cache_or_fail(self, seq: Sequence) -> None:
+        """Caches the prompt `seq` has prefilled; if that fails, `seq` alone fails and gives
+        back what it holds."""
+        try:
+            self.cache_tokens(seq)
+        except Exception as e:  # noqa: BLE001 - this sequence's failure, not the step's
+            logging.exception("caching the prompt of sequence %d failed", seq.id)
+            self.running.remove(seq)
+            self.fail(seq, f"caching its prompt failed: {type(e).__name__}: {e}")
+
+    # -- endings -------------------------------------------------------------------------
+    def release(self, seq: Sequence) -> None:
+        """Returns whatever a sequence holds: slots, reservation, prefix-cache lock,
+        recurrent-state slots. Idempotent, and decided on what is held, not on the
+        sequence's status, so every way a sequence ends can call it. Its K/V go to the
+        prefix cache unless it failed (nothing of a request that errored is worth keeping)."""
+        if self.cache is not None:
+            if seq.error is None and seq.slots:
+                try:
+                    self.cache_tokens(seq)
+                except Exception:  # noqa: BLE001 - uncached, its slots are freed below as any others
+                    logging.exception("caching the tokens of sequence %d failed", seq.id)
+            if seq.cache_node is not None:
+                self.cache.unlock(seq.cache_node)
+                seq.cache_node = None
+            self.free_slots.extend(s for s in reversed(seq.slots) if not self.cache.holds(s))
+        else:
+            self.free_slots.extend(reversed(seq.slots))
+        seq.slots = []
+        self.reserved -= seq.reserved
+        seq.reserved = 0
+        if seq.state_slot is not None:
+            self.free_states += [*reversed(seq.spare_state_slots), seq.state_slot]
+            seq.state_slot, seq.spare_state_slots = None, []
+
+    def fail(self, seq: Sequence, message: str) -> None:
+        """Ends a sequence with an error the client sees."""
+        seq.error = message
+        self.finish(seq, "error", message)
+
+    def finish(self, seq: Sequence, reason: str, error: Optional[str] = None) -> None:
+        seq.finish_reason = reason
+        self.release(seq)
+        seq.status = Status.FINISHED
+        if seq.on_output is not None:
+            try:
+                seq.on_output(seq, Output("", None, True, reason, error=error))
+            except Exception:  # noqa: BLE001 - the client is gone; the engine goes on
+                logging.exception("the output callback of sequence %d failed", seq.id)
+
+    def drop_aborted(self) -> None:
+        for seq in [s for s in self.waiting if s.aborted]:
+            self.waiting.remove(seq)
+            self.finish(seq, "abort")
+        for seq in [s for s in self.running if s.aborted]:
+            self.running.remove(seq)
+            self.finish(seq, "abort")
+
+
+def cacheable(seq: Sequence) -> int:
+    """How much of its prompt `seq` may take from the prefix cache: not the last
+    token (its logits give the first output token), and nothing from which it
+    wants prompt log-probabilities (they need the logits of the row before)."""
+    limit = len(seq.prompt_ids) - 1
+    if seq.params.logprob_start_len >= 0:
+        limit = min(limit, max(0, seq.params.logprob_start_len - 1))
+    return limit

@@ -1,0 +1,112 @@
+"""Speculative decoding's engine side: what each sequence drafts for a step, the MTP
+head's drafts for the next, and how the drafts did.
+
+The drafters are engine/ngram_draft.py (NGRAM: the request's own text) and
+engine/mtp_draft.py (NEXTN: Qwen3.5's MTP head). A decode row verifies its drafts in
+the same forward pass (model_runner.py samples every drafted position as decoding
+would, so the output is exactly decoding's); the step's commit (engine.py) keeps the
+run the target accepted and records it here.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, Optional
+
+import torch
+
+from rvascend.engine import mtp_draft
+from rvascend.engine.model_runner import Plan, Row
+from rvascend.engine.ngram_draft import DraftBudget, NgramIndex
+from rvascend.engine.sequence import Sequence
+
+ALGORITHMS = ("NGRAM", "NEXTN")
+
+
+class Speculator:
+    """One engine's drafting (None algorithm: off) and its acceptance counts."""
+
+    def __init__(self, algorithm: Optional[str], num_draft_tokens: int, ngram_min_window: int,
+                 ngram_max_window: int, has_mtp: bool, architecture: str) -> None:
+        if algorithm not in (None, *ALGORITHMS):
+            raise ValueError(f"--speculative-algorithm {algorithm!r} is not supported ({', '.join(ALGORITHMS)})")
+        if algorithm == "NEXTN" and not has_mtp:
+            raise ValueError(f"--speculative-algorithm NEXTN drafts with the checkpoint's MTP head, and this "
+                             f"{architecture} model was loaded without one (load_model(..., mtp=True))")
+        if algorithm is not None and not 1 <= num_draft_tokens <= 16:
+            raise ValueError("--speculative-num-draft-tokens must be 1 to 16")
+        if not 1 <= ngram_min_window <= ngram_max_window:
+            raise ValueError("the n-gram match windows need 1 <= min <= max")
+        self.algorithm = algorithm
+        self.num_draft_tokens = num_draft_tokens
+        self._windows = (ngram_min_window, ngram_max_window)
+        self.drafted = self.accepted = 0  # draft tokens verified, and accepted
+        # Verify steps by (drafts, accepted) per sequence: the acceptance-length distribution.
+        self.outcomes: collections.Counter[tuple[int, int]] = collections.Counter()
+
+    @property
+    def slots_per_sequence(self) -> int:
+        """The K/V rows (and, for hybrids, state slots) one sequence's verify step adds beyond
+        a decode step's."""
+        return self.num_draft_tokens if self.algorithm else 0
+
+    def draft(self, seq: Sequence, room: int, eos_ids: set[int]) -> list[int]:
+        """The tokens `seq` drafts for this step, at most `room`: none when speculation is
+        off, before its grammar applies, or where its drafts have been doing badly; under a
+        grammar, only the draft's prefix the grammar allows, ending at its first EOS."""
+        seq.draft = []
+        if self.algorithm is None or (seq.matcher is not None and not seq.grammar_active):
+            return seq.draft
+        if seq.draft_budget is None:
+            seq.draft_budget = DraftBudget(self.num_draft_tokens)
+            if self.algorithm == "NGRAM":
+                seq.ngram = NgramIndex(*self._windows)
+        k = min(seq.draft_budget.next_k(), room)
+        if k > 0:
+            seq.draft = seq.mtp_draft[:k] if self.algorithm == "NEXTN" else \
+                seq.ngram.propose(seq.prompt_ids, seq.output_ids, k)
+            if seq.matcher is not None and seq.draft:
+                # Nothing follows an EOS under a grammar, and the matcher never takes a drafted
+                # EOS (GrammarBackend._draft_masks): the draft ends at its first one.
+                end = next((i + 1 for i, t in enumerate(seq.draft) if t in eos_ids), len(seq.draft))
+                seq.draft = seq.draft[:seq.matcher.validate_tokens(seq.draft[:end])]
+        return seq.draft
+
+    def record(self, row: Row) -> None:
+        """How a verify row's drafts did (a failed row accepted none)."""
+        accepted = len(row.sampled) - 1 if row.error is None else 0
+        row.seq.draft_budget.record(row.drafts, accepted)
+        self.drafted += row.drafts
+        self.accepted += accepted
+        self.outcomes[(row.drafts, accepted)] += 1
+
+    def mtp_drafts(self, model, pool, plan: Plan, context_length: int,
+                   lend: Callable[[int], list[int]], give_back: Callable[[list[int]], None]) -> None:
+        """NEXTN: the MTP head's extend pass over this step's kept positions and its drafts for
+        the sequences' next steps (engine/mtp_draft.py), into the rows; nothing is committed."""
+        if self.algorithm != "NEXTN":
+            return
+        rows, mtp_rows, start = [], [], 0
+        for row in plan.rows:
+            seq, first = row.seq, start
+            start += row.new
+            if row.error is not None:
+                continue
+            if row.prefill:  # every prompt position; the last one's next token is the sample
+                end = seq.prefilled + row.new
+                after = seq.prompt_ids[seq.prefilled + 1:end + 1]
+                if end == len(seq.prompt_ids):
+                    if not row.sampled:
+                        continue
+                    after = after + [row.sampled[0].token]
+                mtp_rows.append(mtp_draft.MtpRow(seq, first, row.new, after, row.fresh, row.sample_row is not None))
+            else:  # the input token and the accepted drafts; the next tokens are what was drawn
+                kept = len(row.sampled)
+                mtp_rows.append(mtp_draft.MtpRow(seq, first, kept, [s.token for s in row.sampled], row.fresh[:kept],
+                                                 True))
+            rows.append(row)
+        with torch.inference_mode():
+            drafts = mtp_draft.draft(model, pool, plan.batch, mtp_rows, self.num_draft_tokens, context_length, lend,
+                                     give_back)
+        for row, d in zip(rows, drafts):
+            row.next_draft = d
