@@ -1,5 +1,6 @@
-"""The FastAPI application: the OpenAI-compatible, SGLang-native and admin endpoints
-(openai_api.py, native_api.py, admin_api.py) over one engine thread."""
+"""The FastAPI application: the OpenAI-compatible, Anthropic Messages, SGLang-native and
+admin endpoints (openai_api.py, responses_api.py, anthropic_api.py, native_api.py,
+admin_api.py) over one engine thread."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from rvascend.engine import Engine
 from rvascend.policy import RvvPolicy
 from rvascend.server import limits, tool_calls
 from rvascend.server.admin_api import admin_routes
+from rvascend.server.anthropic_api import anthropic_routes
 from rvascend.server.chat_output import REASONING_PARSERS
 from rvascend.server.context import ServerContext
 from rvascend.server.metrics import ServerMetrics
 from rvascend.server.native_api import native_routes
 from rvascend.server.openai_api import openai_routes
 from rvascend.server.responses import error
+from rvascend.server.responses_api import responses_routes
 
 DEFAULT_WATCHDOG_SECONDS = 300.0
 
@@ -69,6 +72,6 @@ def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = No
     # bytes a character) are refused before they are parsed.
     app.add_middleware(limits.RequestGuard, api_key=api_key, body_limit=8 * ctx.max_prompt_bytes + (1 << 20),
                        allowed_hosts=allowed_hosts)
-    for routes in (openai_routes, native_routes, admin_routes):
+    for routes in (openai_routes, responses_routes, anthropic_routes, native_routes, admin_routes):
         app.include_router(routes(ctx))
     return app

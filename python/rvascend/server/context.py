@@ -67,6 +67,16 @@ class ServerContext:
     def max_tokens_for(self, prompt_len: int, default: int, asked: Optional[int]) -> int:
         return asked if asked is not None else max(1, min(default, self.engine.context_length - prompt_len))
 
+    def bounded(self, pairs: list[tuple[list[int], SamplingParams]],
+                asked: Optional[int]) -> list[tuple[list[int], SamplingParams]]:
+        """The Responses and Messages APIs' output limit (max_output_tokens, max_tokens) is a
+        bound, and without one the answer may run to the end of the context (OpenAI's
+        default): either way at most what the context and the KV pool leave after the prompt.
+        At least 1, so that a prompt over the context gets the engine's 400 naming its length."""
+        room = min(self.engine.context_length, self.engine.config.max_total_tokens)
+        return [(ids, dataclasses.replace(params, max_tokens=max(1, min(asked or room, room - len(ids)))))
+                for ids, params in pairs]
+
     def record(self, endpoint: str, sub: Submission, status: str) -> None:
         self.metrics.requests.labels(endpoint, status).inc()
         for seq in sub.seqs:

@@ -16,6 +16,8 @@ from typing import Awaitable, Callable, Optional, Sequence
 
 from absl import logging
 
+from rvascend.server import anthropic_protocol
+
 ASGIApp = Callable[..., Awaitable[None]]
 
 # The API key in the environment: what --workers hands its servers and router, so the
@@ -52,8 +54,11 @@ def check_prompt_bytes(what: str, size: int, max_bytes: int, context_length: int
                          f"{context_length} tokens")
 
 
-async def send_json_error(send, status: int, message: str, kind: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+async def send_json_error(send, status: int, message: str, kind: str, path: str = "") -> None:
+    """The error in the shape of the API `path` belongs to (Anthropic's on its paths)."""
+    shape = anthropic_protocol.error_body(status, message) if path.startswith(anthropic_protocol.PATH_PREFIX) \
+        else {"error": {"message": message, "type": kind, "code": status}}
+    body = json.dumps(shape).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
                 + ([(b"connection", b"close")] if status >= 413 else [])})
@@ -144,6 +149,7 @@ class RequestGuard:
                  allowed_hosts: Optional[frozenset[str]] = None) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.key = api_key.encode() if api_key else None  # as Anthropic's clients send it, in x-api-key
         self.limit = body_limit
         self.allowed_hosts = allowed_hosts
 
@@ -158,7 +164,7 @@ class RequestGuard:
             host = host_name(headers.get(b"host", b"").decode("latin-1"))
             if host not in self.allowed_hosts:
                 await send_json_error(send, 421, f"Host {host!r} is not one this server answers to "
-                                      "(--allowed-hosts)", "invalid_request_error")
+                                      "(--allowed-hosts)", "invalid_request_error", path)
                 return
         # Browsers send Origin with every POST and every cross-site fetch; SDKs and curl
         # send none, and are served.
@@ -167,20 +173,23 @@ class RequestGuard:
             origin_text, host_text = origin.decode("latin-1"), headers.get(b"host", b"").decode("latin-1")
             if not same_origin(origin_text, host_text):
                 await send_json_error(send, 403, f"Origin {origin_text!r} is not this server ({host_text!r}): "
-                                      "requests from other sites' web pages are refused", "invalid_request_error")
+                                      "requests from other sites' web pages are refused", "invalid_request_error",
+                                      path)
                 return
         if self.expected is not None and guarded:
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
-                await send_json_error(send, 401, "missing or wrong API key", "authentication_error")
+            bearer = hmac.compare_digest(headers.get(b"authorization", b""), self.expected)
+            if not (hmac.compare_digest(headers.get(b"x-api-key", b""), self.key) or bearer):
+                await send_json_error(send, 401, "missing or wrong API key (Authorization: Bearer KEY, or "
+                                      "x-api-key: KEY)", "authentication_error", path)
                 return
         if method not in _SAFE_METHODS and guarded:
             problem = _body_problem(headers, method, path)
             if problem is not None:
-                await send_json_error(send, 415, problem, "invalid_request_error")
+                await send_json_error(send, 415, problem, "invalid_request_error", path)
                 return
         announced = headers.get(b"content-length", b"")
         if announced.isdigit() and int(announced) > self.limit:
-            await self._too_large(send, int(announced))
+            await self._too_large(send, int(announced), path)
             return
         received = 0
         started = too_large = False
@@ -215,11 +224,11 @@ class RequestGuard:
                 logging.exception("unhandled error in %s", scope["path"])
                 if started:
                     raise
-                await send_json_error(send, 500, f"internal error: {type(e).__name__}: {e}", "server_error")
+                await send_json_error(send, 500, f"internal error: {type(e).__name__}: {e}", "server_error", path)
                 return
         if too_large and not started:
-            await self._too_large(send, received)
+            await self._too_large(send, received, path)
 
-    async def _too_large(self, send, size: int) -> None:
+    async def _too_large(self, send, size: int, path: str) -> None:
         await send_json_error(send, 413, f"request body of {size} bytes exceeds the limit of {self.limit} bytes",
-                              "invalid_request_error")
+                              "invalid_request_error", path)

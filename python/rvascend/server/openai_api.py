@@ -55,39 +55,8 @@ def openai_routes(ctx: ServerContext) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         try:
-            req.check_supported()
+            pairs, split = await prepare_chat(ctx, req)
             logprobs = req.requested_logprobs()
-            messages = []
-            for i, m in enumerate(req.messages):
-                fields = m.template_fields()
-                limits.check_text(f"messages[{i}].content", fields["content"])
-                messages.append(fields)
-            if ctx.tokenizer is None:
-                raise limits.InputError("this server has no tokenizer: chat needs one")
-            tools = tool_calls.tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
-            add, cont, kwargs = req.template_options()
-            if tools is not None and tools.offered:
-                kwargs["tools"] = tools.offered  # as transformers' apply_chat_template(tools=...) passes them
-            # Off the event loop: a model file's template is untrusted code (its budget
-            # bounds the render, tokenizer/template_budget.py), and /health must not wait.
-            prompt = await asyncio.to_thread(ctx.tokenizer.apply_chat_template, messages, add, cont, kwargs)
-            ids = await ctx.tokenize("the chat prompt", prompt, add_special_tokens=False)
-            for s in req.stop_list():
-                limits.check_text("stop", s)
-            max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-            grammar = request_grammar(req.model_extra or {})
-            calls = tool_calls.call_grammar(tools, ctx.tool_call_parser) if tools is not None else None
-            if grammar is not None and calls is not None:
-                raise UnsupportedField("give one output constraint, not a response format and a required tool call")
-            grammar = await ctx.grammar(grammar or calls)
-            reasoning = ctx.reasoning_parser is not None
-            in_reasoning = reasoning and starts_in_reasoning(prompt)
-            after = ctx.reasoning_end_ids() if reasoning and grammar is not None and (
-                in_reasoning or not prompt.rstrip().endswith(THINK_END)) else ()
-            pairs = [(ids, req.sampling_params(ctx.max_tokens_for(len(ids), DEFAULT_CHAT_TOKENS, max_tokens),
-                                               logprobs, j, grammar, after)) for j in range(req.n)]
-            # Each choice splits its own text (reasoning, content, tool calls).
-            split = functools.partial(ChatOutput, reasoning, in_reasoning, tools, ctx.tool_call_parser)
         except BAD_INPUT as e:
             return error(400, str(e))
         return await _serve(ctx, "chat", pairs, req.n, req.stream, True, req.include_usage, logprobs is not None,
@@ -100,6 +69,49 @@ def openai_routes(ctx: ServerContext) -> APIRouter:
                                             "max_model_len": ctx.engine.context_length}]}
 
     return router
+
+
+async def prepare_chat(ctx: ServerContext, req: ChatCompletionRequest
+                       ) -> tuple[list[tuple[list[int], SamplingParams]], Callable[[], ChatOutput]]:
+    """A chat request's engine requests (prompt ids, sampling parameters) for each of its
+    choices, and the splitter of each choice's output (reasoning, content, tool calls).
+    The Responses and Messages APIs translate their requests into a ChatCompletionRequest
+    and come here too: one implementation of templates, tools and constraints. Raises
+    BAD_INPUT's errors (a 400)."""
+    req.check_supported()
+    logprobs = req.requested_logprobs()
+    messages = []
+    for i, m in enumerate(req.messages):
+        fields = m.template_fields()
+        limits.check_text(f"messages[{i}].content", fields["content"])
+        messages.append(fields)
+    if ctx.tokenizer is None:
+        raise limits.InputError("this server has no tokenizer: chat needs one")
+    tools = tool_calls.tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
+    add, cont, kwargs = req.template_options()
+    if tools is not None and tools.offered:
+        kwargs["tools"] = tools.offered  # as transformers' apply_chat_template(tools=...) passes them
+    # Off the event loop: a model file's template is untrusted code (its budget
+    # bounds the render, tokenizer/template_budget.py), and /health must not wait.
+    prompt = await asyncio.to_thread(ctx.tokenizer.apply_chat_template, messages, add, cont, kwargs)
+    ids = await ctx.tokenize("the chat prompt", prompt, add_special_tokens=False)
+    for s in req.stop_list():
+        limits.check_text("stop", s)
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    grammar = request_grammar(req.model_extra or {})
+    calls = tool_calls.call_grammar(tools, ctx.tool_call_parser) if tools is not None else None
+    if grammar is not None and calls is not None:
+        raise UnsupportedField("give one output constraint, not a response format and a required tool call")
+    grammar = await ctx.grammar(grammar or calls)
+    reasoning = ctx.reasoning_parser is not None
+    in_reasoning = reasoning and starts_in_reasoning(prompt)
+    after = ctx.reasoning_end_ids() if reasoning and grammar is not None and (
+        in_reasoning or not prompt.rstrip().endswith(THINK_END)) else ()
+    pairs = [(ids, req.sampling_params(ctx.max_tokens_for(len(ids), DEFAULT_CHAT_TOKENS, max_tokens),
+                                       logprobs, j, grammar, after)) for j in range(req.n)]
+    # Each choice splits its own text (reasoning, content, tool calls).
+    split = functools.partial(ChatOutput, reasoning, in_reasoning, tools, ctx.tool_call_parser)
+    return pairs, split
 
 
 async def _serve(ctx: ServerContext, endpoint: str, pairs: list[tuple[list[int], SamplingParams]], n: int,

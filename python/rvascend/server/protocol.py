@@ -228,6 +228,9 @@ class ChatMessage(_NullIsDefault):
     name: Optional[StrictStr] = None
     tool_calls: Optional[list[ToolCall]] = None  # an assistant's calls (OpenAI's shape)
     tool_call_id: Optional[StrictStr] = None     # a tool message's answer to that call
+    # An assistant's earlier reasoning (vLLM's field): templates that replay it (Qwen3's)
+    # render it, the others leave it out.
+    reasoning_content: Optional[StrictStr] = None
 
     def template_fields(self) -> dict[str, Any]:
         """The message as the chat template receives it."""
@@ -238,6 +241,8 @@ class ChatMessage(_NullIsDefault):
             fields["tool_calls"] = [c.template_fields() for c in self.tool_calls]
         if self.tool_call_id is not None:
             fields["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            fields["reasoning_content"] = self.reasoning_content
         return fields
 
     def text(self) -> str:

@@ -19,6 +19,9 @@ _BODIES = {
     "/generate": {"text": "hi", "sampling_params": {"max_new_tokens": 1}},
     "/tokenize": {"prompt": "hi"},
     "/detokenize": {"tokens": [5, 6]},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 1},
+    "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "hi"}]},
 }
 _OPEN = {"/health", "/metrics"}
 
@@ -52,7 +55,8 @@ def test_every_route_needs_the_key_except_health_and_metrics(server):
             continue
         assert anonymous.status_code == 401 and wrong.status_code == 401, (method, path, anonymous.text)
         assert anonymous.json()["error"]["type"] == "authentication_error"
-        assert keyed.status_code == 200, (method, path, keyed.text)
+        # With the key, a route naming an object (/v1/responses/{rid}) finds none of that name.
+        assert keyed.status_code == (404 if "{" in path else 200), (method, path, keyed.text)
     server.wait_idle()
 
 
