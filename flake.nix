@@ -32,32 +32,15 @@
         psutil openai prometheus-client tqdm matplotlib jinja2 httpx
       ]);
 
-      # The package sources plus the host extensions, built without Bazel.
+      # The package sources plus the host extensions, built without Bazel from the one
+      # source list Bazel's own compile actions make (toolchains/nix/host_extensions.json),
+      # by the builder the test suite runs too (rvascend/build/host_extensions.py).
       kernels = pkgs.stdenv.mkDerivation {
         name = "rvascend-kernels";
         src = self;
         nativeBuildInputs = [ python pkgs.llvmPackages_19.clang ];
         buildPhase = ''
-          inc="-I. -Iascend_kernels/recurrent_gated_delta_rule -Iascend_kernels/recurrent_gated_delta_rule/cpu_twin $(python -m pybind11 --includes)"
-          flags="-O3 -std=c++17 -fPIC -shared -fvisibility=hidden"
-          portable=""
-          for v in portable:"" portable_avx2:"-mavx2 -mfma" portable_avx512:"-mavx512f -mavx512bw -mavx512vl -mfma"; do
-            clang++ $flags -c $inc ''${v#*:} -DRVASCEND_PORTABLE_SUFFIX=''${v%%:*} rvv_kernels/linear/bf16_gemm_packed_portable.cc -o ''${v%%:*}.o
-            portable="$portable ''${v%%:*}.o"
-          done
-          clang++ $flags $inc -DRVASCEND_HAVE_X86_VARIANTS -mavx512bf16 -mavx512f -mavx512bw -mavx512vl \
-            rvv_kernels/linear/bf16_gemm_packed_8x32_avx512bf16.cc rvv_kernels/linear/bf16_gemm_packed_1x32_scalar.cc \
-            rvv_kernels/linear/bf16_packed_kernel_sets.cc rvv_kernels/base/cpu_features.cc \
-            rvv_kernels/linear/packed_layout.cc rvv_kernels/linear/packed_linear.cc rvv_kernels/base/thread_pool.cc \
-            rvv_kernels/attention/kv_pool_attention.cc rvv_kernels/attention/bf16_attention_row_portable.cc \
-            rvv_kernels/elementwise/elementwise.cc rvv_kernels/elementwise/bf16_elementwise_portable.cc \
-            rvv_kernels/decoder/decoder_layers.cc python/rvascend/ops/rvv_kernels_binding.cc \
-            $portable -o _rvv_kernels.so -lpthread
-          clang++ $flags $inc ascend_kernels/recurrent_gated_delta_rule/cpu/rgdr_cpu.cc \
-            ascend_kernels/recurrent_gated_delta_rule/cpu_twin/twin_launch.cc \
-            ascend_kernels/recurrent_gated_delta_rule/cpu_twin/twin_runtime.cc \
-            ascend_kernels/recurrent_gated_delta_rule/op_host/recurrent_gated_delta_rule_tiling.cpp \
-            rvv_kernels/base/thread_pool.cc python/rvascend/ops/rgdr_binding.cc -o _rgdr.so -lpthread
+          PYTHONPATH=python python -m rvascend.build.host_extensions --root . --out . --cxx clang++
         '';
         installPhase = ''
           mkdir -p $out/python/rvascend/_native
