@@ -90,6 +90,19 @@ def test_in_the_engine_only_the_model_runner_touches_dispatch():
     assert not reaching, "engine modules past the model runner into dispatch:\n" + "\n".join(sorted(reaching))
 
 
+def test_no_route_module_names_the_policy_even_for_type_checking():
+    """Routes get a RouteContext from the policy (dispatch/route_context.py); an import of
+    the policy under TYPE_CHECKING would hide the old runtime cycle from the graph above."""
+    named = []
+    for name, path in _modules().items():
+        if name.startswith("rvascend.dispatch"):
+            with open(path, encoding="utf-8") as f:
+                for node in ast.walk(ast.parse(f.read(), path)):
+                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rvascend.policy"):
+                        named.append(f"{name} (line {node.lineno}) imports {node.module}")
+    assert not named, "dispatch modules importing the policy:\n" + "\n".join(named)
+
+
 def test_every_subpackage_has_a_layer():
     subpackages = {d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "__init__.py"))}
     assert subpackages - {"_native"} == set(LAYERS)  # _native: the extensions ./dev setup installs

@@ -44,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import weakref
-from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional
+from typing import Iterator, NamedTuple, Optional
 
 import torch
 
@@ -52,9 +52,8 @@ from rvascend import ops
 from rvascend.ops.packed_linear import _native
 from rvascend.dispatch import kernel_routes, shape_gate
 from rvascend.dispatch.route import PACKED_BUFFER
+from rvascend.dispatch.route_context import RouteContext
 
-if TYPE_CHECKING:
-    from rvascend.policy.install import RvvPolicy
 
 FUSED_ATTR = "_rvv_fused_decoder"
 _data_ptr, _stride = torch.Tensor.data_ptr, torch.Tensor.stride
@@ -114,8 +113,8 @@ class FusedDecoder:
     """The fused decode path of one model (class attribute `rvv_fused_decoder = True`
     on the model marks the structure of models/decoder.py)."""
 
-    def __init__(self, policy: "RvvPolicy", model: torch.nn.Module) -> None:
-        self._policy = weakref.ref(policy)
+    def __init__(self, context: RouteContext, model: torch.nn.Module) -> None:
+        self.context = context
         config = model.config
         self.shape = dict(hidden=config.hidden_size, intermediate=config.intermediate_size,
                           heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
@@ -174,30 +173,30 @@ class FusedDecoder:
         [tokens, hidden]; the logits of its rows `logit_rows` (None: every row), [rows,
         vocab], or None where the model is to project them); or None: run the layers and
         that norm op by op."""
-        policy = self._policy()
+        context = self.context
         t = h.shape[0]
-        why = self._why_not(policy, h, t, batch, pool)
+        why = self._why_not(context, h, t, batch, pool)
         plan = None
         if why is None:
             plan = self._plan if self._plan is not None and self._plan.holds(pool) else None
             if plan is None and self._plan is not None and self._plan.pool_ref() is pool:
                 # A parameter, buffer or weight content changed under the same pool: K/V
                 # cached from the old weights are stale, declared or not.
-                policy.weights_changed()
+                context.weights_changed()
             if plan is None:
                 self._plan, why = _Plan.build(self, pool)
                 plan = self._plan
         if why is None and batch.prefill:
-            why = self._prefill_why_not(policy, plan, h, t, batch)
+            why = self._prefill_why_not(context, plan, h, t, batch)
         if why is not None:
-            policy.kernels.counters.record("decoder_layers", "fallback", t, why)
+            context.kernels.counters.record("decoder_layers", "fallback", t, why)
             return None
         kv_slots, kv_starts, q_starts = batch.flat_index()
         h = h if h.is_contiguous() else h.contiguous()
         cos, sin = cos.contiguous(), sin.contiguous()
         h_out, residual_out = torch.empty_like(h), torch.empty_like(h)
         m = t if logit_rows is None else logit_rows.shape[0]
-        head = self._head_route(policy, plan, m, logit_rows)
+        head = self._head_route(context, plan, m, logit_rows)
         logits = None if head is None else h.new_empty(m, self.vocab)
         index = batch.recurrent_index() if self.deltanet is not None else None
         plan.model.run(_native.DecoderStepArgs(
@@ -208,12 +207,12 @@ class FusedDecoder:
             head_rows=logit_rows if head is not None else None, logits=logits,
             kernel_set=ops.packed_linear._kernel_set, quant_kernel_set=ops.quantized_linear._kernel_set,
             num_threads=torch.get_num_threads(), stage_markers=self.stage_markers))
-        self._count(policy, t)
+        self._count(context, t)
         if head is not None:
-            policy.counters.record(head.projection, "packed", logits.shape[0])
+            context.counters.record(head.projection, "packed", logits.shape[0])
         return h_out, logits
 
-    def _head_route(self, policy: "RvvPolicy", plan: "_Plan", m: int, logit_rows: Optional[torch.Tensor]):
+    def _head_route(self, context: RouteContext, plan: "_Plan", m: int, logit_rows: Optional[torch.Tensor]):
         """The output projection's route when it runs in the call: where op by op would send
         these m rows to the same kernel."""
         if plan.head is None or m == 0:
@@ -225,15 +224,15 @@ class FusedDecoder:
         if route is None or getattr(route, "quantized", False) or route.owned is not None:
             return route  # the quantized bytes or the packed copy of record: every BF16 CPU call takes them
         weight = self.head._parameters["weight"]
-        which = policy.shape_gate
+        which = context.shape_gate
         if shape_gate.rows_gate(route.projection, m, weight.shape[0], weight.shape[1],
-                                policy.config.small_batch, which) is not None:
+                                context.small_batch, which) is not None:
             return None
         return route
 
     # -- when it runs ------------------------------------------------------------
-    def _why_not(self, policy: "RvvPolicy", h: torch.Tensor, t: int, batch, pool) -> Optional[str]:
-        if not policy.kernels.enabled:
+    def _why_not(self, context: RouteContext, h: torch.Tensor, t: int, batch, pool) -> Optional[str]:
+        if not context.kernels.enabled:
             return "kernels_off"
         if not self.layers:
             return "no_layers"
@@ -250,7 +249,7 @@ class FusedDecoder:
             return "write_slots"
         if batch.prefill:
             return "prefill_rows_out_of_range" if t > FUSED_PREFILL_ROWS else None  # the rest once planned
-        if t > 1 and not policy.config.small_batch:
+        if t > 1 and not context.small_batch:
             return "small_batch_off"
         if t > shape_gate.PREFILL_BUCKETS[-1]:
             return "rows_out_of_range"
@@ -264,20 +263,20 @@ class FusedDecoder:
         return None
 
     @staticmethod
-    def _prefill_why_not(policy: "RvvPolicy", plan: "_Plan", h: torch.Tensor, t: int, batch) -> Optional[str]:
+    def _prefill_why_not(context: RouteContext, plan: "_Plan", h: torch.Tensor, t: int, batch) -> Optional[str]:
         """Why op by op would take some other path for this prefill's rows, or None."""
-        why = policy.kernels.gate("kv_pool_attention", h, prefill_keys=batch.prefill_keys)
+        why = context.kernels.gate("kv_pool_attention", h, prefill_keys=batch.prefill_keys)
         if why is not None:
             return why
-        if policy.shape_gate != "bucketed":
+        if context.shape_gate != "bucketed":
             return None
         for projection, n, k in plan.row_gated:
-            why = shape_gate.rows_gate(projection, t, n, k, policy.config.small_batch)
+            why = shape_gate.rows_gate(projection, t, n, k, context.small_batch)
             if why is not None:
                 return f"{projection}_{why}"
         return None
 
-    def _count(self, policy: "RvvPolicy", t: int) -> None:
+    def _count(self, context: RouteContext, t: int) -> None:
         """The op-by-op path's counts, in bulk (one lock per counter set, the keys made once
         per row count)."""
         bulk = self._bulk.get(t)
@@ -287,8 +286,8 @@ class FusedDecoder:
                 for calls, route in ((self._projection_calls, "packed"), (self._kernel_calls, "kernel")))
             if len(self._bulk) < 64:  # decode batch sizes; a prompt's row counts vary without end
                 self._bulk[t] = bulk
-        policy.counters.record_bulk(*bulk[0])
-        policy.kernels.counters.record_bulk(*bulk[1])
+        context.counters.record_bulk(*bulk[0])
+        context.kernels.counters.record_bulk(*bulk[1])
 
 
 class _Plan:
@@ -481,10 +480,10 @@ class _Plan:
                                                  ops.packed_linear.FINGERPRINT_SAMPLES, torch.get_num_threads()) < 0
 
 
-def attach(model: torch.nn.Module, policy: "RvvPolicy") -> Optional[FusedDecoder]:
+def attach(model: torch.nn.Module, context: RouteContext) -> Optional[FusedDecoder]:
     if not getattr(type(model), "rvv_fused_decoder", False):
         return None
-    fused = FusedDecoder(policy, model)
+    fused = FusedDecoder(context, model)
     model.__dict__[FUSED_ATTR] = fused
     return fused
 

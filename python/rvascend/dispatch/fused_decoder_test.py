@@ -240,7 +240,8 @@ def test_what_op_by_op_would_route_elsewhere_runs_op_by_op(fusing_model, monkeyp
     assert kernels.calls("decoder_layers", "fallback", "prefill_rows_out_of_range") == 1
     monkeypatch.undo()
     # Rows the seed's gate leaves to F.linear (2-15 without small batches).
-    monkeypatch.setattr(policy, "config", dataclasses.replace(policy.config, small_batch=False))
+    fused = fused_decoder.fused_decoder_of(m)
+    monkeypatch.setattr(fused, "context", dataclasses.replace(fused.context, small_batch=False))
     decode_logits(m, step_batch([(0, 12)]), random_pool(m), fused=True)
     assert kernels.calls("decoder_layers", "fallback", "qkv_proj_small_batch_off") == 1
     monkeypatch.undo()

@@ -12,13 +12,12 @@ weight replaced on the module is read at the next call.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from rvascend.policy.install import RvvPolicy
+from rvascend.dispatch.route_context import RouteContext
 
 ROUTE_ATTR = "_rvv_route"
 
@@ -26,8 +25,8 @@ ROUTE_ATTR = "_rvv_route"
 class QuantizedRoute:
     quantized = True
 
-    def __init__(self, policy: "RvvPolicy", module: nn.Module, name: str, projection: str) -> None:
-        self._policy = weakref.ref(policy)
+    def __init__(self, context: RouteContext, module: nn.Module, name: str, projection: str) -> None:
+        self.context = context
         self._module = weakref.ref(module)
         self.name = name
         self.projection = projection
@@ -49,7 +48,7 @@ class QuantizedRoute:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         module = self._module()
-        policy = self._policy()
+        counters = self.context.counters
         rows = x.numel() // module.in_features if module.in_features else 0
         why: Optional[str] = None
         if x.device.type != "cpu":
@@ -59,7 +58,7 @@ class QuantizedRoute:
         elif torch.is_grad_enabled() and x.requires_grad:
             why = "grad_required"
         if why is not None:
-            policy.counters.record(self.projection, "fallback", rows, why)
+            counters.record(self.projection, "fallback", rows, why)
             return module.dequantized_linear(x)
-        policy.counters.record(self.projection, "packed", rows)
+        counters.record(self.projection, "packed", rows)
         return module.quantized_linear(x)

@@ -17,7 +17,7 @@ import itertools
 import sys
 import types
 import weakref
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +26,8 @@ from torch import nn
 from rvascend import ops
 from rvascend.dispatch import shape_gate
 from rvascend.dispatch.packed_source import PackedWeightSource
+from rvascend.dispatch.route_context import RouteContext
 
-if TYPE_CHECKING:
-    from rvascend.policy.install import RvvPolicy
 
 PACKED_BUFFER = "_rvv_packed_weight"
 SHAPE_BUFFER = "_rvv_weight_shape"  # while the packed copy is the weight (take_weight)
@@ -46,8 +45,8 @@ class ProjectionRoute:
     """Routes `module`'s linear calls; holds the module by weak reference only,
     so a model with the policy installed is freed like any other."""
 
-    def __init__(self, policy: "RvvPolicy", module: nn.Module, name: str, projection: str) -> None:
-        self._policy = weakref.ref(policy)
+    def __init__(self, context: RouteContext, module: nn.Module, name: str, projection: str) -> None:
+        self.context = context
         self._module = weakref.ref(module)
         self.name = name
         self.projection = projection
@@ -241,9 +240,7 @@ class ProjectionRoute:
         why = self.source.mismatch(weight)
         if why is not None and not self.stale_reported:
             self.stale_reported = True
-            policy = self._policy()
-            if policy is not None:
-                policy.weights_changed()
+            self.context.weights_changed()
         if why is None and self.source.layout_version != ops.LAYOUT_VERSION:
             why = "layout_version_changed"
         if why is not None:
@@ -259,55 +256,52 @@ class ProjectionRoute:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.owned is not None:
             return self._call_owned(x)
-        module = self._module()
-        policy = self._policy()
+        module, context = self._module(), self.context
         weight = module.weight
         bias = getattr(module, "bias", None)
         k = weight.shape[-1]
         rows = x.numel() // k if k and x.shape[-1] == k else 0
-        config = policy.config
-        which = policy.shape_gate
+        which = context.shape_gate
         if which == "invariant" and _fp32_inference(x, weight, bias):
-            policy.counters.record(self.projection, "fp32_invariant", rows)
+            context.counters.record(self.projection, "fp32_invariant", rows)
             return ops.f32_linear(x, weight, bias)
         # Under the invariant gate a BF16 bias is added after the packed product.
         added = bias if which == "invariant" and bias is not None and invariant_bias(bias, weight.shape[0]) \
             and not _grad_needed(bias) else None
-        why = shape_gate.gate(self.projection, x, weight, bias if added is None else None, config.small_batch, which)
+        why = shape_gate.gate(self.projection, x, weight, bias if added is None else None, context.small_batch, which)
         if why is not None:
-            policy.counters.record(self.projection, "fallback", rows, why)
+            context.counters.record(self.projection, "fallback", rows, why)
             return F.linear(x, weight, bias)
-        packed, unpacked = self.packed_weight(weight) if config.packed_weights else (None, "packing_off")
+        packed, unpacked = self.packed_weight(weight) if context.packed_weights else (None, "packing_off")
         if packed is None and unpacked not in _ROW_MAJOR_REASONS:
             # The packed copy is stale (or was invalidated): never use it.
-            policy.counters.record(self.projection, "fallback", rows, unpacked)
+            context.counters.record(self.projection, "fallback", rows, unpacked)
             return F.linear(x, weight, bias)
         if packed is None:
-            policy.counters.record(self.projection, "row_major", rows, unpacked)
+            context.counters.record(self.projection, "row_major", rows, unpacked)
             return F.linear(x, weight, bias)
-        policy.counters.record(self.projection, "packed", rows)
-        return _packed_call(x, packed, weight.shape[0], shape_gate.bucket_rows(rows, config.small_batch, which), added)
+        context.counters.record(self.projection, "packed", rows)
+        return _packed_call(x, packed, weight.shape[0], shape_gate.bucket_rows(rows, context.small_batch, which), added)
 
     def _call_owned(self, x: torch.Tensor) -> torch.Tensor:
         """A call whose only weight is the packed one: every call the packed kernel can take
         runs it, whatever rows the shape gate would send to F.linear; the others (input not
         BF16 or not on the CPU, autograd) take F.linear over a transient unpacked copy."""
-        module, policy, owned = self._module(), self._policy(), self.owned
-        config = policy.config
+        module, context, owned = self._module(), self.context, self.owned
         n, k = owned.shape
         rows = x.numel() // k if k and x.shape[-1] == k else 0
         # The seed's gate: cheap, and where it passes the rows fit its buckets (the measured
         # gate buckets nothing).
-        why = shape_gate.gate(self.projection, x, module._buffers[SHAPE_BUFFER], None, config.small_batch, "bucketed")
+        why = shape_gate.gate(self.projection, x, module._buffers[SHAPE_BUFFER], None, context.small_batch, "bucketed")
         bias = getattr(module, "bias", None)  # packed with one only under the invariant gate
         if why is None and _grad_needed(bias):
             why = "grad_required"
         if why in shape_gate.UNSUPPORTED:
-            policy.counters.record(self.projection, "fallback", rows, why)
+            context.counters.record(self.projection, "fallback", rows, why)
             return F.linear(x, self.unpacked_weight(module, owned), bias)
-        policy.counters.record(self.projection, "packed", rows)
+        context.counters.record(self.projection, "packed", rows)
         return _packed_call(x, self.owned_packed(), n,
-                            shape_gate.bucket_rows(rows, config.small_batch, policy.shape_gate) if why is None else rows,
+                            shape_gate.bucket_rows(rows, context.small_batch, context.shape_gate) if why is None else rows,
                             bias)
 
 

@@ -14,6 +14,7 @@ from rvascend.dispatch import fused_decoder, kernel_routes, shape_gate, weights_
 from rvascend.dispatch.counters import RouteCounters
 from rvascend.dispatch.quantized_route import QuantizedRoute
 from rvascend.dispatch.route import PACKED_BUFFER, ProjectionRoute, invariant_bias
+from rvascend.dispatch.route_context import RouteContext
 from rvascend.policy import adapters, budget, regional_compile
 from rvascend.policy.config import RvvPolicyConfig
 from rvascend.runtime import allocator
@@ -65,13 +66,10 @@ class RvvPolicy:
         self.kernel_modules: list[nn.Module] = []
         self.model_ref: Optional[weakref.ReferenceType] = None  # set by install_rvv_policy
 
-    def weights_changed(self) -> None:
-        """A staleness check saw the model's weights change without a declaration
-        (a `.data` write or swap): whatever was computed from the old ones and kept
-        (the engine's prefix cache) is retired, as after a declared change."""
-        model = self.model_ref() if self.model_ref is not None else None
-        if model is not None:
-            weights_generation.bump(model)
+    def route_context(self, model: nn.Module) -> RouteContext:
+        """What the routes of `model` read of this policy (they never hold the policy)."""
+        return RouteContext(self.shape_gate, self.config.small_batch, self.config.packed_weights, self.counters,
+                            self.kernels, weakref.ref(model))
 
     @property
     def compile_mode(self) -> str:
@@ -176,17 +174,18 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
     projections = list(chosen.projections(model))
     policy = RvvPolicy(config, chosen)
     policy.model_ref = weakref.ref(model)
+    context = policy.route_context(model)
     try:
         embed = adapters.embed_tokens(model)
         for name, module, projection in projections:
             kind = QuantizedRoute if hasattr(module, "quantized_linear") else ProjectionRoute
-            route = kind(policy, module, name, projection)
+            route = kind(context, module, name, projection)
             policy.routes[name] = route
             route.attach(forward=module is not embed)
             route.shares_embedding_weight = (module is not embed and embed is not None
                                              and getattr(module, "weight", None) is getattr(embed, "weight", False))
         policy.kernel_modules = kernel_routes.attach(model, policy.kernels)
-        fused_decoder.attach(model, policy)
+        fused_decoder.attach(model, context)
         _attach_regional_compile(model, policy)
         model.__dict__[_POLICY_ATTR] = policy
         policy.hook = model.register_load_state_dict_post_hook(_invalidate_after_load)

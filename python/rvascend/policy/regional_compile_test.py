@@ -104,7 +104,7 @@ def test_uninstall_on_failure_removes_the_compiled_methods(checkpoint, monkeypat
 def test_server_compiles_before_it_serves():
     from rvascend.engine.random_model import ensure_random_model
     from rvascend.server.launch import build_engine
-from rvascend.server.server_args import ServerArgs
+    from rvascend.server.server_args import ServerArgs
 
     engine, _, policy = build_engine(ServerArgs(model_path=ensure_random_model(), enable_cpu_rvv_kernels=True,
                                                   cpu_compile_mode="regional", max_total_tokens=512))
