@@ -29,22 +29,18 @@ namespace rvascend {
 namespace {
 
 constexpr size_t kTile = 64;
-// Rows per call: the K-quant kernels decode each super-block once for all of them.
-// One thread, 256 rows, 3584 x 1024, min of five alternations against four rows
-// per call: Q6_K 29.0 -> 19.4 ms, Q4_K (with its decoding below) 18.9 -> 16.1;
-// Q4_0 and Q8_0 within 5 % (256 rows per call: the same within the noise).
+// Rows per call: the K-quant kernels decode each super-block once for all of them
+// (one thread, 256 rows of 3584 x 1024: Q6_K 19.4 ms, Q4_K 16.1 ms).
 constexpr size_t kMaxRows = 64;
-// From this many rows Q4_K decodes each super-block once for the call's rows
-// (weights from memory, 3584 x 1024, one thread: 8 rows 0.59-0.76 -> 0.51-0.54 ms;
-// 4 rows 0.32-0.35 -> 0.30-0.33 alone, but a Qwen3.5-0.8B-shaped Q4_K_M decode
-// step of 4 rows 4-9 % slower in the model: a decode batch keeps the tile path).
+// From this many rows Q4_K decodes each super-block once for the call's rows.
+// A decode batch of 4 rows keeps the tile path: decoding once is faster for the
+// call alone but slows the whole Qwen3.5-0.8B-shaped Q4_K_M decode step.
 constexpr size_t kQ4KDecodeRows = 8;
 
 // Each kernel takes up to two rows of activations at once (R): the weights are
 // loaded and unpacked once for both (a decode batch or a prefill chunk). With
-// four, a 16-column group's accumulators and broadcasts did not fit the 16
-// registers, and an accumulator went through the stack on every step: two rows
-// at a time ran 9-15 % faster for every format at m = 64, and faster at m = 4.
+// four, a 16-column group's accumulators and broadcasts do not fit the 16
+// registers, and an accumulator goes through the stack on every step.
 // The activation pairs of a block are laid out once per row (PairTable) and
 // broadcast from memory in the inner loop.
 struct alignas(32) PairTable {
@@ -369,9 +365,7 @@ inline void Q6KSuperRow(const QuantActs& a, size_t row, size_t s, const uint8_t*
 
 // One row decodes each super-block as it goes. Several rows (a decode batch, a
 // prompt; up to kMaxRows per call) decode it once into 16 KB of operands and each
-// row reads them: the decoding was most of a row's work. 6144x1024 on one Zen 4
-// thread, five alternations, median, four rows per call: M = 4 1.27 -> 0.87 ms,
-// M = 16 4.3 -> 2.9, M = 64 15.3 -> 13.9; M = 1 unchanged (0.29 -> 0.22).
+// row reads them: the decoding is most of a row's work.
 void GemmQ6KAvx2(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c,
                  size_t c_stride) {
   const size_t supers = a.k / 256;
@@ -438,8 +432,8 @@ void GemmQ4KAvx2(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile,
 
 // The activation quantization of quant_activations.h, vectorized: the same products
 // and the same rounding (vroundps to nearest even is nearbyint under the default
-// mode), so the same bytes as QuantizeRowPortable. Scalar, it was 5 % of a prefill's
-// samples, on the calling thread while the others waited.
+// mode), so the same bytes as QuantizeRowPortable. It runs on the calling thread
+// while the pool's other threads wait, so its time is all of theirs.
 void QuantizeRowAvx2(const uint16_t* x, size_t k, size_t block, int8_t* q, float* d, int32_t* sum32) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 inf = _mm256_set1_ps(INFINITY);

@@ -89,8 +89,7 @@ RGDR_INLINE void Finish(size_t v, const TokenInputs& tok, const VF acc_k[R], con
 // The first token's dot products over R rows read from the read slot (converted,
 // decayed per dimension when kEgk) and kept in FP32 in `row`: the update reads
 // them from there, never again from the slot (loads from a line the update has
-// just stored to stalled the in-place decode step: MTP 1 at B 8, 1.18 -> 0.95 ms
-// on one AVX2 thread).
+// just stored to stall the in-place decode step).
 template <typename T, size_t R, bool kEgk>
 RGDR_INLINE void FirstDots(size_t dk, const T* in, size_t v, const TokenInputs& tok, float* __restrict row,
                            float d[R]) {

@@ -108,11 +108,11 @@ ASSUMED = Board(
 # tokens faster than longer ones (Q2_K vec_dot: 9.69 tok/s at 32, 7.47 at 512) while llama.cpp's
 # counted instructions per prompt token stay within 1 % from 32 to 256 tokens, a trend no constant
 # of this model can follow.
-# The 4-thread bandwidth is no longer the all-core figure: SpacemiT's IME build generates Qwen3-0.6B
-# Q4_0 at 11.73 tok/s on four cores (docs/build-riscv64-spacemit.md), and each of those tokens reads
-# at least the file's 375 MB and its K/V, so four cores stream at least 4.49 GB/s; no measurement shows
-# more, so the board takes that floor (fit.bandwidth_floors; its Qwen3.5-2B Q4_1 point, 3.07 tok/s,
-# implies 4.04). The assumed 7 GB/s at 4 threads had no source: it was the all-core figure.
+# The 4-thread bandwidth is a measured floor, not the all-core figure: SpacemiT's IME build generates
+# Qwen3-0.6B Q4_0 at 11.73 tok/s on four cores (docs/build-riscv64-spacemit.md), and each of those
+# tokens reads at least the file's 375 MB and its K/V, so four cores stream at least 4.49 GB/s; no
+# measurement shows more, so the board takes that floor (fit.bandwidth_floors; its Qwen3.5-2B Q4_1
+# point, 3.07 tok/s, implies 4.04).
 CALIBRATION_COUNTS_SHA256 = "03473ec2d839abc1d0103d2ecb3776972febf799e80023a9d52760086728f930"
 CALIBRATION_ERRORS = (0.222, 0.228)  # largest |measured / projected - 1|: fitted points, held-out points
 CALIBRATED = Board(
