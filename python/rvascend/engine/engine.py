@@ -312,6 +312,8 @@ class Engine:
         # Tokens first: an end inside a verified run (EOS, a stop token or string, max_tokens)
         # decides how many of the run's K/V the sequence keeps.
         for row in plan.rows:
+            # Before its tokens: a client reads them when the last token says the sequence ended.
+            row.seq.input_logprobs.extend(row.input_logprobs)
             if row.sample_row is None:
                 continue
             try:
@@ -340,7 +342,6 @@ class Engine:
                     row.seq.mtp_draft = row.next_draft
                 if row.prefill:
                     row.seq.prefilled += row.new
-                row.seq.input_logprobs.extend(row.input_logprobs)
             for row in plan.rows:
                 seq = row.seq
                 error = failed.get(id(row))

@@ -161,6 +161,25 @@ def test_seeded_and_greedy_answers_survive_a_failed_step(model, monkeypatch):
     assert len(engine.scheduler.free_slots) + engine.stats()["kv_cached_tokens"] == 512
 
 
+def test_a_client_told_of_the_end_finds_the_prompt_logprobs_in_place(model):
+    """The server reads a sequence's prompt log-probabilities as soon as its last token says
+    it ended (on its own thread): the commit stores them before it appends the tokens. A
+    prompt of 40 tokens in 16-token chunks ends its prefill on its only output token."""
+    seen = []
+
+    def on_output(seq, out):
+        if out.finished:
+            seen.append(len(seq.input_logprobs))
+
+    engine = _engine(model)
+    prompt = _prompt(40, 9)
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=1, temperature=0, logprobs=0, logprob_start_len=0),
+                             on_output=on_output)
+    while engine.has_work():
+        engine.step()
+    assert seen == [len(prompt)] and len(seq.input_logprobs) == len(prompt)
+
+
 def test_commit_failure_of_one_client_fails_only_it(model):
     engine = _engine(model)
     good = engine.add_request(_prompt(10, 4), SamplingParams(max_tokens=6, temperature=0))
