@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import anthropic
 import httpx
 import pytest
 
+from rvascend.server.anthropic_protocol import MessagesRequest
 from rvascend.server.testing import API_KEY, Server
 
 ADD = {"name": "add", "description": "Adds two numbers",
@@ -234,6 +236,24 @@ def test_server_tools_are_left_out(client, server):
     r = server.http.post("/v1/messages", json={"max_tokens": 4, "messages": USER, "tools": [ADD, web],
                                                "tool_choice": {"type": "tool", "name": "web_search"}})
     assert r.status_code == 400 and "web_search" in r.json()["error"]["message"]
+
+
+def test_a_turn_of_many_blocks_is_translated_in_linear_time():
+    """A turn's blocks were joined one at a time, copying the turn's text per block: 200,000
+    text blocks (5 MB, under the body limit of a long-context model) froze the event loop
+    for 17 s or more. Each block's text and tool_use still lands in the one turn."""
+    n = 200_000
+    req = MessagesRequest.model_validate({"max_tokens": 1, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "word " * 4}] * n},
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]
+         + [{"type": "tool_use", "id": f"t{i}", "name": "f", "input": {}} for i in range(n // 8)]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t0", "content": "r"}]}]})
+    start = time.perf_counter()
+    messages = req.chat_fields()["messages"]
+    assert time.perf_counter() - start < 2.0
+    assert messages[0]["content"] == "\n\n".join(["word " * 4] * n)
+    assert messages[1]["content"] == "ok" and len(messages[1]["tool_calls"]) == n // 8
+    assert messages[2] == {"role": "tool", "tool_call_id": "t0", "content": "r"}
 
 
 def test_thinking_switches_the_template_and_comes_back_as_thinking_blocks():

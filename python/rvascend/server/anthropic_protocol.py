@@ -133,6 +133,7 @@ class CountTokensRequest(BaseModel):
             text = self.system if isinstance(self.system, str) else \
                 _BLOCK_SEPARATOR.join(b.text for b in self.system)
             turns.append({"role": "system", "content": text})
+        texts: list[list[str]] = [[] for _ in turns]  # each turn's texts, joined once at the end
         called: set[str] = set()  # the tool_use ids of the last assistant turn
         role = None
         for i, message in enumerate(self.messages):
@@ -146,7 +147,10 @@ class CountTokensRequest(BaseModel):
             for j, block in enumerate(blocks):
                 turn = _turn(f"messages[{i}].content[{j}]", role, block, called)
                 if turn is not None:
-                    _append(turns, turn)
+                    _append(turns, texts, turn)
+        for turn, parts in zip(turns, texts):
+            if parts:
+                turn["content"] = parts[0] if len(parts) == 1 else _BLOCK_SEPARATOR.join(t for t in parts if t) or None
         return turns
 
     def _tools(self) -> tuple[list[dict[str, Any]], Any, Optional[bool]]:
@@ -255,17 +259,20 @@ def _turn(where: str, role: str, block: Any, called: set[str]) -> Optional[dict[
                            "(text, tool_use and thinking from the assistant; text and tool_result from the user)")
 
 
-def _append(turns: list[dict[str, Any]], turn: dict[str, Any]) -> None:
+def _append(turns: list[dict[str, Any]], texts: list[list[str]], turn: dict[str, Any]) -> None:
     """Adds a block's message, combined with the one before if both are the same
-    role's turn (tool results stay one message each, as chat templates expect)."""
+    role's turn (tool results stay one message each, as chat templates expect). A turn's
+    texts are collected in `texts`, for the caller to join once: joining them as they came
+    copied the turn's text per block, quadratic in a turn of many blocks."""
     last = turns[-1] if turns else None
     if last is None or last["role"] != turn["role"] or turn["role"] not in ("user", "assistant"):
         turns.append(turn)
+        texts.append([turn["content"]] if turn.get("content") is not None else [])
         return
-    texts = [t for t in (last.get("content"), turn.get("content")) if t]
-    last["content"] = _BLOCK_SEPARATOR.join(texts) if texts else None
+    if turn.get("content") is not None:
+        texts[-1].append(turn["content"])
     if turn.get("tool_calls"):
-        last["tool_calls"] = last.get("tool_calls", []) + turn["tool_calls"]
+        last.setdefault("tool_calls", []).extend(turn["tool_calls"])
 
 
 def _thinking(thinking: Optional[dict[str, Any]]) -> Optional[bool]:

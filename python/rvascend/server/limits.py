@@ -31,6 +31,11 @@ def resolve_api_key(flag: Optional[str]) -> Optional[str]:
     return flag or os.environ.get(API_KEY_ENV) or None
 
 
+# Where RequestGuard leaves the API key a request was admitted with (the request's
+# state), for what belongs to a key (stored responses): a request may carry a second,
+# different credential beside it.
+ADMITTED_KEY = "rvascend_api_key"
+
 # Paths open without the API key: probes and scrapers carry no credentials.
 UNGUARDED_PATHS = frozenset({"/health", "/metrics"})
 
@@ -182,6 +187,7 @@ class RequestGuard:
                 await send_json_error(send, 401, "missing or wrong API key (Authorization: Bearer KEY, or "
                                       "x-api-key: KEY)", "authentication_error", path)
                 return
+            scope.setdefault("state", {})[ADMITTED_KEY] = self.key.decode()
         if method not in _SAFE_METHODS and guarded:
             problem = _body_problem(headers, method, path)
             if problem is not None:

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from rvascend.engine.sequence import Sequence
+from rvascend.server import limits
 from rvascend.server.chat_output import ChatOutput
 from rvascend.server.context import BAD_INPUT, ServerContext
 from rvascend.server.openai_api import prepare_chat
@@ -32,9 +33,11 @@ MAX_LISTED_ITEMS = 100
 
 
 def owner_of(request: Request) -> str:
-    """Who a stored response belongs to: a digest of the API key the request carries
-    (Authorization: Bearer, or x-api-key), so the store never holds the key itself."""
-    key = request.headers.get("authorization", "").removeprefix("Bearer ").strip() \
+    """Who a stored response belongs to: a digest of the API key the request was admitted
+    with (or, on a server without one, the key it carries: Authorization: Bearer, or
+    x-api-key), so the store never holds the key itself."""
+    key = request.scope.get("state", {}).get(limits.ADMITTED_KEY) \
+        or request.headers.get("authorization", "").removeprefix("Bearer ").strip() \
         or request.headers.get("x-api-key", "")
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -233,11 +236,12 @@ def responses_routes(ctx: ServerContext) -> APIRouter:
         try:
             req.check_supported()
             history: list[dict[str, Any]] = []
+            history_bytes = 0
             if req.previous_response_id is not None:
                 previous = store.get(req.previous_response_id, owner)
                 if previous is None:
                     return not_found(req.previous_response_id)
-                history = previous.conversation
+                history, history_bytes = previous.conversation, previous.size
             items = req.input_items()
             pairs, split = await prepare_chat(ctx, req.to_chat(history, items))
             pairs = ctx.bounded(pairs, req.max_output_tokens)
@@ -250,7 +254,7 @@ def responses_routes(ctx: ServerContext) -> APIRouter:
 
         def keep(final: dict[str, Any]) -> None:
             if req.store:
-                store.put(Stored(owner, final, items, history + items + final["output"]))
+                store.put(Stored(owner, final, items, history + items + final["output"], history_bytes))
 
         if req.stream:
             return StreamingResponse(_stream(ctx, sub, builder, keep), media_type="text/event-stream")

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
+import httpx
 import openai
 import pytest
 from starlette.requests import Request
@@ -103,8 +105,9 @@ def test_forced_function_call_and_its_result_round_trip(server):
     assert call.name == "get_weather" and call.call_id.startswith("call_") and call.id.startswith("fc_")
     assert set(args) == {"city", "unit"} and len(args["city"]) <= 8 and args["unit"] in ("c", "f")
     # Streamed, the arguments' deltas join to the call's arguments.
+    # One call: "required" with parallel calls allows more, and near ties under load may take them.
     events = _events(server, {"input": "Weather in Oslo?", "tools": [WEATHER], "tool_choice": "required",
-                              "temperature": 0})
+                              "parallel_tool_calls": False, "temperature": 0})
     streamed = [p for name, p in events if name.startswith("response.function_call_arguments")]
     item = events[-1][1]["response"]["output"][0]
     assert "".join(p["delta"] for p in streamed[:-1]) == streamed[-1]["arguments"] == item["arguments"]
@@ -150,6 +153,18 @@ def test_previous_response_id_continues_the_stored_conversation(server):
         client.responses.retrieve(unstored.id)
 
 
+def test_a_response_belongs_to_the_key_it_was_admitted_with(server):
+    """x-api-key admits a request whatever else its Authorization header carries (a proxy's
+    token): the response was stored under that other credential, and the same key through
+    Bearer (or x-api-key alone) did not find it."""
+    mixed = {"x-api-key": server.client.api_key, "Authorization": "Bearer a-proxys-token"}
+    made = httpx.post(server.url + "/v1/responses", json={"input": "hi", "max_output_tokens": 1}, headers=mixed)
+    assert made.status_code == 200, made.text
+    assert server.http.get(f"/v1/responses/{made.json()['id']}").status_code == 200
+    alone = httpx.get(f"{server.url}/v1/responses/{made.json()['id']}", headers={"x-api-key": server.client.api_key})
+    assert alone.status_code == 200
+
+
 def _request(key: str) -> Request:
     return Request({"type": "http", "headers": [(b"authorization", f"Bearer {key}".encode())]})
 
@@ -167,6 +182,25 @@ def test_the_store_is_per_api_key_and_evicts_the_least_recently_used():
     assert store.delete("resp_1", mine) and store.get("resp_1", mine) is None
 
 
+def test_the_store_is_bounded_in_bytes_and_a_chain_counts_its_history():
+    """Fields no template reads (and earlier turns' reasoning) are not bounded by the context:
+    150 inputs carrying 1.2 MB each kept 210 MiB, and 1024 bodies near the limit would stay."""
+    mine = owner_of(_request("key-a"))
+    store = ResponseStore(max_bytes=10_000)
+    junk = {"type": "message", "role": "user", "content": "x", "note": "j" * 4000}
+    first = Stored(mine, {"id": "resp_1"}, [junk], [junk])
+    store.put(first)
+    # A continuation that adds nothing keeps its history alive: it counts it.
+    second = Stored(mine, {"id": "resp_2"}, [], first.conversation, first.size)
+    store.put(second)
+    assert second.size > first.size > 4000 and store.bytes == first.size + second.size <= 10_000
+    store.put(Stored(mine, {"id": "resp_3"}, [junk], [junk]))
+    assert store.get("resp_1", mine) is None and store.bytes <= 10_000
+    store.put(Stored(mine, {"id": "resp_4"}, [{**junk, "note": "j" * 20_000}], []))
+    assert store.get("resp_4", mine) is None and store.bytes <= 10_000
+    assert store.delete("resp_3", mine) and store.bytes == sum(s.size for s in store._items.values())
+
+
 def test_items_become_chats_turns():
     req = ResponsesRequest.model_validate({"instructions": "Be brief.", "input": [
         {"role": "developer", "content": "Use tools."},
@@ -179,6 +213,20 @@ def test_items_become_chats_turns():
         ("system", "Be brief.\n\nUse tools."), ("user", "Add 1 and 2"), ("assistant", None), ("tool", "3")]
     assert chat.messages[2].reasoning_content == "I should call add."
     assert chat.messages[2].tool_calls[0].id == "call_1" and chat.messages[3].tool_call_id == "call_1"
+
+
+def test_a_run_of_developer_items_is_joined_in_linear_time():
+    """Each system message was added to the joined text one at a time, copying it per
+    message: 100,000 developer items froze the event loop for 10 s."""
+    n = 100_000
+    req = ResponsesRequest.model_validate({"instructions": "Be brief.", "input": [
+        {"role": "developer", "content": "word " * 4}] * n + [{"role": "user", "content": "x"}]})
+    items = req.input_items()
+    start = time.perf_counter()
+    chat = req.to_chat([], items)
+    assert time.perf_counter() - start < 2.0
+    assert [m.role for m in chat.messages] == ["system", "user"]
+    assert chat.messages[0].content == "\n\n".join(["Be brief."] + ["word " * 4] * n)
 
 
 def test_reasoning_becomes_a_reasoning_item_and_goes_back_as_the_turns_reasoning():
@@ -217,12 +265,28 @@ def test_reasoning_becomes_a_reasoning_item_and_goes_back_as_the_turns_reasoning
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "yaml"),
     ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens"),
     ({"input": "many words " * 1500}, "context length"),
+    # Were 500s: a format that is not an object, a reasoning item's summary that is not a list.
+    ({"input": "x", "text": {"format": "json"}}, "text.format must be an object"),
+    ({"input": [{"type": "reasoning", "summary": 5}, {"role": "user", "content": "x"}]}, "input[0].summary"),
 ])
 def test_what_cannot_be_served_is_a_400_naming_it(server, body, named):
     r = server.http.post("/v1/responses", json={"model": server.name, **body})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == 400 and named in error["message"]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("metadata", {"a": "\ud800"}), ("user", "\udfff"), ("prompt_cache_key", "\ud800"),
+    ("reasoning", {"summary": "\ud800"}), ("input", [{"role": "user", "content": "hi", "id": "msg_\ud800"}]),
+])
+def test_a_lone_surrogate_in_an_echoed_field_is_a_400(server, field, value):
+    """These fields are echoed (or listed by input_items), not prompted: a lone surrogate
+    was a 500 once the answer was generated, and the stored one a 500 on every GET."""
+    body = json.dumps({"input": "hi", "max_output_tokens": 1, field: value})  # ASCII: \ud800 escaped
+    r = server.http.post("/v1/responses", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["message"].startswith(field)
 
 
 def test_codex_first_request_is_accepted_and_streamed(server):

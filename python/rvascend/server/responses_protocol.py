@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import itertools
+import json
 import uuid
 from typing import Any, Literal, Optional, Union
 
@@ -21,10 +24,15 @@ import pydantic
 from absl import logging
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from rvascend.server import limits
 from rvascend.server.protocol import ChatCompletionRequest, Number, UnsupportedField, _NullIsDefault, check_nesting
 
 # Responses kept for previous_response_id and GET, least recently used evicted first.
 MAX_STORED_RESPONSES = 1024
+# And their bytes (as JSON): what a stored item carries is not bounded by the context (fields
+# no template reads, earlier turns' reasoning that templates drop), so a count alone let
+# 1024 bodies near the body limit each stay in memory.
+MAX_STORED_BYTES = 256 << 20
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
 
 # Fields of other APIs (or of Responses features not served) that a client means to
@@ -102,6 +110,11 @@ class ResponsesRequest(_NullIsDefault):
             check_nesting(name, getattr(self, name))
         for name, value in extra.items():
             check_nesting(name, value)
+        # The response echoes fields the prompt never holds (metadata, user, tools, text,
+        # reasoning) and input_items lists the items whole: a lone surrogate in any of them
+        # failed its JSON encoding, a 500 after the generation ran and on every GET.
+        for name in self.model_fields_set:
+            _check_unicode(name, getattr(self, name))
         if not self.input and self.previous_response_id is None:
             raise UnsupportedField("'input' is empty: send a string or a list of input items")
 
@@ -160,6 +173,22 @@ class ResponsesRequest(_NullIsDefault):
             raise UnsupportedField(f"invalid input: {problems}") from None
 
 
+def _check_unicode(what: str, value: Any) -> None:
+    """limits.InputError naming the string (or key) in the JSON `value` that holds a lone
+    UTF-16 surrogate, if one does. Iterative, as check_nesting."""
+    stack = [(what, value)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, str):
+            limits.check_text(where, node)
+        elif isinstance(node, dict):
+            for key, item in node.items():
+                limits.check_text(f"a key of {where}", key)
+                stack.append((f"{where}.{key}", item))
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(node))
+
+
 def _text_of(parts: Any, where: str) -> str:
     """A message's text: a string, or its input_text / output_text parts joined."""
     if isinstance(parts, str):
@@ -186,7 +215,10 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
         return _text_of(item["content"], where)
     if isinstance(item.get("encrypted_content"), str):
         return item["encrypted_content"]
-    return "\n\n".join(_text_of([s], f"{where}.summary") for s in item.get("summary") or ())
+    summary = item.get("summary") or []
+    if not isinstance(summary, list):
+        raise UnsupportedField(f"{where}.summary must be a list of summary_text parts")
+    return "\n\n".join(_text_of([s], f"{where}.summary") for s in summary)
 
 
 def item_messages(groups: list[tuple[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
@@ -254,11 +286,13 @@ def _join_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Consecutive system messages (instructions, Codex's developer messages) as one: many
     chat templates take a single system message, first."""
     joined: list[dict[str, Any]] = []
-    for m in messages:
-        if joined and m["role"] == "system" and joined[-1]["role"] == "system":
-            joined[-1] = {"role": "system", "content": joined[-1]["content"] + "\n\n" + m["content"]}
+    # Each run joined once: adding a message at a time to the joined text copied it per
+    # message, quadratic in a run of developer items.
+    for system, run in itertools.groupby(messages, key=lambda m: m["role"] == "system"):
+        if system:
+            joined.append({"role": "system", "content": "\n\n".join(m["content"] for m in run)})
         else:
-            joined.append(m)
+            joined.extend(run)
     return joined
 
 
@@ -301,6 +335,9 @@ def chat_tool_choice(choice: Union[str, dict[str, Any]], tools: list[dict[str, A
 
 def response_format(fmt: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """text.format as chat's response_format."""
+    if fmt is not None and not isinstance(fmt, dict):
+        raise UnsupportedField(f"text.format must be an object such as {{\"type\": \"json_schema\", ...}}, "
+                               f"not a {type(fmt).__name__}")
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_schema":
@@ -317,23 +354,40 @@ class Stored:
     response: dict[str, Any]
     input_items: list[dict[str, Any]]       # this request's own input
     conversation: list[dict[str, Any]]      # what a continuation prepends: history, input, output
+    history_bytes: int = 0                  # the size of the stored response it continues
+
+    @functools.cached_property
+    def size(self) -> int:
+        """Bytes as JSON, its history's included: the history's items live on in their
+        continuations after their own response is evicted. Measured on its own part only,
+        so storing a long chain's next step costs that step's bytes."""
+        return self.history_bytes + len(json.dumps([self.response, self.input_items]))
 
 
 class ResponseStore:
-    """Stored responses, at most `limit`, the least recently used evicted first. An item
-    belongs to its owner: to anyone else it does not exist. Used from the event loop only
-    (the endpoints are coroutines), so it takes no lock."""
+    """Stored responses, at most `limit` of them and `max_bytes` (Stored.size), the least
+    recently used evicted first. An item belongs to its owner: to anyone else it does not
+    exist. Used from the event loop only (the endpoints are coroutines), so it takes no lock."""
 
-    def __init__(self, limit: int = MAX_STORED_RESPONSES) -> None:
+    def __init__(self, limit: int = MAX_STORED_RESPONSES, max_bytes: int = MAX_STORED_BYTES) -> None:
         self.limit = limit
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._items: collections.OrderedDict[str, Stored] = collections.OrderedDict()
 
     def put(self, stored: Stored) -> None:
+        self._discard(stored.response["id"])
+        if stored.size > self.max_bytes:  # it would evict every other response, then itself
+            logging.info("responses: %s not stored: %d bytes with its history, over the store's %d",
+                         stored.response["id"], stored.size, self.max_bytes)
+            return
         self._items[stored.response["id"]] = stored
-        self._items.move_to_end(stored.response["id"])
-        while len(self._items) > self.limit:
-            evicted, _ = self._items.popitem(last=False)
-            logging.info("responses: %s evicted from the store (over %d responses)", evicted, self.limit)
+        self.bytes += stored.size
+        while len(self._items) > self.limit or self.bytes > self.max_bytes:
+            evicted, old = self._items.popitem(last=False)
+            self.bytes -= old.size
+            logging.info("responses: %s evicted from the store (over %d responses or %d bytes)", evicted,
+                         self.limit, self.max_bytes)
 
     def get(self, rid: str, owner: str) -> Optional[Stored]:
         stored = self._items.get(rid)
@@ -345,8 +399,13 @@ class ResponseStore:
     def delete(self, rid: str, owner: str) -> bool:
         if self.get(rid, owner) is None:
             return False
-        del self._items[rid]
+        self._discard(rid)
         return True
+
+    def _discard(self, rid: str) -> None:
+        stored = self._items.pop(rid, None)
+        if stored is not None:
+            self.bytes -= stored.size
 
     def __len__(self) -> int:
         return len(self._items)
