@@ -72,6 +72,9 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         + (["--steps=8", "--rounds=1", "--batch=2"] if quick else []),
         # Not in the default set: 16 clients, valid and hostile requests mixed, for --seconds (default 60).
         "soak": ["rvascend.bench.soak", f"--output={out}/soak.jsonl"] + model + (["--seconds=20"] if quick else []),
+        # Not in the default set: the Codex CLI and Claude Code, installed with npm, two turns each.
+        "agents": ["rvascend.bench.agents", f"--output={out}/agents.jsonl"] + model
+        + (["--turns=1"] if quick else []),
         # Not in the default set: llama.cpp's riscv64 build counted under QEMU on the files of llama.cpp's
         # public BPI-F3 tables (about an hour of emulation; bench/calibration fits the board model to them).
         "llama_cpp_riscv64": ["rvascend.bench.llama_cpp_riscv64", f"--output={out}/llama_cpp_riscv64.jsonl"]
