@@ -74,11 +74,10 @@ def deterministic_by_default(dtype: str, cpu_features: str, kernel_sets: list[st
 def _log_cpu() -> None:
     """What the kernels will run on: the CPU as detected, and the kernel set each family picked."""
     from rvascend import ops
+    from rvascend.ops import kernel_sets
 
     logging.info("CPU: %s", ops.cpu_features())
-    logging.info("kernels: linear %s, attention %s, elementwise %s (best first; the first is used)",
-                 ops.available_kernel_sets(), ops.available_attention_kernels(),
-                 ops.elementwise.available_elementwise_kernels())
+    logging.info("kernel sets (best first; the first runs): %s", kernel_sets.describe())
     if "rvv" not in ops.available_kernel_sets() and "riscv" in ops.cpu_features():
         logging.warning("this riscv64 CPU reports no RVV 1.0 (V): every kernel runs its scalar/portable "
                         "path, and F.linear serves where the policy would pack")
