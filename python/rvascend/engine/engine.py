@@ -292,16 +292,17 @@ class Engine:
         """The forward pass, every row's sampling and the MTP head's next drafts, into the
         plan; nothing is committed."""
         self.runner.run(plan, self._grammars, self.eos_ids)
+        self.speculator.mtp_drafts(self.model, self.runner.pool, plan, self.context_length, self._lend,
+                                   self._give_back)
 
-        def lend(n: int) -> list[int]:
-            with self.scheduler.lock:
-                return self.scheduler.lend(n)
+    def _lend(self, n: int) -> list[int]:
+        """Free K/V slots for the MTP head's further drafts, given back within the step."""
+        with self.scheduler.lock:
+            return self.scheduler.lend(n)
 
-        def give_back(slots: list[int]) -> None:
-            with self.scheduler.lock:
-                self.scheduler.free_slots.extend(slots)
-
-        self.speculator.mtp_drafts(self.model, self.runner.pool, plan, self.context_length, lend, give_back)
+    def _give_back(self, slots: list[int]) -> None:
+        with self.scheduler.lock:
+            self.scheduler.free_slots.extend(slots)
 
     def _commit(self, plan: Plan) -> None:
         """Applies a step that ran: tokens, outputs, slots, prompt progress, the cache.

@@ -207,8 +207,8 @@ async def _stream(ctx: ServerContext, sub: Submission, builder: ResponseBuilder,
     yield _sse(builder.event("response.in_progress", response=builder.body()))
 
     def events(_: int, out) -> list[dict[str, Any]]:
-        events = builder.feed(out.text)
-        return events + builder.finish(out.finish_reason) if out.finished else events
+        fed = builder.feed(out.text)
+        return fed + builder.finish(out.finish_reason) if out.finished else fed
 
     def completed() -> dict[str, Any]:
         final = builder.body(sub.seqs[0])

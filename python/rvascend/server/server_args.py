@@ -110,6 +110,10 @@ def flag_name(field: dataclasses.Field) -> str:
     return field.name.replace("_", "-")
 
 
+def _default(field: dataclasses.Field) -> Any:
+    return field.default if field.default is not dataclasses.MISSING else field.default_factory()
+
+
 def _kind(field: dataclasses.Field) -> type:
     """The flag's type: the annotation with Optional taken off."""
     hint = typing.get_type_hints(ServerArgs)[field.name]
@@ -121,7 +125,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """Defines every field as an absl flag (and the aliases)."""
     for field in dataclasses.fields(ServerArgs):
         name, help_text, choices = flag_name(field), field.metadata["help"], field.metadata["choices"]
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        default = _default(field)
         kind = _kind(field)
         if choices:
             flags.DEFINE_enum(name, default, list(choices), help_text, flag_values=flag_values)
@@ -155,7 +159,7 @@ def flag_table() -> str:
     rvascend.server.server_args` prints it)."""
     rows = ["| flag | default | what it does |", "|---|---|---|"]
     for field in dataclasses.fields(ServerArgs):
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        default = _default(field)
         shown = "" if default in (None, []) else f"`{default}`"
         choices = field.metadata["choices"]
         what = field.metadata["help"].replace("|", "\\|") + (f" One of: {', '.join(choices)}." if choices else "")
