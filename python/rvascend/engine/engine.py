@@ -30,10 +30,9 @@ than a tenth of an x86 decode step). With speculative decoding a sequence holds
 2 + K slots: a verify step of 1 + k tokens leaves the states after each token in
 a slot of its own (the delta-rule op's per-token state slots), and `_commit`
 keeps the one after the last token it appends. Nothing is recomputed or copied to
-roll back the rejected drafts. The prefix cache is off for such models: a cached
-prefix's K/V are of no use without the recurrent state at the same token, and
-keeping state snapshots per cache node (SGLang's Mamba radix cache) is left for
-later.
+roll back the rejected drafts. Their prefix cache keeps, beside the K/V, snapshots of
+the recurrent states in `max_mamba_cache_size` more slots (SGLang's Mamba radix cache;
+prefix_cache.py and scheduler.py say where they are taken and how a request resumes).
 """
 
 from __future__ import annotations
@@ -55,6 +54,7 @@ from rvascend.engine.scheduler import Scheduler
 from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
 from rvascend.engine.speculation import Speculator
 from rvascend.models.decoder import CausalLM
+from rvascend.models.state_pool import RecurrentStatePool
 from rvascend.tokenizer.detokenizer import IncrementalDetokenizer
 from rvascend.tokenizer.tokenizer import Tokenizer
 
@@ -74,6 +74,10 @@ class EngineConfig:
     context_length: Optional[int] = None  # default: the model's max_position_embeddings
     chunked_prefill_size: Optional[int] = 512  # prompt tokens per prefill step; None or <= 0: whole prompts
     disable_radix_cache: bool = False  # True: no prefix cache, every prompt is prefilled whole
+    # Hybrid models' prefix cache (SGLang's names): recurrent-state snapshots it keeps at most,
+    # and the prefill tokens between two snapshots of one prompt (the default chunk's size).
+    max_mamba_cache_size: int = 16
+    mamba_track_interval: int = 512
     # Speculative decoding (SGLang's flags): "NGRAM" drafts up to num_draft_tokens tokens per
     # sequence from its own prompt and output (engine/ngram_draft.py), "NEXTN" with the
     # model's MTP head (engine/mtp_draft.py; Qwen3.5 loaded with it); None: off.
@@ -98,14 +102,24 @@ class Engine:
         # Per sequence: the state slot read, and one written per token a step keeps the states after.
         state_slots_each = 2 + self.speculator.slots_per_sequence
         state_slots = state_slots_each * config.max_running_requests if hybrid else 0
-        self.runner = ModelRunner(model, config.max_total_tokens, state_slots,
+        snapshots = config.max_mamba_cache_size if hybrid and not config.disable_radix_cache else 0
+        if snapshots and (config.max_mamba_cache_size < 1 or config.mamba_track_interval < 1):
+            raise ValueError(f"max_mamba_cache_size ({config.max_mamba_cache_size}) and mamba_track_interval "
+                             f"({config.mamba_track_interval}) must be at least 1")
+        self.runner = ModelRunner(model, config.max_total_tokens, state_slots + snapshots,
                                   keep_hidden=config.speculative_algorithm == "NEXTN")
-        if hybrid and not config.disable_radix_cache:
-            logging.info("prefix cache off: %s has linear-attention layers, whose recurrent state a cached "
-                         "prefix's K/V cannot restore", model.config.architecture)
-        cache = None if config.disable_radix_cache or hybrid else PrefixCache(config.max_total_tokens)
+        cache = None
+        if not config.disable_radix_cache:
+            cache = PrefixCache(config.max_total_tokens,
+                                list(range(state_slots, state_slots + snapshots)) if hybrid else None)
+        if snapshots:
+            size = RecurrentStatePool.bytes_per_slot(model.config, next(model.parameters()).dtype) / 2**20
+            logging.info("prefix cache with recurrent-state snapshots: %d of %.1f MiB (%.1f MiB), every %d prompt "
+                         "tokens, at each prompt's end and each request's end", snapshots, size, snapshots * size,
+                         config.mamba_track_interval)
         self.scheduler = Scheduler(config.max_running_requests, config.max_prefill_tokens, config.max_total_tokens,
-                                   state_slots_each, state_slots, cache, self.runner.weights_generation())
+                                   state_slots_each, state_slots, cache, self.runner.weights_generation(),
+                                   config.mamba_track_interval)
         # One step at a time: a step owns the pool, the batch and the running list
         # from admission to commit, and `generate` may be called beside the server's
         # engine thread (which steps whenever there is work).
@@ -278,13 +292,15 @@ class Engine:
         else (`_abandon` gives the slots back)."""
         with self.scheduler.lock:
             fresh = self.scheduler.take_slots(sum(n for _, n in work))
-        return self.runner.prepare(work, fresh)
+            snapshots = self.scheduler.plan_snapshots(work)
+        return self.runner.prepare(work, fresh, snapshots)
 
     def _abandon(self, plan: Plan) -> None:
         """Undoes `_prepare` (and whatever `_run` drew from the sequences' generators)."""
         with self.scheduler.lock:
             for row in plan.rows:
                 self.scheduler.free_slots.extend(reversed(row.fresh))
+                self.scheduler.give_back_snapshots(row.snapshots)
         for generator, state in plan.generator_states:
             generator.set_state(state)
 
@@ -336,7 +352,8 @@ class Engine:
                 # it appended after it (one per token appended); the rest go back now, so a
                 # sequence never holds a slot past its tokens.
                 kept = len(row.fresh) if row.prefill else max(1, row.appended)
-                scheduler.keep(row.seq, row.fresh, kept, kept - 1 if row.drafts else 0)
+                scheduler.keep(row.seq, row.fresh, kept, kept - 1 if row.drafts else 0, row.snapshots,
+                               row.seq.prefilled + row.new)
                 if row.drafts:
                     self.speculator.record(row)
                 if row.next_draft is not None:

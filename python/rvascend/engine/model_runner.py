@@ -36,6 +36,7 @@ class Row:
     input_rows: list[int] = dataclasses.field(default_factory=list)  # logit rows of prompt log-probabilities
     sample_row: Optional[int] = None  # logit row its next token is sampled from
     drafts: int = 0               # draft tokens it verifies: rows sample_row .. sample_row + drafts
+    snapshots: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (tokens, slot) states kept
     # Results, filled by run():
     input_logprobs: list = dataclasses.field(default_factory=list)
     sampled: list[sampler.Sampled] = dataclasses.field(default_factory=list)  # one, or the accepted run
@@ -70,15 +71,17 @@ class ModelRunner:
         """Changes whenever the model's weights do (load_state_dict, repacking)."""
         return weights_generation.current(self.model)
 
-    def prepare(self, work: list[tuple[Sequence, int]], fresh: list[int]) -> Plan:
-        """The batch of `work` (sequence, tokens it runs), its new tokens' K/V in `fresh`."""
+    def prepare(self, work: list[tuple[Sequence, int]], fresh: list[int],
+                snapshots: Optional[list[list[tuple[int, int]]]] = None) -> Plan:
+        """The batch of `work` (sequence, tokens it runs), its new tokens' K/V in `fresh`,
+        and (hybrid models) per item the (tokens, slot) points its states are kept at."""
         rows, ids, positions, new_lens, prefix_lens, kv_slots, logit_rows = [], [], [], [], [], [], []
         offset = 0
-        for seq, n in work:
+        for i, (seq, n) in enumerate(work):
             prefill = seq.prefilling
             new = seq.prompt_ids[seq.prefilled:seq.prefilled + n] if prefill else [seq.last_token] + seq.draft[:n - 1]
             start = seq.prefilled if prefill else seq.num_tokens - 1
-            row = Row(seq, len(new), prefill, fresh[:len(new)])
+            row = Row(seq, len(new), prefill, fresh[:len(new)], snapshots=snapshots[i] if snapshots else [])
             del fresh[:len(new)]
             ids.extend(new)
             positions.extend(range(start, start + len(new)))
@@ -103,15 +106,13 @@ class ModelRunner:
         hybrid = self.states is not None
         if len(ids) == len(rows) and logit_rows == list(range(len(ids))):
             logit_rows = None  # every sequence's one row: forward's default, without a gather
-        # A verify row's token j < k leaves its states in spare slot j, its last token in spare slot k.
-        token_slots = [s for r in rows for s in (r.seq.spare_state_slots[:r.drafts] + [-1] if r.drafts else
-                                                 [-1] * r.new)] if hybrid and any(r.drafts for r in rows) else None
         batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
                              new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long),
                              logit_rows=None if logit_rows is None else torch.tensor(logit_rows, dtype=torch.long),
                              state_slots=[r.seq.spare_state_slots[r.drafts] for r in rows] if hybrid else None,
-                             state_read_slots=[r.seq.state_slot for r in rows] if hybrid else None,
-                             state_token_slots=token_slots, keep_hidden=self.keep_hidden)
+                             state_read_slots=[r.seq.state_slot if r.seq.state_read_from is None
+                                               else r.seq.state_read_from for r in rows] if hybrid else None,
+                             state_token_slots=token_slots(rows) if hybrid else None, keep_hidden=self.keep_hidden)
         states = [(r.seq.generator, r.seq.generator.get_state()) for r in rows if r.seq.generator is not None]
         return Plan(rows, batch, states)
 
@@ -170,6 +171,27 @@ class ModelRunner:
         if not routes.use("argmax", logits, rows=len(seqs)):
             return None
         return ops.elementwise.argmax(logits).tolist()
+
+
+def token_slots(rows: list[Row]) -> Optional[list[int]]:
+    """Per token of the batch, -1 or the slot the states after it are also left in: a verify
+    row's token j < k in spare slot j (its last token's go to spare slot k), a prefill row's
+    snapshot points inside the chunk in their own slots (one at the chunk's end needs none:
+    the chunk's states are written to the sequence's slot). None when no token keeps any."""
+    if not any(r.drafts or r.snapshots for r in rows):
+        return None
+    out: list[int] = []
+    for r in rows:
+        if r.drafts:
+            out += r.seq.spare_state_slots[:r.drafts] + [-1]
+            continue
+        kept = [-1] * r.new
+        start = r.seq.prefilled
+        for p, slot in r.snapshots:
+            if p < start + r.new:
+                kept[p - start - 1] = slot
+        out += kept
+    return out
 
 
 def prompt_logprobs(row: Row, logits: torch.Tensor) -> list[tuple[int, Optional[float], Optional[list]]]:

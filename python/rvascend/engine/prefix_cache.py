@@ -15,6 +15,18 @@ tokens to the tree when it inserts them and must not free them itself.
 When the model's weights change, every cached K/V is stale: `retire` empties
 the tree at once. Nodes a running request still pins leave the tree (no new
 request matches them) and free their slots when their last lock goes.
+
+A hybrid model (Qwen3.5) needs more than K/V to resume after a prefix: the
+linear-attention layers' recurrent states at that token (SGLang's Mamba radix
+cache, llama.cpp's context checkpoints). Such a tree is made with snapshot slots
+(recurrent-state pool slots of its own) and a node may hold one: the states
+after its last token. A match then ends at the deepest node holding a snapshot
+(or at the root: a prompt with no cached prefix starts from zeros). Snapshots
+are few (a Qwen3.5-0.8B one is 18.6 MiB in BF16), so they are evicted on their own,
+least recently used first (the shallower first among equals: a deeper snapshot
+of the same path serves more), while the K/V stay; a node's snapshot goes with
+it when the node goes. A snapshot some admitted request is about to read is
+pinned (`pin_state`) until its first step has read it.
 """
 
 from __future__ import annotations
@@ -26,7 +38,8 @@ _clock = itertools.count()
 
 
 class Node:
-    __slots__ = ("tokens", "slots", "children", "parent", "locks", "last_use", "retired")
+    __slots__ = ("tokens", "slots", "children", "parent", "locks", "last_use", "retired", "end", "state",
+                 "state_pins")
 
     def __init__(self, tokens: tuple[int, ...], slots: list[int], parent: Optional["Node"]) -> None:
         self.tokens = tokens
@@ -36,12 +49,23 @@ class Node:
         self.locks = 0
         self.last_use = next(_clock)
         self.retired = False
+        self.end = (parent.end if parent is not None else 0) + len(tokens)  # prefix length at its last token
+        self.state: Optional[int] = None  # hybrid models: the snapshot slot of the states after its last token
+        self.state_pins = 0               # admitted requests yet to read that snapshot
 
 
 class PrefixCache:
-    def __init__(self, pool_slots: int) -> None:
+    def __init__(self, pool_slots: int, snapshot_slots: Optional[list[int]] = None) -> None:
+        """`snapshot_slots`: a hybrid model's recurrent-state pool slots the tree may keep
+        snapshots in (None: a dense model, every node is a place to resume)."""
         self.root = Node((), [], None)
         self.root.locks = 1  # never evicted
+        self.hybrid = snapshot_slots is not None
+        self.free_states = list(reversed(snapshot_slots or []))
+        self.state_slots = len(snapshot_slots or [])
+        self._snapshots: set[Node] = set()  # the nodes holding one
+        self.snapshots_taken = 0   # snapshots given to the tree (since start)
+        self.snapshots_evicted = 0
         self._held = bytearray(pool_slots)  # 1: the slot belongs to the tree
         self.size = 0            # slots held by the tree
         self.locked_size = 0     # of which pinned by running requests
@@ -51,9 +75,14 @@ class PrefixCache:
 
     # -- lookup --------------------------------------------------------------
     def match(self, tokens: list[int]) -> tuple[list[int], Node]:
-        """The slots of the longest cached prefix of `tokens`, and the node where it ends
-        (an edge matched part-way is split so that a node ends exactly there)."""
+        """The slots of the longest cached prefix of `tokens` a request can resume after,
+        and the node where it ends (an edge matched part-way is split so that a node ends
+        exactly there). A hybrid model's prefix ends at the deepest snapshot on the path."""
         node, _, slots = self._descend(tokens)
+        if self.hybrid:
+            while node is not self.root and node.state is None:
+                node = node.parent
+            del slots[node.end:]
         return slots, node
 
     def holds(self, slot: int) -> bool:
@@ -80,22 +109,29 @@ class PrefixCache:
             node = node.parent
 
     # -- growth and eviction ---------------------------------------------------
-    def insert(self, tokens: list[int], slots: list[int]) -> tuple[Node, list[int]]:
+    def insert(self, tokens: list[int], slots: list[int],
+               states: Optional[dict[int, int]] = None) -> tuple[Node, list[int]]:
         """Adds `tokens` (whose K/V are in `slots`); returns the node where they end and
         the tree's slots for them. Where a prefix was cached already the tree keeps its
         own slots (the caller's copies there are the caller's to free); the new
-        suffix's slots become the tree's."""
+        suffix's slots become the tree's. `states` (hybrid models): prefix length ->
+        snapshot slot of the states after that many tokens; each becomes the tree's
+        (one where the tree has a snapshot already goes back to the free snapshots)."""
         if len(tokens) != len(slots):  # checked before the tree changes: a refusal leaves it whole
             raise ValueError(f"{len(tokens)} tokens cannot be cached with {len(slots)} K/V slots")
+        if states and not all(0 < n <= len(tokens) for n in states):
+            raise ValueError(f"a snapshot after {sorted(states)} tokens is outside the {len(tokens)} cached")
         node, i, path = self._descend(tokens)
-        if i == len(tokens):
-            return node, path
-        child = Node(tuple(tokens[i:]), list(slots[i:]), node)
-        node.children[tokens[i]] = child
-        for s in child.slots:
-            self._held[s] = 1
-        self.size += len(child.slots)
-        return child, path + child.slots
+        if i < len(tokens):
+            child = Node(tuple(tokens[i:]), list(slots[i:]), node)
+            node.children[tokens[i]] = child
+            for s in child.slots:
+                self._held[s] = 1
+            self.size += len(child.slots)
+            node, path = child, path + child.slots
+        for n, state in sorted((states or {}).items()):
+            self._attach_state(self._descend(tokens[:n])[0], state)
+        return node, path
 
     @property
     def evictable_size(self) -> int:
@@ -116,12 +152,57 @@ class PrefixCache:
                 leaves.insert(at, parent)
         return freed
 
+    # -- snapshots (hybrid models) -------------------------------------------------------
+    def take_state(self) -> Optional[int]:
+        """A free snapshot slot, evicting the least recently used snapshot nobody is about
+        to read if none is free; None if every one is pinned."""
+        if not self.free_states:
+            candidates = [n for n in self._snapshots if n.state_pins == 0]
+            if not candidates:
+                return None
+            oldest = min(candidates, key=lambda n: (n.last_use, n.end))
+            self._drop_state(oldest)
+            self.snapshots_evicted += 1
+        return self.free_states.pop()
+
+    def give_state(self, slot: int) -> None:
+        """Gives back a snapshot slot taken and not used."""
+        self.free_states.append(slot)
+
+    def pin_state(self, node: Node) -> None:
+        if node is not self.root:
+            node.state_pins += 1
+
+    def unpin_state(self, node: Node) -> None:
+        if node is not self.root:
+            node.state_pins -= 1
+            if node.retired and node.state_pins == 0:
+                self._drop_state(node)
+
+    @property
+    def snapshots(self) -> int:
+        return len(self._snapshots)
+
+    def _attach_state(self, node: Node, state: int) -> None:
+        if node.state is not None or node.retired:
+            self.free_states.append(state)
+            return
+        node.state = state
+        self._snapshots.add(node)
+        self.snapshots_taken += 1
+
+    def _drop_state(self, node: Node) -> None:
+        if node.state is not None:
+            self.free_states.append(node.state)
+            node.state = None
+            self._snapshots.discard(node)
+
     def retire(self) -> list[int]:
         """Empties the tree whatever pins it (the weights changed); returns the
         slots freed now. Pinned nodes are retired: out of the tree, given up by `unlock`."""
         freed: list[int] = []
         for node in self._nodes():
-            if node.locks:
+            if node.locks:  # a request pinning a snapshot locks its node too
                 node.retired = True
             else:
                 freed.extend(self._release_slots(node))
@@ -133,9 +214,12 @@ class PrefixCache:
         """Empties the tree and returns its slots, or None if a running request holds a part."""
         if self.locked_size:  # every node holds slots, so no lock goes uncounted
             return None
-        freed = [s for n in self._nodes() for s in n.slots]
+        nodes = list(self._nodes())
+        freed = [s for n in nodes for s in n.slots]
         for s in freed:
             self._held[s] = 0
+        for node in nodes:
+            self._drop_state(node)
         self.root.children.clear()
         self.size = 0
         return freed
@@ -164,8 +248,8 @@ class PrefixCache:
 
     def _split(self, child: Node, n: int) -> Node:
         """Cuts `child`'s edge after n tokens; returns the new upper node."""
-        upper = Node(child.tokens[:n], child.slots[:n], child.parent)
-        upper.locks, upper.last_use = child.locks, child.last_use
+        upper = Node(child.tokens[:n], child.slots[:n], child.parent)  # the snapshot stays at the lower end
+        upper.locks, upper.last_use, upper.retired = child.locks, child.last_use, child.retired
         upper.children[child.tokens[n]] = child
         child.parent.children[child.tokens[0]] = upper
         child.tokens, child.slots, child.parent = child.tokens[n:], child.slots[n:], upper
@@ -176,6 +260,8 @@ class PrefixCache:
         return self._release_slots(leaf)
 
     def _release_slots(self, node: Node) -> list[int]:
+        if node.state_pins == 0:  # a pinned one goes when its reader unpins it
+            self._drop_state(node)
         for s in node.slots:
             self._held[s] = 0
         self.size -= len(node.slots)

@@ -14,6 +14,16 @@ prompts; a new request starts prefilling after the longest cached prefix of its 
 Cached slots nobody uses are evicted when the free list runs dry. When the model's
 weights change the cache is retired before the next step.
 
+For a hybrid model the cache also keeps snapshots of the recurrent states, taken at
+three kinds of points: every `mamba_track_interval` tokens of a prefill (SGLang's
+name), at a prompt's last cacheable token (a request that repeats the prompt, `n > 1`),
+and at a request's end (the next turn of its conversation starts there). None is
+recomputed or copied: a point inside a prefill chunk is a token slot of the delta-rule
+op (the states after that token are also written to a slot of their own); at a chunk's
+last token the sequence's own state slot becomes the snapshot and the sequence reads
+its next step's states from it (its own slot is written then); at a request's end its
+state slot becomes the snapshot and a free snapshot slot goes back to the sequences'.
+
 Every method but `lock`'s own users expects the caller to hold `lock`.
 """
 
@@ -34,7 +44,8 @@ SHARED_PREFILL_WAIT = 32
 
 class Scheduler:
     def __init__(self, max_running: int, max_prefill_tokens: int, pool_slots: int, state_slots_each: int,
-                 state_slots: int, cache: Optional[PrefixCache], weights_generation: int) -> None:
+                 state_slots: int, cache: Optional[PrefixCache], weights_generation: int,
+                 track_interval: int = 0) -> None:
         self.max_running = max_running
         self.max_prefill_tokens = max_prefill_tokens
         self.pool_slots = pool_slots
@@ -49,6 +60,7 @@ class Scheduler:
         self.cache = cache
         self.reserved = 0
         self.weights_generation = weights_generation  # of the weights the cached K/V were computed with
+        self.track_interval = track_interval  # hybrid models: prefill tokens between state snapshots
 
     # -- queues ----------------------------------------------------------------------
     @property
@@ -65,7 +77,10 @@ class Scheduler:
                 "state_slots_free": len(self.free_states), "state_slots_total": self.state_slots,
                 "kv_reserved_tokens": self.reserved, "kv_total_tokens": self.pool_slots,
                 "cache_hit_rate": cache.hit_rate if cache else 0.0,
-                "cache_retirements": cache.retirements if cache else 0}
+                "cache_retirements": cache.retirements if cache else 0,
+                "mamba_cache_snapshots": cache.snapshots if cache else 0,
+                "mamba_cache_size": cache.state_slots if cache else 0,
+                "mamba_cache_evictions": cache.snapshots_evicted if cache else 0}
 
     def flush_cache(self) -> bool:
         """Empties the prefix cache; refused (False) while requests are queued or running."""
@@ -147,6 +162,9 @@ class Scheduler:
         slots, node = self.cache.match(seq.prompt_ids[:cacheable(seq)])
         self.cache.lock(node)
         seq.cache_node = node
+        if node.state is not None:  # a hybrid model's prefix: its first step reads the snapshot
+            self.cache.pin_state(node)
+            seq.state_source, seq.state_read_from = node, node.state
         seq.slots = list(slots)
         seq.prefilled = seq.cached_tokens = len(slots)
         self.cache.hit_tokens += len(slots)
@@ -167,6 +185,33 @@ class Scheduler:
                 break
         return work
 
+    def plan_snapshots(self, work: list[tuple[Sequence, int]]) -> list[list[tuple[int, int]]]:
+        """Per item of `work`, the (tokens, snapshot slot) points its prefill rows keep the
+        recurrent states at: every track_interval tokens and the prompt's last cacheable
+        token, within this chunk (fewer when every snapshot slot is pinned)."""
+        cache = self.cache
+        plans: list[list[tuple[int, int]]] = []
+        for seq, n in work:
+            points: list[tuple[int, int]] = []
+            if cache is not None and cache.hybrid and seq.prefilling and \
+                    seq.weights_generation == self.weights_generation:
+                start, limit = seq.prefilled, min(cacheable(seq), seq.prefilled + n)
+                wanted = set(range(start - start % self.track_interval + self.track_interval, limit + 1,
+                                   self.track_interval))
+                if start < limit == cacheable(seq):
+                    wanted.add(limit)
+                for p in sorted(wanted):
+                    slot = cache.take_state()
+                    if slot is None:
+                        break
+                    points.append((p, slot))
+            plans.append(points)
+        return plans
+
+    def give_back_snapshots(self, points: list[tuple[int, int]]) -> None:
+        for _, slot in points:
+            self.cache.give_state(slot)
+
     # -- slots ---------------------------------------------------------------------------
     def take_slots(self, n: int) -> list[int]:
         """n free slots, evicting unused cached prefixes if the free list is short."""
@@ -186,27 +231,60 @@ class Scheduler:
         del self.free_slots[len(self.free_slots) - n:]
         return taken
 
-    def keep(self, seq: Sequence, fresh: list[int], kept: int, newest_state: int) -> None:
+    def keep(self, seq: Sequence, fresh: list[int], kept: int, newest_state: int,
+             snapshots: list[tuple[int, int]] = (), end: int = 0) -> None:
         """A step's commit for `seq`: it keeps the first `kept` of the step's `fresh` K/V slots
         (the rest go back) and the states after its last kept token, in its spare state slot
-        `newest_state` (the one it read from becomes a spare)."""
+        `newest_state` (the one it read from becomes a spare). A prefill chunk's `snapshots`
+        (ending at `end` tokens) are kept for the prefix cache."""
         seq.slots.extend(fresh[:kept])
         self.free_slots.extend(reversed(fresh[kept:]))
         if self.state_slots:
             newest = seq.spare_state_slots[newest_state]
             seq.spare_state_slots = [s for s in seq.spare_state_slots if s != newest] + [seq.state_slot]
             seq.state_slot = newest
+            if seq.state_source is not None:  # the cached snapshot it resumed after was read
+                self.cache.unpin_state(seq.state_source)
+                seq.state_source = None
+            seq.state_read_from = None
+        for p, slot in snapshots:
+            if p == end:
+                # The chunk's last token: its states are in the sequence's slot, which becomes the
+                # snapshot; the sequence reads its next step from there and takes the free slot.
+                seq.pending_snapshots.append((p, seq.state_slot))
+                seq.state_read_from, seq.state_slot = seq.state_slot, slot
+            else:
+                seq.pending_snapshots.append((p, slot))
 
     # -- the prefix cache ------------------------------------------------------------------
-    def cache_tokens(self, seq: Sequence) -> None:
-        """Gives the K/V `seq` has written to the prefix cache and moves its lock to
-        their end. Where the tree had the same tokens already, `seq` switches to the
-        tree's slots and frees its own copies. K/V of weights that have changed
-        since the sequence was admitted are never cached."""
+    def cache_tokens(self, seq: Sequence, ending: bool = False) -> None:
+        """Gives the K/V `seq` has written to the prefix cache, with its snapshots, and
+        moves its lock to their end. Where the tree had the same tokens already, `seq`
+        switches to the tree's slots and frees its own copies. K/V of weights that have
+        changed since the sequence was admitted are never cached. `ending`: the sequence
+        ends, its states (after its last cached token) become a snapshot too."""
+        cache = self.cache
         if seq.weights_generation != self.weights_generation:
+            self.give_back_snapshots(seq.pending_snapshots)
+            seq.pending_snapshots = []
             return
         tokens = (seq.prompt_ids + seq.output_ids)[:len(seq.slots)]
-        node, tree_slots = self.cache.insert(tokens, seq.slots)
+        states = dict(seq.pending_snapshots)
+        swap = None  # the free snapshot slot the sequence takes for the one it gives
+        if ending and cache.hybrid and seq.state_read_from is None and seq.state_slot is not None and tokens \
+                and len(tokens) not in states:
+            swap = cache.take_state()
+            if swap is not None:
+                states[len(tokens)] = seq.state_slot
+        try:
+            node, tree_slots = cache.insert(tokens, seq.slots, states)
+        except Exception:
+            if swap is not None:
+                cache.give_state(swap)
+            raise
+        seq.pending_snapshots = []
+        if swap is not None:
+            seq.state_slot = swap
         self.free_slots.extend(s for s, t in zip(seq.slots, tree_slots) if s != t)
         seq.slots = tree_slots
         self.cache.lock(node)
@@ -233,9 +311,15 @@ class Scheduler:
         if self.cache is not None:
             if seq.error is None and seq.slots:
                 try:
-                    self.cache_tokens(seq)
+                    self.cache_tokens(seq, ending=True)
                 except Exception:  # noqa: BLE001 - uncached, its slots are freed below as any others
                     logging.exception("caching the tokens of sequence %d failed", seq.id)
+            self.give_back_snapshots(seq.pending_snapshots)  # failed, or never cached
+            seq.pending_snapshots = []
+            if seq.state_source is not None:
+                self.cache.unpin_state(seq.state_source)
+                seq.state_source = None
+            seq.state_read_from = None
             if seq.cache_node is not None:
                 self.cache.unlock(seq.cache_node)
                 seq.cache_node = None

@@ -90,6 +90,14 @@ class Sequence:
         # state after its last kept token becomes state_slot when the step commits).
         self.state_slot: Optional[int] = None
         self.spare_state_slots: list[int] = []
+        # Where its next step reads its states when not its state_slot: a cached snapshot it
+        # resumes after (state_source, the prefix-cache node pinning it), or a snapshot of its
+        # own taken at its last chunk's end. Cleared when a step commits.
+        self.state_read_from: Optional[int] = None
+        self.state_source = None
+        # (tokens, snapshot slot): the states after that many of its tokens, kept for the
+        # prefix cache until its tokens are inserted (engine/scheduler.py).
+        self.pending_snapshots: list[tuple[int, int]] = []
         self.reservation = len(prompt_ids) + params.max_tokens  # KV tokens it may need
         self.reserved = 0     # of which the engine has reserved for it (from admission to release)
         self.generator: Optional[torch.Generator] = None

@@ -186,10 +186,10 @@ def test_a_failing_cache_insertion_fails_its_sequence_alone(model, monkeypatch):
     want = [o for o, _, _ in _generate(model, prompts, params, spec=False)[0]]
     real = prefix_cache.PrefixCache.insert
 
-    def poisoned(self, tokens, slots):
+    def poisoned(self, tokens, slots, states=None):
         if tokens[:3] == prompts[1][:3]:
             raise RuntimeError("injected in the cache")
-        return real(self, tokens, slots)
+        return real(self, tokens, slots, states)
 
     monkeypatch.setattr(prefix_cache.PrefixCache, "insert", poisoned)
     for chunk in (None, 8):  # the poisoned prompt ends in its own step, or in a chunk beside decoding rows

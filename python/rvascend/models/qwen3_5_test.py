@@ -252,7 +252,8 @@ def test_speculative_verify_on_the_hybrid_model_equals_decoding(pair, native, mo
             runs[spec] = [s.output_ids for s in seqs], steps
             if not spec:
                 _scripted_drafts({tuple(p): s.output_ids for p, s in zip(prompts, seqs)}, monkeypatch)
-        assert engine.states.num_slots == 5 * config.max_running_requests  # 2 + K each
+        # 2 + K each, and the prefix cache's snapshots.
+        assert engine.states.num_slots == 5 * config.max_running_requests + config.max_mamba_cache_size
         assert runs[True][0] == runs[False][0]
         stats = engine.stats()
         assert stats["spec_accepted_tokens"] > 0 and stats["spec_accepted_tokens"] < stats["spec_drafted_tokens"]
@@ -299,7 +300,7 @@ def test_engine_greedy_equals_transformers_generate(pair):
         with torch.no_grad():
             want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False)
         assert seq.output_ids == want[0, len(prompt):].tolist()
-    assert engine.states_free == engine.states.num_slots // 2  # every state slot back
+    assert engine.states_free == engine.config.max_running_requests  # every state slot back
 
 
 def _three(engine):
@@ -317,11 +318,11 @@ def test_engine_state_slots_never_leak_and_a_failed_step_is_undone(pair, monkeyp
     a, b, c = _three(engine)
     engine.step()
     engine.step()
-    assert engine.states_free == engine.states.num_slots // 2 - 3
+    assert engine.states_free == engine.config.max_running_requests - 3
     engine.abort(b)
     engine.step()
     assert b.status is Status.FINISHED and b.finish_reason == "abort"
-    assert engine.states_free == engine.states.num_slots // 2 - 2
+    assert engine.states_free == engine.config.max_running_requests - 2
     # A step of two sequences that fails in its last layer, after every DeltaNet layer before it
     # wrote their states: undone, then run one sequence at a time, so nothing is applied twice.
     target = ours.model.layers[3].linear_attn.out_proj
@@ -340,7 +341,7 @@ def test_engine_state_slots_never_leak_and_a_failed_step_is_undone(pair, monkeyp
     while engine.has_work():
         engine.step()
     assert [a.output_ids, c.output_ids] == want
-    assert engine.states_free == engine.states.num_slots // 2
+    assert engine.states_free == engine.config.max_running_requests
 
 
 def test_a_failing_sequence_gives_its_state_slot_back(pair, monkeypatch):
@@ -352,7 +353,7 @@ def test_a_failing_sequence_gives_its_state_slot_back(pair, monkeypatch):
     monkeypatch.setattr(target, "forward", lambda x: (_ for _ in ()).throw(RuntimeError("always")))
     engine.step()
     assert all(s.status is Status.FINISHED and s.finish_reason == "error" for s in seqs)
-    assert engine.states_free == engine.states.num_slots // 2
+    assert engine.states_free == engine.config.max_running_requests
 
 
 def test_a_callback_raising_on_the_last_token_gives_the_state_slots_back(pair):
@@ -369,7 +370,7 @@ def test_a_callback_raising_on_the_last_token_gives_the_state_slots_back(pair):
             if engine.step() == 0 and not engine.has_work():
                 break
         assert all(s.finish_reason == "length" for s in seqs), round_
-        assert engine.states_free == engine.states.num_slots // 2
+        assert engine.states_free == engine.config.max_running_requests
         assert engine.stats()["kv_reserved_tokens"] == 0
 
 
@@ -390,10 +391,23 @@ def test_hybrid_configs_that_cannot_serve_are_refused_at_load(change, message):
         ModelConfig.from_dict(raw)
 
 
-def test_the_prefix_cache_is_off_for_hybrid_models(pair):
-    _, ours, _ = pair
-    engine = Engine(ours, None, EngineConfig(max_total_tokens=256))
-    assert engine.cache is None
+def test_a_turn_served_from_the_prefix_cache_equals_transformers_generate(pair):
+    """A second turn resumes after the first's recurrent-state snapshot (its prompt, answer
+    and new tokens: only those are prefilled) and answers as transformers' generate over the
+    whole conversation."""
+    hf, ours, _ = pair
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, VOCAB, (21,), generator=g).tolist()
+    engine = Engine(ours, None, EngineConfig(max_total_tokens=256, chunked_prefill_size=8, mamba_track_interval=8))
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    (first,) = engine.generate([prompt], params)
+    turn = prompt + first.output_ids + torch.randint(0, VOCAB, (5,), generator=g).tolist()
+    (second,) = engine.generate([turn], params)
+    assert second.cached_tokens == len(prompt) + len(first.output_ids) - 1
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([turn]), max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    assert second.output_ids == want[0, len(turn):].tolist()
+    assert engine.states_free == engine.config.max_running_requests and engine.stats()["kv_used_tokens"] == 0
 
 
 def test_the_policy_packs_the_deltanet_projections_too(pair, monkeypatch):
@@ -540,7 +554,7 @@ def test_served_through_the_openai_client(tmp_path):
                                                  temperature=0)
         assert again.choices[0].text == text  # greedy: the stream and the plain answer agree
         server.wait_idle()
-        assert server.engine.states_free == server.engine.states.num_slots // 2
-        assert server.engine.cache is None
+        assert server.engine.states_free == server.engine.config.max_running_requests
+        assert server.engine.cache.hybrid and server.engine.cache.snapshots > 0
     finally:
         server.stop()

@@ -74,12 +74,15 @@ class _EngineCollector:
                                ("kv_total_tokens", "KV pool size"),
                                ("kv_locked_tokens", "Prefix-cache slots pinned by running requests"),
                                ("state_slots_free", "Recurrent-state slots free (hybrid models)"),
-                               ("state_slots_total", "Recurrent-state slots (hybrid models)")):
+                               ("state_slots_total", "Recurrent-state slots (hybrid models)"),
+                               ("mamba_cache_snapshots", "Recurrent-state snapshots the prefix cache holds"),
+                               ("mamba_cache_size", "Recurrent-state snapshots the prefix cache may hold")):
             g = GaugeMetricFamily(f"rvascend_{key}", help_text)
             g.add_metric([], stats[key])
             yield g
         for key, help_text in (("spec_drafted_tokens", "Draft tokens verified (speculative decoding)"),
-                               ("spec_accepted_tokens", "Draft tokens accepted (speculative decoding)")):
+                               ("spec_accepted_tokens", "Draft tokens accepted (speculative decoding)"),
+                               ("mamba_cache_evictions", "Recurrent-state snapshots evicted for newer ones")):
             c = CounterMetricFamily(f"rvascend_{key}", help_text)
             c.add_metric([], stats[key])
             yield c

@@ -77,6 +77,13 @@ class ServerArgs:
     disable_radix_cache: bool = _arg(
         _ENGINE.disable_radix_cache, "No prefix cache: every prompt is prefilled whole, even when an earlier "
         "request ran its prefix.")
+    max_mamba_cache_size: int = _arg(
+        _ENGINE.max_mamba_cache_size, "Hybrid models (Qwen3.5): recurrent-state snapshots the prefix cache keeps "
+        "at most, least recently used evicted first (each the size of one sequence's states, logged at start: "
+        "18.6 MiB for Qwen3.5-0.8B in BF16); a request resumes after the deepest cached snapshot of its prompt.")
+    mamba_track_interval: int = _arg(
+        _ENGINE.mamba_track_interval, "Hybrid models: prompt tokens between two recurrent-state snapshots of one "
+        "prefill (snapshots are also taken at each prompt's end and each request's end).")
     tool_call_parser: Optional[str] = _arg(
         None, "Tool calls' output format: qwen25 (Hermes `<tool_call>` blocks: Qwen2.5, Qwen3, Qwen3.5, SmolLM2) or "
         "llama3 (a JSON object); default: the model family's.", ("qwen25", "llama3"))
