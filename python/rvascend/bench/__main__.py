@@ -42,6 +42,10 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         # Not in the default set: TTFT with a shared 1k-token system prompt, prefix cache on vs off.
         "prefix_cache": ["rvascend.bench.prefix_cache", f"--output={out}/prefix_cache.jsonl"] + model
         + (["--system-len=256", "--requests-per-client=2"] if quick else []),
+        # Not in the default set: a multi-turn chat on Qwen3.5's shapes, prefix cache on vs off, and a restart
+        # served from the hierarchical cache's files.
+        "multi_turn": ["rvascend.bench.multi_turn", f"--output={out}/multi_turn.jsonl"] + model
+        + (["--shape=test", "--turns=2", "--system-len=256"] if quick else []),
         # Not in the default set: time per output token at token 512 vs 16, batch 1.
         "long_output": ["rvascend.bench.long_output", f"--output={out}/long_output.jsonl"] + model
         + (["--at=16,128"] if quick else []),

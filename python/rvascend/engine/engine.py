@@ -38,6 +38,7 @@ prefix_cache.py and scheduler.py say where they are taken and how a request resu
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from typing import Callable, Optional
@@ -45,12 +46,14 @@ from typing import Callable, Optional
 from absl import logging
 
 from rvascend.engine import sampler
+from rvascend.engine.cache_tiers import CacheTiers, DiskTier, HostTier
 from rvascend.engine.grammar import Grammar, GrammarBackend, GrammarError
+from rvascend.engine.hierarchical_cache import DENSE_PAGE_TOKENS, HierarchicalCache, cache_context
 from rvascend.engine.model_runner import ModelRunner, Plan
 from rvascend.engine.output import append_token
 from rvascend.engine.prefix_cache import PrefixCache
 from rvascend.engine.request_validation import RequestError, validate_request
-from rvascend.engine.scheduler import Scheduler
+from rvascend.engine.scheduler import Scheduler, cacheable
 from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
 from rvascend.engine.speculation import Speculator
 from rvascend.models.decoder import CausalLM
@@ -85,6 +88,14 @@ class EngineConfig:
     speculative_num_draft_tokens: int = 4
     speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 8
+    # The hierarchical cache (SGLang's HiCache flags; hierarchical_cache.py): the prefix cache's
+    # pages also kept in host memory (hicache_size GiB) and, with the "file" storage backend,
+    # in a directory (hicache_storage_dir, at most hicache_storage_size GiB) that outlives the process.
+    enable_hierarchical_cache: bool = False
+    hicache_size: float = 2.0
+    hicache_storage_backend: Optional[str] = None
+    hicache_storage_dir: Optional[str] = None
+    hicache_storage_size: float = 16.0
 
 
 class Engine:
@@ -120,6 +131,7 @@ class Engine:
         self.scheduler = Scheduler(config.max_running_requests, config.max_prefill_tokens, config.max_total_tokens,
                                    state_slots_each, state_slots, cache, self.runner.weights_generation(),
                                    config.mamba_track_interval)
+        self.scheduler.hicache = self._hierarchical_cache(cache)
         # One step at a time: a step owns the pool, the batch and the running list
         # from admission to commit, and `generate` may be called beside the server's
         # engine thread (which steps whenever there is work).
@@ -130,6 +142,49 @@ class Engine:
         self._grammars: Optional[GrammarBackend] = None  # made at the first constrained request
         self.step_started: Optional[float] = None  # time.monotonic() of the step under way
         self.wakeup = threading.Condition()
+
+    def _hierarchical_cache(self, cache: Optional[PrefixCache]) -> Optional[HierarchicalCache]:
+        config = self.config
+        if config.hicache_storage_backend is not None and not config.enable_hierarchical_cache:
+            raise ValueError("--hicache-storage-backend needs --enable-hierarchical-cache")
+        if not config.enable_hierarchical_cache:
+            return None
+        if cache is None:
+            raise ValueError("--enable-hierarchical-cache keeps the prefix cache's pages: it needs the radix cache "
+                             "(drop --disable-radix-cache)")
+        if config.hicache_storage_backend not in (None, "file"):
+            raise ValueError(f"--hicache-storage-backend {config.hicache_storage_backend!r}: only 'file' is built")
+        for name in ("hicache_size", "hicache_storage_size"):
+            if not getattr(config, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive number of GiB, "
+                                 f"not {getattr(config, name)}")
+        disk = None
+        if config.hicache_storage_backend == "file":
+            directory = config.hicache_storage_dir or os.path.join(os.path.expanduser("~"), ".cache", "rvascend",
+                                                                   "hicache")
+            disk = DiskTier(directory, int(config.hicache_storage_size * 2**30))
+        tiers = CacheTiers(HostTier(int(config.hicache_size * 2**30)), disk)
+        self._page_tokens = config.mamba_track_interval if cache.hybrid else DENSE_PAGE_TOKENS
+        started = time.perf_counter()
+        hicache = HierarchicalCache(tiers, self.runner.pool, self._page_tokens, self._cache_context())
+        logging.info("hierarchical cache: pages of %d tokens, host %.1f GiB%s; the weights' fingerprint took %.2f s",
+                     self._page_tokens, config.hicache_size,
+                     f", files in {disk.directory} up to {config.hicache_storage_size:.1f} GiB" if disk else "",
+                     time.perf_counter() - started)
+        return hicache
+
+    def _cache_context(self) -> str:
+        return cache_context(self.runner.fingerprint(), getattr(self.tokenizer, "tokenizer_json", None),
+                             self._page_tokens)
+
+    @property
+    def hicache(self) -> Optional[HierarchicalCache]:
+        return self.scheduler.hicache
+
+    def close(self) -> None:
+        """Finishes the cache tiers' queued disk writes (the server calls it at shutdown)."""
+        if self.hicache is not None:
+            self.hicache.tiers.close()
 
     @property
     def pool(self):
@@ -179,6 +234,8 @@ class Engine:
             if self.scheduler.queued >= self.config.max_queued_requests:
                 raise QueueFullError(f"{self.config.max_queued_requests} requests are already queued or running")
             self.scheduler.pending.append(seq)
+        if self.hicache is not None:  # its pages on disk move to host memory while it waits
+            self.hicache.prefetch(prompt_ids[:cacheable(seq)])
         with self.wakeup:
             self.wakeup.notify()
         return seq
@@ -200,10 +257,14 @@ class Engine:
         kv_locked_tokens: of those, pinned by running requests; state_slots_free /
         state_slots_total: recurrent-state slots (hybrid models; 0 otherwise);
         cache_retirements: times the cache was emptied because the weights changed;
-        spec_drafted_tokens / spec_accepted_tokens: draft tokens verified, and accepted."""
+        spec_drafted_tokens / spec_accepted_tokens: draft tokens verified, and accepted;
+        hicache_*: the hierarchical cache's pages and tiers, when it is on."""
         with self.scheduler.lock:
-            return {**self.scheduler.stats(), "spec_drafted_tokens": self.speculator.drafted,
-                    "spec_accepted_tokens": self.speculator.accepted}
+            stats = {**self.scheduler.stats(), "spec_drafted_tokens": self.speculator.drafted,
+                     "spec_accepted_tokens": self.speculator.accepted}
+        if self.hicache is not None:  # outside the lock: the disk tier's counts list its directory
+            stats.update(self.hicache.stats())
+        return stats
 
     @property
     def states_free(self) -> int:
@@ -232,10 +293,15 @@ class Engine:
 
     def _step(self) -> int:
         scheduler = self.scheduler
+        generation = self.runner.weights_generation()
+        if generation != scheduler.weights_generation and self.hicache is not None:
+            # New weights, a new context (their fingerprint: seconds for a large model, so
+            # outside the lock, which add_request takes); only this thread writes either.
+            self.hicache.weights_changed(self._cache_context())
         with scheduler.lock:
             scheduler.waiting.extend(scheduler.pending)
             scheduler.pending.clear()
-            scheduler.retire_stale_cache(self.runner.weights_generation())
+            scheduler.retire_stale_cache(generation)
             scheduler.drop_aborted()
             # Running from admission on, so that a failing step fails them too.
             scheduler.running.extend(scheduler.admit())

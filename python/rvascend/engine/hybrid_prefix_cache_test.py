@@ -9,17 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rvascend.engine import Engine, EngineConfig, SamplingParams, random_checkpoint
-from rvascend.engine.testing import write_random_checkpoint
-from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine.testing import TINY_QWEN3_5, load_exact_or_fp32, write_random_checkpoint
 
-# Qwen3.5's layer pattern (three Gated DeltaNet layers, then gated full attention), narrow.
-TINY_QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=128, intermediate_size=256,
-                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-                    linear_value_head_dim=32, vocab_size=512, max_position_embeddings=1024, mtp_num_hidden_layers=0,
-                    layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
 
 
@@ -30,17 +22,7 @@ def path():
 
 @pytest.fixture(scope="module", params=["float32", "bf16_deterministic"])
 def model(request, path):
-    """FP32 through ATen (the logits of a row depend on how many rows its matmuls had: the
-    tokens must agree, logprobs to FP32 rounding) and BF16 under deterministic inference
-    (everything bit for bit)."""
-    if request.param == "float32":
-        m = load_model(path, torch.float32)
-        m.exact = False
-        return m
-    m = load_model(path, torch.bfloat16)
-    install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", deterministic=True))
-    m.exact = True
-    return m
+    return load_exact_or_fp32(path, request.param)
 
 
 def _engine(model, **config) -> Engine:

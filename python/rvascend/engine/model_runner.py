@@ -10,6 +10,8 @@ commit (engine.py) does.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from typing import Optional
 
 import torch
@@ -18,6 +20,7 @@ from absl import logging
 from rvascend import ops
 from rvascend.dispatch import weights_generation
 from rvascend.dispatch.kernel_routes import routes_of
+from rvascend.ops import kernel_sets
 from rvascend.engine import sampler
 from rvascend.engine.grammar import GrammarBackend
 from rvascend.engine.sequence import Sequence
@@ -70,6 +73,23 @@ class ModelRunner:
     def weights_generation(self) -> int:
         """Changes whenever the model's weights do (load_state_dict, repacking)."""
         return weights_generation.current(self.model)
+
+    def fingerprint(self) -> str:
+        """sha256 (hex) of everything on the model side that decides the bits of a K/V or a
+        recurrent state: the weights' bytes, names and dtypes, the model's config, the kernel
+        route and deterministic mode, the kernel sets this CPU runs, the threads and torch's
+        version (the cache tiers' context: hierarchical_cache.py)."""
+        routes = routes_of(self.model)
+        h = hashlib.sha256(json.dumps({
+            "config": repr(self.model.config), "kernel_sets": kernel_sets.available(),
+            "routes": None if routes is None else [routes.enabled, routes.batch_invariant],
+            "threads": torch.get_num_threads(), "torch": torch.__version__}, sort_keys=True).encode())
+        for name, tensor in self.model.state_dict().items():
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            h.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+            h.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+        return h.hexdigest()
 
     def prepare(self, work: list[tuple[Sequence, int]], fresh: list[int],
                 snapshots: Optional[list[list[tuple[int, int]]]] = None) -> Plan:

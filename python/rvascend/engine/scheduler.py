@@ -24,6 +24,11 @@ last token the sequence's own state slot becomes the snapshot and the sequence r
 its next step's states from it (its own slot is written then); at a request's end its
 state slot becomes the snapshot and a free snapshot slot goes back to the sequences'.
 
+With the hierarchical cache (hierarchical_cache.py) the pages the tree takes are also
+copied to the cache tiers, and an admitted request whose prompt reaches past the tree's
+prefix has the next pages loaded from them into free slots and inserted into the tree
+before it matches.
+
 Every method but `lock`'s own users expects the caller to hold `lock`.
 """
 
@@ -35,6 +40,7 @@ from typing import Optional
 
 from absl import logging
 
+from rvascend.engine.hierarchical_cache import HierarchicalCache
 from rvascend.engine.prefix_cache import PrefixCache, common_prefix_len
 from rvascend.engine.sequence import Output, Sequence, Status
 
@@ -61,6 +67,7 @@ class Scheduler:
         self.reserved = 0
         self.weights_generation = weights_generation  # of the weights the cached K/V were computed with
         self.track_interval = track_interval  # hybrid models: prefill tokens between state snapshots
+        self.hicache: Optional[HierarchicalCache] = None  # the cache's pages beyond the pool (the engine sets it)
 
     # -- queues ----------------------------------------------------------------------
     @property
@@ -92,6 +99,8 @@ class Scheduler:
         if freed is None:
             return False
         self.free_slots.extend(freed)
+        if self.hicache is not None:
+            self.hicache.tiers.flush()
         return True
 
     def retire_stale_cache(self, generation: int) -> None:
@@ -159,7 +168,10 @@ class Scheduler:
         """Starts `seq` after the longest cached prefix of its prompt."""
         if self.cache is None:
             return
-        slots, node = self.cache.match(seq.prompt_ids[:cacheable(seq)])
+        prompt = seq.prompt_ids[:cacheable(seq)]
+        if self.hicache is not None:
+            self._load_from_tiers(prompt)
+        slots, node = self.cache.match(prompt)
         self.cache.lock(node)
         seq.cache_node = node
         if node.state is not None:  # a hybrid model's prefix: its first step reads the snapshot
@@ -169,6 +181,40 @@ class Scheduler:
         seq.prefilled = seq.cached_tokens = len(slots)
         self.cache.hit_tokens += len(slots)
         self.cache.queried_tokens += len(seq.prompt_ids)
+
+    def _load_from_tiers(self, prompt: list[int]) -> None:
+        """Extends the tree with the pages of `prompt` the cache tiers hold past its cached
+        prefix (hierarchical_cache.py), into free slots. Anything going wrong is a miss:
+        the request prefills those tokens instead."""
+        held, node = self.cache.match(prompt)
+        try:
+            loaded = self.hicache.fetch(prompt, len(held))
+        except Exception:  # noqa: BLE001 - a tier's failure costs a prefill, never the request
+            logging.exception("reading the cache tiers failed")
+            return
+        if loaded is None:
+            return
+        self.cache.lock(node)  # the prefix the pages continue stays while slots are taken for them
+        state, fresh = None, []
+        try:
+            if self.hicache.hybrid:
+                state = self.cache.take_state()
+                if state is None:  # every snapshot slot is about to be read
+                    return
+            fresh = self.take_slots(loaded.end - loaded.start)
+            self.hicache.write(loaded, fresh, state)
+            _, tree_slots = self.cache.insert(prompt[:loaded.end], held + fresh,
+                                              {loaded.end: state} if state is not None else None)
+            state = None  # the tree's now (or given back by it)
+            self.free_slots.extend(s for s, t in zip(fresh, tree_slots[loaded.start:]) if s != t)
+            fresh = []
+        except Exception:  # noqa: BLE001 - as above
+            logging.exception("loading %d tokens from the cache tiers failed", loaded.end - loaded.start)
+        finally:
+            if state is not None:
+                self.cache.give_state(state)
+            self.free_slots.extend(reversed(fresh))
+            self.cache.unlock(node)
 
     @staticmethod
     def prefill_chunk(prefilling: list[Sequence], budget: Optional[int]) -> list[tuple[Sequence, int]]:
@@ -276,6 +322,11 @@ class Scheduler:
             swap = cache.take_state()
             if swap is not None:
                 states[len(tokens)] = seq.state_slot
+        if self.hicache is not None:
+            try:
+                self.hicache.store(tokens, seq.slots, states)
+            except Exception:  # noqa: BLE001 - the tiers are a copy: the radix cache goes on without it
+                logging.exception("copying sequence %d's pages to the cache tiers failed", seq.id)
         try:
             node, tree_slots = cache.insert(tokens, seq.slots, states)
         except Exception:

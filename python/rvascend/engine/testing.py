@@ -17,8 +17,9 @@ from rvascend.dispatch.fused_decoder import held_off
 from rvascend.engine import Engine, EngineConfig, SamplingParams, random_checkpoint
 from rvascend.engine.random_model import random_weights
 from rvascend.models.decoder import CausalLM
+from rvascend.models.loader import load_model
 from rvascend.models.testing import Runner
-from rvascend.policy import get_policy
+from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
 
 # Llama and Qwen3.5 (three Gated DeltaNet layers, then gated full attention) at 1024 wide,
 # so every projection is packed, and one period deep, so emulation stays short. No MTP head.
@@ -30,6 +31,28 @@ IMAGE_QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=1024,
                      num_hidden_layers=4, head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
                      vocab_size=1024, max_position_embeddings=256, mtp_num_hidden_layers=0,
                      layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
+
+# Qwen3.5's layer pattern (three Gated DeltaNet layers, then gated full attention), narrow:
+# the engine's hybrid tests (prefix cache, cache tiers).
+TINY_QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=128, intermediate_size=256,
+                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                    linear_value_head_dim=32, vocab_size=512, max_position_embeddings=1024, mtp_num_hidden_layers=0,
+                    layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
+
+
+def load_exact_or_fp32(path: str, kind: str) -> CausalLM:
+    """`kind` "float32": through ATen (a row's logits depend on how many rows its matmuls had:
+    tokens must agree, logprobs to FP32 rounding); "bf16_deterministic": BF16 under
+    deterministic inference (everything bit for bit). `.exact` says which."""
+    if kind == "float32":
+        model = load_model(path, torch.float32)
+        model.exact = False
+        return model
+    model = load_model(path, torch.bfloat16)
+    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    model.exact = True
+    return model
 
 
 def write_random_checkpoint(config: dict) -> str:

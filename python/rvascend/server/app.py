@@ -52,6 +52,7 @@ def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = No
         yield
         stop.set()
         thread.join(timeout=30)
+        engine.close()  # the cache tiers' queued disk writes land before the process ends
 
     app = FastAPI(title="rvascend", lifespan=lifespan)
     app.state.engine = engine

@@ -86,6 +86,26 @@ class _EngineCollector:
             c = CounterMetricFamily(f"rvascend_{key}", help_text)
             c.add_metric([], stats[key])
             yield c
+        tiers = [t for t in ("host", "disk") if f"hicache_{t}_bytes" in stats]  # the hierarchical cache's
+        for key, kind, help_text in (("entries", GaugeMetricFamily, "Entries held"),
+                                     ("bytes", GaugeMetricFamily, "Bytes held"),
+                                     ("capacity_bytes", GaugeMetricFamily, "Bytes it may hold"),
+                                     ("hits", CounterMetricFamily, "Entries found"),
+                                     ("misses", CounterMetricFamily, "Entries looked for and not found"),
+                                     ("evicted", CounterMetricFamily, "Entries evicted to stay in bounds"),
+                                     ("rejected", CounterMetricFamily, "Files removed as corrupt or foreign")):
+            if tiers:
+                m = kind(f"rvascend_hicache_{key}", f"{help_text}, per tier of the hierarchical cache",
+                         labels=["tier"])
+                for tier in tiers:
+                    m.add_metric([tier], stats[f"hicache_{tier}_{key}"])
+                yield m
+        for key, help_text in (("hicache_loaded_tokens", "Prompt tokens loaded from the cache tiers, not prefilled"),
+                               ("hicache_stored_pages", "Pages written through to the cache tiers")):
+            if key in stats:
+                c = CounterMetricFamily(f"rvascend_{key}", help_text)
+                c.add_metric([], stats[key])
+                yield c
         for name, help_text, value in (
                 ("num_running_reqs", "Requests decoding", stats["running"]),
                 ("num_queue_reqs", "Requests queued", stats["waiting"]),

@@ -84,6 +84,18 @@ class ServerArgs:
     mamba_track_interval: int = _arg(
         _ENGINE.mamba_track_interval, "Hybrid models: prompt tokens between two recurrent-state snapshots of one "
         "prefill (snapshots are also taken at each prompt's end and each request's end).")
+    enable_hierarchical_cache: bool = _arg(
+        _ENGINE.enable_hierarchical_cache, "Keep the prefix cache's K/V pages (and a hybrid model's recurrent-state "
+        "snapshots) beyond the KV pool, in host memory and with a storage backend in files that outlive the "
+        "process; a prompt whose prefix is there loads it instead of prefilling it.")
+    hicache_size: float = _arg(_ENGINE.hicache_size, "Host-memory tier of the hierarchical cache, in GiB.")
+    hicache_storage_backend: Optional[str] = _arg(
+        _ENGINE.hicache_storage_backend, "The hierarchical cache's storage tier: file (a private directory, "
+        "--hicache-storage-dir); default: none.", ("file",))
+    hicache_storage_dir: Optional[str] = _arg(
+        _ENGINE.hicache_storage_dir, "Directory of the file storage tier (created mode 0700); default: "
+        "~/.cache/rvascend/hicache.")
+    hicache_storage_size: float = _arg(_ENGINE.hicache_storage_size, "File storage tier's size, in GiB.")
     tool_call_parser: Optional[str] = _arg(
         None, "Tool calls' output format: qwen25 (Hermes `<tool_call>` blocks: Qwen2.5, Qwen3, Qwen3.5, SmolLM2) or "
         "llama3 (a JSON object); default: the model family's.", ("qwen25", "llama3"))

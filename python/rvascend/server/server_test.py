@@ -215,3 +215,37 @@ def test_soak_sixteen_hostile_clients_for_a_minute():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_restarted_server_loads_its_prompts_from_the_hierarchical_caches_files(tmp_path):
+    """--enable-hierarchical-cache with the file backend: a server's pages land in the
+    directory at shutdown, the next server on it answers the same prompt from them (the
+    same answer: deterministic inference), and /metrics and /flush_cache cover the tiers."""
+    tiers = dict(enable_hierarchical_cache=True, hicache_size=0.05, hicache_storage_backend="file",
+                 hicache_storage_dir=str(tmp_path / "hicache"), hicache_storage_size=0.1,
+                 enable_deterministic_inference=True, cpu_rvv_shape_gate=None)
+    prompt = [(7 * i) % 200 + 3 for i in range(600)]  # two whole pages of 256 tokens
+    answers = []
+    for _ in range(2):
+        s = Server(**tiers)
+        try:
+            r = s.http.post("/v1/completions", json={"model": s.name, "prompt": prompt, "max_tokens": 8,
+                                                     "temperature": 0})
+            assert r.status_code == 200, r.text
+            answers.append((r.json()["choices"][0]["text"], r.json()["usage"]))
+            metrics = s.http.get("/metrics").text
+        finally:
+            s.stop()
+    (cold, cold_usage), (warm, warm_usage) = answers
+    assert (cold_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) == 0
+    assert warm_usage["prompt_tokens_details"]["cached_tokens"] == 512
+    assert warm == cold
+    assert "rvascend_hicache_loaded_tokens_total 512.0" in metrics
+    assert 'rvascend_hicache_hits_total{tier="disk"}' in metrics
+    s = Server(**tiers)
+    try:
+        assert s.engine.stats()["hicache_disk_entries"] == 2
+        assert s.http.post("/flush_cache").status_code == 200
+        assert s.engine.stats()["hicache_disk_entries"] == 0
+    finally:
+        s.stop()

@@ -1,0 +1,701 @@
+"""The KV cache's tiers beyond the in-memory pool: a bounded host-memory tier, then a directory on disk.
+
+The pool (prefix_cache.py) keeps a prefix's K/V only while its slots last. The tiers
+keep copies of evicted chunks (SGLang's HiCache host + file storage, LMCache): the
+host tier in RAM, least recently used first out, and a disk tier that survives a
+server restart, so a long system prompt is prefilled once per machine rather than
+once per process. An entry is one chunk of a prefix's cache: named CPU tensors (K/V
+of some tokens per layer, perhaps recurrent states) under an `EntryKey`: the whole
+token prefix up to the chunk's end plus a `context` digest of everything that
+decides the bits (weights, dtype, kernel route, deterministic mode, tokenizer, page
+size). Equal keys mean equal bits, so an entry is never updated, only replaced.
+
+`CacheTiers` is what the engine holds: `get` looks in host then disk (a disk hit is
+promoted into host), `put` stores in host and hands the disk write to one
+background thread through a bounded queue (a full queue drops the write: the engine
+thread never waits on the disk), `prefetch` loads disk entries into host on that
+thread so that the engine's later `get` is a memory hit.
+
+Disk file format (one file per entry, `<key.digest>.kv`, all integers little-endian):
+
+    magic      8 bytes   MAGIC
+    version    u32       FORMAT_VERSION
+    header_len u32       at most MAX_HEADER_BYTES
+    header     header_len bytes of UTF-8 JSON: {"context", "tokens_sha256", "token_count",
+               "tensors": [{"name", "dtype", "shape", "offset", "nbytes"}, ...]}
+               (offsets relative to the payload, the tensors back to back in order)
+    payload    each tensor's bytes, C order
+    checksum   32 bytes: sha256 of everything above
+
+Files are written to a uniquely named temp file in the same directory (pid +
+random), fsynced, then `os.replace`d over the entry's name, so a reader (this
+process or another server sharing the directory) sees a whole file or none.
+
+Why the files are untrusted: a directory outlives the process that wrote it and can
+be shared, copied, restored from a backup, filled by an older build or half-written
+by a crash; a wrong tensor served from it would be silently wrong output, and an
+unpickler would run code. So the format is raw bytes described by JSON (no pickle,
+no torch.load); every size is checked before anything is allocated (header length,
+declared sizes adding up to the file's size, the file no larger than the tier);
+the checksum, the dtype whitelist and shapes agreeing with byte counts are verified;
+the header's context and token hash must equal the key's (another model's or another
+dtype's entry renamed to this digest is not this entry). The directory must be
+private (mode 0700, owned by this uid): anyone who can write it can choose what the
+server reads. Entry files are opened with O_NOFOLLOW and must be regular files.
+
+A miss is any `get` that returns None: no file, or a file failing any check above.
+A failing file is logged (absl warning naming the file and why), removed and
+counted as rejected; the caller never sees an exception nor a tensor from it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import fcntl
+import functools
+import hashlib
+import json
+import math
+import os
+import queue
+import re
+import secrets
+import stat
+import struct
+import threading
+import time
+from typing import BinaryIO, Iterable, Iterator, Optional
+
+import numpy as np
+import torch
+from absl import logging
+
+Tensors = dict[str, torch.Tensor]
+
+MAGIC = b"RVKVTIER"
+FORMAT_VERSION = 1
+PREFIX = struct.Struct("<8sII")  # magic, version, header length in bytes
+CHECKSUM_BYTES = 32  # sha256
+MAX_HEADER_BYTES = 1 << 20  # thousands of tensors' descriptions; a larger claim is a bad file
+MAX_DIMS = 16
+STALE_TEMP_SECONDS = 3600.0  # a temp file this old belongs to a writer that crashed
+DTYPES = {name: getattr(torch, name) for name in ("bfloat16", "float16", "float32", "int8", "uint8", "int32", "int64")}
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+ENTRY_SUFFIX = ".kv"
+_ENTRY_FILE = re.compile(r"[0-9a-f]{64}\.kv")
+_TEMP_FILE = re.compile(r"\.[0-9a-f]{64}\.[0-9]+\.[0-9a-f]+\.tmp")
+_LOCK_FILE = ".lock"
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryKey:
+    """One chunk of a token prefix's cache. `context`: hex digest of everything that
+    decides the bits (the engine computes it); `tokens`: the whole prefix from
+    position 0 to the chunk's end."""
+    context: str
+    tokens: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", tuple(self.tokens))  # a list would make the key unhashable
+
+    @functools.cached_property
+    def tokens_sha256(self) -> str:
+        """sha256 of the tokens as int64 little-endian, hex: what a file's header records."""
+        return hashlib.sha256(_token_bytes(self.tokens)).hexdigest()
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """sha256 over the context and the tokens (int64 little-endian), hex: the entry's file name."""
+        h = hashlib.sha256(self.context.encode("utf-8"))
+        h.update(b"\0")  # the context is hex, so the separator cannot occur in it
+        h.update(_token_bytes(self.tokens))
+        return h.hexdigest()
+
+
+def _token_bytes(tokens: tuple[int, ...]) -> bytes:
+    return np.asarray(tokens, dtype="<i8").tobytes()
+
+
+@dataclasses.dataclass
+class TierStats:
+    """One tier's counters; the same fields for both tiers so they export alike."""
+    capacity_bytes: int
+    entries: int = 0
+    bytes: int = 0
+    hits: int = 0
+    misses: int = 0           # every get that returned None, rejected ones included
+    evicted: int = 0          # entries removed to stay under the capacity
+    refused: int = 0          # puts larger than the whole capacity
+    rejected: int = 0         # disk: corrupt, foreign or stale files removed on read
+    load_seconds: float = 0.0   # disk: reading and verifying entries
+    write_seconds: float = 0.0  # disk: encoding, writing and fsyncing entries
+
+
+def entry_nbytes(tensors: Tensors) -> int:
+    """The tensors' bytes; raises ValueError for what no tier stores (a caller's bug,
+    raised on the caller's thread rather than later in the writer)."""
+    if not isinstance(tensors, dict):
+        raise ValueError(f"an entry is a dict of named tensors, not {type(tensors).__name__}")
+    total = 0
+    for name, tensor in tensors.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"entry item {name!r}: names are str and values torch.Tensor, not {type(tensor).__name__}")
+        if tensor.dtype not in _DTYPE_NAMES:
+            raise ValueError(f"tensor {name!r} has dtype {tensor.dtype}, not one of {', '.join(DTYPES)}")
+        if tensor.device.type != "cpu":
+            raise ValueError(f"tensor {name!r} is on {tensor.device}; the tiers hold CPU tensors")
+        total += tensor.numel() * tensor.element_size()
+    return total
+
+
+class HostTier:
+    """Entries in RAM up to `capacity_bytes` of tensor data, least recently used out first."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes <= 0:
+            raise ValueError(f"host tier capacity_bytes = {capacity_bytes} must be positive")
+        self._lock = threading.Lock()
+        self._entries: collections.OrderedDict[str, tuple[Tensors, int]] = collections.OrderedDict()  # LRU first
+        self._stats = TierStats(capacity_bytes)
+
+    def get(self, key: EntryKey) -> Optional[Tensors]:
+        """The entry's tensors (shared with the tier: copy them, never write into them), or None."""
+        with self._lock:
+            entry = self._entries.get(key.digest)
+            if entry is None:
+                self._stats.misses += 1
+                return None
+            self._entries.move_to_end(key.digest)
+            self._stats.hits += 1
+            return dict(entry[0])
+
+    def put(self, key: EntryKey, tensors: Tensors) -> bool:
+        """Stores the entry, taking ownership of the tensors (nobody writes into them
+        afterwards); evicts least recently used entries to fit. False: larger than the tier."""
+        nbytes = entry_nbytes(tensors)
+        with self._lock:
+            if nbytes > self._stats.capacity_bytes:
+                self._stats.refused += 1
+                return False
+            old = self._entries.pop(key.digest, None)
+            if old is not None:
+                self._stats.bytes -= old[1]
+            self._entries[key.digest] = (dict(tensors), nbytes)
+            self._stats.bytes += nbytes
+            while self._stats.bytes > self._stats.capacity_bytes:
+                _, (_, freed) = self._entries.popitem(last=False)
+                self._stats.bytes -= freed
+                self._stats.evicted += 1
+            self._stats.entries = len(self._entries)
+            return True
+
+    def contains(self, key: EntryKey) -> bool:
+        """Whether the entry is here (does not count as a use)."""
+        with self._lock:
+            return key.digest in self._entries
+
+    def flush(self) -> None:
+        """Removes every entry."""
+        with self._lock:
+            self._entries.clear()
+            self._stats.entries = self._stats.bytes = 0
+
+    def stats(self) -> TierStats:
+        with self._lock:
+            return dataclasses.replace(self._stats)
+
+
+class _CorruptEntry(Exception):
+    """A file that is not a valid entry for the key asked for; the message says why."""
+
+
+# What reading an untrusted file can raise: each is a miss. ValueError covers bad JSON and
+# UTF-8, RuntimeError torch's and RecursionError (deeply nested JSON).
+_READ_ERRORS = (_CorruptEntry, OSError, ValueError, RuntimeError, TypeError, OverflowError)
+
+_mtime_lock = threading.Lock()
+_last_mtime_ns = 0
+
+
+def _next_mtime_ns() -> int:
+    """Now, strictly after this process's previous answer: mtimes are the disk tier's
+    LRU order, and file timestamps can be as coarse as a kernel tick."""
+    global _last_mtime_ns
+    with _mtime_lock:
+        _last_mtime_ns = max(time.time_ns(), _last_mtime_ns + 1)
+        return _last_mtime_ns
+
+
+def _unlink_quietly(path: str) -> bool:
+    """Removes the file; False if it was already gone (another server evicted it)."""
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: str) -> Iterator[None]:
+    """An exclusive flock on the directory's lock file: two servers sharing the
+    directory scan and evict one at a time (flock also excludes a second open in
+    this process, so two DiskTier objects exclude each other too)."""
+    fd = os.open(os.path.join(directory, _LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _make_private_directory(path: str) -> None:
+    """Creates `path` with mode 0700, or checks an existing one is as private: whoever
+    can write the directory chooses what the server reads."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.stat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise ValueError(f"cache directory {path} is not a directory")
+    uid = os.geteuid()
+    if info.st_uid != uid:
+        raise ValueError(f"cache directory {path} is owned by uid {info.st_uid}, not by the current uid {uid}: "
+                         "its owner could plant entries the server would read")
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        raise ValueError(f"cache directory {path} has mode {mode:#o}: group/other may access it; "
+                         f"it must be private (chmod 700 {path})")
+
+
+def _read_exact(f: BinaryIO, nbytes: int) -> bytearray:
+    """The next `nbytes` of `f` in a fresh buffer; `nbytes` is already bounded by the file's size."""
+    buffer = bytearray(nbytes)
+    view = memoryview(buffer)
+    filled = 0
+    while filled < nbytes:
+        got = f.readinto(view[filled:])
+        if not got:
+            raise _CorruptEntry(f"the file ends {nbytes - filled} bytes early")
+        filled += got
+    return buffer
+
+
+def _expect(condition: bool, reason: str) -> None:
+    if not condition:
+        raise _CorruptEntry(reason)
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int  # JSON true/false are bools, which isinstance(int) would pass
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorSpec:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def _parse_tensor_spec(index: int, item: object, offset: int) -> _TensorSpec:
+    """Header entry `index`, which must start at payload `offset`."""
+    _expect(isinstance(item, dict), f"tensors[{index}] is not a JSON object")
+    name, dtype_name, shape = item.get("name"), item.get("dtype"), item.get("shape")
+    _expect(isinstance(name, str), f"tensors[{index}] has no string name")
+    _expect(isinstance(dtype_name, str) and dtype_name in DTYPES,
+            f"tensor {name!r}: dtype {dtype_name!r} is not one of {', '.join(DTYPES)}")
+    _expect(isinstance(shape, list) and len(shape) <= MAX_DIMS and all(_is_int(d) and d >= 0 for d in shape),
+            f"tensor {name!r}: shape {str(shape)[:80]} is not a list of at most {MAX_DIMS} sizes >= 0")
+    dtype = DTYPES[dtype_name]
+    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a huge shape cannot overflow past the checks
+    _expect(item.get("nbytes") == nbytes and _is_int(item.get("nbytes")),
+            f"tensor {name!r}: nbytes {item.get('nbytes')!r} is not shape {shape} x {dtype.itemsize} bytes = {nbytes}")
+    _expect(item.get("offset") == offset and _is_int(item.get("offset")),
+            f"tensor {name!r}: offset {item.get('offset')!r} is not {offset} (tensors lie back to back)")
+    return _TensorSpec(name, dtype, tuple(shape), nbytes)
+
+
+def _parse_header(raw: bytes, payload_bytes: int) -> tuple[dict, list[_TensorSpec]]:
+    """The header and its tensors, whose sizes must add up to `payload_bytes` (what the
+    file holds between the header and the checksum) before any payload is read."""
+    header = json.loads(raw.decode("utf-8"))
+    _expect(isinstance(header, dict), "the header is not a JSON object")
+    _expect(isinstance(header.get("context"), str) and isinstance(header.get("tokens_sha256"), str)
+            and _is_int(header.get("token_count")), "the header lacks context, tokens_sha256 or token_count")
+    items = header.get("tensors")
+    _expect(isinstance(items, list), "the header's tensors is not a list")
+    specs, offset = [], 0
+    for index, item in enumerate(items):
+        spec = _parse_tensor_spec(index, item, offset)
+        specs.append(spec)
+        offset += spec.nbytes
+    _expect(len({spec.name for spec in specs}) == len(specs), "two tensors share a name")
+    _expect(offset == payload_bytes, f"the tensors declare {offset} bytes but the file holds {payload_bytes}")
+    return header, specs
+
+
+def _read_entry(f: BinaryIO, file_bytes: int, key: EntryKey, capacity_bytes: int) -> Tensors:
+    """The entry in `f` (a `file_bytes` long file), verified for `key`; raises one of
+    _READ_ERRORS naming the first problem. Sizes are checked before each allocation."""
+    _expect(file_bytes <= capacity_bytes, f"{file_bytes} bytes is more than the tier's capacity of {capacity_bytes}")
+    _expect(file_bytes >= PREFIX.size + CHECKSUM_BYTES, f"{file_bytes} bytes is shorter than any entry")
+    prefix = _read_exact(f, PREFIX.size)
+    magic, version, header_bytes = PREFIX.unpack(prefix)
+    _expect(magic == MAGIC, f"magic {bytes(magic)!r} is not {MAGIC!r}")
+    _expect(version == FORMAT_VERSION, f"format version {version} is not {FORMAT_VERSION}")
+    _expect(header_bytes <= MAX_HEADER_BYTES, f"header length {header_bytes} is over {MAX_HEADER_BYTES}")
+    payload_bytes = file_bytes - PREFIX.size - header_bytes - CHECKSUM_BYTES
+    _expect(payload_bytes >= 0, f"header length {header_bytes} does not fit a {file_bytes} byte file")
+    raw_header = _read_exact(f, header_bytes)
+    header, specs = _parse_header(bytes(raw_header), payload_bytes)
+    checksum = hashlib.sha256(prefix)
+    checksum.update(raw_header)
+    tensors = {}
+    for spec in specs:
+        # One buffer per tensor, so each owns its memory and none aliases the file.
+        data = _read_exact(f, spec.nbytes)
+        checksum.update(data)
+        tensors[spec.name] = (torch.frombuffer(data, dtype=spec.dtype).reshape(spec.shape) if spec.nbytes
+                              else torch.empty(spec.shape, dtype=spec.dtype))
+    _expect(bytes(_read_exact(f, CHECKSUM_BYTES)) == checksum.digest(), "checksum mismatch (a changed or torn file)")
+    # Identity last: a valid file of another context or prefix is named as such, not as corrupt.
+    _expect(header["context"] == key.context,
+            f"context {header['context'][:16]!r}... is not the key's {key.context[:16]!r}... "
+            "(another model's or setting's entry)")
+    _expect(header["tokens_sha256"] == key.tokens_sha256 and header["token_count"] == len(key.tokens),
+            f"the file's {header['token_count']} token prefix is not the key's {len(key.tokens)} (a renamed entry)")
+    return tensors
+
+
+def _encode_entry(key: EntryKey, tensors: Tensors) -> tuple[list[bytes | memoryview], int]:
+    """The file's chunks (checksum not included) and the whole file's size in bytes."""
+    items, payload, offset = [], [], 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        items.append({"name": name, "dtype": _DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
+                      "offset": offset, "nbytes": nbytes})
+        # Bytes of any dtype through a uint8 view: numpy has no bfloat16.
+        payload.append(memoryview(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()))
+        offset += nbytes
+    header = json.dumps({"context": key.context, "tokens_sha256": key.tokens_sha256, "token_count": len(key.tokens),
+                         "tensors": items}, separators=(",", ":")).encode("utf-8")
+    chunks = [PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)), header, *payload]
+    return chunks, PREFIX.size + len(header) + offset + CHECKSUM_BYTES
+
+
+class DiskTier:
+    """Entries as files in a private `directory`, at most `capacity_bytes` of files,
+    least recently used (oldest mtime) out first. Several DiskTier objects or processes
+    may share the directory."""
+
+    def __init__(self, directory: str, capacity_bytes: int) -> None:
+        if capacity_bytes <= 0:
+            raise ValueError(f"disk tier capacity_bytes = {capacity_bytes} must be positive")
+        self.directory = os.path.abspath(directory)
+        _make_private_directory(self.directory)
+        self._lock = threading.Lock()
+        self._stats = TierStats(capacity_bytes)
+        self._evict(keep=None)  # a smaller capacity than last run's, temp files of a crashed writer
+
+    def path(self, key: EntryKey) -> str:
+        """The entry's file."""
+        return os.path.join(self.directory, key.digest + ENTRY_SUFFIX)
+
+    def get(self, key: EntryKey) -> Optional[Tensors]:
+        """The entry's tensors in fresh memory, or None (absent, or a bad file: removed and counted)."""
+        path = self.path(key)
+        start = time.perf_counter()
+        try:
+            # O_NONBLOCK: a FIFO planted under the name must not hang the open.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._count(misses=1)
+            return None
+        except OSError as error:
+            self._reject(path, None, f"cannot open it: {error}")
+            return None
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            info = os.fstat(fd)
+            try:
+                _expect(stat.S_ISREG(info.st_mode), "not a regular file")
+                tensors = _read_entry(f, info.st_size, key, self._stats.capacity_bytes)
+            except _READ_ERRORS as error:
+                self._reject(path, info.st_ino, str(error) or type(error).__name__)
+                return None
+            finally:
+                self._count(load_seconds=time.perf_counter() - start)
+        self._touch(path)
+        self._count(hits=1)
+        return tensors
+
+    def put(self, key: EntryKey, tensors: Tensors) -> bool:
+        """Writes the entry (atomically) and evicts to stay under the capacity. False: larger
+        than the tier, or the write failed (logged). An entry already on disk is only touched:
+        equal keys hold equal bits."""
+        if entry_nbytes(tensors) > self._stats.capacity_bytes:
+            self._count(refused=1)
+            return False
+        path = self.path(key)
+        if os.path.exists(path) and self._touch(path):
+            return True
+        start = time.perf_counter()
+        chunks, file_bytes = _encode_entry(key, tensors)
+        if file_bytes > self._stats.capacity_bytes:
+            self._count(refused=1)
+            return False
+        try:
+            self._write_atomically(path, chunks)
+        except OSError as error:
+            logging.warning("cache tiers: cannot write %s: %s", path, error)
+            return False
+        finally:
+            self._count(write_seconds=time.perf_counter() - start)
+        self._evict(keep=os.path.basename(path))
+        return True
+
+    def contains(self, key: EntryKey) -> bool:
+        """Whether the entry's file exists (a `get` may still find it bad)."""
+        return os.path.exists(self.path(key))
+
+    def flush(self) -> None:
+        """Removes every entry file in the directory (nothing else there)."""
+        with _directory_lock(self.directory):
+            for name in os.listdir(self.directory):
+                if _ENTRY_FILE.fullmatch(name):
+                    _unlink_quietly(os.path.join(self.directory, name))
+
+    def stats(self) -> TierStats:
+        """Counters of this object; entries and bytes are the directory's now (all writers')."""
+        files = self._scan(clean_temps=False)
+        with self._lock:
+            return dataclasses.replace(self._stats, entries=len(files), bytes=sum(size for _, _, size in files))
+
+    def _write_atomically(self, path: str, chunks: list[bytes | memoryview]) -> None:
+        # pid + random: two servers (or two objects) writing the same key never share a temp file.
+        temp = os.path.join(self.directory, f".{os.path.basename(path)[:64]}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                checksum = hashlib.sha256()
+                for chunk in chunks:
+                    checksum.update(chunk)
+                    f.write(chunk)
+                f.write(checksum.digest())
+                f.flush()
+                os.fsync(f.fileno())
+            now = _next_mtime_ns()
+            os.utime(temp, ns=(now, now))
+            # No fsync of the directory: losing a rename in a power cut only loses a cache entry.
+            os.replace(temp, path)
+        except BaseException:
+            _unlink_quietly(temp)
+            raise
+
+    def _touch(self, path: str) -> bool:
+        """Marks a use (the mtime is the LRU order); False if the file is gone."""
+        now = _next_mtime_ns()
+        try:
+            os.utime(path, ns=(now, now))
+            return True
+        except FileNotFoundError:
+            return False
+
+    def _scan(self, clean_temps: bool) -> list[tuple[int, str, int]]:
+        """(mtime ns, name, bytes) of every entry file; removes temp files older than
+        STALE_TEMP_SECONDS when `clean_temps`. Files vanishing meanwhile are skipped."""
+        files = []
+        stale_before_ns = time.time_ns() - int(STALE_TEMP_SECONDS * 1e9)
+        with os.scandir(self.directory) as it:
+            for entry in it:
+                is_entry = _ENTRY_FILE.fullmatch(entry.name)
+                if not is_entry and not (clean_temps and _TEMP_FILE.fullmatch(entry.name)):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if is_entry:
+                    files.append((info.st_mtime_ns, entry.name, info.st_size))
+                elif info.st_mtime_ns < stale_before_ns:
+                    logging.info("cache tiers: removing %s, left by a writer that stopped", entry.path)
+                    _unlink_quietly(entry.path)
+        return files
+
+    def _evict(self, keep: Optional[str]) -> None:
+        """Removes least recently used entry files until the directory is under the capacity,
+        never `keep` (the file just written, which a coarse clock may date as old as others)."""
+        with _directory_lock(self.directory):
+            files = sorted(self._scan(clean_temps=True))
+            total = sum(size for _, _, size in files)
+            evicted = 0
+            for _, name, size in files:
+                if total <= self._stats.capacity_bytes:
+                    break
+                if name == keep:
+                    continue
+                evicted += _unlink_quietly(os.path.join(self.directory, name))
+                total -= size  # gone either way: removed here or by another server
+        self._count(evicted=evicted)
+
+    def _reject(self, path: str, inode: Optional[int], reason: str) -> None:
+        logging.warning("cache tiers: dropping disk entry %s: %s", path, reason)
+        self._count(misses=1, rejected=1)
+        try:
+            # Only the file that was read: another server may have replaced it with a good one since.
+            if inode is None or os.lstat(path).st_ino == inode:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            logging.warning("cache tiers: cannot remove %s: %s", path, error)
+
+    def _count(self, **increments: float) -> None:
+        with self._lock:
+            for name, value in increments.items():
+                setattr(self._stats, name, getattr(self._stats, name) + value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    key: EntryKey
+    tensors: Optional[Tensors]  # None: a prefetch
+    generation: int             # the flush count when queued: a job from before a flush is dropped
+
+
+_STOP = object()
+
+
+class CacheTiers:
+    """The host tier, then the disk tier (either may be None), with one background thread
+    for disk writes and prefetches. Thread-safe: the engine thread calls get/put/contains,
+    the server thread stats/flush/prefetch."""
+
+    def __init__(self, host: Optional[HostTier], disk: Optional[DiskTier], queue_jobs: int = 64) -> None:
+        """`queue_jobs`: disk writes and prefetches waiting for the background thread; more are dropped."""
+        self.host, self.disk = host, disk
+        self._lock = threading.Lock()
+        self._busy = threading.Lock()  # held by the background thread over one job; flush waits for it
+        self._generation = 0
+        self._dropped_writes = self._dropped_prefetches = 0
+        self._closed = False
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_jobs)
+        self._thread = None
+        if disk is not None:
+            self._thread = threading.Thread(target=self._run, name="cache-tiers-disk", daemon=True)
+            self._thread.start()
+
+    def get(self, key: EntryKey) -> Optional[Tensors]:
+        """The entry from host, else from disk (which blocks on the disk; promoted into host),
+        else None. The tensors may be shared with the host tier: copy them, never write into them."""
+        if self.host is not None:
+            tensors = self.host.get(key)
+            if tensors is not None:
+                return tensors
+        if self.disk is None:
+            return None
+        tensors = self.disk.get(key)
+        if tensors is not None and self.host is not None:
+            self.host.put(key, tensors)
+        return tensors
+
+    def put(self, key: EntryKey, tensors: Tensors) -> None:
+        """Stores the entry in host and queues its disk write, taking ownership of the tensors
+        (nobody writes into them afterwards). Never waits on the disk: a full queue drops the write."""
+        entry_nbytes(tensors)
+        if self.host is not None:
+            self.host.put(key, tensors)
+        if self.disk is not None:
+            self._submit(key, dict(tensors))
+
+    def contains(self, key: EntryKey) -> bool:
+        return ((self.host is not None and self.host.contains(key))
+                or (self.disk is not None and self.disk.contains(key)))
+
+    def prefetch(self, keys: Iterable[EntryKey]) -> None:
+        """Loads these entries from disk into host on the background thread, so that a later
+        `get` is a memory hit. Keys not on disk are misses there; a full queue drops the rest."""
+        if self.host is None or self.disk is None:
+            return
+        for key in keys:
+            if not self.host.contains(key):
+                self._submit(key, None)
+
+    def flush(self) -> None:
+        """Removes every entry of both tiers; queued writes and prefetches are dropped."""
+        with self._lock:
+            self._generation += 1
+        with self._busy:  # a job already running finishes first, so nothing lands after the flush
+            if self.host is not None:
+                self.host.flush()
+            if self.disk is not None:
+                self.disk.flush()
+
+    def drain(self) -> None:
+        """Waits until every queued disk write and prefetch is done."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Finishes the queued jobs and stops the background thread; later puts stay in host."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join()
+
+    def __enter__(self) -> CacheTiers:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def stats(self) -> dict:
+        """{"host": TierStats fields, "disk": ..., (present tiers only), "dropped_writes",
+        "dropped_prefetches", "queued_jobs"}."""
+        out: dict = {}
+        if self.host is not None:
+            out["host"] = dataclasses.asdict(self.host.stats())
+        if self.disk is not None:
+            out["disk"] = dataclasses.asdict(self.disk.stats())
+        with self._lock:
+            out.update(dropped_writes=self._dropped_writes, dropped_prefetches=self._dropped_prefetches,
+                       queued_jobs=self._queue.qsize())
+        return out
+
+    def _submit(self, key: EntryKey, tensors: Optional[Tensors]) -> None:
+        with self._lock:
+            try:
+                if self._closed:
+                    raise queue.Full
+                self._queue.put_nowait(_Job(key, tensors, self._generation))
+            except queue.Full:
+                if tensors is None:
+                    self._dropped_prefetches += 1
+                else:
+                    self._dropped_writes += 1
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is _STOP:
+                    return
+                with self._busy:
+                    with self._lock:
+                        current = job.generation == self._generation
+                    if current:
+                        self._run_job(job)
+            except Exception:  # noqa: BLE001 - the one disk thread must outlive any one job
+                logging.exception("cache tiers: background job for %s failed", job.key.digest)
+            finally:
+                self._queue.task_done()
+
+    def _run_job(self, job: _Job) -> None:
+        if job.tensors is not None:
+            self.disk.put(job.key, job.tensors)
+        elif not self.host.contains(job.key):
+            tensors = self.disk.get(job.key)
+            if tensors is not None:
+                self.host.put(job.key, tensors)
