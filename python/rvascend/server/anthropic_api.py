@@ -26,6 +26,7 @@ from rvascend.server.openai_api import prepare_chat
 from rvascend.server.protocol import load_json
 from rvascend.server.responses import ChoiceState
 from rvascend.server.streaming import Framing, stream_events
+from rvascend.server.tool_calls import CallArguments, CallStart, Text
 
 ENDPOINT = "messages"
 # Events as (name, data) pairs.
@@ -92,8 +93,9 @@ def message(head: dict[str, Any], state: ChoiceState, split: ChatOutput, seq: Se
 
 class MessageStream:
     """One streamed message's events: a block opens when the split releases another kind
-    of text (reasoning: thinking, content: text) and closes when the next opens; the tool
-    calls come at the end, each a tool_use block whose input is one input_json_delta."""
+    of output (reasoning: thinking, content: text, a call: tool_use) and closes when the
+    next opens; a tool_use block's input comes as input_json_delta pieces while the call
+    is generated, which join to its arguments (chat_output.py, tool_call_stream.py)."""
 
     def __init__(self, head: dict[str, Any], split: ChatOutput, seq: Sequence) -> None:
         self.head = head
@@ -110,40 +112,38 @@ class MessageStream:
             self.started = True
             start = {**self.head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage(self.seq)}
             events += [("message_start", {"type": "message_start", "message": start}), ("ping", {"type": "ping"})]
-        delta = self.split.feed(out.text)
-        calls: list[dict[str, Any]] = []
-        if out.finished:
-            rest, calls = self.split.finish()
-            for field, text in rest.items():
-                delta[field] = delta.get(field, "") + text
-        for field, kind in (("reasoning_content", "thinking"), ("content", "text")):
-            if delta.get(field):
-                events += self._text(kind, delta[field])
+        split = self.split.events(out.text) + (self.split.end() if out.finished else [])
+        for e in split:
+            if isinstance(e, Text):
+                events += self._text("thinking" if e.field == "reasoning_content" else "text", e.text)
+            elif isinstance(e, CallStart):
+                events += self._open("tool_use", {"type": "tool_use", "id": e.id, "name": e.name, "input": {}})
+            elif isinstance(e, CallArguments):
+                if e.text:
+                    events.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                           "delta": {"type": "input_json_delta",
+                                                                     "partial_json": e.text}}))
+            else:
+                events += self._close()
         if out.finished:
             events += self._close()
-            for call in calls:
-                self.index += 1
-                block = {**_tool_use(call), "input": {}}
-                events += [("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                    "content_block": block}),
-                           ("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                                    "delta": {"type": "input_json_delta",
-                                                              "partial_json": call["function"]["arguments"]}}),
-                           ("content_block_stop", {"type": "content_block_stop", "index": self.index})]
-            self.end = stop_reason(out.finish_reason, out.matched_stop, bool(calls))
+            self.end = stop_reason(out.finish_reason, out.matched_stop, bool(self.split.calls))
         return events or None
+
+    def _open(self, kind: str, block: dict[str, Any]) -> Events:
+        events = self._close()
+        self.index += 1
+        self.open = kind
+        return events + [("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                  "content_block": block})]
 
     def _text(self, kind: str, text: str) -> Events:
         events = []
         if self.open != kind:
-            events += self._close()
-            self.index += 1
-            self.open = kind
             block = {"type": kind, kind: ""}
             if kind == "thinking":
                 block["signature"] = ""
-            events.append(("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                   "content_block": block}))
+            events += self._open(kind, block)
         events.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
                                                "delta": {"type": f"{kind}_delta", kind: text}}))
         return events
@@ -181,7 +181,7 @@ def anthropic_routes(ctx: ServerContext) -> APIRouter:
         head = {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant",
                 "model": ctx.model_name}
         if req.stream:
-            stream = MessageStream(head, split(), sub.seqs[0])
+            stream = MessageStream(head, split(stream=True), sub.seqs[0])
             return StreamingResponse(stream_events(ctx, ENDPOINT, sub, stream.event, stream.final, FRAMING),
                                      media_type="text/event-stream")
         states, failure = await ctx.collect(ENDPOINT, sub, request)

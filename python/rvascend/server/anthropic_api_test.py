@@ -1,6 +1,7 @@
 """Anthropic's Messages API through Anthropic's own SDK: create and stream, tool use
-forced and round-tripped, stop reasons, usage with the prefix cache, count_tokens,
-x-api-key, refusals in Anthropic's error shape, and Claude Code's first request."""
+forced (its input streamed in pieces, a cut one closed) and round-tripped, stop reasons,
+usage with the prefix cache, count_tokens, x-api-key, refusals in Anthropic's error
+shape, and Claude Code's first request."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 from rvascend.server.anthropic_protocol import MessagesRequest
-from rvascend.server.testing import API_KEY, Server
+from rvascend.server.testing import API_KEY, Server, tokens_into_a_call
 
 ADD = {"name": "add", "description": "Adds two numbers",
        "input_schema": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
@@ -87,10 +88,35 @@ def test_forced_tool_use_matches_its_schema(client, server):
                             stream=True))
     starts = [e.content_block for e in streamed if e.type == "content_block_start"]
     assert starts[-1].type == "tool_use" and starts[-1].name == "add"
-    partial = "".join(e.delta.partial_json for e in streamed
-                      if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
-    assert json.loads(partial) == call.input
+    pieces = [e.delta.partial_json for e in streamed
+              if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+    assert len(pieces) > 1 and json.loads("".join(pieces)) == call.input
     assert [e.delta.stop_reason for e in streamed if e.type == "message_delta"] == ["tool_use"]
+    # The SDK's stream builds its final message from those pieces.
+    with client.messages.stream(model=server.name, max_tokens=80, messages=USER, tools=[ADD],
+                                tool_choice={"type": "tool", "name": "add"}, extra_body={"temperature": 0}) as s:
+        deltas = [e.partial_json for e in s if e.type == "input_json"]
+        final = s.get_final_message()
+    assert len(deltas) > 1 and [b.input for b in final.content if b.type == "tool_use"] == [json.loads("".join(deltas))]
+
+
+def test_a_tool_use_that_max_tokens_cuts_is_closed(client, server):
+    """max_tokens ending the output inside a tool_use's input: the pieces streamed so far,
+    closed into JSON that parses (tool_call_stream.py), are the block's input."""
+    forced = dict(max_tokens=80, tools=[ADD], tool_choice={"type": "tool", "name": "add"})
+    whole = _create(client, server, **forced)
+    cut = tokens_into_a_call(server, messages=USER, max_tokens=80, tool_choice={"type": "function",
+                             "function": {"name": "add"}}, tools=[{"type": "function", "function": {
+                                 "name": "add", "description": ADD["description"], "parameters": ADD["input_schema"]}}])
+    streamed = list(_create(client, server, **{**forced, "max_tokens": cut}, stream=True))
+    kinds = [e.type for e in streamed]
+    start = [e for e in streamed if e.type == "content_block_start"][-1]
+    pieces = [e.delta.partial_json for e in streamed if e.type == "content_block_delta"]
+    assert start.content_block.type == "tool_use" and start.content_block.input == {} and len(pieces) >= 1
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert streamed[-2].delta.stop_reason == "max_tokens"
+    cut_input = json.loads("".join(pieces))
+    assert isinstance(cut_input, dict) and cut_input != [b for b in whole.content if b.type == "tool_use"][0].input
 
 
 def test_tool_result_round_trip_is_rendered(client, server):

@@ -1,5 +1,6 @@
 """What SGLang's and vLLM's clients send: sampling fields, batched prompts, usage chunks,
-SGLang's native endpoints, and the metrics its dashboards read."""
+SGLang's native endpoints, the metrics its dashboards read, and streamed tool calls that
+max_tokens or a stop string cuts."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from rvascend.server.testing import Server
+from rvascend.server.testing import Server, tokens_into_a_call
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +184,43 @@ def test_chat_template_kwargs_reach_the_template(server):
     without = server.http.post("/v1/chat/completions", json={
         "messages": msgs, "max_tokens": 1, "chat_template_kwargs": {"add_generation_prompt": False}}).json()
     assert with_prompt["usage"]["prompt_tokens"] > without["usage"]["prompt_tokens"]
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+
+
+def _streamed_call(server, **kw):
+    """(finish_reason, the streamed call's name, its argument pieces) of a streamed chat."""
+    chunks = [c.choices[0] for c in server.client.chat.completions.create(
+        model=server.name, temperature=0, stream=True, **kw) if c.choices]
+    calls = [tc for c in chunks for tc in (c.delta.tool_calls or [])]
+    assert {tc.index for tc in calls} == {0}
+    return chunks[-1].finish_reason, calls[0].function.name, [tc.function.arguments for tc in calls]
+
+
+def test_a_streamed_tool_call_that_max_tokens_or_a_stop_string_cuts_is_closed(server):
+    """The arguments streamed before the cut stand, closed into JSON that parses (an open
+    string and the object ended: tool_call_stream.py's rule); the whole response parses the
+    finished text, where the unfinished call is content."""
+    kw = dict(messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER], tool_choice="required",
+              parallel_tool_calls=False)
+    reason, name, pieces = _streamed_call(server, max_tokens=120, **kw)
+    full = "".join(pieces)
+    assert reason == "tool_calls" and len(pieces) > 1 and set(json.loads(full)) == {"city", "unit"}
+    cut = tokens_into_a_call(server, max_tokens=120, **kw)
+    reason, name, pieces = _streamed_call(server, max_tokens=cut, **kw)
+    joined = "".join(pieces)
+    assert reason == "length" and name == "get_weather" and isinstance(json.loads(joined), dict)
+    # What the pieces add to the model's text is only the closing: quotes and braces.
+    assert joined != full and any(full.startswith(joined[:k]) and set(joined[k:]) <= set('"}')
+                                  for k in range(len(joined) + 1))
+    whole = server.client.chat.completions.create(model=server.name, temperature=0, max_tokens=cut, **kw)
+    assert whole.choices[0].message.tool_calls is None and '"get_weather"' in whole.choices[0].message.content
+    # A stop string inside the arguments: the member it cut is left out.
+    reason, _, pieces = _streamed_call(server, max_tokens=120, stop=['"unit"'], **kw)
+    assert reason == "tool_calls" and json.loads("".join(pieces)) == {"city": json.loads(full)["city"]}
 
 
 if __name__ == "__main__":

@@ -4,18 +4,22 @@
 server/tool_calls.py).
 
 Streaming, text goes out as soon as it cannot be part of a marker: a partial
-`</think>` at the end of a chunk waits for the next one, and once a tool call
-begins everything after it waits for the end, where it is parsed (one
-`delta.tool_calls` chunk per call, each with its whole arguments, as OpenAI's
-stream allows). Without a reasoning parser or tools, the text is content as it comes.
+`</think>` at the end of a chunk waits for the next one. A stream's tool calls go out as
+they are generated (tool_call_stream.py states when a call is announced and how a cut
+one ends); a whole response's are parsed from the finished text. Without a reasoning
+parser or tools, the text is content as it comes.
+
+The split is a list of events in output order (tool_calls.Text, CallStart,
+CallArguments, CallEnd), which the Responses and Messages APIs turn into their items
+and blocks; `chat_delta` folds them into one chat completion delta.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from rvascend.server import tool_calls
-from rvascend.server.tool_calls import ToolRequest
+from rvascend.server.tool_call_stream import call_reader
+from rvascend.server.tool_calls import CallArguments, CallEnd, CallStart, Event, Text, ToolRequest, partial_marker
 
 REASONING_PARSERS = ("qwen3",)
 THINK_START, THINK_END = "<think>", "</think>"
@@ -28,99 +32,114 @@ def starts_in_reasoning(prompt: str) -> bool:
     return tail.endswith(THINK_START)
 
 
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that begins `marker` (text to hold back)."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
+def chat_delta(events: list[Event]) -> dict[str, Any]:
+    """A chat completion delta's fields of these events: reasoning_content, content, and
+    tool_calls (a call's first entry carries its id, type and name; the others, by index,
+    only the next piece of its arguments)."""
+    delta: dict[str, Any] = {}
+    calls: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if isinstance(e, Text):
+            delta[e.field] = delta.get(e.field, "") + e.text
+        elif isinstance(e, CallStart):
+            calls[e.index] = {"index": e.index, "id": e.id, "type": "function",
+                              "function": {"name": e.name, "arguments": ""}}
+        elif isinstance(e, CallArguments):
+            entry = calls.setdefault(e.index, {"index": e.index, "function": {"arguments": ""}})
+            entry["function"]["arguments"] += e.text
+    if calls:
+        delta["tool_calls"] = list(calls.values())
+    return delta
 
 
 class ChatOutput:
-    """Splits one choice's text, chunk by chunk (feed) or at the end (finish)."""
+    """Splits one choice's text, chunk by chunk (`events`, then `end`); `stream` says
+    whether its tool calls are read as they come or parsed from the finished text."""
 
-    def __init__(self, reasoning: bool, in_reasoning: bool, tools: Optional[ToolRequest], parser: str) -> None:
+    def __init__(self, reasoning: bool, in_reasoning: bool, tools: Optional[ToolRequest], parser: str,
+                 stream: bool = False) -> None:
         self.reasoning = reasoning
         # "start": a <think> may open the output; "think": inside it; "answer": after it.
         self.mode = "think" if reasoning and in_reasoning else ("start" if reasoning else "answer")
         self.tools = tools if tools is not None and tools.parse else None
-        self.parser = parser
-        self.pending = ""    # text held back: a possible marker's start
-        self.call: list[str] = []  # from a tool call's start on: parsed at the end
+        self.calls_reader = call_reader(parser, stream) if self.tools is not None else None
+        self.pending = ""    # text held back: a possible <think> or </think>
+        self.lead: list[str] = []  # whitespace before a possible <think>
         self.content: list[str] = []
-        self.said = False  # some content other than whitespace went out
         self.reasoning_text: list[str] = []
+        self.calls: list[dict[str, Any]] = []  # the client's calls, whole, as they end
 
-    def feed(self, text: str) -> dict[str, str]:
-        """The delta fields this text releases ({"reasoning_content": ..., "content": ...})."""
-        delta: dict[str, str] = {}
-        text = self.pending + text
-        self.pending = ""
+    def events(self, text: str) -> list[Event]:
+        """The events this text releases, in order."""
+        events: list[Event] = []
+        text, self.pending = self.pending + text, ""
         while text:
             if self.mode == "start":
                 stripped = text.lstrip()
+                if not stripped:  # whitespace before a possible <think>: kept aside, never read again
+                    self.lead.append(text)
+                    break
                 if stripped.startswith(THINK_START):
-                    self.mode, text = "think", stripped[len(THINK_START):]
+                    self.mode, text, self.lead = "think", stripped[len(THINK_START):], []
                     continue
                 if THINK_START.startswith(stripped):  # still possibly "<think>"
                     self.pending = text
-                    return delta
-                self.mode = "answer"
+                    break
+                self.mode, text, self.lead = "answer", "".join(self.lead) + text, []
                 continue
             if self.mode == "think":
                 at = text.find(THINK_END)
                 if at >= 0:
-                    self._add(delta, "reasoning_content", text[:at])
+                    events.append(Text("reasoning_content", text[:at]))
                     self.mode, text = "answer", text[at + len(THINK_END):].lstrip("\n")
                     continue
-                hold = _partial_suffix(text, THINK_END)
-                self._add(delta, "reasoning_content", text[:len(text) - hold])
+                hold = partial_marker(text, THINK_END)
+                events.append(Text("reasoning_content", text[:len(text) - hold]))
                 self.pending = text[len(text) - hold:]
-                return delta
-            # answer
-            if self.call or self.tools is None:
-                if self.call:
-                    self.call.append(text)
-                else:
-                    self._add(delta, "content", text)
-                return delta
-            marker = tool_calls.start_marker(self.parser)
-            at = text.find(marker)
-            if self.parser == "llama3" and at >= 0 and (self.said or text[:at].strip()):
-                at = -1  # llama3's calls are the whole output: a "{" after other text is content
-            if at >= 0:
-                self._add(delta, "content", text[:at])
-                self.call = [text[at:]]
-                return delta
-            hold = _partial_suffix(text, marker)
-            self._add(delta, "content", text[:len(text) - hold])
-            self.pending = text[len(text) - hold:]
-            return delta
-        return delta
+                break
+            if self.calls_reader is None:
+                events.append(Text("content", text))
+            else:
+                events += self.calls_reader.feed(text)
+            break
+        return self._kept(events)
 
-    def _add(self, delta: dict[str, str], field: str, text: str) -> None:
-        if not text:
-            return
-        delta[field] = delta.get(field, "") + text
-        if field == "reasoning_content":
-            self.reasoning_text.append(text)
-        else:
-            self.content.append(text)
-            self.said = self.said or not text.isspace()
+    def end(self) -> list[Event]:
+        """The events the end of the choice releases: held-back text, the calls' ends."""
+        events: list[Event] = []
+        held, self.pending, self.lead = "".join(self.lead) + self.pending, "", []
+        if held:
+            if self.mode == "start" and self.calls_reader is not None:
+                events += self.calls_reader.feed(held)  # an answer that is only this: read as any answer
+            else:
+                events.append(Text("reasoning_content" if self.mode == "think" else "content", held))
+        if self.calls_reader is not None:
+            events += self.calls_reader.finish()
+        return self._kept(events)
 
-    def finish(self) -> tuple[dict[str, str], list[dict[str, Any]]]:
-        """(the held-back text's delta, the parsed tool calls) at the end of the choice."""
-        delta: dict[str, str] = {}
-        if self.pending:
-            self._add(delta, "reasoning_content" if self.mode == "think" else "content", self.pending)
-            self.pending = ""
-        calls: list[dict[str, Any]] = []
-        if self.call:
-            rest, calls = tool_calls.parse("".join(self.call), self.parser)
-            calls = self.tools.kept_calls(calls)
-            self._add(delta, "content", rest)
-            self.call = []
-        return delta, calls
+    def _kept(self, events: list[Event]) -> list[Event]:
+        """The events a client gets (no empty text; with parallel_tool_calls false, the
+        first call's only: the others are not content either), recorded for `message`."""
+        kept: list[Event] = []
+        for e in events:
+            if isinstance(e, Text):
+                if not e.text:
+                    continue
+                (self.reasoning_text if e.field == "reasoning_content" else self.content).append(e.text)
+            elif not self.tools.keeps(e.index):
+                continue
+            elif isinstance(e, CallEnd):
+                self.calls.append(e.call)
+            kept.append(e)
+        return kept
+
+    def feed(self, text: str) -> dict[str, Any]:
+        """The chat delta fields this text releases."""
+        return chat_delta(self.events(text))
+
+    def finish(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """(the delta fields the end releases, every call the client gets, whole)."""
+        return chat_delta(self.end()), list(self.calls)
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
         """A whole choice's message from its text, and whether it holds tool calls."""

@@ -155,7 +155,7 @@ def _stream(ctx: ServerContext, endpoint: str, sub: Submission, head: dict[str, 
         if fmt and first:
             offsets[index] = responses.TextOffsets(ctx.tokenizer, len(prefix))
         if split is not None and first:
-            outputs[index] = split()
+            outputs[index] = split(stream=True)
         return {**kind, "choices": [responses.chunk_choice(index, out, chat, fmt, first=first, prefix=prefix,
                                                            offsets=offsets.get(index), split=outputs.get(index))]}
 

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from fastapi.responses import JSONResponse
 
-from rvascend.server.chat_output import ChatOutput
+from rvascend.server.chat_output import ChatOutput, chat_delta
 from rvascend.engine.sequence import Output, Sequence
 from rvascend.tokenizer.tokenizer import Tokenizer
 
@@ -129,7 +129,7 @@ def chunk_choice(index: int, out: Output, chat: bool, logprobs: Optional[Logprob
                  first: bool = False, prefix: str = "", offsets: Optional[TextOffsets] = None,
                  split: Optional[ChatOutput] = None) -> dict[str, Any]:
     """One output's chunk; in chat, `split` (the choice's own, fed every chunk in order)
-    sends reasoning_content, content and, at the end, tool_calls."""
+    sends reasoning_content, content and tool_calls."""
     lp = None
     if logprobs and out.logprob is not None and out.token_id is not None:
         lp = logprobs.format([out.token_id], [out.logprob], [out.top_logprobs], offsets)
@@ -140,15 +140,10 @@ def chunk_choice(index: int, out: Output, chat: bool, logprobs: Optional[Logprob
             if out.text:
                 delta["content"] = out.text
         else:
-            delta.update(split.feed(out.text))
-            if out.finished:
-                rest, calls = split.finish()
-                for field, text in rest.items():
-                    delta[field] = delta.get(field, "") + text
-                if calls:
-                    delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-                    if reason == "stop":
-                        reason = "tool_calls"
+            events = split.events(out.text) + (split.end() if out.finished else [])
+            delta.update(chat_delta(events))
+            if out.finished and split.calls and reason == "stop":
+                reason = "tool_calls"
         c: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": lp}
     else:
         c = {"index": index, "text": prefix + out.text, "finish_reason": reason, "logprobs": lp}

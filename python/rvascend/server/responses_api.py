@@ -27,6 +27,7 @@ from rvascend.server.responses import error
 from rvascend.server.responses_protocol import ResponsesRequest, ResponseStore, Stored, new_id
 from rvascend.server.streaming import Framing, stream_events
 from rvascend.server.submission import Submission
+from rvascend.server.tool_calls import CallArguments, CallEnd, CallStart, Event, Text
 
 ENDPOINT = "responses"
 MAX_LISTED_ITEMS = 100
@@ -57,6 +58,8 @@ class ResponseBuilder:
         self.reasoning: Optional[list[str]] = None  # the open reasoning item's text
         self.text: Optional[list[str]] = None       # the open message's text
         self.reasoning_tokens = 0
+        self.calls: dict[int, int] = {}  # a call's index -> its item's place in the output
+        self.message_status = "completed"
         self.status = "in_progress"
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -64,42 +67,56 @@ class ResponseBuilder:
         return {"type": kind, "sequence_number": self.sequence - 1, **fields}
 
     def feed(self, text: str) -> list[dict[str, Any]]:
-        return self._deltas(self.split.feed(text), counted=True)
+        return self._events(self.split.events(text), counted=True)
 
     def finish(self, reason: Optional[str]) -> list[dict[str, Any]]:
         """The events that close the output; `reason` is the engine's finish reason."""
-        rest, calls = self.split.finish()
-        events = self._deltas(rest, counted=False)
-        self.status = "incomplete" if reason == "length" else "completed"
+        final = "incomplete" if reason == "length" else "completed"
+        # A message the end closes (its calls follow it) ends as the response does; one a
+        # call closed mid-stream was complete.
+        self.message_status = final
+        events = self._events(self.split.end(), counted=False)
+        self.status = final
         events += self._close_reasoning()
-        if self.text is None and not self.items and not calls:
+        if not self.items:
             events += self._say("")  # an empty answer is still a message
-        events += self._close_message()
-        for call in calls:
-            fn = call["function"]
-            item = {"id": new_id("fc"), "type": "function_call", "call_id": call["id"], "name": fn["name"],
-                    "arguments": fn["arguments"], "status": "completed"}
-            index = len(self.items)
-            self.items.append(item)
-            # The arguments go out as one delta: a call is parsed once it is whole.
-            events += [self.event("response.output_item.added", output_index=index,
-                                  item={**item, "arguments": "", "status": "in_progress"}),
-                       self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                                  delta=item["arguments"]),
-                       self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                                  name=item["name"], arguments=item["arguments"]),
-                       self.event("response.output_item.done", output_index=index, item=dict(item))]
+        return events + self._close_message()
+
+    def _events(self, split: list[Event], counted: bool) -> list[dict[str, Any]]:
+        if counted and any(isinstance(e, Text) and e.field == "reasoning_content" for e in split) and \
+                not any(isinstance(e, Text) and e.field == "content" for e in split):
+            self.reasoning_tokens += 1  # an output is one token's text
+        events = []
+        for e in split:
+            if isinstance(e, Text):
+                events += self._think(e.text) if e.field == "reasoning_content" else \
+                    self._close_reasoning() + self._say(e.text)
+            elif isinstance(e, CallStart):
+                events += self._close_reasoning() + self._close_message() + self._call_start(e)
+            elif isinstance(e, CallArguments):
+                if e.text:
+                    index = self.calls[e.index]
+                    events.append(self.event("response.function_call_arguments.delta", item_id=self.items[index]["id"],
+                                             output_index=index, delta=e.text))
+            else:
+                events += self._call_end(e)
         return events
 
-    def _deltas(self, delta: dict[str, str], counted: bool) -> list[dict[str, Any]]:
-        events = []
-        if delta.get("reasoning_content"):
-            if counted and "content" not in delta:
-                self.reasoning_tokens += 1  # an output is one token's text
-            events += self._think(delta["reasoning_content"])
-        if delta.get("content"):
-            events += self._close_reasoning() + self._say(delta["content"])
-        return events
+    def _call_start(self, start: CallStart) -> list[dict[str, Any]]:
+        item = {"id": new_id("fc"), "type": "function_call", "call_id": start.id, "name": start.name,
+                "arguments": "", "status": "in_progress"}
+        self.calls[start.index] = len(self.items)
+        self.items.append(item)
+        return [self.event("response.output_item.added", output_index=len(self.items) - 1, item=dict(item))]
+
+    def _call_end(self, end: CallEnd) -> list[dict[str, Any]]:
+        """A call's arguments are its deltas joined (CallEnd's); a call the output cut is incomplete."""
+        index = self.calls[end.index]
+        item = self.items[index]
+        item.update(arguments=end.call["function"]["arguments"], status="completed" if end.complete else "incomplete")
+        return [self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                           name=item["name"], arguments=item["arguments"]),
+                self.event("response.output_item.done", output_index=index, item=dict(item))]
 
     def _think(self, text: str) -> list[dict[str, Any]]:
         events = []
@@ -159,7 +176,7 @@ class ResponseBuilder:
         text, self.text = "".join(self.text), None
         index, item = len(self.items) - 1, self.items[-1]
         where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        item.update(content=[_output_text(text)], status=self.status)
+        item.update(content=[_output_text(text)], status=self.message_status)
         return [self.event("response.output_text.done", **where, text=text, logprobs=[]),
                 self.event("response.content_part.done", **where, part=_output_text(text)),
                 self.event("response.output_item.done", output_index=index, item=dict(item))]
@@ -250,7 +267,7 @@ def responses_routes(ctx: ServerContext) -> APIRouter:
         sub = ctx.submit(ENDPOINT, pairs)
         if isinstance(sub, Response):
             return sub
-        builder = ResponseBuilder(req, ctx.model_name, split())
+        builder = ResponseBuilder(req, ctx.model_name, split(stream=req.stream))
 
         def keep(final: dict[str, Any]) -> None:
             if req.store:

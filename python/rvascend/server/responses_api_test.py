@@ -1,5 +1,6 @@
 """OpenAI's Responses API through the `openai` SDK: the same prompt and answer as chat
-completions, the stream's events in order, function calls and their results, text.format,
+completions, the stream's events in order, function calls (streamed piece by piece, cut
+ones incomplete) and their results, text.format,
 the store (previous_response_id, retrieve, input_items, delete, owners, eviction), refusals
 in OpenAI's error shape, and the first request Codex sends."""
 
@@ -17,7 +18,7 @@ from starlette.requests import Request
 from rvascend.server.chat_output import ChatOutput
 from rvascend.server.responses_api import ResponseBuilder, owner_of
 from rvascend.server.responses_protocol import ResponsesRequest, ResponseStore, Stored
-from rvascend.server.testing import Server
+from rvascend.server.testing import Server, tokens_into_a_call
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather of a city", "strict": True,
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
@@ -111,6 +112,15 @@ def test_forced_function_call_and_its_result_round_trip(server):
     streamed = [p for name, p in events if name.startswith("response.function_call_arguments")]
     item = events[-1][1]["response"]["output"][0]
     assert "".join(p["delta"] for p in streamed[:-1]) == streamed[-1]["arguments"] == item["arguments"]
+    # The item is announced with its name, then its arguments come piece by piece as generated.
+    names = [name for name, _ in events]
+    added = names.index("response.output_item.added")
+    assert events[added][1]["item"] | {"id": "", "call_id": ""} == {"id": "", "type": "function_call", "call_id": "",
+                                                                  "name": "get_weather", "arguments": "",
+                                                                  "status": "in_progress"}
+    assert len(streamed) > 2 and names[added + 1:added + len(streamed) + 2] == \
+        ["response.function_call_arguments.delta"] * (len(streamed) - 1) + [
+            "response.function_call_arguments.done", "response.output_item.done"]
     # The result goes back with its call; the prompt is chat's for the same turns.
     back = server.client.responses.create(
         model=server.name, max_output_tokens=4, temperature=0, tools=[WEATHER],
@@ -126,6 +136,30 @@ def test_forced_function_call_and_its_result_round_trip(server):
                  max_tokens=4)
     assert back.usage.input_tokens == chat.usage.prompt_tokens
     assert back.output_text == chat.choices[0].message.content
+
+
+def test_a_function_call_streams_through_the_sdk_and_a_cut_one_is_incomplete(server):
+    """The SDK's stream: argument deltas joining to the final response's arguments. A call
+    that max_output_tokens cuts: the arguments streamed so far, closed into JSON that
+    parses (tool_call_stream.py), are the item's, and the item is incomplete."""
+    body = dict(model=server.name, input="Weather in Oslo?", tools=[WEATHER], tool_choice="required",
+                parallel_tool_calls=False, temperature=0)
+    with server.client.responses.stream(**body) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
+        final = stream.get_final_response()
+    (call,) = final.output
+    assert len(deltas) > 1 and "".join(deltas) == call.arguments and call.status == "completed"
+    chat = {k: WEATHER[k] for k in ("name", "description", "parameters", "strict")}
+    cut = tokens_into_a_call(server, messages=[{"role": "user", "content": "Weather in Oslo?"}], max_tokens=120,
+                             tools=[{"type": "function", "function": chat}], tool_choice="required",
+                             parallel_tool_calls=False)
+    events = _events(server, {**body, "max_output_tokens": cut})
+    pieces = [p["delta"] for name, p in events if name == "response.function_call_arguments.delta"]
+    (done,) = [p for name, p in events if name == "response.function_call_arguments.done"]
+    final = events[-1][1]["response"]
+    assert events[-1][0] == "response.incomplete" and final["output"][-1]["status"] == "incomplete"
+    assert "".join(pieces) == done["arguments"] == final["output"][-1]["arguments"] != call.arguments
+    assert isinstance(json.loads(done["arguments"]), dict)
 
 
 def test_previous_response_id_continues_the_stored_conversation(server):

@@ -77,3 +77,14 @@ class Server:
             if time.time() > deadline:
                 raise AssertionError(f"the engine did not become idle: {stats}")
             time.sleep(0.05)
+
+
+def tokens_into_a_call(server: Server, **chat: Any) -> int:
+    """A max_tokens that ends a greedy chat request's output midway through its first tool
+    call's arguments: its stream sends a chunk per generated token, and the call's chunks
+    are the ones with tool_calls."""
+    chunks = [c.choices[0] for c in server.client.chat.completions.create(
+        model=server.name, temperature=0, stream=True, **chat) if c.choices]
+    with_call = [i for i, c in enumerate(chunks) if c.delta.tool_calls]
+    assert len(with_call) >= 3, f"the call streamed in {len(with_call)} chunks: too few to cut it in the middle"
+    return with_call[len(with_call) // 2]  # chunk i is token i + 1: this many tokens stop before it

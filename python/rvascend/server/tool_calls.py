@@ -8,6 +8,10 @@ blocks (Qwen2.5, Qwen3, Qwen3.5, SmolLM2's tool-use prompts), and `llama3`, a ba
 JSON object `{"name": ..., "parameters": {...}}` (Llama 3.x), several separated by
 ";". Text that does not parse as a call stays content, as SGLang's and vLLM's
 parsers leave it.
+
+A choice's calls reach the API layers as events (Text, CallStart, CallArguments,
+CallEnd): a whole response's from the finished text (WholeCalls, `parse`), a stream's
+as they are generated (tool_call_stream.py, which states its rule).
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ import dataclasses
 import json
 import re
 import uuid
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from rvascend.engine import Grammar
 from rvascend.engine.grammar import JSON_LAYOUT
-from rvascend.server.protocol import UnsupportedField
+from rvascend.server.json_stream import canonical
+from rvascend.server.protocol import UnsupportedField, check_nesting
 
 PARSERS = ("qwen25", "llama3")
 MAX_TOOLS = 128
@@ -53,10 +58,11 @@ class ToolRequest:
             return []
         return [t for t in self.tools if self.choice != "function" or t["function"]["name"] == self.function]
 
-    def kept_calls(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The parsed calls a client gets: the first only with parallel_tool_calls false,
-        whatever the tool_choice (SGLang and vLLM drop the rest alike)."""
-        return calls if self.parallel else calls[:1]
+    def keeps(self, index: int) -> bool:
+        """Whether the call at `index` of a choice reaches the client: the first only with
+        parallel_tool_calls false, whatever the tool_choice (SGLang and vLLM drop the rest
+        alike)."""
+        return self.parallel or index == 0
 
 
 def tool_request(tools: Optional[list[Any]], tool_choice: Any, parallel: Optional[bool]) -> Optional[ToolRequest]:
@@ -119,15 +125,42 @@ def call_grammar(request: ToolRequest, parser: str) -> Optional[Grammar]:
     return Grammar("lark", lark)
 
 
-def _call(name: Any, arguments: Any) -> Optional[dict[str, Any]]:
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def whole_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """A call as OpenAI's tool_calls list it; `arguments` is JSON text."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def whole_object_call(value: Any, argument_keys: tuple[str, ...]) -> Optional[dict[str, Any]]:
+    """The call a parsed object is, its arguments under the first of `argument_keys` it has,
+    or None if it is not one: the name a string, the arguments an object nested at most
+    MAX_JSON_DEPTH levels (what a request may carry back), without NaN or infinities."""
+    if not isinstance(value, dict):
+        return None
+    name = value.get("name")
+    arguments = next((value[k] for k in argument_keys if k in value), None)
     if not isinstance(name, str) or not isinstance(arguments, dict):
         return None
-    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    try:
+        check_nesting("arguments", arguments)
+        return whole_call(new_call_id(), name, canonical(arguments))
+    except (UnsupportedField, ValueError):
+        return None
 
 
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_JSON = json.JSONDecoder()
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # qwen25's block
+def not_json(constant: str) -> None:
+    """json's parse_constant: NaN and Infinity are refused, as the stream refuses them (json_stream.py)."""
+    raise ValueError(f"{constant} is not JSON")
+
+
+_JSON = json.JSONDecoder(parse_constant=not_json)
+# What json.loads raises on text that is no call: a syntax error (a ValueError), an integer
+# past Python's 4300-digit limit (a ValueError), nesting past the recursion limit.
+NOT_JSON = (ValueError, RecursionError)
 
 
 def _llama3_calls(body: str) -> Optional[list[dict[str, Any]]]:
@@ -137,10 +170,9 @@ def _llama3_calls(body: str) -> Optional[list[dict[str, Any]]]:
     while True:
         try:
             value, pos = _JSON.raw_decode(body, pos)
-        except json.JSONDecodeError:
+        except NOT_JSON:
             return None
-        call = _call(value.get("name"), value.get("parameters", value.get("arguments"))) \
-            if isinstance(value, dict) else None
+        call = whole_object_call(value, ("parameters", "arguments"))
         if call is None:
             return None
         calls.append(call)
@@ -162,16 +194,25 @@ def parse(text: str, parser: str) -> tuple[str, list[dict[str, Any]]]:
         calls = _llama3_calls(body) if body.startswith("{") else None
         return ("", calls) if calls else (text, [])
     calls, kept, last, pos = [], [], 0, 0
-    while (start := text.find(_OPEN, pos)) >= 0:
-        end = text.find(_CLOSE, start + len(_OPEN))
-        if end < 0:
-            break  # no block closes after this one starts: none further does either
-        pos = end + len(_CLOSE)
+    while (start := text.find(CALL_OPEN, pos)) >= 0:
+        end = text.find(CALL_CLOSE, start + len(CALL_OPEN))
+        body = text[start + len(CALL_OPEN):end if end >= 0 else len(text)]
         try:
-            value = json.loads(text[start + len(_OPEN):end])
-        except json.JSONDecodeError:
+            if end >= 0:
+                value = _JSON.decode(body)
+            else:
+                # The last block, which the output ended before closing (a stop string, or
+                # max_tokens after its JSON): a call if its JSON is whole; the rest is content.
+                stripped = body.lstrip()
+                value, used = _JSON.raw_decode(stripped)
+                end = len(text) - (len(stripped) - used)
+        except NOT_JSON:
+            if end < 0:
+                break  # no block closes after this one starts: none further does either
+            pos = end + len(CALL_CLOSE)
             continue
-        call = _call(value.get("name"), value.get("arguments")) if isinstance(value, dict) else None
+        pos = min(len(text), end + len(CALL_CLOSE)) if text.startswith(CALL_CLOSE, end) else end
+        call = whole_object_call(value, ("arguments",))
         if call is None:
             continue
         kept.append(text[last:start])
@@ -183,4 +224,92 @@ def parse(text: str, parser: str) -> tuple[str, list[dict[str, Any]]]:
 
 def start_marker(parser: str) -> str:
     """The text where a call begins in the output (streaming holds it back from there)."""
-    return "<tool_call>" if parser == "qwen25" else "{"
+    return CALL_OPEN if parser == "qwen25" else "{"
+
+
+def partial_marker(text: str, marker: str, start: int = 0) -> int:
+    """Length of the longest end of text[start:] that begins `marker` (text to hold back
+    until the next piece says whether the marker is there)."""
+    for n in range(min(len(marker) - 1, len(text) - start), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    field: str  # "content" | "reasoning_content"
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CallStart:
+    index: int  # the call's place among the choice's calls
+    id: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CallArguments:
+    index: int
+    text: str   # the next piece of the call's arguments (JSON text)
+
+
+@dataclasses.dataclass(frozen=True)
+class CallEnd:
+    index: int
+    call: dict[str, Any]  # the whole call: its arguments are its pieces joined
+    complete: bool        # False: the output ended or broke inside the arguments
+
+
+Event = Union[Text, CallStart, CallArguments, CallEnd]
+
+
+def call_events(index: int, call: dict[str, Any]) -> list[Event]:
+    """A whole call's events: its arguments in one piece."""
+    fn = call["function"]
+    return [CallStart(index, call["id"], fn["name"]), CallArguments(index, fn["arguments"]),
+            CallEnd(index, call, True)]
+
+
+class WholeCalls:
+    """A whole response's calls: content goes out up to where a call may begin (the
+    format's start marker), the rest waits for the end and is parsed whole (`parse`)."""
+
+    def __init__(self, parser: str) -> None:
+        self.parser = parser
+        self.pending = ""          # a possible marker's start
+        self.call: list[str] = []  # from a call's start on
+        self.said = False          # some content other than whitespace went out
+
+    def feed(self, text: str) -> list[Event]:
+        if self.call:
+            self.call.append(text)
+            return []
+        text, self.pending = self.pending + text, ""
+        marker = start_marker(self.parser)
+        at = text.find(marker)
+        if self.parser == "llama3" and at >= 0 and (self.said or text[:at].strip()):
+            at = -1  # llama3's calls are the whole output: a "{" after other text is content
+        if at >= 0:
+            self.call = [text[at:]]
+            return self._text(text[:at])
+        hold = partial_marker(text, marker)
+        self.pending = text[len(text) - hold:]
+        return self._text(text[:len(text) - hold])
+
+    def finish(self) -> list[Event]:
+        events, self.pending = self._text(self.pending), ""
+        if self.call:
+            rest, calls = parse("".join(self.call), self.parser)
+            self.call = []
+            events += self._text(rest)
+            for i, call in enumerate(calls):
+                events += call_events(i, call)
+        return events
+
+    def _text(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        self.said = self.said or not text.isspace()
+        return [Text("content", text)]
