@@ -161,6 +161,8 @@ void ValidateDeltaNetDecode(const DeltaNetDecodeArgs& a) {
       used[static_cast<size_t>(s)] = true;
     }
   }
+  // Several sequences may read one slot (requests resuming from one cached snapshot): it is
+  // only read. None may read a slot the step writes, its own excepted (updated in place).
   for (uint32_t i = 0; a.read_slots != nullptr && i < a.sequences; ++i) {
     const int64_t r = a.read_slots[i];
     if (r < 0 || r >= static_cast<int64_t>(a.num_slots)) {
@@ -168,12 +170,10 @@ void ValidateDeltaNetDecode(const DeltaNetDecodeArgs& a) {
                                   std::to_string(i) + " is outside the state pool of " +
                                   std::to_string(a.num_slots) + " slots");
     }
-    if (r == a.slots[i]) continue;
-    if (used[static_cast<size_t>(r)]) {
+    if (r != a.slots[i] && used[static_cast<size_t>(r)]) {
       throw std::invalid_argument("deltanet_decode: read slot " + std::to_string(r) + " of sequence " +
-                                  std::to_string(i) + " is another sequence's slot, read slot or token slot");
+                                  std::to_string(i) + " is a slot or token slot the step writes");
     }
-    used[static_cast<size_t>(r)] = true;
   }
 }
 

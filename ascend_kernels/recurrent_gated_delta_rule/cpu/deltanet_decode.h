@@ -64,9 +64,9 @@ struct DeltaNetDecodeArgs {
 // lengths (none negative, adding up to T; one token each without them), the slots
 // (in [0, S), distinct), the token slots (-1 or in [0, S), -1 for a sequence's
 // last token, distinct from each other and from every slot), the read slots (in
-// [0, S); one that is not its own sequence's slot is no other slot, token slot or
-// read slot). Reads nothing but args.lens, args.slots, args.token_slots and
-// args.read_slots.
+// [0, S); one that is not its own sequence's slot is no slot or token slot the step
+// writes; several sequences may read one slot). Reads nothing but args.lens, args.slots,
+// args.token_slots and args.read_slots.
 void ValidateDeltaNetDecode(const DeltaNetDecodeArgs& args);
 
 void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& args, size_t num_threads);

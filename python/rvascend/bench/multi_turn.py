@@ -8,6 +8,9 @@ cache on and off, side by side in one process; then a restart: turn 1 on an engi
 the hierarchical cache's file tier, the engine closed, a new engine on the same directory
 (empty pool, empty host memory) answering turn 1 again, against turn 1 cold.
 
+`--shape=qwen3-0.6b` is the dense model of the same width; `--model-path=default` SmolLM2
+with its real weights.
+
 Targets (issue 61): turns 2.. at most 1/4 of turn 1 with the cache; the restarted turn at
 most 1/4 of the cold one. Defaults: Qwen3.5-0.8B's shapes with random weights (speed
 only: the answers are not read), BF16 under deterministic inference (the kernels' routes).
@@ -25,6 +28,7 @@ from absl import app, flags, logging
 
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.engine import Engine, EngineConfig, SamplingParams, random_checkpoint
+from rvascend.models.default_model import ensure_default_model
 from rvascend.models.loader import load_model
 
 FLAGS = flags.FLAGS
@@ -32,12 +36,13 @@ FLAGS = flags.FLAGS
 
 def _define_flags() -> None:
     """This program's flags, defined when it runs (tests import several bench modules at once)."""
-    flags.DEFINE_string("model-path", None, "Checkpoint (default: --shape with random weights).")
+    flags.DEFINE_string("model-path", None, "Checkpoint or GGUF file; 'default': the default model (SmolLM2-135M-"
+                        "Instruct, real weights); unset: --shape with random weights.")
     flags.DEFINE_enum("shape", "qwen3.5-0.8b", random_checkpoint.CHOICES, "Shapes of the random-weight model.")
     flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
     flags.DEFINE_integer("turns", 4, "Turns of the conversation.")
-    flags.DEFINE_integer("system-len", 1536, "Tokens of the system prompt.")
-    flags.DEFINE_integer("turn-len", 48, "Tokens of each user message.")
+    flags.DEFINE_integer("system-len", 2500, "Tokens of the system prompt.")
+    flags.DEFINE_integer("turn-len", 20, "Tokens of each user message.")
     flags.DEFINE_integer("output-len", 24, "Tokens of each answer.")
     flags.DEFINE_string("output", "bench_results/multi_turn.jsonl", "jsonl file to append to.")
 
@@ -46,6 +51,8 @@ def _model():
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
     path = FLAGS["model-path"].value or random_checkpoint.ensure(FLAGS.shape)
+    if path == "default":
+        path = ensure_default_model()
     model = load_model(path, torch.bfloat16)
     from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 

@@ -236,6 +236,9 @@ def _unlink_quietly(path: str) -> bool:
         return True
     except FileNotFoundError:
         return False
+    except OSError as error:  # a directory or a file the server may not remove, planted under an entry's name
+        logging.warning("cache tiers: cannot remove %s: %s", path, error)
+        return False
 
 
 @contextlib.contextmanager
@@ -255,7 +258,9 @@ def _make_private_directory(path: str) -> None:
     """Creates `path` with mode 0700, or checks an existing one is as private: whoever
     can write the directory chooses what the server reads."""
     os.makedirs(path, mode=0o700, exist_ok=True)
-    info = os.stat(path)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):  # whoever can re-point the link chooses the directory later
+        raise ValueError(f"cache directory {path} is a symbolic link; give the directory itself")
     if not stat.S_ISDIR(info.st_mode):
         raise ValueError(f"cache directory {path} is not a directory")
     uid = os.geteuid()
@@ -392,7 +397,10 @@ class DiskTier:
     def __init__(self, directory: str, capacity_bytes: int) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"disk tier capacity_bytes = {capacity_bytes} must be positive")
-        self.directory = os.path.abspath(directory)
+        # Resolved once: a parent re-pointed later does not move the tier (a link as the directory
+        # itself is refused).
+        self.directory = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(directory))),
+                                      os.path.basename(os.path.abspath(directory)))
         _make_private_directory(self.directory)
         self._lock = threading.Lock()
         self._stats = TierStats(capacity_bytes)
@@ -415,10 +423,13 @@ class DiskTier:
         except OSError as error:
             self._reject(path, None, f"cannot open it: {error}")
             return None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a directory or a device planted under the name
+            os.close(fd)
+            self._reject(path, info.st_ino, "not a regular file")
+            return None
         with os.fdopen(fd, "rb", buffering=0) as f:
-            info = os.fstat(fd)
             try:
-                _expect(stat.S_ISREG(info.st_mode), "not a regular file")
                 tensors = _read_entry(f, info.st_size, key, self._stats.capacity_bytes)
             except _READ_ERRORS as error:
                 self._reject(path, info.st_ino, str(error) or type(error).__name__)
@@ -460,10 +471,13 @@ class DiskTier:
 
     def flush(self) -> None:
         """Removes every entry file in the directory (nothing else there)."""
-        with _directory_lock(self.directory):
-            for name in os.listdir(self.directory):
-                if _ENTRY_FILE.fullmatch(name):
-                    _unlink_quietly(os.path.join(self.directory, name))
+        try:
+            with _directory_lock(self.directory):
+                for name in os.listdir(self.directory):
+                    if _ENTRY_FILE.fullmatch(name):
+                        _unlink_quietly(os.path.join(self.directory, name))
+        except OSError as error:  # the directory removed or made unusable under the server
+            logging.warning("cache tiers: cannot flush %s: %s", self.directory, error)
 
     def stats(self) -> TierStats:
         """Counters of this object; entries and bytes are the directory's now (all writers')."""
@@ -506,15 +520,22 @@ class DiskTier:
         STALE_TEMP_SECONDS when `clean_temps`. Files vanishing meanwhile are skipped."""
         files = []
         stale_before_ns = time.time_ns() - int(STALE_TEMP_SECONDS * 1e9)
-        with os.scandir(self.directory) as it:
+        try:
+            it = os.scandir(self.directory)
+        except OSError as error:  # removed under the server: no entries (writes fail and are logged)
+            logging.warning("cache tiers: cannot list %s: %s", self.directory, error)
+            return files
+        with it:
             for entry in it:
                 is_entry = _ENTRY_FILE.fullmatch(entry.name)
                 if not is_entry and not (clean_temps and _TEMP_FILE.fullmatch(entry.name)):
                     continue
                 try:
                     info = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
+                except OSError:
                     continue
+                if not stat.S_ISREG(info.st_mode):
+                    continue  # not an entry, whatever its name (a reader rejects it too)
                 if is_entry:
                     files.append((info.st_mtime_ns, entry.name, info.st_size))
                 elif info.st_mtime_ns < stale_before_ns:
@@ -525,17 +546,20 @@ class DiskTier:
     def _evict(self, keep: Optional[str]) -> None:
         """Removes least recently used entry files until the directory is under the capacity,
         never `keep` (the file just written, which a coarse clock may date as old as others)."""
-        with _directory_lock(self.directory):
-            files = sorted(self._scan(clean_temps=True))
-            total = sum(size for _, _, size in files)
-            evicted = 0
-            for _, name, size in files:
-                if total <= self._stats.capacity_bytes:
-                    break
-                if name == keep:
-                    continue
-                evicted += _unlink_quietly(os.path.join(self.directory, name))
-                total -= size  # gone either way: removed here or by another server
+        evicted = 0
+        try:
+            with _directory_lock(self.directory):
+                files = sorted(self._scan(clean_temps=True))
+                total = sum(size for _, _, size in files)
+                for _, name, size in files:
+                    if total <= self._stats.capacity_bytes:
+                        break
+                    if name == keep:
+                        continue
+                    evicted += _unlink_quietly(os.path.join(self.directory, name))
+                    total -= size  # gone either way: removed here or by another server
+        except OSError as error:  # the directory (or its lock file) made unusable under the server
+            logging.warning("cache tiers: cannot evict in %s: %s", self.directory, error)
         self._count(evicted=evicted)
 
     def _reject(self, path: str, inode: Optional[int], reason: str) -> None:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import random
 import re
 import struct
@@ -489,6 +490,29 @@ def test_a_file_in_place_of_the_directory_is_refused(tmp_path):
     path.write_text("")
     with pytest.raises((ValueError, FileExistsError), match=str(path)):
         DiskTier(str(path), MiB)
+
+
+def test_a_symbolic_link_as_the_directory_is_refused(tmp_path):
+    """Whoever can re-point the link would choose, later, where entries are read and written."""
+    target = tmp_path / "target"
+    target.mkdir(mode=0o700)
+    os.symlink(target, tmp_path / "cache")
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        DiskTier(str(tmp_path / "cache"), MiB)
+
+
+def test_junk_under_entry_names_and_a_removed_directory_are_survived(tmp_path):
+    directory = tmp_path / "cache"
+    tier = DiskTier(str(directory), MiB)
+    key = make_key(1)
+    os.mkdir(tier.path(key))  # a directory under an entry's name
+    DiskTier(str(directory), 1)  # eviction at start passes it by
+    assert tier.get(key) is None and tier.stats().entries == 0
+    tier.flush()
+    shutil.rmtree(directory)
+    assert tier.stats().entries == 0  # /metrics keeps working
+    tier.flush()
+    assert tier.put(make_key(2), entry_for(make_key(2))) is False  # a logged failed write
 
 
 # Two servers on one directory.

@@ -38,6 +38,7 @@ prefix_cache.py and scheduler.py say where they are taken and how a request resu
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import threading
 import time
@@ -149,21 +150,24 @@ class Engine:
             raise ValueError("--hicache-storage-backend needs --enable-hierarchical-cache")
         if not config.enable_hierarchical_cache:
             return None
+        host_bytes, disk_bytes = int(config.hicache_size * 2**30), int(config.hicache_storage_size * 2**30)
         if cache is None:
             raise ValueError("--enable-hierarchical-cache keeps the prefix cache's pages: it needs the radix cache "
                              "(drop --disable-radix-cache)")
         if config.hicache_storage_backend not in (None, "file"):
             raise ValueError(f"--hicache-storage-backend {config.hicache_storage_backend!r}: only 'file' is built")
-        for name in ("hicache_size", "hicache_storage_size"):
-            if not getattr(config, name) > 0:
+        for name, nbytes in (("hicache_size", host_bytes), ("hicache_storage_size", disk_bytes)):
+            if not nbytes > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive number of GiB, "
                                  f"not {getattr(config, name)}")
         disk = None
         if config.hicache_storage_backend == "file":
             directory = config.hicache_storage_dir or os.path.join(os.path.expanduser("~"), ".cache", "rvascend",
                                                                    "hicache")
-            disk = DiskTier(directory, int(config.hicache_storage_size * 2**30))
-        tiers = CacheTiers(HostTier(int(config.hicache_size * 2**30)), disk)
+            disk = DiskTier(directory, disk_bytes)
+        # Queued writes share their tensors with the host tier: a long queue costs little memory,
+        # and a write it drops is queued again when its page is next taken (hierarchical_cache.py).
+        tiers = CacheTiers(HostTier(host_bytes), disk, queue_jobs=1024)
         self._page_tokens = config.mamba_track_interval if cache.hybrid else DENSE_PAGE_TOKENS
         started = time.perf_counter()
         hicache = HierarchicalCache(tiers, self.runner.pool, self._page_tokens, self._cache_context())
@@ -272,15 +276,16 @@ class Engine:
         with self.scheduler.lock:
             return len(self.scheduler.free_states) // self.scheduler.state_slots_each
 
-    def flush_cache(self) -> bool:
-        """Empties the prefix cache; refused (False) while requests are queued or running,
-        or while a step is under way (the requests it admits are in no queue meanwhile).
-        Never waits for a step: the server calls it from its event loop."""
+    def flush_cache(self, tiers: bool = True) -> bool:
+        """Empties the prefix cache, and with `tiers` the hierarchical cache's tiers (files
+        included); refused (False) while requests are queued or running, or while a step is
+        under way (the requests it admits are in no queue meanwhile). Never waits for a
+        step: the server calls it from its event loop."""
         if not self._step_lock.acquire(blocking=False):
             return False
         try:
             with self.scheduler.lock:
-                return self.scheduler.flush_cache()
+                return self.scheduler.flush_cache(tiers)
         finally:
             self._step_lock.release()
 
@@ -298,6 +303,7 @@ class Engine:
             # New weights, a new context (their fingerprint: seconds for a large model, so
             # outside the lock, which add_request takes); only this thread writes either.
             self.hicache.weights_changed(self._cache_context())
+        self._read_in_pages()
         with scheduler.lock:
             scheduler.waiting.extend(scheduler.pending)
             scheduler.pending.clear()
@@ -317,6 +323,27 @@ class Engine:
         finally:
             self.step_started = None
         return len(work)
+
+    def _read_in_pages(self) -> None:
+        """Reads the pages of the requests next in line from disk into host memory, outside
+        the scheduler's lock (which add_request and stats take): admission, under it, then
+        finds them in memory. Their prefetch may have done it already."""
+        hicache, scheduler = self.hicache, self.scheduler
+        if hicache is None or hicache.tiers.disk is None:
+            return
+        with scheduler.lock:
+            upcoming = [s for s in itertools.islice(itertools.chain(scheduler.waiting, scheduler.pending),
+                                                    self.config.max_running_requests) if not s.pages_read]
+            work = []
+            for seq in upcoming:
+                seq.pages_read = True
+                prompt = seq.prompt_ids[:cacheable(seq)]
+                work.append((prompt, len(scheduler.cache.match(prompt)[0])))
+        for prompt, have in work:
+            try:
+                hicache.read_in(prompt, have)
+            except Exception:  # noqa: BLE001 - a miss: admission prefills instead
+                logging.exception("reading pages from the cache tiers failed")
 
     def _draft(self, seq: Sequence) -> list[int]:
         """The tokens `seq` drafts for this step (speculation.py), never past max_tokens or

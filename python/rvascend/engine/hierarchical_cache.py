@@ -98,25 +98,51 @@ class HierarchicalCache:
         snapshots `states` (prefix length -> state slot) that end a page."""
         for i, key in enumerate(self.page_keys(tokens)):
             end = (i + 1) * self.page_tokens
-            if not self.tiers.contains(key):
+            if not self._everywhere(key):  # also where a full queue dropped an earlier disk write
                 index = torch.tensor(slots[end - self.page_tokens:end], dtype=torch.long)
                 entry = {}
                 for layer, (k, v) in enumerate(zip(self.pool.k, self.pool.v)):
                     entry[f"k{layer}"], entry[f"v{layer}"] = k[index], v[index]  # gathers: copies
                 self.tiers.put(key, entry)
                 self.stored_pages += 1
-            if self.hybrid and end in states and not self.tiers.contains(self.states_key(key)):
+            if self.hybrid and end in states and not self._everywhere(self.states_key(key)):
                 slot = states[end]
                 pool = self.pool.states
                 entry = {f"conv{n}": c[slot].clone() for n, c in enumerate(pool.conv)}
                 entry.update({f"ssm{n}": s[slot].clone() for n, s in enumerate(pool.ssm)})
                 self.tiers.put(self.states_key(key), entry)
 
+    def _everywhere(self, key: EntryKey) -> bool:
+        """Whether every tier holds the entry (a disk write still queued counts as not)."""
+        return all(tier is None or tier.contains(key) for tier in (self.tiers.host, self.tiers.disk))
+
     # -- read-back -------------------------------------------------------------------
+    def _on_disk_only(self, tokens: list[int], have: int) -> list[EntryKey]:
+        """The keys of `tokens`' pages past its first `have` tokens (and their snapshots) that
+        are on disk and not in host memory, up to the first page in neither."""
+        host, disk = self.tiers.host, self.tiers.disk
+        if host is None or disk is None:
+            return []
+        keys = []
+        for key in self.page_keys(tokens)[have // self.page_tokens:]:
+            in_host = host.contains(key)
+            if not in_host and not disk.contains(key):
+                break
+            candidates = [key, self.states_key(key)] if self.hybrid else [key]
+            keys += [k for k in candidates if not host.contains(k) and disk.contains(k)]
+        return keys
+
     def prefetch(self, tokens: list[int]) -> None:
-        """Starts moving `tokens`' pages (and their snapshots) from disk to host."""
-        keys = self.page_keys(tokens)
-        self.tiers.prefetch(keys + ([self.states_key(k) for k in keys] if self.hybrid else []))
+        """Starts moving `tokens`' pages (and their snapshots) from disk to host memory on the
+        tiers' thread."""
+        self.tiers.prefetch(self._on_disk_only(tokens, 0))
+
+    def read_in(self, tokens: list[int], have: int) -> None:
+        """Moves `tokens`' pages past its first `have` tokens from disk to host memory now,
+        on the caller's thread (the engine's, before admission takes the scheduler's lock, so
+        that admission reads memory only)."""
+        for key in self._on_disk_only(tokens, have):
+            self.tiers.get(key)  # a disk hit is promoted into host
 
     def fetch(self, tokens: list[int], have: int) -> Optional[Loaded]:
         """The pages of `tokens` past its first `have` tokens (those the tree holds), read
@@ -203,7 +229,8 @@ class HierarchicalCache:
                "hicache_load_failures": self.load_failures}
         tiers = self.tiers.stats()
         for tier in ("host", "disk"):
-            for field in ("entries", "bytes", "capacity_bytes", "hits", "misses", "evicted", "rejected"):
+            for field in ("entries", "bytes", "capacity_bytes", "hits", "misses", "evicted", "rejected",
+                          "load_seconds"):
                 if tier in tiers:
                     out[f"hicache_{tier}_{field}"] = tiers[tier][field]
         out["hicache_dropped_writes"] = tiers["dropped_writes"]

@@ -191,3 +191,33 @@ def test_bad_flags_are_refused_by_name(path, tmp_path):
         _engine(model, enable_hierarchical_cache=True, hicache_storage_backend="mooncake")
     with pytest.raises(ValueError, match="--hicache-size must be a positive"):
         _engine(model, enable_hierarchical_cache=True, hicache_size=0)
+
+
+def test_the_fingerprint_covers_packed_and_quantized_buffers_not_route_ids(path):
+    """The context hashes every weight the kernels read, non-persistent buffers included (a
+    kept-quantized GGUF's blocks, the packed copies: state_dict() leaves them out), and
+    nothing numbered per process (two loads of one file share their entries)."""
+    from rvascend.dispatch.route import PACKED_BUFFER
+
+    first, second = (_engine(load_exact_or_fp32(path, "bf16_deterministic")).runner for _ in range(2))
+    assert first.fingerprint() == second.fingerprint()
+    packed = next(b for name, b in second.model.named_buffers() if name.endswith(PACKED_BUFFER))
+    packed.view(torch.uint8).view(-1)[0] ^= 1
+    assert first.fingerprint() != second.fingerprint()
+
+
+def test_the_warm_up_flush_keeps_the_tiers_and_a_lost_file_is_written_again(path, tmp_path):
+    model = load_exact_or_fp32(path, "float32")
+    prompt = _tokens(3 * PAGE + 5, seed=11)
+    engine = _tiered(model, tmp_path)
+    _answer(engine, prompt)
+    engine.hicache.tiers.drain()
+    directory = tmp_path / "tiers"
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".kv"))
+    assert engine.flush_cache(tiers=False)  # the server's warm-up: the pool only
+    assert sorted(f for f in os.listdir(directory) if f.endswith(".kv")) == files
+    os.unlink(directory / files[0])  # a write the queue dropped, or a file removed by hand
+    _answer(engine, prompt)  # from host memory; its pages are taken again, the lost one rewritten
+    engine.hicache.tiers.drain()
+    assert sorted(f for f in os.listdir(directory) if f.endswith(".kv")) == files
+    engine.close()

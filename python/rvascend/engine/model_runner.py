@@ -20,6 +20,7 @@ from absl import logging
 from rvascend import ops
 from rvascend.dispatch import weights_generation
 from rvascend.dispatch.kernel_routes import routes_of
+from rvascend.dispatch.route import ROUTE_ID_BUFFER, SHAPE_BUFFER
 from rvascend.ops import kernel_sets
 from rvascend.engine import sampler
 from rvascend.engine.grammar import GrammarBackend
@@ -55,6 +56,11 @@ class Plan:
     generator_states: list[tuple[torch.Generator, torch.Tensor]]
 
 
+# Buffers that hold no weights: a route's id (numbered per process) and the zero-stride
+# stand-in for a weight whose packed copy is the weight (the packed copy is hashed).
+_NOT_WEIGHTS = frozenset({ROUTE_ID_BUFFER, SHAPE_BUFFER})
+
+
 class ModelRunner:
     def __init__(self, model: CausalLM, pool_slots: int, state_slots: int, keep_hidden: bool) -> None:
         self.model = model
@@ -84,11 +90,16 @@ class ModelRunner:
             "config": repr(self.model.config), "kernel_sets": kernel_sets.available(),
             "routes": None if routes is None else [routes.enabled, routes.batch_invariant],
             "threads": torch.get_num_threads(), "torch": torch.__version__}, sort_keys=True).encode())
-        for name, tensor in self.model.state_dict().items():
-            if not isinstance(tensor, torch.Tensor):
+        # Parameters and buffers as they are, persistent or not (a kept-quantized file's blocks
+        # and the packed copies are non-persistent buffers), one tensor at a time: state_dict()
+        # would unpack every packed weight into a second copy of the model.
+        tensors = [*self.model.named_parameters(remove_duplicate=False), *self.model.named_buffers(remove_duplicate=False)]
+        for name, tensor in tensors:
+            if tensor is None or name.rsplit(".", 1)[-1] in _NOT_WEIGHTS:
                 continue
             h.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-            h.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+            if tensor.numel():
+                h.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
         return h.hexdigest()
 
     def prepare(self, work: list[tuple[Sequence, int]], fresh: list[int],

@@ -89,8 +89,9 @@ class Scheduler:
                 "mamba_cache_size": cache.state_slots if cache else 0,
                 "mamba_cache_evictions": cache.snapshots_evicted if cache else 0}
 
-    def flush_cache(self) -> bool:
-        """Empties the prefix cache; refused (False) while requests are queued or running."""
+    def flush_cache(self, tiers: bool = True) -> bool:
+        """Empties the prefix cache (and with `tiers`, the cache tiers); refused (False)
+        while requests are queued or running."""
         if self.cache is None:
             return True
         if self.queued:
@@ -99,7 +100,7 @@ class Scheduler:
         if freed is None:
             return False
         self.free_slots.extend(freed)
-        if self.hicache is not None:
+        if tiers and self.hicache is not None:
             self.hicache.tiers.flush()
         return True
 

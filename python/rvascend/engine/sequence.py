@@ -98,6 +98,7 @@ class Sequence:
         # (tokens, snapshot slot): the states after that many of its tokens, kept for the
         # prefix cache until its tokens are inserted (engine/scheduler.py).
         self.pending_snapshots: list[tuple[int, int]] = []
+        self.pages_read = False  # the hierarchical cache read its prompt's pages into memory
         self.reservation = len(prompt_ids) + params.max_tokens  # KV tokens it may need
         self.reserved = 0     # of which the engine has reserved for it (from admission to release)
         self.generator: Optional[torch.Generator] = None

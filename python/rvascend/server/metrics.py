@@ -93,7 +93,8 @@ class _EngineCollector:
                                      ("hits", CounterMetricFamily, "Entries found"),
                                      ("misses", CounterMetricFamily, "Entries looked for and not found"),
                                      ("evicted", CounterMetricFamily, "Entries evicted to stay in bounds"),
-                                     ("rejected", CounterMetricFamily, "Files removed as corrupt or foreign")):
+                                     ("rejected", CounterMetricFamily, "Files removed as corrupt or foreign"),
+                                     ("load_seconds", CounterMetricFamily, "Seconds reading and verifying entries")):
             if tiers:
                 m = kind(f"rvascend_hicache_{key}", f"{help_text}, per tier of the hierarchical cache",
                          labels=["tier"])

@@ -241,7 +241,7 @@ def test_a_restarted_server_loads_its_prompts_from_the_hierarchical_caches_files
     assert warm_usage["prompt_tokens_details"]["cached_tokens"] == 512
     assert warm == cold
     assert "rvascend_hicache_loaded_tokens_total 512.0" in metrics
-    assert 'rvascend_hicache_hits_total{tier="disk"}' in metrics
+    assert 'rvascend_hicache_hits_total{tier="disk"}' in metrics and "rvascend_hicache_load_seconds_total" in metrics
     s = Server(**tiers)
     try:
         assert s.engine.stats()["hicache_disk_entries"] == 2
