@@ -76,6 +76,9 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         + (["--steps=8", "--rounds=1", "--batch=2"] if quick else []),
         # Not in the default set: 16 clients, valid and hostile requests mixed, for --seconds (default 60).
         "soak": ["rvascend.bench.soak", f"--output={out}/soak.jsonl"] + model + (["--seconds=20"] if quick else []),
+        # Not in the default set: the Responses and Messages layers' cost per request and per token.
+        "api_overhead": ["rvascend.bench.api_overhead", f"--output={out}/api_overhead.jsonl"]
+        + (["--rounds=200", "--tokens=200"] if quick else []),
         # Not in the default set: the Codex CLI and Claude Code, installed with npm, two turns each.
         "agents": ["rvascend.bench.agents", f"--output={out}/agents.jsonl"] + model
         + (["--turns=1"] if quick else []),
