@@ -45,7 +45,7 @@ from absl import app, flags, logging
 from rvascend import checkout
 from rvascend.bench import k1_model
 from rvascend.bench import plugin_intervals
-from rvascend.bench.step_kinds import draft_tokens, draft_vocab
+from rvascend.bench.step_kinds import draft_tokens, draft_vocab, turn_tokens
 from rvascend.bench.results import print_table, write_jsonl
 
 FLAGS = flags.FLAGS
@@ -87,6 +87,8 @@ def _define_flags() -> None:
                          "(kind nextnKhN; its lm_head part is N rows); 0: the whole vocabulary.")
     flags.DEFINE_float("acceptance_length", 1.97, "Tokens a verify step yields per sequence for the net-speed "
                        "column (default: Qwen3.5-0.8B's MTP head at one draft token, vLLM #39680).")
+    flags.DEFINE_list("turns", [], "Chat turns to count (mode full): CONTEXT:NEW, NEW prompt tokens prefilled after "
+                      "CONTEXT tokens the prefix cache holds (kind turnNEW).")
     flags.DEFINE_integer("target_layers", None, "Layers to extrapolate to (default: the shape's own, Qwen3-0.6B 28).")
     flags.DEFINE_string("output", "bench_results/riscv64_step.jsonl", "jsonl file to append to.")
     flags.DEFINE_string("plot", "bench_results/riscv64_step.png", "PNG plot (empty: none).")
@@ -290,7 +292,7 @@ def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: in
     marked = sum(n for n, _ in step["regions"].values())
     scale = step["total"] / marked if marked else 1.0
     kinds = step.get("region_kinds", {})
-    drafts = draft_tokens(step.get("kind", "decode"))
+    drafts, new = draft_tokens(step.get("kind", "decode")), turn_tokens(step.get("kind", "decode"))
     regions = [k1_model.Region(name, n * scale, v * scale,
                                k1_model.unavoidable_bytes(name, config, context * rows, layers,
                                                           bytes_per_weight=bytes_per_weight, sequences=rows,
@@ -298,9 +300,10 @@ def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: in
                                                           draft_vocab=draft_vocab(step.get("kind", "decode"))),
                                {k: c * scale for k, c in kinds[name].items()} if kinds.get(name) else None)
                for name, (n, v) in step["regions"].items()]
-    produced = rows * context if prefill else rows
+    # Prefill: the prompt's tokens; a turn: its new tokens (the cached ones are read, as K/V); decode: one a sequence.
+    produced = rows * context if prefill else rows * new if new else rows
     return k1_model.tokens_per_second(regions, produced, threads, ipc, board,
-                                      produced if prefill else rows * (1 + drafts))
+                                      produced if prefill or new else rows * (1 + drafts))
 
 
 def project_record(record: dict[str, Any], threads: int, board: k1_model.Board) -> float:
@@ -313,6 +316,36 @@ def project_record(record: dict[str, Any], threads: int, board: k1_model.Board) 
     config = random_checkpoint.SHAPES[record["shape"]]
     return project(step, config, record["context"], record["rows"], record["layers"], threads,
                    record["weight_bytes_per_weight"], prefill=record["kind"] == "prefill", board=board)
+
+
+def turn_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each counted chat turn (N tokens after C cached) against prefilling its whole prompt:
+    the prompt in chunks of K (one counted prefill of K tokens is the chunk at context 0, a
+    counted turnK at context C - K the last chunk; the chunks between are interpolated
+    linearly, as attention over the prefix grows linearly in it), then the turn's N tokens.
+    Times on the calibrated K1 at 4 and 8 threads (projections)."""
+    def seconds(r: dict[str, Any], threads: int) -> float:
+        produced = r["rows"] * (turn_tokens(r["kind"]) or r["context"])
+        return produced / r[f"k1_calibrated_tok_s_{threads}_threads"]
+
+    out = []
+    for turn in (r for r in records if turn_tokens(r["kind"])):
+        for chunk in (r for r in records if r["kind"] == "prefill" and r["vlen"] == turn["vlen"]
+                      and r["mode"] == turn["mode"]):
+            k = chunk["context"]
+            last = next((r for r in records if r["kind"] == f"turn{k}" and r["context"] == turn["context"] - k
+                         and r["vlen"] == turn["vlen"] and r["mode"] == turn["mode"]), None)
+            if last is None or turn["context"] % k:
+                continue
+            row = {"vlen": turn["vlen"], "cached": turn["context"], "new": turn_tokens(turn["kind"]), "chunk": k}
+            for t in (4, 8):
+                first_s, last_s = seconds(chunk, t), seconds(last, t)
+                chunks = turn["context"] // k
+                whole = sum(first_s + (last_s - first_s) * i / (chunks - 1) for i in range(chunks)) + seconds(turn, t)
+                row[f"turn_s_{t}t"], row[f"whole_prompt_s_{t}t"] = seconds(turn, t), whole
+                row[f"speedup_{t}t"] = whole / seconds(turn, t)
+            out.append(row)
+    return out
 
 
 def speculative_summary(records: list[dict[str, Any]], acceptance_length: float) -> list[dict[str, Any]]:
@@ -366,6 +399,8 @@ def main(argv: list[str]) -> int:
     for mode in ("full", *_BYTES_PER_WEIGHT):
         prefills[mode] = [(int(c), int(m), kind) for c in FLAGS.contexts for m in FLAGS.rows
                           for kind in spec_kinds] + prefills[mode]
+    prefills["full"] = prefills["full"] + [(int(c), 1, f"turn{int(n)}") for c, n in
+                                           (t.split(":") for t in FLAGS.turns)]
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         stage = os.path.join(tmp, "stage")
@@ -449,11 +484,19 @@ def main(argv: list[str]) -> int:
                      ("k1_time_vs_decode_8t", "8T", ".3f"),
                      ("net_at_acceptance_4t", f"net x at {FLAGS.acceptance_length} 4T", ".2f"),
                      ("net_at_acceptance_8t", "8T", ".2f")])
+    turns = turn_summary(records)
+    if turns:
+        print_table(turns, [("vlen", "VLEN", "d"), ("cached", "cached", "d"), ("new", "new", "d"),
+                            ("chunk", "chunk", "d"), ("turn_s_4t", "K1 turn s 4T", ".3f"),
+                            ("whole_prompt_s_4t", "whole prompt s 4T", ".2f"), ("speedup_4t", "x 4T", ".1f"),
+                            ("turn_s_8t", "turn s 8T", ".3f"), ("whole_prompt_s_8t", "whole s 8T", ".2f"),
+                            ("speedup_8t", "x 8T", ".1f")])
     for r in records:
         top = sorted(r["regions"].items(), key=lambda kv: -kv[1])[:8]
         print(f"VLEN {r['vlen']} {r['mode']:6s} {r['kind']:7s} ctx {r['context']:4d} M {r['rows']}: " +
               ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in top))
-    write_jsonl(FLAGS.output, records, manifest.capture(
+    write_jsonl(FLAGS.output, records + [{"bench": "riscv64_step", "shape": FLAGS.shape, "turn_summary": t}
+                                         for t in turns], manifest.capture(
         qemu_cpu=f"{qemu_version}: -cpu {k1_model.qemu_cpu(int(FLAGS.vlens[0]))} (VLEN {'|'.join(FLAGS.vlens)})"))
     if FLAGS.plot:
         from rvascend.bench.plots import stacked_region_plot

@@ -25,7 +25,7 @@ import torch
 torch.set_num_threads(1)
 
 from rvascend import ops  # noqa: E402
-from rvascend.bench.step_kinds import draft_tokens, draft_vocab  # noqa: E402
+from rvascend.bench.step_kinds import draft_tokens, draft_vocab, turn_tokens  # noqa: E402
 from rvascend.engine import Engine, EngineConfig, SamplingParams, mtp_draft, sampler  # noqa: E402
 from rvascend.engine.model_runner import ModelRunner  # noqa: E402
 from rvascend.engine.ngram_draft import DraftBudget  # noqa: E402
@@ -179,6 +179,23 @@ def prefill_ready(engine: Engine, prompt_len: int, rows: int, vocab: int) -> Non
         engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
 
 
+def turn_ready(engine: Engine, context: int, rows: int, vocab: int, new: int) -> None:
+    """`rows` requests whose next step prefills `new` prompt tokens after `context` ones the
+    prefix cache held (their K/V slots and recurrent states already in place: resuming from
+    a snapshot reads it where it is, no copy), as a chat's next turn does."""
+    gen = torch.Generator().manual_seed(context)
+    for _ in range(rows):
+        seq = Sequence(torch.randint(0, vocab, (context + new,), generator=gen).tolist(),
+                       SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+        seq.status = Status.RUNNING
+        seq.slots = [engine.scheduler.free_slots.pop() for _ in range(context)]
+        seq.prefilled = seq.cached_tokens = context
+        engine.scheduler.take_state_slots(seq)
+        seq.reserved = seq.reservation
+        engine.scheduler.reserved += seq.reserved
+        engine.scheduler.running.append(seq)
+
+
 def rewind(engine: Engine, seqs: list[Sequence], context: int) -> None:
     """Undoes one decode step (every token it emitted), so every measured step runs at the
     same context."""
@@ -215,11 +232,12 @@ def main() -> int:
     for config in args["configs"]:
         context, rows = config[0], config[1]
         kind = config[2] if len(config) > 2 else "decode"
-        drafts = draft_tokens(kind)
+        drafts, new = draft_tokens(kind), turn_tokens(kind)
         algorithm = ("NEXTN" if kind.startswith("nextn") else "NGRAM") if drafts else None
         engine = Engine(model, None, EngineConfig(max_running_requests=rows,
-                                                  max_total_tokens=rows * (context + 4 + 2 * drafts),
-                                                  max_queued_requests=rows + 1, context_length=context + 4 + drafts,
+                                                  max_total_tokens=rows * (context + new + 4 + 2 * drafts),
+                                                  max_queued_requests=rows + 1,
+                                                  context_length=context + new + 4 + drafts,
                                                   disable_radix_cache=True, chunked_prefill_size=-1,
                                                   speculative_algorithm=algorithm,
                                                   speculative_num_draft_tokens=max(drafts, 1)))
@@ -237,7 +255,14 @@ def main() -> int:
             for k, v in zip(engine.pool.k, engine.pool.v):
                 k.normal_()
                 v.normal_()
-        if kind == "prefill":
+        if new:
+            def ready():
+                turn_ready(engine, context, rows, vocab, new)
+
+            def undo():
+                while engine.has_work():
+                    engine.step()
+        elif kind == "prefill":
             # A step that prefills `rows` prompts of `context` tokens and samples their first tokens.
             def ready():
                 prefill_ready(engine, context, rows, vocab)

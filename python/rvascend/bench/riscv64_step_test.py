@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rvascend.bench.riscv64_step import extrapolate
+from rvascend.bench.riscv64_step import extrapolate, turn_summary
 
 
 def _run(layers: int, sampling: int) -> dict:
@@ -30,6 +30,23 @@ def test_per_layer_regions_scale_and_fixed_ones_take_the_runs_mean():
     assert step["vector"] == 1120
     assert step["libraries"] == {"kernels": 2800, "python": 985 + 285}
     assert step["region_libraries"]["sampling"] == {"python": 985}
+
+
+def _step(kind: str, context: int, tokens: int, seconds: float) -> dict:
+    """A counted step's record whose calibrated K1 time is `seconds` at 4 threads, half at 8."""
+    return {"vlen": 256, "mode": "full", "kind": kind, "context": context, "rows": 1,
+            "k1_calibrated_tok_s_4_threads": tokens / seconds, "k1_calibrated_tok_s_8_threads": 2 * tokens / seconds}
+
+
+def test_a_turn_is_set_against_its_whole_prompt_in_interpolated_chunks():
+    # Chunks of 64: 1.0 s at context 0, 1.6 s at 192 (the last of 4 before 256 cached tokens);
+    # between, linear: 1.2 and 1.4 s. The turn of 20 new tokens: 0.5 s.
+    records = [_step("prefill", 64, 64, 1.0), _step("turn64", 192, 64, 1.6), _step("turn20", 256, 20, 0.5)]
+    (row,) = turn_summary(records)
+    assert (row["cached"], row["new"], row["chunk"]) == (256, 20, 64)
+    assert row["whole_prompt_s_4t"] == pytest.approx(1.0 + 1.2 + 1.4 + 1.6 + 0.5)
+    assert row["speedup_4t"] == pytest.approx(5.7 / 0.5) and row["speedup_8t"] == pytest.approx(5.7 / 0.5)
+    assert turn_summary(records[:2]) == []  # no turn counted: nothing to set against
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # Without --max-total-tokens the KV pool gets at most this share of free memory.
 _KV_MEMORY_FRACTION = 0.25
 _KV_MAX_DEFAULT_TOKENS = 32768
+# The hierarchical cache's host tier may take at most this share of what is free beside them.
+_HICACHE_MEMORY_FRACTION = 0.5
 
 
 def default_chunked_prefill_size() -> int:
@@ -170,6 +172,12 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
         per_token = KVPool.bytes_per_token(model.config, _DTYPES[opts.dtype])
         tokens = int(min(_KV_MAX_DEFAULT_TOKENS, psutil.virtual_memory().available * _KV_MEMORY_FRACTION // per_token))
         logging.info("KV pool: %d tokens (%.1f MiB)", tokens, tokens * per_token / 2**20)
+    if opts.enable_hierarchical_cache:
+        # The host tier fills as pages are cached: bounded by what is free after the weights and the pool.
+        free = psutil.virtual_memory().available - tokens * KVPool.bytes_per_token(model.config, _DTYPES[opts.dtype])
+        if opts.hicache_size * 2**30 > free * _HICACHE_MEMORY_FRACTION:
+            raise ValueError(f"--hicache-size {opts.hicache_size} GiB is more than {_HICACHE_MEMORY_FRACTION:.0%} of "
+                             f"the {max(free, 0) / 2**30:.1f} GiB free beside the weights and the KV pool; give less")
     chunk = default_chunked_prefill_size() if opts.chunked_prefill_size is None else opts.chunked_prefill_size
     logging.info("chunked prefill: %s", f"{chunk} prompt tokens per step" if chunk > 0 else "whole prompts")
     engine = Engine(model, tokenizer, server_args.engine_config(opts, max_total_tokens=tokens,

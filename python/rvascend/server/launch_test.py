@@ -125,3 +125,9 @@ def test_deterministic_inference_is_the_default_where_it_costs_nothing():
     _, _, policy = launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                                            enable_deterministic_inference=False))
     assert policy is None
+
+
+def test_a_host_tier_larger_than_free_memory_is_refused_by_flag_name(tmp_path):
+    with pytest.raises(ValueError, match="--hicache-size 100000.0 GiB is more than 50% of the"):
+        launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
+                                       enable_hierarchical_cache=True, hicache_size=100000.0))
