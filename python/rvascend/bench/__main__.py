@@ -64,6 +64,10 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         # Not in the default set: n-gram speculative decoding on and off, a copying task and free text.
         "speculative": ["rvascend.bench.speculative", f"--output={out}/speculative.jsonl"] + model
         + (["--output-len=16", "--rounds=1", "--batch=2"] if quick else []),
+        # Not in the default set: the same with SUFFIX drafts (recent requests' text), a summary asked twice.
+        "speculative_suffix": ["rvascend.bench.speculative", f"--output={out}/speculative.jsonl",
+                               "--algorithm=SUFFIX"] + model
+        + (["--output-len=16", "--rounds=1", "--batch=2"] if quick else []),
         # Not in the default set: deterministic inference against the kernels' default gate and ATen.
         "deterministic": ["rvascend.bench.deterministic", f"--output={out}/deterministic.jsonl"] + model
         + (["--steps=4", "--rounds=1", "--prefill-len=64"] if quick else []),

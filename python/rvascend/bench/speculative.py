@@ -1,6 +1,7 @@
 """What n-gram speculative decoding gives (`./dev bench --parts=speculative`).
 
-One engine with --speculative-algorithm NGRAM and one without, on the same model,
+One engine with --speculative-algorithm NGRAM (or, --algorithm=SUFFIX, SUFFIX) and one
+without, on the same model,
 timed side by side, alternating --rounds times (the median of each), at batch 1 and
 --batch. With a
 model that has a tokenizer (the default: SmolLM2-135M-Instruct, real weights) the
@@ -48,6 +49,8 @@ def _define_flags() -> None:
     flags.DEFINE_integer("output-len", 96, "Tokens generated per sequence, at most.")
     flags.DEFINE_integer("draft-tokens", 4, "--speculative-num-draft-tokens.")
     flags.DEFINE_integer("rounds", 5, "Runs of each engine, alternated (tok/s: their median).")
+    flags.DEFINE_enum("algorithm", "NGRAM", ["NGRAM", "SUFFIX"], "The drafts set against none. SUFFIX adds the "
+                      "task summarise_again: the summary asked for once more (its drafts can come from the first).")
     flags.DEFINE_string("k1_counts", None, "riscv64_step jsonl with this model's decode and verifyK steps (mode "
                         "q4_0 if present, else full; context 512, one sequence): the K1 projection.")
     flags.DEFINE_string("output", "bench_results/speculative.jsonl", "jsonl file to append to.")
@@ -88,12 +91,16 @@ def _token_tasks(vocab: int, batch: int, output_len: int) -> dict[str, tuple[lis
     }
 
 
-def _run(model, tokenizer, prompts, params, spec: bool, draft_tokens: int):
-    """(tok/s, outputs, stats, steps by draft count) of the decode after every first token."""
+def _run(model, tokenizer, prompts, params, spec: bool, draft_tokens: int, algorithm: str = "NGRAM",
+         again: bool = False):
+    """(tok/s, outputs, stats, steps by draft count) of the decode after every first token;
+    `again`: the same requests ran once before on the engine (untimed)."""
     engine = Engine(model, tokenizer, EngineConfig(
         max_total_tokens=len(prompts) * (len(prompts[0]) + params.max_tokens + 32) + 64,
-        max_running_requests=len(prompts), speculative_algorithm="NGRAM" if spec else None,
+        max_running_requests=len(prompts), speculative_algorithm=algorithm if spec else None,
         speculative_num_draft_tokens=draft_tokens))
+    if again:
+        engine.generate(prompts, params)
     seqs = [engine.add_request(p, params) for p in prompts]
     while any(s.prefilling or not s.output_ids for s in seqs):  # prompts and first tokens: not timed
         engine.step()
@@ -155,12 +162,15 @@ def main(argv: list[str]) -> int:
         length = FLAGS["output-len"].value
         tasks = _text_tasks(tokenizer, batch, length) if tokenizer is not None else \
             _token_tasks(model.config.vocab_size, batch, length)
+        if FLAGS.algorithm == "SUFFIX" and "summarise" in tasks:
+            tasks["summarise_again"] = tasks["summarise"]
         for task, (prompts, params) in tasks.items():
             speeds = {False: [], True: []}
             runs = {}
             for _ in range(FLAGS.rounds):
                 for spec in (False, True):
-                    run = _run(model, tokenizer, prompts, params, spec, FLAGS["draft-tokens"].value)
+                    run = _run(model, tokenizer, prompts, params, spec, FLAGS["draft-tokens"].value,
+                               FLAGS.algorithm, task.endswith("_again"))
                     speeds[spec].append(run[0])
                     runs[spec] = run
             if runs[True][1] != runs[False][1]:
@@ -186,7 +196,7 @@ def main(argv: list[str]) -> int:
             logging.info("%s, batch %d: %.1f -> %.1f tok/s, acceptance lengths %s", task, batch, plain, spec,
                          record["acceptance_lengths"])
     columns = [("task", "task", "s"), ("batch", "B", "d"), ("tok_s", "tok/s", ".1f"),
-               ("spec_tok_s", "NGRAM tok/s", ".1f"), ("speedup", "speed-up", ".2f"),
+               ("spec_tok_s", f"{FLAGS.algorithm} tok/s", ".1f"), ("speedup", "speed-up", ".2f"),
                ("tokens_per_step", "tokens/step/seq", ".2f"), ("accept_rate", "accepted", ".1%")]
     if k1 is not None:
         columns += [("k1_speedup_4t", "K1 x 4T", ".2f"), ("k1_speedup_8t", "K1 x 8T", ".2f")]

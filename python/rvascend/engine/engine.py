@@ -89,6 +89,8 @@ class EngineConfig:
     speculative_num_draft_tokens: int = 4
     speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 8
+    # SUFFIX: the tokens of recent requests (per API key) its drafts may come from.
+    speculative_suffix_cache_tokens: int = 1 << 16
     # The hierarchical cache (SGLang's HiCache flags; hierarchical_cache.py): the prefix cache's
     # pages also kept in host memory (hicache_size GiB) and, with the "file" storage backend,
     # in a directory (hicache_storage_dir, at most hicache_storage_size GiB) that outlives the process.
@@ -109,7 +111,8 @@ class Engine:
         self.speculator = Speculator(config.speculative_algorithm, config.speculative_num_draft_tokens,
                                      config.speculative_ngram_min_match_window_size,
                                      config.speculative_ngram_max_match_window_size,
-                                     getattr(model, "mtp", None) is not None, model.config.architecture)
+                                     getattr(model, "mtp", None) is not None, model.config.architecture,
+                                     config.speculative_suffix_cache_tokens)
         hybrid = model.config.linear_attention is not None
         # Per sequence: the state slot read, and one written per token a step keeps the states after.
         state_slots_each = 2 + self.speculator.slots_per_sequence
@@ -227,9 +230,13 @@ class Engine:
             raise RequestError(str(e)) from None
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
-                    on_output: Optional[Callable[[Sequence, Output], None]] = None) -> Sequence:
+                    on_output: Optional[Callable[[Sequence, Output], None]] = None,
+                    owner: Optional[str] = None) -> Sequence:
+        """`owner`: who sent it (the server: a digest of its API key); SUFFIX drafts of one
+        owner come only from that owner's requests."""
         self.validate(prompt_ids, params)
         seq = Sequence(prompt_ids, params, on_output)
+        seq.owner = owner
         if params.grammar is not None:
             seq.matcher = self.compile_grammar(params.grammar)
         if self.tokenizer is not None:
@@ -469,6 +476,7 @@ class Engine:
                     if seq in scheduler.running:
                         scheduler.running.remove(seq)
                     scheduler.release(seq)
+                    self.speculator.finished(seq)
                 elif row.prefill and row.sample_row is not None and scheduler.cache is not None \
                         and seq.status is Status.RUNNING and seq in scheduler.running:
                     # The prompt just prefilled serves the requests admitted next.

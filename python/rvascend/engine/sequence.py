@@ -99,6 +99,7 @@ class Sequence:
         # prefix cache until its tokens are inserted (engine/scheduler.py).
         self.pending_snapshots: list[tuple[int, int]] = []
         self.pages_read = False  # the hierarchical cache read its prompt's pages into memory
+        self.owner: Optional[str] = None  # who sent it (a digest of its API key): SUFFIX drafts stay within it
         self.reservation = len(prompt_ids) + params.max_tokens  # KV tokens it may need
         self.reserved = 0     # of which the engine has reserved for it (from admission to release)
         self.generator: Optional[torch.Generator] = None

@@ -19,15 +19,16 @@ from rvascend.engine import mtp_draft
 from rvascend.engine.model_runner import Plan, Row
 from rvascend.engine.ngram_draft import DraftBudget, NgramIndex
 from rvascend.engine.sequence import Sequence
+from rvascend.engine.suffix_draft import SuffixCorpus
 
-ALGORITHMS = ("NGRAM", "NEXTN")
+ALGORITHMS = ("NGRAM", "SUFFIX", "NEXTN")
 
 
 class Speculator:
     """One engine's drafting (None algorithm: off) and its acceptance counts."""
 
     def __init__(self, algorithm: Optional[str], num_draft_tokens: int, ngram_min_window: int,
-                 ngram_max_window: int, has_mtp: bool, architecture: str) -> None:
+                 ngram_max_window: int, has_mtp: bool, architecture: str, suffix_tokens: int = 1 << 16) -> None:
         if algorithm not in (None, *ALGORITHMS):
             raise ValueError(f"--speculative-algorithm {algorithm!r} is not supported ({', '.join(ALGORITHMS)})")
         if algorithm == "NEXTN" and not has_mtp:
@@ -40,6 +41,9 @@ class Speculator:
         self.algorithm = algorithm
         self.num_draft_tokens = num_draft_tokens
         self._windows = (ngram_min_window, ngram_max_window)
+        # SUFFIX: recent requests' text per API key (suffix_draft.py), beside the request's own.
+        self.corpus = SuffixCorpus(suffix_tokens, ngram_min_window, ngram_max_window) \
+            if algorithm == "SUFFIX" else None
         self.drafted = self.accepted = 0  # draft tokens verified, and accepted
         # Verify steps by (drafts, accepted) per sequence: the acceptance-length distribution.
         self.outcomes: collections.Counter[tuple[int, int]] = collections.Counter()
@@ -59,18 +63,25 @@ class Speculator:
             return seq.draft
         if seq.draft_budget is None:
             seq.draft_budget = DraftBudget(self.num_draft_tokens)
-            if self.algorithm == "NGRAM":
+            if self.algorithm != "NEXTN":
                 seq.ngram = NgramIndex(*self._windows)
         k = min(seq.draft_budget.next_k(), room)
         if k > 0:
             seq.draft = seq.mtp_draft[:k] if self.algorithm == "NEXTN" else \
                 seq.ngram.propose(seq.prompt_ids, seq.output_ids, k)
+            if not seq.draft and self.corpus is not None:
+                seq.draft = self.corpus.propose(seq.owner, _tail(seq, self._windows[1]), k)
             if seq.matcher is not None and seq.draft:
                 # Nothing follows an EOS under a grammar, and the matcher never takes a drafted
                 # EOS (GrammarBackend._draft_masks): the draft ends at its first one.
                 end = next((i + 1 for i, t in enumerate(seq.draft) if t in eos_ids), len(seq.draft))
                 seq.draft = seq.draft[:seq.matcher.validate_tokens(seq.draft[:end])]
         return seq.draft
+
+    def finished(self, seq: Sequence) -> None:
+        """SUFFIX: a request that ended (not with an error) adds its text to its key's corpus."""
+        if self.corpus is not None and seq.error is None and seq.output_ids:
+            self.corpus.add(seq.owner, seq.prompt_ids + seq.output_ids)
 
     def record(self, row: Row) -> None:
         """How a verify row's drafts did (a failed row accepted none)."""
@@ -110,3 +121,9 @@ class Speculator:
                                      give_back)
         for row, d in zip(rows, drafts):
             row.next_draft = d
+
+
+def _tail(seq: Sequence, n: int) -> list[int]:
+    """The last n tokens of prompt + output, without joining the whole of them."""
+    out = seq.output_ids[-n:]
+    return (seq.prompt_ids[max(0, len(seq.prompt_ids) - (n - len(out))):] if len(out) < n else []) + out

@@ -175,7 +175,7 @@ def anthropic_routes(ctx: ServerContext) -> APIRouter:
             pairs = ctx.bounded(pairs, req.max_tokens)
         except BAD_INPUT as e:
             return error(400, str(e))
-        sub = ctx.submit(ENDPOINT, pairs)
+        sub = ctx.submit(ENDPOINT, pairs, request)
         if isinstance(sub, Response):
             return _reshaped(sub)
         head = {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant",

@@ -5,6 +5,7 @@ submit, collect)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import dataclasses
 import threading
 from typing import Any, Optional, Union
@@ -22,6 +23,16 @@ from rvascend.server.submission import Submission
 
 # Errors of the request's own making: a 400 naming the problem.
 BAD_INPUT = (RequestError, UnsupportedField, limits.InputError, ChatTemplateError, GrammarError)
+
+
+def owner_of(request: Request) -> str:
+    """Who a request comes from: a digest of the API key it was admitted with (or, on a
+    server without one, the key it carries: Authorization: Bearer, or x-api-key), so
+    nothing holds the key itself. Stored responses and SUFFIX drafts stay within it."""
+    key = request.scope.get("state", {}).get(limits.ADMITTED_KEY) \
+        or request.headers.get("authorization", "").removeprefix("Bearer ").strip() \
+        or request.headers.get("x-api-key", "")
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 @dataclasses.dataclass
@@ -83,9 +94,10 @@ class ServerContext:
             self.metrics.observe_sequence(seq)
         self.metrics.batch_rows.set(self.engine.last_batch_rows)
 
-    def submit(self, endpoint: str, pairs: list[tuple[list[int], SamplingParams]]) -> Union[Submission, Response]:
+    def submit(self, endpoint: str, pairs: list[tuple[list[int], SamplingParams]],
+               request: Request) -> Union[Submission, Response]:
         try:
-            return Submission(self.engine, pairs)
+            return Submission(self.engine, pairs, owner_of(request))
         except RequestError as e:
             self.metrics.requests.labels(endpoint, "invalid").inc()
             return error(400, str(e))

@@ -37,7 +37,7 @@ def native_routes(ctx: ServerContext) -> APIRouter:
             await ctx.grammar(params.grammar)
         except BAD_INPUT as e:
             return error(400, str(e))
-        sub = ctx.submit("generate", [(ids, params)])
+        sub = ctx.submit("generate", [(ids, params)], request)
         if isinstance(sub, Response):
             return sub
         rid = req.rid or uuid.uuid4().hex

@@ -117,7 +117,7 @@ async def prepare_chat(ctx: ServerContext, req: ChatCompletionRequest
 async def _serve(ctx: ServerContext, endpoint: str, pairs: list[tuple[list[int], SamplingParams]], n: int,
                  stream: bool, chat: bool, include_usage: bool, logprobs: bool, request: Request,
                  echo: Optional[list[str]] = None, split: Optional[Callable[[], ChatOutput]] = None):
-    sub = ctx.submit(endpoint, pairs)
+    sub = ctx.submit(endpoint, pairs, request)
     if isinstance(sub, Response):
         return sub
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]

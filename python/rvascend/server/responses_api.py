@@ -10,7 +10,6 @@ whole response keeps only the end.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from typing import Any, AsyncIterator, Callable, Literal, Optional
@@ -21,7 +20,7 @@ from fastapi.responses import Response, StreamingResponse
 from rvascend.engine.sequence import Sequence
 from rvascend.server import limits
 from rvascend.server.chat_output import ChatOutput
-from rvascend.server.context import BAD_INPUT, ServerContext
+from rvascend.server.context import BAD_INPUT, ServerContext, owner_of
 from rvascend.server.openai_api import prepare_chat
 from rvascend.server.responses import error
 from rvascend.server.responses_protocol import ResponsesRequest, ResponseStore, Stored, new_id
@@ -33,14 +32,6 @@ ENDPOINT = "responses"
 MAX_LISTED_ITEMS = 100
 
 
-def owner_of(request: Request) -> str:
-    """Who a stored response belongs to: a digest of the API key the request was admitted
-    with (or, on a server without one, the key it carries: Authorization: Bearer, or
-    x-api-key), so the store never holds the key itself."""
-    key = request.scope.get("state", {}).get(limits.ADMITTED_KEY) \
-        or request.headers.get("authorization", "").removeprefix("Bearer ").strip() \
-        or request.headers.get("x-api-key", "")
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 class ResponseBuilder:
@@ -264,7 +255,7 @@ def responses_routes(ctx: ServerContext) -> APIRouter:
             pairs = ctx.bounded(pairs, req.max_output_tokens)
         except BAD_INPUT as e:
             return error(400, str(e))
-        sub = ctx.submit(ENDPOINT, pairs)
+        sub = ctx.submit(ENDPOINT, pairs, request)
         if isinstance(sub, Response):
             return sub
         builder = ResponseBuilder(req, ctx.model_name, split(stream=req.stream))

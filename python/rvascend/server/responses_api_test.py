@@ -16,7 +16,8 @@ import pytest
 from starlette.requests import Request
 
 from rvascend.server.chat_output import ChatOutput
-from rvascend.server.responses_api import ResponseBuilder, owner_of
+from rvascend.server.context import owner_of
+from rvascend.server.responses_api import ResponseBuilder
 from rvascend.server.responses_protocol import ResponsesRequest, ResponseStore, Stored
 from rvascend.server.testing import Server, tokens_into_a_call
 

@@ -109,8 +109,9 @@ class ServerArgs:
         "hosts with AMX), off elsewhere; --noenable-deterministic-inference turns it off.")
     speculative_algorithm: Optional[str] = _arg(
         _ENGINE.speculative_algorithm, "Speculative decoding: NGRAM drafts tokens from the request's own prompt "
-        "and output, NEXTN with a Qwen3.5 checkpoint's MTP head; one step verifies them (the output is exactly "
-        "what decoding without drafts gives); default: off.", ("NGRAM", "NEXTN"))
+        "and output, SUFFIX from those and then from recent requests of the same API key, NEXTN with a Qwen3.5 "
+        "checkpoint's MTP head; one step verifies them (the output is exactly what decoding without drafts "
+        "gives); default: off.", ("NGRAM", "SUFFIX", "NEXTN"))
     speculative_num_draft_tokens: int = _arg(_ENGINE.speculative_num_draft_tokens,
                                              "Draft tokens per sequence and step, at most.")
     speculative_token_map: Optional[str] = _arg(
@@ -120,6 +121,9 @@ class ServerArgs:
                                                         "Shortest n-gram an NGRAM draft matches.")
     speculative_ngram_max_match_window_size: int = _arg(_ENGINE.speculative_ngram_max_match_window_size,
                                                         "Longest n-gram an NGRAM draft matches.")
+    speculative_suffix_cache_tokens: int = _arg(
+        _ENGINE.speculative_suffix_cache_tokens, "SUFFIX: tokens of recent requests (prompts and outputs) drafts may "
+        "come from, oldest out first; an API key's requests draft only from that key's.")
     watchdog_timeout: float = _arg(300.0, "/health reports unhealthy when one engine step runs longer (s).")
     graceful_shutdown_timeout: float = _arg(5.0, "On SIGTERM/SIGINT, seconds open requests get before the "
                                                  "server exits anyway.")

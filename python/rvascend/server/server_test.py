@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import sys
 import time
@@ -247,5 +248,20 @@ def test_a_restarted_server_loads_its_prompts_from_the_hierarchical_caches_files
         assert s.engine.stats()["hicache_disk_entries"] == 2
         assert s.http.post("/flush_cache").status_code == 200
         assert s.engine.stats()["hicache_disk_entries"] == 0
+    finally:
+        s.stop()
+
+
+def test_suffix_drafts_are_kept_per_api_key():
+    """--speculative-algorithm SUFFIX: a finished request's text joins the corpus of the key
+    it was admitted with (a digest, never the key itself)."""
+    s = Server(speculative_algorithm="SUFFIX")
+    try:
+        r = s.http.post("/v1/completions", json={"model": s.name, "prompt": [5, 6, 7, 8] * 8, "max_tokens": 8,
+                                                 "temperature": 0})
+        assert r.status_code == 200, r.text
+        s.wait_idle()
+        ((owner, tokens),) = s.engine.speculator.corpus.docs.values()
+        assert owner == hashlib.sha256(API_KEY.encode()).hexdigest() and tokens[:32] == [5, 6, 7, 8] * 8
     finally:
         s.stop()

@@ -21,7 +21,8 @@ class Submission:
     submitted are aborted, so a request is admitted whole or not at all.
     """
 
-    def __init__(self, engine: Engine, requests: list[tuple[list[int], SamplingParams]]) -> None:
+    def __init__(self, engine: Engine, requests: list[tuple[list[int], SamplingParams]],
+                 owner: Optional[str] = None) -> None:
         loop = asyncio.get_running_loop()
         self.engine = engine
         self.queue: asyncio.Queue[tuple[int, Output]] = asyncio.Queue()
@@ -29,7 +30,8 @@ class Submission:
         try:
             for i, (ids, params) in enumerate(requests):
                 self.seqs.append(engine.add_request(
-                    ids, params, lambda seq, out, i=i: loop.call_soon_threadsafe(self.queue.put_nowait, (i, out))))
+                    ids, params, lambda seq, out, i=i: loop.call_soon_threadsafe(self.queue.put_nowait, (i, out)),
+                    owner))
         except Exception:
             self.abort()
             raise
