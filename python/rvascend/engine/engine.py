@@ -292,7 +292,10 @@ class Engine:
             return False
         try:
             with self.scheduler.lock:
-                return self.scheduler.flush_cache(tiers)
+                flushed = self.scheduler.flush_cache(tiers)
+            if flushed:
+                self.speculator.flush()  # SUFFIX's corpus: recent requests' text goes too
+            return flushed
         finally:
             self._step_lock.release()
 
@@ -446,6 +449,7 @@ class Engine:
                     logging.exception("committing a token of sequence %d failed", row.seq.id)
                 failed[id(row)] = e
         scheduler = self.scheduler
+        ended: list[Sequence] = []
         with scheduler.lock:
             for row in plan.rows:
                 # A decode row keeps the K/V of its input token and of each accepted draft
@@ -476,11 +480,13 @@ class Engine:
                     if seq in scheduler.running:
                         scheduler.running.remove(seq)
                     scheduler.release(seq)
-                    self.speculator.finished(seq)
+                    ended.append(seq)
                 elif row.prefill and row.sample_row is not None and scheduler.cache is not None \
                         and seq.status is Status.RUNNING and seq in scheduler.running:
                     # The prompt just prefilled serves the requests admitted next.
                     scheduler.cache_or_fail(seq)
+        for seq in ended:  # SUFFIX: their text joins the corpus, outside the lock add_request takes
+            self.speculator.finished(seq)
 
     # -- synchronous use (benchmarks, tests) -------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sequence]:

@@ -78,6 +78,11 @@ class Speculator:
                 seq.draft = seq.draft[:seq.matcher.validate_tokens(seq.draft[:end])]
         return seq.draft
 
+    def flush(self) -> None:
+        """Forgets every request's text (SUFFIX's corpus)."""
+        if self.corpus is not None:
+            self.corpus = SuffixCorpus(self.corpus.max_tokens, *self._windows)
+
     def finished(self, seq: Sequence) -> None:
         """SUFFIX: a request that ended (not with an error) adds its text to its key's corpus."""
         if self.corpus is not None and seq.error is None and seq.output_ids:

@@ -7,10 +7,17 @@ another request wrote out, the same answer asked for again.
 
 Drafts are proposals: the verify step keeps only what the target samples, so no
 request's text reaches another's output, and a key's requests draft only from that
-key's text. The corpus is bounded in tokens (`max_tokens`, oldest requests out first);
-its index holds one entry per n-gram size per token, keyed by the n-gram's hash (a
-collision is checked against the tokens and is a miss), so memory is linear in the
-bound. Adding a request and proposing are linear in the tokens they read.
+key's text. The corpus is bounded in tokens (`max_tokens`, oldest requests out first, whoever
+sent them); its index holds one entry per n-gram size (three) per token, keyed by the
+n-gram's hash (a collision is checked against the tokens and is a miss), so memory is
+linear in the bound (about 0.5 KB a token). Adding a request is linear in its tokens and
+runs after the step's commit, outside the scheduler's lock; proposing does not depend on
+the corpus's size.
+
+"The same API key" is as fine as the server tells keys apart: with one --api-key every
+client is one owner; without one, the owner is whatever key a client sends (none: all
+such clients are one owner). Outputs never depend on it; a draft's acceptance only
+shows in speed.
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ class SuffixCorpus:
         if max_tokens < 1:
             raise ValueError(f"the suffix corpus must hold at least one token, not {max_tokens}")
         self.max_tokens = max_tokens
-        self.windows = range(max_window, min_window - 1, -1)
+        # Three n-gram sizes, not every one between (NGRAM's own-text index has them all):
+        # indexing costs a hash per size per token, and a cross-request match is long or none.
+        self.windows = sorted({max_window, (min_window + max_window) // 2, min_window}, reverse=True)
         self.docs: collections.OrderedDict[int, tuple[Optional[str], list[int]]] = collections.OrderedDict()
         self.index: dict[int, tuple[int, int]] = {}  # hash of (owner, n-gram) -> (doc, where its continuation starts)
         self.size = 0  # tokens held

@@ -58,3 +58,5 @@ def test_a_repeated_answer_is_drafted_from_the_earlier_request_and_stays_exact()
     assert asked and not any(asked)  # asked, and never given "a"'s text
     assert any(draft for owner, draft in proposed if owner == "a")
     assert runs[2][1] >= 30, runs  # the repeated answer: most of it accepted from the first
+    assert suffix.speculator.corpus.size and suffix.flush_cache()  # /flush_cache forgets the text too
+    assert suffix.speculator.corpus.size == 0 and not suffix.speculator.corpus.docs
