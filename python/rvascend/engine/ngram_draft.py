@@ -59,8 +59,12 @@ class NgramIndex:
         """k tokens that followed the most recent earlier occurrence of the last n tokens of
         prompt + output, for the largest n that occurred; [] if none did. `prompt` is the
         same at every call; `output` only grows."""
+        return self.match(prompt, output, k)[1]
+
+    def match(self, prompt: Sequence[int], output: Sequence[int], k: int) -> tuple[int, list[int]]:
+        """(n, the draft) of `propose`; (0, []) if nothing matched."""
         if k <= 0:
-            return []
+            return 0, []
         self._sync(prompt, output)
         tokens = self.tokens
         for n in self.windows:
@@ -70,8 +74,8 @@ class NgramIndex:
                     # What followed, and where that reaches the tail, the same period again
                     # (a repeating run drafts as far as asked).
                     period = len(tokens) - start
-                    return [tokens[start + i % period] for i in range(k)]
-        return []
+                    return n, [tokens[start + i % period] for i in range(k)]
+        return 0, []
 
 
 @dataclasses.dataclass

@@ -67,10 +67,17 @@ class Speculator:
                 seq.ngram = NgramIndex(*self._windows)
         k = min(seq.draft_budget.next_k(), room)
         if k > 0:
-            seq.draft = seq.mtp_draft[:k] if self.algorithm == "NEXTN" else \
-                seq.ngram.propose(seq.prompt_ids, seq.output_ids, k)
-            if not seq.draft and self.corpus is not None:
-                seq.draft = self.corpus.propose(seq.owner, _tail(seq, self._windows[1]), k)
+            if self.algorithm == "NEXTN":
+                seq.draft = seq.mtp_draft[:k]
+            elif self.corpus is None:
+                seq.draft = seq.ngram.propose(seq.prompt_ids, seq.output_ids, k)
+            else:
+                n, seq.draft = seq.ngram.match(seq.prompt_ids, seq.output_ids, k)
+                if n < self._windows[1]:
+                    # The longer match drafts: another request's text where it continues more of this one.
+                    m, other = self.corpus.match(seq.owner, _tail(seq, self._windows[1]), k)
+                    if m > n:
+                        seq.draft = other
             if seq.matcher is not None and seq.draft:
                 # Nothing follows an EOS under a grammar, and the matcher never takes a drafted
                 # EOS (GrammarBackend._draft_masks): the draft ends at its first one.

@@ -1,8 +1,8 @@
 """Drafts shared across requests (`--speculative-algorithm SUFFIX`, after vLLM's suffix
 decoding): the tokens of recent requests (prompt and output) of the same API key, and
-where each of their n-grams last occurred. A sequence whose own text has no earlier
-occurrence of its last n tokens (the NGRAM draft, ngram_draft.py, comes first) drafts
-what followed them in another request: an agent resending a tool's output, a file
+where each of their n-grams last occurred. A sequence drafts what followed its last n
+tokens in another request where that match is longer than any in its own text (the
+NGRAM draft, ngram_draft.py, which wins ties): an agent resending a tool's output, a file
 another request wrote out, the same answer asked for again.
 
 Drafts are proposals: the verify step keeps only what the target samples, so no
@@ -67,6 +67,10 @@ class SuffixCorpus:
     def propose(self, owner: Optional[str], tail: Sequence[int], k: int) -> list[int]:
         """Up to k tokens that followed the last n tokens of `tail` (the largest n that
         occurred) in `owner`'s most recent request holding them; [] if none did."""
+        return self.match(owner, tail, k)[1]
+
+    def match(self, owner: Optional[str], tail: Sequence[int], k: int) -> tuple[int, list[int]]:
+        """(n, the draft) of `propose`; (0, []) if nothing matched."""
         for n in self.windows:
             if len(tail) < n:
                 continue
@@ -77,5 +81,5 @@ class SuffixCorpus:
             doc_owner, tokens = self.docs[hit[0]]
             p = hit[1]
             if doc_owner == owner and tuple(tokens[p - n:p]) == gram and p < len(tokens):
-                return tokens[p:p + k]
-        return []
+                return n, tokens[p:p + k]
+        return 0, []

@@ -44,8 +44,13 @@ def test_a_repeated_answer_is_drafted_from_the_earlier_request_and_stays_exact()
     (want,) = Engine(model, None, EngineConfig(max_total_tokens=1024)).generate([prompt], params)
     suffix = Engine(model, None, EngineConfig(max_total_tokens=1024, speculative_algorithm="SUFFIX"))
     corpus, proposed = suffix.speculator.corpus, []
-    propose = corpus.propose
-    corpus.propose = lambda owner, tail, k: proposed.append((owner, propose(owner, tail, k))) or proposed[-1][1]
+    match = corpus.match
+
+    def spy(owner, tail, k):
+        n, draft = match(owner, tail, k)
+        proposed.append((owner, draft))
+        return n, draft
+    corpus.match = spy
     runs = []
     for owner in ("a", "b", "a"):  # "b": another key asking the same; then "a" again
         seq = suffix.add_request(prompt, params, owner=owner)

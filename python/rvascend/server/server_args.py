@@ -109,7 +109,7 @@ class ServerArgs:
         "hosts with AMX), off elsewhere; --noenable-deterministic-inference turns it off.")
     speculative_algorithm: Optional[str] = _arg(
         _ENGINE.speculative_algorithm, "Speculative decoding: NGRAM drafts tokens from the request's own prompt "
-        "and output, SUFFIX from those and then from recent requests of the same API key, NEXTN with a Qwen3.5 "
+        "and output, SUFFIX from those or from recent requests of the same API key (the longer match), NEXTN with a Qwen3.5 "
         "checkpoint's MTP head; one step verifies them (the output is exactly what decoding without drafts "
         "gives); default: off.", ("NGRAM", "SUFFIX", "NEXTN"))
     speculative_num_draft_tokens: int = _arg(_ENGINE.speculative_num_draft_tokens,
