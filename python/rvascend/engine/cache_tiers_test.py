@@ -18,8 +18,9 @@ from typing import Optional
 import pytest
 import torch
 
-from rvascend.engine import cache_tiers
-from rvascend.engine.cache_tiers import CacheTiers, DiskTier, EntryKey, HostTier
+from rvascend.engine import disk_tier
+from rvascend.engine.cache_tiers import CacheTiers, EntryKey, HostTier
+from rvascend.engine.disk_tier import DiskTier
 
 CONTEXT = "ab" * 32
 OTHER_CONTEXT = "cd" * 32  # another model's weights, or the same model in another dtype
@@ -58,7 +59,7 @@ def file_size_of(directory, entry: dict[str, torch.Tensor]) -> int:
 
 
 def entry_files(directory) -> list[str]:
-    return sorted(name for name in os.listdir(directory) if name.endswith(cache_tiers.ENTRY_SUFFIX))
+    return sorted(name for name in os.listdir(directory) if name.endswith(disk_tier.ENTRY_SUFFIX))
 
 
 # The key and EntryKey.
@@ -168,7 +169,7 @@ def test_disk_tier_evicts_least_recently_used_by_bytes(tmp_path):
 
 def test_the_entry_just_written_survives_its_own_eviction(tmp_path, monkeypatch):
     # A coarse clock (or another server's) can date every file alike; the new entry must stay.
-    monkeypatch.setattr(cache_tiers, "_next_mtime_ns", lambda: 10**18)
+    monkeypatch.setattr(disk_tier, "_next_mtime_ns", lambda: 10**18)
     keys = sorted((make_key(i) for i in range(2)), key=lambda k: k.digest, reverse=True)  # new one sorts first
     size = file_size_of(tmp_path / "scratch", entry_for(keys[0]))
     tier = DiskTier(str(tmp_path / "tier"), size + size // 2)
@@ -239,10 +240,10 @@ def _prefix_and_header(path) -> tuple[int, dict]:
         return header_len, json.loads(f.read(header_len))
 
 
-def write_raw(path, header: dict, payload: bytes, header_bytes=None, version: int = cache_tiers.FORMAT_VERSION):
+def write_raw(path, header: dict, payload: bytes, header_bytes=None, version: int = disk_tier.FORMAT_VERSION):
     """A file with a valid checksum, written from the format as documented."""
     raw = json.dumps(header).encode() if header_bytes is None else header_bytes
-    body = struct.pack("<8sII", cache_tiers.MAGIC, version, len(raw)) + raw + payload
+    body = struct.pack("<8sII", disk_tier.MAGIC, version, len(raw)) + raw + payload
     with open(path, "wb") as f:
         f.write(body + hashlib.sha256(body).digest())
 
@@ -311,12 +312,12 @@ def garbage(path, key, tier):
 
 def absurd_header_length(path, key, tier):
     with open(path, "wb") as f:
-        f.write(struct.pack("<8sII", cache_tiers.MAGIC, cache_tiers.FORMAT_VERSION, 2**32 - 1) + b"{}" * 100)
+        f.write(struct.pack("<8sII", disk_tier.MAGIC, disk_tier.FORMAT_VERSION, 2**32 - 1) + b"{}" * 100)
 
 
 def header_length_past_the_file(path, key, tier):
     with open(path, "wb") as f:
-        f.write(struct.pack("<8sII", cache_tiers.MAGIC, cache_tiers.FORMAT_VERSION, 5000) + b"{}" * 100)
+        f.write(struct.pack("<8sII", disk_tier.MAGIC, disk_tier.FORMAT_VERSION, 5000) + b"{}" * 100)
 
 
 def huge_declared_shape(path, key, tier):
@@ -339,7 +340,7 @@ def header_over_the_limit(path, key, tier):
         specs.append({"name": name, "dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
                       "offset": len(payload), "nbytes": tensor.numel() * tensor.element_size()})
         payload += bits(tensor).numpy().tobytes()
-    header = json.dumps(crafted_header(key, specs)).encode() + b" " * cache_tiers.MAX_HEADER_BYTES
+    header = json.dumps(crafted_header(key, specs)).encode() + b" " * disk_tier.MAX_HEADER_BYTES
     write_raw(path, {}, payload, header_bytes=header)
 
 
@@ -367,7 +368,7 @@ def header_not_json(path, key, tier):
 
 
 def future_version(path, key, tier):
-    write_raw(path, crafted_header(key, []), b"", version=cache_tiers.FORMAT_VERSION + 1)
+    write_raw(path, crafted_header(key, []), b"", version=disk_tier.FORMAT_VERSION + 1)
 
 
 def symlink(path, key, tier):
@@ -404,8 +405,8 @@ def test_a_bad_file_is_a_counted_logged_miss_and_is_removed(tmp_path, monkeypatc
     fault(path, key, tier)
     file_bytes = os.lstat(path).st_size
     requested = []
-    read_exact = cache_tiers._read_exact
-    monkeypatch.setattr(cache_tiers, "_read_exact", lambda f, n: requested.append(n) or read_exact(f, n))
+    read_exact = disk_tier._read_exact
+    monkeypatch.setattr(disk_tier, "_read_exact", lambda f, n: requested.append(n) or read_exact(f, n))
     reader = DiskTier(str(tmp_path), 64 * MiB)  # a restarted server meets the bad file
     with caplog.at_level(logging.WARNING):
         assert reader.get(key) is None
@@ -424,7 +425,7 @@ def test_a_file_larger_than_the_readers_capacity_is_refused_before_reading(tmp_p
     key = make_key(1)
     small = DiskTier(str(tmp_path), MiB // 2)  # two servers with different bounds on one directory
     DiskTier(str(tmp_path), 64 * MiB).put(key, {"big": torch.zeros(MiB, dtype=torch.uint8)})
-    monkeypatch.setattr(cache_tiers, "_read_exact", lambda f, n: pytest.fail("read a file over the capacity"))
+    monkeypatch.setattr(disk_tier, "_read_exact", lambda f, n: pytest.fail("read a file over the capacity"))
     assert small.get(key) is None and small.stats().rejected == 1
     assert not small.contains(key)
 

@@ -38,8 +38,6 @@ prefix_cache.py and scheduler.py say where they are taken and how a request resu
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import os
 import threading
 import time
 from typing import Callable, Optional
@@ -47,9 +45,8 @@ from typing import Callable, Optional
 from absl import logging
 
 from rvascend.engine import sampler
-from rvascend.engine.cache_tiers import CacheTiers, DiskTier, HostTier
 from rvascend.engine.grammar import Grammar, GrammarBackend, GrammarError
-from rvascend.engine.hierarchical_cache import DENSE_PAGE_TOKENS, HierarchicalCache, cache_context
+from rvascend.engine.hierarchical_cache import HierarchicalCache, cache_context, hierarchical_cache
 from rvascend.engine.model_runner import ModelRunner, Plan
 from rvascend.engine.output import append_token
 from rvascend.engine.prefix_cache import PrefixCache
@@ -135,7 +132,10 @@ class Engine:
         self.scheduler = Scheduler(config.max_running_requests, config.max_prefill_tokens, config.max_total_tokens,
                                    state_slots_each, state_slots, cache, self.runner.weights_generation(),
                                    config.mamba_track_interval)
-        self.scheduler.hicache = self._hierarchical_cache(cache)
+        self.scheduler.hicache = hierarchical_cache(
+            config, cache, self.runner.pool,
+            lambda page_tokens: cache_context(self.runner.fingerprint(), getattr(tokenizer, "tokenizer_json", None),
+                                              page_tokens))
         # One step at a time: a step owns the pool, the batch and the running list
         # from admission to commit, and `generate` may be called beside the server's
         # engine thread (which steps whenever there is work).
@@ -146,43 +146,6 @@ class Engine:
         self._grammars: Optional[GrammarBackend] = None  # made at the first constrained request
         self.step_started: Optional[float] = None  # time.monotonic() of the step under way
         self.wakeup = threading.Condition()
-
-    def _hierarchical_cache(self, cache: Optional[PrefixCache]) -> Optional[HierarchicalCache]:
-        config = self.config
-        if config.hicache_storage_backend is not None and not config.enable_hierarchical_cache:
-            raise ValueError("--hicache-storage-backend needs --enable-hierarchical-cache")
-        if not config.enable_hierarchical_cache:
-            return None
-        host_bytes, disk_bytes = int(config.hicache_size * 2**30), int(config.hicache_storage_size * 2**30)
-        if cache is None:
-            raise ValueError("--enable-hierarchical-cache keeps the prefix cache's pages: it needs the radix cache "
-                             "(drop --disable-radix-cache)")
-        if config.hicache_storage_backend not in (None, "file"):
-            raise ValueError(f"--hicache-storage-backend {config.hicache_storage_backend!r}: only 'file' is built")
-        for name, nbytes in (("hicache_size", host_bytes), ("hicache_storage_size", disk_bytes)):
-            if not nbytes > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be a positive number of GiB, "
-                                 f"not {getattr(config, name)}")
-        disk = None
-        if config.hicache_storage_backend == "file":
-            directory = config.hicache_storage_dir or os.path.join(os.path.expanduser("~"), ".cache", "rvascend",
-                                                                   "hicache")
-            disk = DiskTier(directory, disk_bytes)
-        # Queued writes share their tensors with the host tier: a long queue costs little memory,
-        # and a write it drops is queued again when its page is next taken (hierarchical_cache.py).
-        tiers = CacheTiers(HostTier(host_bytes), disk, queue_jobs=1024)
-        self._page_tokens = config.mamba_track_interval if cache.hybrid else DENSE_PAGE_TOKENS
-        started = time.perf_counter()
-        hicache = HierarchicalCache(tiers, self.runner.pool, self._page_tokens, self._cache_context())
-        logging.info("hierarchical cache: pages of %d tokens, host %.1f GiB%s; the weights' fingerprint took %.2f s",
-                     self._page_tokens, config.hicache_size,
-                     f", files in {disk.directory} up to {config.hicache_storage_size:.1f} GiB" if disk else "",
-                     time.perf_counter() - started)
-        return hicache
-
-    def _cache_context(self) -> str:
-        return cache_context(self.runner.fingerprint(), getattr(self.tokenizer, "tokenizer_json", None),
-                             self._page_tokens)
 
     @property
     def hicache(self) -> Optional[HierarchicalCache]:
@@ -312,8 +275,8 @@ class Engine:
         if generation != scheduler.weights_generation and self.hicache is not None:
             # New weights, a new context (their fingerprint: seconds for a large model, so
             # outside the lock, which add_request takes); only this thread writes either.
-            self.hicache.weights_changed(self._cache_context())
-        self._read_in_pages()
+            self.hicache.weights_changed()
+        scheduler.read_in_pages(self.config.max_running_requests)
         with scheduler.lock:
             scheduler.waiting.extend(scheduler.pending)
             scheduler.pending.clear()
@@ -333,27 +296,6 @@ class Engine:
         finally:
             self.step_started = None
         return len(work)
-
-    def _read_in_pages(self) -> None:
-        """Reads the pages of the requests next in line from disk into host memory, outside
-        the scheduler's lock (which add_request and stats take): admission, under it, then
-        finds them in memory. Their prefetch may have done it already."""
-        hicache, scheduler = self.hicache, self.scheduler
-        if hicache is None or hicache.tiers.disk is None:
-            return
-        with scheduler.lock:
-            upcoming = [s for s in itertools.islice(itertools.chain(scheduler.waiting, scheduler.pending),
-                                                    self.config.max_running_requests) if not s.pages_read]
-            work = []
-            for seq in upcoming:
-                seq.pages_read = True
-                prompt = seq.prompt_ids[:cacheable(seq)]
-                work.append((prompt, len(scheduler.cache.match(prompt)[0])))
-        for prompt, have in work:
-            try:
-                hicache.read_in(prompt, have)
-            except Exception:  # noqa: BLE001 - a miss: admission prefills instead
-                logging.exception("reading pages from the cache tiers failed")
 
     def _draft(self, seq: Sequence) -> list[int]:
         """The tokens `seq` drafts for this step (speculation.py), never past max_tokens or

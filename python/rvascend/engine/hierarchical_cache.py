@@ -33,14 +33,19 @@ checked against the pool's shapes before anything is written.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
-from typing import Optional
+import os
+import time
+from typing import Callable, Optional
 
 import torch
 from absl import logging
 
-from rvascend.engine.cache_tiers import CacheTiers, EntryKey, Tensors
+from rvascend.engine.cache_tiers import CacheTiers, EntryKey, HostTier, Tensors
+from rvascend.engine.disk_tier import DiskTier
+from rvascend.engine.prefix_cache import PrefixCache
 from rvascend.models.decoder import KVPool
 
 LAYOUT_VERSION = 1
@@ -66,12 +71,50 @@ class Loaded:
     states: Optional[Tensors] = None
 
 
+def hierarchical_cache(config, cache: Optional[PrefixCache], pool: KVPool,
+                       context_of: Callable[[int], str]) -> Optional[HierarchicalCache]:
+    """The engine's hierarchical cache as its config (EngineConfig's hicache fields) asks,
+    or None; ValueError naming the flag that is wrong. `context_of(page_tokens)`: the
+    tiers' context of the model as it is now (cache_context)."""
+    if config.hicache_storage_backend is not None and not config.enable_hierarchical_cache:
+        raise ValueError("--hicache-storage-backend needs --enable-hierarchical-cache")
+    if not config.enable_hierarchical_cache:
+        return None
+    host_bytes, disk_bytes = int(config.hicache_size * 2**30), int(config.hicache_storage_size * 2**30)
+    if cache is None:
+        raise ValueError("--enable-hierarchical-cache keeps the prefix cache's pages: it needs the radix cache "
+                         "(drop --disable-radix-cache)")
+    if config.hicache_storage_backend not in (None, "file"):
+        raise ValueError(f"--hicache-storage-backend {config.hicache_storage_backend!r}: only 'file' is built")
+    for name, nbytes in (("hicache_size", host_bytes), ("hicache_storage_size", disk_bytes)):
+        if not nbytes > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive number of GiB, not {getattr(config, name)}")
+    disk = None
+    if config.hicache_storage_backend == "file":
+        directory = config.hicache_storage_dir or os.path.join(os.path.expanduser("~"), ".cache", "rvascend",
+                                                               "hicache")
+        disk = DiskTier(directory, disk_bytes)
+    # Queued writes share their tensors with the host tier: a long queue costs little memory,
+    # and a write it drops is queued again when its page is next taken (`store`).
+    tiers = CacheTiers(HostTier(host_bytes), disk, queue_jobs=1024)
+    page_tokens = config.mamba_track_interval if cache.hybrid else DENSE_PAGE_TOKENS
+    started = time.perf_counter()
+    hicache = HierarchicalCache(tiers, pool, page_tokens, functools.partial(context_of, page_tokens))
+    logging.info("hierarchical cache: pages of %d tokens, host %.1f GiB%s; the weights' fingerprint took %.2f s",
+                 page_tokens, config.hicache_size,
+                 f", files in {disk.directory} up to {config.hicache_storage_size:.1f} GiB" if disk else "",
+                 time.perf_counter() - started)
+    return hicache
+
+
 class HierarchicalCache:
-    def __init__(self, tiers: CacheTiers, pool: KVPool, page_tokens: int, context: str) -> None:
+    def __init__(self, tiers: CacheTiers, pool: KVPool, page_tokens: int, context_of: Callable[[], str]) -> None:
+        """`context_of()`: the tiers' context of the model's weights as they are now."""
         self.tiers = tiers
         self.pool = pool
         self.page_tokens = page_tokens
-        self.context = context
+        self._context_of = context_of
+        self.context = context_of()
         self.hybrid = pool.states is not None
         self.stored_pages = 0    # pages handed to the tiers (since start)
         self.loaded_tokens = 0   # prompt tokens loaded back instead of prefilled
@@ -217,10 +260,10 @@ class HierarchicalCache:
         return entry
 
     # -- upkeep -----------------------------------------------------------------------
-    def weights_changed(self, context: str) -> None:
+    def weights_changed(self) -> None:
         """New weights: a new context (old entries miss), and the host tier's entries,
         which no key of the new context can reach, are dropped to make room."""
-        self.context = context
+        self.context = self._context_of()
         if self.tiers.host is not None:
             self.tiers.host.flush()
 

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from rvascend.engine import Engine, EngineConfig, SamplingParams, engine as engine_module, random_checkpoint
+from rvascend.engine import Engine, EngineConfig, SamplingParams, hierarchical_cache, random_checkpoint
 from rvascend.engine.testing import TINY_QWEN3_5, load_exact_or_fp32, write_random_checkpoint
 from rvascend.models.loader import load_model
 
@@ -24,7 +24,7 @@ PAGE = 32  # tokens per page: the dense page in these tests, and the hybrid's sn
 
 @pytest.fixture(autouse=True)
 def small_dense_pages(monkeypatch):
-    monkeypatch.setattr(engine_module, "DENSE_PAGE_TOKENS", PAGE)
+    monkeypatch.setattr(hierarchical_cache, "DENSE_PAGE_TOKENS", PAGE)
 
 
 @pytest.fixture(scope="module", params=["qwen3", "qwen3.5"])

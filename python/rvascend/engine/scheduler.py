@@ -29,12 +29,13 @@ copied to the cache tiers, and an admitted request whose prompt reaches past the
 prefix has the next pages loaded from them into free slots and inserted into the tree
 before it matches.
 
-Every method but `lock`'s own users expects the caller to hold `lock`.
+Every method but `lock`'s own users (read_in_pages) expects the caller to hold `lock`.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 from typing import Optional
 
@@ -182,6 +183,25 @@ class Scheduler:
         seq.prefilled = seq.cached_tokens = len(slots)
         self.cache.hit_tokens += len(slots)
         self.cache.queried_tokens += len(seq.prompt_ids)
+
+    def read_in_pages(self, upcoming: int) -> None:
+        """Reads the pages of the `upcoming` requests next in line from disk into host memory
+        (hierarchical_cache.py), taking `lock` only to pick them: admission, under the lock,
+        then finds them in memory. Their prefetch may have done it already."""
+        if self.hicache is None or self.hicache.tiers.disk is None:
+            return
+        with self.lock:
+            work = []
+            for seq in itertools.islice(itertools.chain(self.waiting, self.pending), upcoming):
+                if not seq.pages_read:
+                    seq.pages_read = True
+                    prompt = seq.prompt_ids[:cacheable(seq)]
+                    work.append((prompt, len(self.cache.match(prompt)[0])))
+        for prompt, have in work:
+            try:
+                self.hicache.read_in(prompt, have)
+            except Exception:  # noqa: BLE001 - a miss: admission prefills instead
+                logging.exception("reading pages from the cache tiers failed")
 
     def _load_from_tiers(self, prompt: list[int]) -> None:
         """Extends the tree with the pages of `prompt` the cache tiers hold past its cached
