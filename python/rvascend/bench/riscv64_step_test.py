@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from rvascend.bench.riscv64_step import extrapolate, turn_summary
+from rvascend.bench.riscv64_step import extrapolate
+from rvascend.bench.step_summaries import turn_summary
 
 
 def _run(layers: int, sampling: int) -> dict:
