@@ -154,6 +154,9 @@ class Engine:
     def close(self) -> None:
         """Finishes the cache tiers' queued disk writes (the server calls it at shutdown)."""
         if self.hicache is not None:
+            queued = self.hicache.tiers.stats()["queued_jobs"]
+            if queued:
+                logging.info("hierarchical cache: writing the %d queued pages to disk before exiting", queued)
             self.hicache.tiers.close()
 
     @property
