@@ -196,6 +196,22 @@ def turn_ready(engine: Engine, context: int, rows: int, vocab: int, new: int) ->
         engine.scheduler.running.append(seq)
 
 
+def step_setup(engine: Engine, kind: str, context: int, rows: int, vocab: int):
+    """(ready, undo): what puts the engine one step before the step of this kind, and what
+    takes it back, so that every counted step runs from the same state."""
+    new = turn_tokens(kind)
+
+    def run_out() -> None:
+        while engine.has_work():
+            engine.step()
+    if new:
+        return (lambda: turn_ready(engine, context, rows, vocab, new)), run_out
+    if kind == "prefill":  # `rows` prompts of `context` tokens prefilled, their first tokens sampled
+        return (lambda: prefill_ready(engine, context, rows, vocab)), run_out
+    seqs = decode_ready(engine, context, rows, vocab)
+    return (lambda: None), (lambda: rewind(engine, seqs, context))
+
+
 def rewind(engine: Engine, seqs: list[Sequence], context: int) -> None:
     """Undoes one decode step (every token it emitted), so every measured step runs at the
     same context."""
@@ -255,29 +271,7 @@ def main() -> int:
             for k, v in zip(engine.pool.k, engine.pool.v):
                 k.normal_()
                 v.normal_()
-        if new:
-            def ready():
-                turn_ready(engine, context, rows, vocab, new)
-
-            def undo():
-                while engine.has_work():
-                    engine.step()
-        elif kind == "prefill":
-            # A step that prefills `rows` prompts of `context` tokens and samples their first tokens.
-            def ready():
-                prefill_ready(engine, context, rows, vocab)
-
-            def undo():
-                while engine.has_work():
-                    engine.step()
-        else:
-            seqs = decode_ready(engine, context, rows, vocab)
-
-            def ready():
-                pass
-
-            def undo():
-                rewind(engine, seqs, context)
+        ready, undo = step_setup(engine, kind, context, rows, vocab)
         ready()
         engine.step()  # warm-up: first-call work, allocator growth
         undo()

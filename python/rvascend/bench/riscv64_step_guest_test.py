@@ -36,7 +36,8 @@ def _hybrid_checkpoint(directory: str) -> str:
 @pytest.mark.parametrize("model", ["llama", "qwen3.5"])
 @pytest.mark.parametrize("mode", ["off", "op_by_op", "full"])
 def test_the_guest_marks_every_region_of_decode_and_prefill_steps(mode, model, tmp_path):
-    configs = [[16, 1, "decode"], [24, 2, "decode"], [12, 1, "prefill"], [16, 2, "verify2"]]
+    # turn5: 5 prompt tokens after 16 the prefix cache holds (a chat's next turn).
+    configs = [[16, 1, "decode"], [24, 2, "decode"], [12, 1, "prefill"], [16, 2, "verify2"], [16, 1, "turn5"]]
     if model == "qwen3.5":
         configs += [[16, 1, "nextn2"], [16, 1, "nextn1h100"]]  # the MTP head's draft pass inside the step
     checkpoint = ensure_random_model() if model == "llama" else _hybrid_checkpoint(str(tmp_path))

@@ -173,11 +173,7 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
         tokens = int(min(_KV_MAX_DEFAULT_TOKENS, psutil.virtual_memory().available * _KV_MEMORY_FRACTION // per_token))
         logging.info("KV pool: %d tokens (%.1f MiB)", tokens, tokens * per_token / 2**20)
     if opts.enable_hierarchical_cache:
-        # The host tier fills as pages are cached: bounded by what is free after the weights and the pool.
-        free = psutil.virtual_memory().available - tokens * KVPool.bytes_per_token(model.config, _DTYPES[opts.dtype])
-        if opts.hicache_size * 2**30 > free * _HICACHE_MEMORY_FRACTION:
-            raise ValueError(f"--hicache-size {opts.hicache_size} GiB is more than {_HICACHE_MEMORY_FRACTION:.0%} of "
-                             f"the {max(free, 0) / 2**30:.1f} GiB free beside the weights and the KV pool; give less")
+        _check_host_tier(opts.hicache_size, tokens * KVPool.bytes_per_token(model.config, _DTYPES[opts.dtype]))
     chunk = default_chunked_prefill_size() if opts.chunked_prefill_size is None else opts.chunked_prefill_size
     logging.info("chunked prefill: %s", f"{chunk} prompt tokens per step" if chunk > 0 else "whole prompts")
     engine = Engine(model, tokenizer, server_args.engine_config(opts, max_total_tokens=tokens,
@@ -186,6 +182,15 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
     if policy is not None and policy.regional is not None:
         _compile_before_serving(engine, policy)
     return engine, name, policy
+
+
+def _check_host_tier(gib: float, pool_bytes: int) -> None:
+    """The host tier fills as pages are cached: it must fit in what is free beside the
+    weights (loaded by now) and the KV pool (`pool_bytes`, allocated next)."""
+    free = psutil.virtual_memory().available - pool_bytes
+    if gib * 2**30 > free * _HICACHE_MEMORY_FRACTION:
+        raise ValueError(f"--hicache-size {gib} GiB is more than {_HICACHE_MEMORY_FRACTION:.0%} of the "
+                         f"{max(free, 0) / 2**30:.1f} GiB free beside the weights and the KV pool; give less")
 
 
 def _compile_before_serving(engine: Engine, policy: RvvPolicy) -> None:
