@@ -1,14 +1,14 @@
 """The KV cache's tiers beyond the in-memory pool: a bounded host-memory tier, then a directory on disk.
 
 The pool (prefix_cache.py) keeps a prefix's K/V only while its slots last. The tiers
-keep copies of evicted chunks (SGLang's HiCache host + file storage, LMCache): the
-host tier in RAM, least recently used first out, and a disk tier that survives a
-server restart, so a long system prompt is prefilled once per machine rather than
-once per process. An entry is one chunk of a prefix's cache: named CPU tensors (K/V
-of some tokens per layer, perhaps recurrent states) under an `EntryKey`: the whole
-token prefix up to the chunk's end plus a `context` digest of everything that
-decides the bits (weights, dtype, kernel route, deterministic mode, tokenizer, page
-size). Equal keys mean equal bits, so an entry is never updated, only replaced.
+keep copies of its chunks (SGLang's HiCache host + file storage, LMCache): the host
+tier in RAM, least recently used first out, and a disk tier that survives a server
+restart, so a long system prompt is prefilled once per machine rather than once per
+process. An entry is one chunk of a prefix's cache: named CPU tensors (K/V of some
+tokens per layer, perhaps recurrent states) under an `EntryKey` that names the prefix
+up to the chunk's end and everything that decides the bits (weights, dtype, kernel
+route, deterministic mode, tokenizer, page size). Equal keys mean equal bits, so an
+entry is never updated, only replaced.
 
 `CacheTiers` is what the engine holds: `get` looks in host then disk (a disk hit is
 promoted into host), `put` stores in host and hands the disk write to one
@@ -44,9 +44,10 @@ _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 @dataclasses.dataclass(frozen=True)
 class EntryKey:
-    """One chunk of a token prefix's cache. `context`: hex digest of everything that
-    decides the bits (the engine computes it); `tokens`: the whole prefix from
-    position 0 to the chunk's end."""
+    """One chunk of a token prefix's cache. `context`: a hex digest of everything that
+    decides the bits before the chunk's tokens; `tokens`: the chunk's (the hierarchical
+    cache chains them: a page's context is the previous page's digest, so a key names the
+    whole prefix)."""
     context: str
     tokens: tuple[int, ...]
 
@@ -254,6 +255,10 @@ class CacheTiers:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def queued_jobs(self) -> int:
+        """Disk writes and prefetches waiting for the background thread."""
+        return self._queue.qsize()
 
     def stats(self) -> dict:
         """{"host": TierStats fields, "disk": ..., (present tiers only), "dropped_writes",

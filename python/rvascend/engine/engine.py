@@ -154,7 +154,7 @@ class Engine:
     def close(self) -> None:
         """Finishes the cache tiers' queued disk writes (the server calls it at shutdown)."""
         if self.hicache is not None:
-            queued = self.hicache.tiers.stats()["queued_jobs"]
+            queued = self.hicache.tiers.queued_jobs()  # stats() would list the whole directory
             if queued:
                 logging.info("hierarchical cache: writing the %d queued pages to disk before exiting", queued)
             self.hicache.tiers.close()

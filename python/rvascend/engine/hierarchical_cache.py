@@ -168,11 +168,14 @@ class HierarchicalCache:
             return []
         keys = []
         for key in self.page_keys(tokens)[have // self.page_tokens:]:
-            in_host = host.contains(key)
-            if not in_host and not disk.contains(key):
-                break
-            candidates = [key, self.states_key(key)] if self.hybrid else [key]
-            keys += [k for k in candidates if not host.contains(k) and disk.contains(k)]
+            if not host.contains(key):
+                if not disk.contains(key):
+                    break
+                keys.append(key)
+            if self.hybrid:
+                states = self.states_key(key)
+                if not host.contains(states) and disk.contains(states):
+                    keys.append(states)
         return keys
 
     def prefetch(self, tokens: list[int]) -> None:
@@ -200,12 +203,13 @@ class HierarchicalCache:
         if self.hybrid:
             while reach > first and not self.tiers.contains(self.states_key(keys[reach - 1])):
                 reach -= 1
+        page_shapes = self._page_shapes()
         while reach > first:
             if self.hybrid:
                 states = self._checked(self.tiers.get(self.states_key(keys[reach - 1])), self._state_shapes())
                 if states is None:
                     return None
-            pages = [self._checked(self.tiers.get(k), self._page_shapes()) for k in keys[first:reach]]
+            pages = [self._checked(self.tiers.get(k), page_shapes) for k in keys[first:reach]]
             if all(p is not None for p in pages):
                 break
             # A page vanished between `contains` and `get` (evicted, or a bad file): the

@@ -171,9 +171,9 @@ class Scheduler:
         if self.cache is None:
             return
         prompt = seq.prompt_ids[:cacheable(seq)]
-        if self.hicache is not None:
-            self._load_from_tiers(prompt)
         slots, node = self.cache.match(prompt)
+        if self.hicache is not None and self._load_from_tiers(prompt, slots, node):
+            slots, node = self.cache.match(prompt)
         self.cache.lock(node)
         seq.cache_node = node
         if node.state is not None:  # a hybrid model's prefix: its first step reads the snapshot
@@ -203,25 +203,25 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - a miss: admission prefills instead
                 logging.exception("reading pages from the cache tiers failed")
 
-    def _load_from_tiers(self, prompt: list[int]) -> None:
+    def _load_from_tiers(self, prompt: list[int], held: list[int], node) -> bool:
         """Extends the tree with the pages of `prompt` the cache tiers hold past its cached
-        prefix (hierarchical_cache.py), into free slots. Anything going wrong is a miss:
-        the request prefills those tokens instead."""
-        held, node = self.cache.match(prompt)
+        prefix (`held`, its slots, ending at `node`: the tree's match), into free slots;
+        whether it did. Anything going wrong is a miss: the request prefills those tokens
+        instead."""
         try:
             loaded = self.hicache.fetch(prompt, len(held))
         except Exception:  # noqa: BLE001 - a tier's failure costs a prefill, never the request
             logging.exception("reading the cache tiers failed")
-            return
+            return False
         if loaded is None:
-            return
+            return False
         self.cache.lock(node)  # the prefix the pages continue stays while slots are taken for them
         state, fresh = None, []
         try:
             if self.hicache.hybrid:
                 state = self.cache.take_state()
                 if state is None:  # every snapshot slot is about to be read
-                    return
+                    return False
             fresh = self.take_slots(loaded.end - loaded.start)
             self.hicache.write(loaded, fresh, state)
             _, tree_slots = self.cache.insert(prompt[:loaded.end], held + fresh,
@@ -229,8 +229,10 @@ class Scheduler:
             state = None  # the tree's now (or given back by it)
             self.free_slots.extend(s for s, t in zip(fresh, tree_slots[loaded.start:]) if s != t)
             fresh = []
+            return True
         except Exception:  # noqa: BLE001 - as above
             logging.exception("loading %d tokens from the cache tiers failed", loaded.end - loaded.start)
+            return False
         finally:
             if state is not None:
                 self.cache.give_state(state)

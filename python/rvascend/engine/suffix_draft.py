@@ -64,13 +64,9 @@ class SuffixCorpus:
                 if self.index.get(key, (None,))[0] == old:
                     del self.index[key]
 
-    def propose(self, owner: Optional[str], tail: Sequence[int], k: int) -> list[int]:
-        """Up to k tokens that followed the last n tokens of `tail` (the largest n that
-        occurred) in `owner`'s most recent request holding them; [] if none did."""
-        return self.match(owner, tail, k)[1]
-
     def match(self, owner: Optional[str], tail: Sequence[int], k: int) -> tuple[int, list[int]]:
-        """(n, the draft) of `propose`; (0, []) if nothing matched."""
+        """(n, up to k tokens that followed the last n tokens of `tail` in `owner`'s most
+        recent request holding them), for the largest n that occurred; (0, []) if none did."""
         for n in self.windows:
             if len(tail) < n:
                 continue

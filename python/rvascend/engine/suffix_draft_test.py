@@ -17,15 +17,15 @@ from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 def test_the_corpus_proposes_within_a_key_and_stays_bounded():
     corpus = SuffixCorpus(max_tokens=20, min_window=2, max_window=3)
     corpus.add("a", [1, 2, 3, 4, 5, 6])
-    assert corpus.propose("a", [9, 2, 3], 3) == [4, 5, 6]
-    assert corpus.propose("a", [9, 3], 2) == []        # one token matches: below the smallest window
-    assert corpus.propose("b", [9, 2, 3], 3) == []     # another key's text is never proposed
+    assert corpus.match("a", [9, 2, 3], 3)[1] == [4, 5, 6]
+    assert corpus.match("a", [9, 3], 2)[1] == []        # one token matches: below the smallest window
+    assert corpus.match("b", [9, 2, 3], 3)[1] == []     # another key's text is never proposed
     corpus.add("a", [7, 2, 3, 8, 8])                   # the newest occurrence wins
-    assert corpus.propose("a", [2, 3], 2) == [8, 8]
-    assert corpus.propose("a", [1, 2, 3], 2) == [4, 5]  # a longer match comes first
+    assert corpus.match("a", [2, 3], 2)[1] == [8, 8]
+    assert corpus.match("a", [1, 2, 3], 2)[1] == [4, 5]  # a longer match comes first
     for i in range(10):                                 # past the bound: the oldest go
         corpus.add("b", [100 + i] * 4)
-    assert corpus.size <= 20 and corpus.propose("a", [1, 2, 3], 2) == []
+    assert corpus.size <= 20 and corpus.match("a", [1, 2, 3], 2)[1] == []
     live = set(corpus.docs)
     assert all(doc in live for doc, _ in corpus.index.values())
     assert len(corpus.index) <= 2 * corpus.size  # an entry per window size per token at most

@@ -133,18 +133,11 @@ class ChatOutput:
             kept.append(e)
         return kept
 
-    def feed(self, text: str) -> dict[str, Any]:
-        """The chat delta fields this text releases."""
-        return chat_delta(self.events(text))
-
-    def finish(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """(the delta fields the end releases, every call the client gets, whole)."""
-        return chat_delta(self.end()), list(self.calls)
-
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
         """A whole choice's message from its text, and whether it holds tool calls."""
-        self.feed(text)
-        _, calls = self.finish()
+        self.events(text)
+        self.end()
+        calls = self.calls
         content = "".join(self.content).strip() if self.reasoning or calls else "".join(self.content)
         message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
         if self.reasoning:

@@ -211,7 +211,7 @@ def parse(text: str, parser: str) -> tuple[str, list[dict[str, Any]]]:
                 break  # no block closes after this one starts: none further does either
             pos = end + len(CALL_CLOSE)
             continue
-        pos = min(len(text), end + len(CALL_CLOSE)) if text.startswith(CALL_CLOSE, end) else end
+        pos = end + len(CALL_CLOSE) if text.startswith(CALL_CLOSE, end) else end
         call = whole_object_call(value, ("arguments",))
         if call is None:
             continue

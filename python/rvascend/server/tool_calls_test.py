@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rvascend.server import tool_calls
-from rvascend.server.chat_output import ChatOutput, starts_in_reasoning
+from rvascend.server.chat_output import ChatOutput, chat_delta, starts_in_reasoning
 from rvascend.server.json_stream import JsonStream
 from rvascend.server.tool_calls import CallArguments, CallEnd, CallStart, Text
 from rvascend.server.protocol import MAX_JSON_DEPTH, UnsupportedField
@@ -103,9 +103,8 @@ def test_streaming_splits_alike_at_every_chunk_boundary(reasoning, in_reasoning,
     for cut in range(1, len(text)):  # two chunks, split anywhere; calls parsed whole or streamed
         for stream in (False, True):
             out = ChatOutput(reasoning, in_reasoning, request, parser, stream=stream)
-            deltas = [out.feed(text[:cut]), out.feed(text[cut:])]
-            rest, calls = out.finish()
-            deltas.append(rest)
+            deltas = [chat_delta(out.events(text[:cut])), chat_delta(out.events(text[cut:])), chat_delta(out.end())]
+            calls = out.calls
             joined = {f: "".join(d.get(f, "") for d in deltas) for f in ("reasoning_content", "content")}
             assert joined["reasoning_content"].strip() == (thinking or ""), (cut, stream)
             assert joined["content"].strip() == content, (cut, stream)
@@ -125,8 +124,9 @@ def test_parallel_tool_calls_false_keeps_one_call_whatever_the_choice(choice):
         assert has_calls and [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == want
         assert message["content"] is None  # the dropped call is not content either
         out = ChatOutput(False, False, request, "qwen25")  # streamed: the calls come at the end
-        out.feed(two)
-        assert len(out.finish()[1]) == len(want)
+        out.events(two)
+        out.end()
+        assert len(out.calls) == len(want)
 
 
 # Well-formed outputs: what a model writes, in several layouts. Each streamed at any split
