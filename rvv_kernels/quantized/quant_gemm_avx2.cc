@@ -1,5 +1,5 @@
-// The AVX2 quantized kernels for every kept format (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K),
-// on the runtime layout with tiles of 64 columns (quant_format.h).
+// The AVX2 quantized kernels for Q8_0, Q4_0, Q4_1, Q4_K and Q6_K (the other formats run
+// quant_gemm_portable.h's kernels built for AVX2), on the runtime layout with tiles of 64 columns (quant_format.h).
 //
 // The layout keeps a tile's 64 columns side by side for each k, so one 32-byte
 // load holds one k of 32 columns, while the x86 integer dot products
@@ -22,6 +22,7 @@
 #include "rvv_kernels/base/bf16.h"
 #include "rvv_kernels/base/simd_vectors.h"
 #include "rvv_kernels/quantized/quant_activations.h"
+#include "rvv_kernels/quantized/quant_gemm_portable.h"
 #include "rvv_kernels/quantized/quant_kernel_sets.h"
 #include "rvv_kernels/quantized/quant_prefetch_x86.h"
 
@@ -500,10 +501,10 @@ void StoreBf16Avx2(const float* c, size_t n, uint16_t* out) {
 
 }  // namespace
 
-const QuantKernelSet kAvx2QuantKernels = {
-    "avx2", kTile, false, kMaxRows,
-    {ByRows<Gemm32<QuantFormat::kQ8_0>::Rows>, ByRows<Gemm32<QuantFormat::kQ4_0>::Rows>,
-     ByRows<Gemm32<QuantFormat::kQ4_1>::Rows>, GemmQ4KAvx2, GemmQ6KAvx2},
-    QuantizeRowAvx2, StoreBf16Avx2};
+constexpr QuantKernelSet kAvx2QuantKernels = WithPortableUkernels(
+    {"avx2", kTile, false, kMaxRows,
+     {ByRows<Gemm32<QuantFormat::kQ8_0>::Rows>, ByRows<Gemm32<QuantFormat::kQ4_0>::Rows>,
+      ByRows<Gemm32<QuantFormat::kQ4_1>::Rows>, GemmQ4KAvx2, GemmQ6KAvx2},
+     QuantizeRowAvx2, StoreBf16Avx2});
 
 }  // namespace rvascend

@@ -27,6 +27,7 @@
 #include <memory>
 #include <new>
 
+#include "rvv_kernels/quantized/quant_gemm_portable.h"
 #include "rvv_kernels/quantized/quant_kernel_sets.h"
 #include "rvv_kernels/quantized/quant_prefetch_x86.h"
 
@@ -421,6 +422,203 @@ struct Q6KKernel {
   }
 };
 
+// The formats added after the first five (Q5_0, Q5_1, IQ4_NL, Q5_K, IQ4_XS, Q3_K, Q2_K).
+// Their values are made unsigned bytes as the others' are: 5-bit codes 0..31, IQ4's
+// table values + 128, Q3_K's q + 4 (0..7), Q2_K's 0..3; each offset times the
+// activations' sum of its block (Q5_0 16 per 32, IQ4 128 per 32, Q3_K 4 per 16) is
+// taken off in int32, exactly. A "unit" is what one plane row spans (quant_format.h):
+// a 32-block, a 32-value sub-block (Q5_K, IQ4_XS) or a pair of 16-value sub-blocks
+// (Q3_K, Q2_K); MakeGroup gives values 16 half + i .. +3 of a unit (i % 4 == 0), for
+// every column, in Transpose4's order.
+template <QuantFormat F>
+struct AddedFormat {
+  static constexpr bool kBlock32 = IsBlock32(F), kSub16 = HasSub16(F);
+  static constexpr bool kFifth = F == QuantFormat::kQ5_0 || F == QuantFormat::kQ5_1 || F == QuantFormat::kQ5_K;
+  static constexpr bool kTable = F == QuantFormat::kIQ4_NL || F == QuantFormat::kIQ4_XS;
+  static constexpr size_t kRecord = kTileBlockBytes[static_cast<int>(F)] * kTile;
+
+  // The planes of unit u, in tile widths from the block record (quant_format.h).
+  static constexpr size_t Values(size_t u) {
+    switch (F) {
+      case QuantFormat::kQ5_0: case QuantFormat::kIQ4_NL: return 2;
+      case QuantFormat::kQ5_1: return 4;
+      case QuantFormat::kQ5_K: return 20 + 16 * u;
+      case QuantFormat::kIQ4_XS: return 10 + 16 * u;
+      case QuantFormat::kQ3_K: return 18 + 8 * u;
+      default: return 20 + 8 * u;  // Q2_K
+    }
+  }
+  static constexpr size_t Bits(size_t u) {
+    switch (F) {
+      case QuantFormat::kQ5_0: return 18;
+      case QuantFormat::kQ5_1: return 20;
+      case QuantFormat::kQ5_K: return 148 + 4 * u;
+      default: return 82 + 4 * u;  // Q3_K
+    }
+  }
+
+  static void MakeGroup(const uint8_t* blk, size_t u, size_t half, size_t i, __m512i w[4]) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512i rows[4];
+    for (size_t j = 0; j < 4; ++j) {
+      __m512i v;
+      if constexpr (kSub16) {  // two bits a value: row (i + j) % 8, bits 2 (2 half + i / 8)
+        const __m512i c = Load(blk + (Values(u) + (i + j) % 8) * kTile);
+        v = _mm512_and_si512(_mm512_srl_epi16(c, _mm_cvtsi32_si128(static_cast<int>(2 * (2 * half + i / 8)))),
+                             _mm512_set1_epi8(3));
+      } else {
+        const __m512i b = Load(blk + (Values(u) + i + j) * kTile);
+        v = _mm512_and_si512(half ? _mm512_srli_epi16(b, 4) : b, low4);
+        if constexpr (kTable) {
+          v = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, -127, -115,
+                                                                       -103, -90, -75, -59, -39, -15)),
+                                  v);  // kIq4NlValues + 128, as bytes
+        }
+      }
+      if constexpr (kFifth || F == QuantFormat::kQ3_K) {  // one bit a value: row j, bit 4 half + i / 4
+        const __mmask64 set = _mm512_test_epi8_mask(Load(blk + (Bits(u) + j) * kTile),
+                                                    _mm512_set1_epi8(static_cast<char>(1 << (4 * half + i / 4))));
+        v = _mm512_or_si512(v, _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(kFifth ? 0x10 : 0x04)));
+      }
+      rows[j] = v;
+    }
+    Transpose4(rows[0], rows[1], rows[2], rows[3], w);
+  }
+
+  static constexpr size_t kUnits = kBlock32 ? 1 : 8;
+  static constexpr size_t kBlockK = kBlock32 ? 32 : 256;
+
+  static void Expand(const uint8_t* tile, size_t k, uint8_t* e) {
+    for (size_t b = 0; b < k / kBlockK; ++b) {
+      for (size_t u = 0; u < kUnits; ++u) {
+        for (size_t half = 0; half < 2; ++half) {
+          for (size_t i = 0; i < 16; i += 4) {
+            __m512i w[4];
+            MakeGroup(tile + b * kRecord, u, half, i, w);
+            StoreGroup(w, e + (kBlockK * b + 32 * u + 16 * half + i) * kTile);
+          }
+        }
+      }
+    }
+  }
+
+  // isum[r][g] += half `half` of unit u (16 values) against x[r][0..15].
+  template <size_t R, bool kExpanded, size_t G0, size_t NG>
+  static void Dot16(const uint8_t* blk, const uint8_t* e, size_t u, size_t half, const int8_t* const x[R],
+                    __m512i isum[R][NG]) {
+    if constexpr (kExpanded) {
+      ExpandedDot<R, 16, G0, NG>(e, x, isum);
+    } else {
+      for (size_t i = 0; i < 16; i += 4) {
+        __m512i w[4];
+        MakeGroup(blk, u, half, i, w);
+        DotGroup<R, NG>(w + G0, x, i, isum);
+      }
+    }
+  }
+
+  template <size_t R, bool kExpanded, size_t G0 = 0, size_t NG = 4>
+  static void Rows(const QuantActs& a, size_t row0, const uint8_t* tile, const uint8_t* e, float* c,
+                   size_t c_stride) {
+    constexpr bool kMins = F == QuantFormat::kQ5_1 || F == QuantFormat::kQ5_K || F == QuantFormat::kQ2_K;
+    constexpr int32_t kOffset = F == QuantFormat::kQ5_0 ? 16 : kTable ? 128 : F == QuantFormat::kQ3_K ? 4 : 0;
+    const size_t blocks = a.k / kBlockK;
+    __m512 acc[R][NG];
+    Zero(acc);
+    for (size_t b = 0; b < blocks; ++b) {
+      const uint8_t* blk = tile + b * kRecord;
+      const uint8_t* eb = e + kBlockK * b * kTile;
+      if constexpr (!kExpanded) PrefetchEighth(blk + kRecord, kRecord, 0);
+      __m512i total[R][NG], msum[R][NG];
+      Zero(total);
+      Zero(msum);
+      for (size_t u = 0; u < kUnits; ++u) {
+        const size_t k0 = kBlockK * b + 32 * u;
+        if constexpr (kSub16) {
+          for (size_t half = 0; half < 2; ++half) {  // sub-block 2u + half
+            const int8_t* x[R];
+            for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + k0 + 16 * half;
+            __m512i sums[R][NG];
+            Zero(sums);
+            Dot16<R, kExpanded, G0, NG>(blk, eb + (32 * u + 16 * half) * kTile, u, half, x, sums);
+            const size_t sub = 16 * b + 2 * u + half;
+            for (size_t g = 0; g < NG; ++g) {
+              const __m128i bytes = Group(blk + ((F == QuantFormat::kQ3_K ? 2 : 4) + 2 * u + half) * kTile, G0 + g);
+              if constexpr (F == QuantFormat::kQ3_K) {
+                const __m512i scale = _mm512_cvtepi8_epi32(bytes);
+                for (size_t r = 0; r < R; ++r) {
+                  const __m512i off = _mm512_set1_epi32(kOffset * a.sum16[(row0 + r) * (a.k / 16) + sub]);
+                  total[r][g] = _mm512_add_epi32(total[r][g], _mm512_mullo_epi32(scale, _mm512_sub_epi32(sums[r][g], off)));
+                }
+              } else {  // Q2_K: scale in the low nibble, min in the high one
+                const __m512i scm = _mm512_cvtepu8_epi32(bytes);
+                const __m512i scale = _mm512_and_si512(scm, _mm512_set1_epi32(0xF)), mins = _mm512_srli_epi32(scm, 4);
+                for (size_t r = 0; r < R; ++r) {
+                  total[r][g] = _mm512_add_epi32(total[r][g], _mm512_mullo_epi32(scale, sums[r][g]));
+                  msum[r][g] = _mm512_add_epi32(
+                      msum[r][g], _mm512_mullo_epi32(mins, _mm512_set1_epi32(a.sum16[(row0 + r) * (a.k / 16) + sub])));
+                }
+              }
+            }
+          }
+        } else {
+          const int8_t* lo[R];
+          const int8_t* hi[R];
+          for (size_t r = 0; r < R; ++r) {
+            lo[r] = a.q + (row0 + r) * a.k + k0;
+            hi[r] = lo[r] + 16;
+          }
+          __m512i isum[R][NG];
+          Zero(isum);
+          Dot16<R, kExpanded, G0, NG>(blk, eb + 32 * u * kTile, u, 0, lo, isum);
+          Dot16<R, kExpanded, G0, NG>(blk, eb + (32 * u + 16) * kTile, u, 1, hi, isum);
+          const size_t sub = (kBlockK / 32) * b + u;
+          for (size_t r = 0; r < R; ++r) {
+            const __m512i off = _mm512_set1_epi32(kOffset * a.sum32[(row0 + r) * (a.k / 32) + sub]);
+            for (size_t g = 0; g < NG; ++g) isum[r][g] = _mm512_sub_epi32(isum[r][g], off);
+          }
+          if constexpr (kBlock32) {
+            for (size_t r = 0; r < R; ++r) {
+              for (size_t g = 0; g < NG; ++g) total[r][g] = isum[r][g];
+            }
+          } else {
+            for (size_t g = 0; g < NG; ++g) {
+              const __m128i bytes = Group(blk + ((F == QuantFormat::kQ5_K ? 4 : 2) + u) * kTile, G0 + g);
+              const __m512i scale = F == QuantFormat::kQ5_K ? _mm512_cvtepu8_epi32(bytes) : _mm512_cvtepi8_epi32(bytes);
+              [[maybe_unused]] const __m512i mins = _mm512_cvtepu8_epi32(Group(blk + (12 + u) * kTile, G0 + g));
+              for (size_t r = 0; r < R; ++r) {
+                total[r][g] = _mm512_add_epi32(total[r][g], _mm512_mullo_epi32(scale, isum[r][g]));
+                if constexpr (kMins) {
+                  msum[r][g] = _mm512_add_epi32(
+                      msum[r][g], _mm512_mullo_epi32(mins, _mm512_set1_epi32(a.sum32[(row0 + r) * (a.k / 32) + sub])));
+                }
+              }
+            }
+          }
+        }
+      }
+      __m512 d[4], second[4];
+      Scales(blk, d);
+      if constexpr (kMins) Scales(blk + 2 * kTile, second);  // Q5_1's m; Q5_K's and Q2_K's dmin
+      for (size_t r = 0; r < R; ++r) {
+        const float ad = a.d[(row0 + r) * blocks + b];
+        for (size_t g = 0; g < NG; ++g) {
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][g]), _mm512_mul_ps(d[G0 + g], _mm512_set1_ps(ad)),
+                                      acc[r][g]);
+          if constexpr (F == QuantFormat::kQ5_1) {
+            const float asum = static_cast<float>(a.sum32[(row0 + r) * blocks + b]);
+            acc[r][g] = _mm512_fmadd_ps(second[G0 + g], _mm512_set1_ps(ad * asum), acc[r][g]);
+          } else if constexpr (kMins) {
+            acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[r][g]), _mm512_mul_ps(second[G0 + g], _mm512_set1_ps(-ad)),
+                                        acc[r][g]);
+          }
+        }
+      }
+    }
+    for (size_t r = 0; r < R; ++r) StoreColumns<G0, NG>(acc[r], c + r * c_stride);
+  }
+};
+
 // From this many rows a call expands its tile first. Expanding writes and reads
 // back K x 64 bytes per tile; one thread, 3584 x 1024 weights from memory, the
 // expanded path against the tile's: 1.4-1.8x slower at 8 rows, 1.0-1.5x at 16,
@@ -491,12 +689,20 @@ const QuantKernelSet& Avx512VnniQuantKernels() {
     s.name = "avx512vnni";
     constexpr QuantFormat kQ8 = QuantFormat::kQ8_0, kQ4 = QuantFormat::kQ4_0, kQ41 = QuantFormat::kQ4_1;
     s.max_rows = kMaxRows;
+    for (QuantUkernel& u : s.ukernel) u = nullptr;  // the AVX2 set's portable copies are built for AVX2
     s.ukernel[static_cast<int>(kQ8)] = ByRows<Block32Kernel<kQ8>>;
     s.ukernel[static_cast<int>(kQ4)] = ByRows<Block32Kernel<kQ4>>;
     s.ukernel[static_cast<int>(kQ41)] = Q41ByRows;
     s.ukernel[static_cast<int>(QuantFormat::kQ4_K)] = ByRows<Q4KKernel>;
     s.ukernel[static_cast<int>(QuantFormat::kQ6_K)] = ByRows<Q6KKernel>;
-    return s;
+    s.ukernel[static_cast<int>(QuantFormat::kQ5_0)] = ByRows<AddedFormat<QuantFormat::kQ5_0>>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ5_1)] = ByRows<AddedFormat<QuantFormat::kQ5_1>>;
+    s.ukernel[static_cast<int>(QuantFormat::kIQ4_NL)] = ByRows<AddedFormat<QuantFormat::kIQ4_NL>>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ5_K)] = ByRows<AddedFormat<QuantFormat::kQ5_K>>;
+    s.ukernel[static_cast<int>(QuantFormat::kIQ4_XS)] = ByRows<AddedFormat<QuantFormat::kIQ4_XS>>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ3_K)] = ByRows<AddedFormat<QuantFormat::kQ3_K>>;
+    s.ukernel[static_cast<int>(QuantFormat::kQ2_K)] = ByRows<AddedFormat<QuantFormat::kQ2_K>>;
+    return WithPortableUkernels(s);
   }();
   return set;
 }

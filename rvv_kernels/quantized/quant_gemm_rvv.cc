@@ -25,6 +25,7 @@
 #include "rvv_kernels/base/bf16.h"
 #include "rvv_kernels/base/rvv_lmul.h"
 #include "rvv_kernels/base/unroll.h"
+#include "rvv_kernels/quantized/quant_gemm_portable.h"
 #include "rvv_kernels/quantized/quant_kernel_sets.h"
 
 namespace rvascend {
@@ -60,6 +61,16 @@ struct QV;
     static I8 Minus32(U8 v, size_t vl) {                                                             \
       return __riscv_vsub_vx_i8##M8(__riscv_vreinterpret_v_u8##M8##_i8##M8(v), 32, vl);              \
     }                                                                                                \
+    static I8 SubX(U8 v, int8_t x, size_t vl) {                                                      \
+      return __riscv_vsub_vx_i8##M8(__riscv_vreinterpret_v_u8##M8##_i8##M8(v), x, vl);               \
+    }                                                                                                \
+    static I8 AsI8(U8 v) { return __riscv_vreinterpret_v_u8##M8##_i8##M8(v); }                        \
+    static I8 Gather(I8 table, U8 index, size_t vl) { return __riscv_vrgather_vv_i8##M8(table, index, vl); } \
+    static I8 LoadTable(const int8_t* p) { return __riscv_vle8_v_i8##M8(p, 16); }                    \
+    static I32 ZextV(U8 v, size_t vl) {                                                              \
+      return __riscv_vreinterpret_v_u32##M32##_i32##M32(__riscv_vzext_vf4_u32##M32(v, vl));           \
+    }                                                                                                \
+    static I32 AddX(I32 v, int32_t x, size_t vl) { return __riscv_vadd_vx_i32##M32(v, x, vl); }      \
     static I16 Zero16(size_t vl) { return __riscv_vmv_v_x_i16##M16(0, vl); }                        \
     static I32 Zero32(size_t vl) { return __riscv_vmv_v_x_i32##M32(0, vl); }                        \
     static I16 Wmacc(I16 acc, int8_t a, I8 w, size_t vl) { return __riscv_vwmacc_vx_i16##M16(acc, a, w, vl); } \
@@ -369,6 +380,172 @@ void ChunkQ6K(const int8_t* q, const float* ad, float* c, size_t supers, const u
   V::StoreF(c + off, acc, vl);
 }
 
+// The formats added after the first five (Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS):
+// one row at a time over the whole tile (one e8 m2 group), the decode step's shape; a
+// prompt's rows run one after the other. Their planes (quant_format.h): step i (0..15)
+// reads value i and 16 + i of a 32 from one row of each plane. A bit plane's bit
+// for value i is bit i / 4 of row i % 4, for 16 + i bit 4 + i / 4: moved to bit `to`.
+template <int kTo, class V>
+inline typename V::U8 LowBit(typename V::U8 h, size_t i, size_t vl) {
+  return V::AndX(V::SllX(V::SrlX(h, i / 4, vl), kTo, vl), 1 << kTo, vl);
+}
+template <int kTo, class V>
+inline typename V::U8 HighBit(typename V::U8 h, size_t i, size_t vl) {
+  return V::AndX(V::SllX(V::SrlX(h, 4 + i / 4, vl), kTo, vl), 1 << kTo, vl);
+}
+
+// Q5_0's and Q5_1's 5-bit codes of one 32-block minus 16 (in -16..15: 16 products of a
+// step's side fit int16, 16 x 16 x 127 < 2^15), summed against a[0..31] into int32.
+template <class V>
+inline typename V::I32 Sum5Minus16(const uint8_t* qs, const uint8_t* qh, size_t t, const int8_t* a, size_t vl) {
+  auto l = V::Zero16(vl), h = l;
+  RVASCEND_UNROLL(4)
+  for (size_t i = 0; i < 16; ++i) {
+    const auto bytes = V::LoadU8(qs + i * t, vl), bits = V::LoadU8(qh + (i % 4) * t, vl);
+    const auto lo = V::SubX(V::Or(V::AndX(bytes, 0xF, vl), LowBit<4, V>(bits, i, vl), vl), 16, vl);
+    const auto hi = V::SubX(V::Or(V::SrlX(bytes, 4, vl), HighBit<4, V>(bits, i, vl), vl), 16, vl);
+    l = V::Wmacc(l, a[i], lo, vl);
+    h = V::Wmacc(h, a[i + 16], hi, vl);
+  }
+  return V::Wadd(l, h, vl);
+}
+
+// IQ4's table values of one 32-block's nibbles against a[0..31]: two products of 127 x
+// 127 fit int16, then widen into int32.
+template <class V>
+inline typename V::I32 SumIq4(const uint8_t* qs, size_t t, const int8_t* a, typename V::I8 table, size_t vl) {
+  auto sum = V::Zero32(vl);
+  RVASCEND_UNROLL(4)
+  for (size_t i = 0; i < 16; ++i) {
+    const auto bytes = V::LoadU8(qs + i * t, vl);
+    const auto lo = V::Gather(table, V::AndX(bytes, 0xF, vl), vl), hi = V::Gather(table, V::SrlX(bytes, 4, vl), vl);
+    sum = V::WaddW(sum, V::Wmacc(V::Wmul(lo, a[i], vl), a[i + 16], hi, vl), vl);
+  }
+  return sum;
+}
+
+// Q5_0, Q5_1, IQ4_NL: one row, every 32-block.
+template <QuantFormat F>
+void RowBlock32(const QuantActs& a, size_t row, const uint8_t* tile, size_t t, float* c, size_t vl) {
+  using V = QV<2>;
+  constexpr bool kQ51 = F == QuantFormat::kQ5_1;
+  const size_t record = FormatInfo(F).tile_block_bytes * t, blocks = a.k / 32;
+  const int8_t* q = a.q + row * a.k;
+  const float* ad = a.d + row * blocks;
+  const int32_t* asum = a.sum32 + row * blocks;
+  [[maybe_unused]] const auto table = V::LoadTable(kIq4NlValues);
+  auto acc = V::ZeroF(vl);
+  for (size_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = tile + b * record;
+    typename V::I32 sum;
+    if constexpr (F == QuantFormat::kIQ4_NL) {
+      sum = SumIq4<V>(blk + 2 * t, t, q + 32 * b, table, vl);
+    } else {
+      const uint8_t* qs = blk + (kQ51 ? 4 : 2) * t;
+      sum = Sum5Minus16<V>(qs, qs + 16 * t, t, q + 32 * b, vl);
+      if constexpr (kQ51) sum = V::AddX(sum, 16 * asum[b], vl);  // the codes' own sum: the portable isum
+    }
+    acc = V::FmaccVv(acc, V::Cvt(sum, vl), V::Scales(blk, ad[b], vl), vl);
+    if constexpr (kQ51) acc = V::FmaccVf(acc, ad[b] * static_cast<float>(asum[b]), V::Scales(blk + 2 * t, 1.0f, vl), vl);
+  }
+  V::StoreF(c, acc, vl);
+}
+
+// Q5_K, IQ4_XS: one row, super-blocks of 8 sub-blocks of 32.
+template <QuantFormat F>
+void RowSub32(const QuantActs& a, size_t row, const uint8_t* tile, size_t t, float* c, size_t vl) {
+  using V = QV<2>;
+  constexpr bool kQ5K = F == QuantFormat::kQ5_K;
+  const size_t record = FormatInfo(F).tile_block_bytes * t, supers = a.k / 256;
+  const int8_t* q = a.q + row * a.k;
+  const float* ad = a.d + row * supers;
+  const int32_t* asum = a.sum32 + row * (a.k / 32);
+  [[maybe_unused]] const auto table = V::LoadTable(kIq4NlValues);
+  auto acc = V::ZeroF(vl);
+  for (size_t s = 0; s < supers; ++s) {
+    const uint8_t* blk = tile + s * record;
+    auto total = V::Zero32(vl), mins = total;
+    for (size_t j = 0; j < 8; ++j) {
+      const int8_t* qa = q + 256 * s + 32 * j;
+      if constexpr (kQ5K) {
+        const auto sum = V::AddX(Sum5Minus16<V>(blk + (20 + 16 * j) * t, blk + (148 + 4 * j) * t, t, qa, vl),
+                                 16 * asum[8 * s + j], vl);
+        total = V::Macc(total, V::ZextU8(blk + (4 + j) * t, vl), sum, vl);
+        mins = V::MaccX(mins, asum[8 * s + j], V::ZextU8(blk + (12 + j) * t, vl), vl);
+      } else {
+        total = V::Macc(total, V::SextI8(blk + (2 + j) * t, vl), SumIq4<V>(blk + (10 + 16 * j) * t, t, qa, table, vl),
+                        vl);
+      }
+    }
+    acc = V::FmaccVv(acc, V::Cvt(total, vl), V::Scales(blk, ad[s], vl), vl);
+    if constexpr (kQ5K) acc = V::FmaccVv(acc, V::Cvt(mins, vl), V::Scales(blk + 2 * t, -ad[s], vl), vl);
+  }
+  V::StoreF(c, acc, vl);
+}
+
+// Q3_K, Q2_K: one row, super-blocks of 16 sub-blocks of 16 in pairs p.
+template <QuantFormat F>
+void RowSub16(const QuantActs& a, size_t row, const uint8_t* tile, size_t t, float* c, size_t vl) {
+  using V = QV<2>;
+  constexpr bool kQ3K = F == QuantFormat::kQ3_K;
+  const size_t record = FormatInfo(F).tile_block_bytes * t, supers = a.k / 256;
+  const int8_t* q = a.q + row * a.k;
+  const float* ad = a.d + row * supers;
+  const int32_t* sum16 = a.sum16 + row * (a.k / 16);
+  auto acc = V::ZeroF(vl);
+  for (size_t s = 0; s < supers; ++s) {
+    const uint8_t* blk = tile + s * record;
+    auto total = V::Zero32(vl), mins = total;
+    for (size_t p = 0; p < 8; ++p) {
+      const int8_t* qa = q + 256 * s + 32 * p;
+      const uint8_t* crumbs = blk + ((kQ3K ? 18 : 20) + 8 * p) * t;
+      // Values of 2 or 3 bits: 16 products of a sub-block fit int16 (16 x 4 x 127).
+      auto l = V::Zero16(vl), h = l;
+      RVASCEND_UNROLL(4)
+      for (size_t i = 0; i < 16; ++i) {
+        const auto cr = V::LoadU8(crumbs + (i % 8) * t, vl);
+        auto lo = V::AndX(V::SrlX(cr, 2 * (i / 8), vl), 3, vl), hi = V::AndX(V::SrlX(cr, 2 * (2 + i / 8), vl), 3, vl);
+        if constexpr (kQ3K) {
+          const auto bits = V::LoadU8(blk + (82 + 4 * p + i % 4) * t, vl);
+          l = V::Wmacc(l, qa[i], V::SubX(V::Or(lo, LowBit<2, V>(bits, i, vl), vl), 4, vl), vl);
+          h = V::Wmacc(h, qa[i + 16], V::SubX(V::Or(hi, HighBit<2, V>(bits, i, vl), vl), 4, vl), vl);
+        } else {
+          l = V::Wmacc(l, qa[i], V::AsI8(lo), vl);
+          h = V::Wmacc(h, qa[i + 16], V::AsI8(hi), vl);
+        }
+      }
+      if constexpr (kQ3K) {
+        total = V::Macc(total, V::SextI8(blk + (2 + 2 * p) * t, vl), V::Sext16(l, vl), vl);
+        total = V::Macc(total, V::SextI8(blk + (3 + 2 * p) * t, vl), V::Sext16(h, vl), vl);
+      } else {
+        const auto sc_lo = V::LoadU8(blk + (4 + 2 * p) * t, vl), sc_hi = V::LoadU8(blk + (5 + 2 * p) * t, vl);
+        total = V::Macc(total, V::ZextV(V::AndX(sc_lo, 0xF, vl), vl), V::Sext16(l, vl), vl);
+        total = V::Macc(total, V::ZextV(V::AndX(sc_hi, 0xF, vl), vl), V::Sext16(h, vl), vl);
+        mins = V::MaccX(mins, sum16[16 * s + 2 * p], V::ZextV(V::SrlX(sc_lo, 4, vl), vl), vl);
+        mins = V::MaccX(mins, sum16[16 * s + 2 * p + 1], V::ZextV(V::SrlX(sc_hi, 4, vl), vl), vl);
+      }
+    }
+    acc = V::FmaccVv(acc, V::Cvt(total, vl), V::Scales(blk, ad[s], vl), vl);
+    if constexpr (!kQ3K) acc = V::FmaccVv(acc, V::Cvt(mins, vl), V::Scales(blk + 2 * t, -ad[s], vl), vl);
+  }
+  V::StoreF(c, acc, vl);
+}
+
+// A QuantUkernel of the added formats: each row against the whole tile.
+template <QuantFormat F>
+void GemmByRow(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c, size_t c_stride) {
+  const size_t vl = QV<2>::SetVl(t);
+  for (size_t r = 0; r < m; ++r) {
+    if constexpr (IsBlock32(F)) {
+      RowBlock32<F>(a, row0 + r, tile, t, c + r * c_stride, vl);
+    } else if constexpr (HasSub16(F)) {
+      RowSub16<F>(a, row0 + r, tile, t, c + r * c_stride, vl);
+    } else {
+      RowSub32<F>(a, row0 + r, tile, t, c + r * c_stride, vl);
+    }
+  }
+}
+
 // A whole tile: one e8 m2 chunk for one row (the decode step), two e8 m1 halves
 // for 2..4 rows.
 template <QuantFormat F, int L, int kRows>
@@ -510,10 +687,12 @@ void StoreBf16Rvv(const float* c, size_t n, uint16_t* out) {
 }  // namespace
 
 // tile 0: T = VLEN/4, one e8 m2 group (the driver passes it as t).
-const QuantKernelSet kRvvQuantKernels = {
-    "rvv", 0, false, kMaxRows,
-    {Gemm<QuantFormat::kQ8_0>, Gemm<QuantFormat::kQ4_0>, Gemm<QuantFormat::kQ4_1>, Gemm<QuantFormat::kQ4_K>,
-     Gemm<QuantFormat::kQ6_K>},
-    QuantizeRowRvv, StoreBf16Rvv};
+constexpr QuantKernelSet kRvvQuantKernels = WithPortableUkernels(
+    {"rvv", 0, false, kMaxRows,
+     {Gemm<QuantFormat::kQ8_0>, Gemm<QuantFormat::kQ4_0>, Gemm<QuantFormat::kQ4_1>, Gemm<QuantFormat::kQ4_K>,
+      Gemm<QuantFormat::kQ6_K>, GemmByRow<QuantFormat::kQ5_0>, GemmByRow<QuantFormat::kQ5_1>,
+      GemmByRow<QuantFormat::kQ2_K>, GemmByRow<QuantFormat::kQ3_K>, GemmByRow<QuantFormat::kQ5_K>,
+      GemmByRow<QuantFormat::kIQ4_NL>, GemmByRow<QuantFormat::kIQ4_XS>},
+     QuantizeRowRvv, StoreBf16Rvv});
 
 }  // namespace rvascend

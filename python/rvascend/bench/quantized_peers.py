@@ -33,6 +33,7 @@ FLAGS = flags.FLAGS
 def _define_flags() -> None:
     """This program's flags, defined when it runs (tests import several bench modules at once)."""
     flags.DEFINE_list("vlens", ["128", "256", "512"], "VLENs to count at.")
+    flags.DEFINE_list("formats", [], "Formats to count (default: every pair below).")
     flags.DEFINE_integer("n", 2048, "Output features.")
     flags.DEFINE_integer("k", 2048, "Input features.")
     flags.DEFINE_string("output", "bench_results/quantized_peers.jsonl", "jsonl file to append to.")
@@ -42,11 +43,15 @@ def _define_flags() -> None:
 _PAIRS = (("Q4_0", ("gemv_q4_0_16x1_q8_0", "vec_dot_q4_0_q8_0")),
           ("Q8_0", ("gemv_q8_0_16x1_q8_0", "vec_dot_q8_0_q8_0")),
           ("Q4_K", ("gemv_q4_K_16x1_q8_K", "vec_dot_q4_K_q8_K")),
-          ("Q4_1", ()), ("Q6_K", ()))
+          ("Q4_1", ()), ("Q6_K", ("vec_dot_q6_K_q8_K",)),
+          ("Q5_0", ("vec_dot_q5_0_q8_0",)), ("Q5_1", ("vec_dot_q5_1_q8_1",)),
+          ("Q2_K", ("gemv_q2_K_16x1_q8_K", "vec_dot_q2_K_q8_K")), ("Q3_K", ("vec_dot_q3_K_q8_K",)),
+          ("Q5_K", ("vec_dot_q5_K_q8_K",)), ("IQ4_NL", ("gemv_iq4_nl_16x1_q8_0", "vec_dot_iq4_nl_q8_0")),
+          ("IQ4_XS", ("vec_dot_iq4_xs_q8_K",)))
 _GGML_SOURCES = ("ggml/include/", "ggml/src/ggml-common.h", "ggml/src/ggml-impl.h", "ggml/src/ggml-quants.h",
                  "ggml/src/ggml-backend-impl.h", "ggml/src/ggml-cpu/")
 _OURS_WHOLE = r"rvascend::"
-_OURS_KERNEL = r"rvascend::.*(Chunk|Gemm<)"
+_OURS_KERNEL = r"rvascend::.*(Chunk|Gemm<|PortableGemm)"
 _SKIP = r"Repack|main"
 
 
@@ -103,6 +108,8 @@ def main(argv: list[str]) -> int:
     for vlen in (int(v) for v in FLAGS.vlens):
         cpu = f"rv64,v=true,vext_spec=v1.0,vlen={vlen}"
         for fmt, peer_fns in _PAIRS:
+            if FLAGS.formats and fmt not in FLAGS.formats:
+                continue
             args = [f"--format={fmt}", "--m=1", f"--n={n}", f"--k={k}", "--kernel_set=rvv"]
             for compiler, binary in ours.items():
                 whole = count(binary, qemu, cpu, args, function_ranges(binary, nm, _OURS_WHOLE, _SKIP))

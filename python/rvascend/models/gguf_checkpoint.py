@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from rvascend.models import gguf_file, gguf_qwen35, gguf_tokenizer, gguf_widen
+from rvascend.models import gguf_file, gguf_qwen35, gguf_tokenizer
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "qwen35": gguf_qwen35.ARCHITECTURE}
@@ -248,8 +248,6 @@ class GgufCheckpoint:
             return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
         fmt = self.kept_format(name)
         if fmt is not None:  # the project's own dequantizer: no `gguf` package needed (a board)
-            if t.type_id in gguf_widen.WIDENED:
-                raw = gguf_widen.widen(raw, t.type_id)
             from rvascend.ops import quantized_linear
 
             try:
@@ -325,12 +323,12 @@ class GgufCheckpoint:
                 yield hf, tensor
 
     def kept_format(self, name: str) -> Optional[str]:
-        """The quantized format a tensor can stay in (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; Q8_0 for a
-        Q5_0 tensor, widened by gguf_widen.py), or None."""
+        """The quantized format a matrix stays in (its own type, when the native registry keeps
+        it: ops/quantized_linear.FORMATS), or None."""
         from rvascend.ops.quantized_linear import BLOCK_K, GGML_TYPES
 
         t = self._tensors[name]
-        fmt = GGML_TYPES.get(t.type_id, gguf_widen.WIDENED.get(t.type_id)) if len(t.dims) == 2 else None
+        fmt = GGML_TYPES.get(t.type_id) if len(t.dims) == 2 else None
         if fmt is not None and self.arch == "qwen35":
             m = _LAYER_TENSOR.match(name)
             if m and not gguf_qwen35.keeps_quantized(self.config, m.group(2), BLOCK_K[fmt]):
@@ -338,16 +336,13 @@ class GgufCheckpoint:
         return fmt
 
     def row_count(self, name: str) -> int:
-        """A tensor's rows (its first dimension), without reading or widening its blocks."""
+        """A tensor's rows (its first dimension), without reading its blocks."""
         return int(self._tensors[name].shape[0])
 
     def quantized_rows(self, name: str) -> np.ndarray:
         """A kept tensor's GGML blocks as uint8 [rows, bytes per row], rows in Hugging Face
-        order (a view of the file unless rows had to be reordered or widened)."""
+        order (a view of the file unless rows had to be reordered)."""
         rows = self._file.raw(name)
-        type_id = self._tensors[name].type_id
-        if type_id in gguf_widen.WIDENED:
-            rows = gguf_widen.widen(rows, type_id)
         m = _LAYER_TENSOR.match(name)
         if self.arch == "qwen35" and m:
             return gguf_qwen35.quantized_in_hf_order(self.config, m.group(2), rows)
@@ -363,6 +358,22 @@ class GgufCheckpoint:
     def type_names(self) -> dict[str, str]:
         """GGUF tensor name -> its GGML type's name, in file order."""
         return {name: t.type_name for name, t in self._tensors.items()}
+
+    def dequantized_report(self, kept: frozenset, dtype: torch.dtype) -> list[str]:
+        """One line per quantized GGML type whose tensors (those not in `kept`) load
+        dequantized to `dtype`: how many, their bytes in the file and in memory."""
+        by_type: dict[str, list[int]] = {}
+        for name, t in self._tensors.items():
+            if name in kept or t.type_name in ("F32", "F16", "BF16", "F64") or self.hf_name(name) is None:
+                continue
+            count_bytes = by_type.setdefault(t.type_name, [0, 0, 0])
+            count_bytes[0] += 1
+            count_bytes[1] += t.n_bytes
+            count_bytes[2] += t.n_elements * dtype.itemsize
+        return [f"{count} {type_name} tensors dequantized to {str(dtype).removeprefix('torch.')}: "
+                f"{file_bytes / 2**20:.1f} MiB in the file, {resident / 2**20:.1f} MiB in memory "
+                f"({resident / max(1, file_bytes):.1f}x, read every step)"
+                for type_name, (count, file_bytes, resident) in sorted(by_type.items())]
 
     def release(self, name: str) -> None:
         """Drops a tensor's pages from memory once it has been copied (gguf_file.py)."""

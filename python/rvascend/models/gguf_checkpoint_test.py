@@ -17,7 +17,7 @@ import transformers
 
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.tokenizer.tokenizer import Tokenizer
-from rvascend.models import gguf_checkpoint, gguf_export, gguf_widen
+from rvascend.models import gguf_checkpoint, gguf_export
 from rvascend.models.loader import load_model
 from rvascend.engine.testing import greedy
 from rvascend.models.testing import all_logits
@@ -146,29 +146,6 @@ def test_k_quants_match_transformers_gguf_loader(tmp_path):
                                                               dtype=torch.float32).eval()
     assert torch.isfinite(ours).all()
     assert (ours - _hf_logits(theirs)).abs().max().item() < 1e-4 * max(1.0, ours.abs().max().item())
-
-
-def test_q5_0_widened_to_q8_0_holds_the_same_weights():
-    """Every code and every high bit of Q5_0 (random bytes, FP16 scales of either sign),
-    and a quantized matrix: the Q8_0 blocks dequantize to exactly what the gguf package
-    dequantizes the Q5_0 blocks to."""
-    rng = np.random.default_rng(5)
-    raw = rng.integers(0, 256, (9, 12, 22), dtype=np.uint8)
-    raw[..., 0:2] = np.frombuffer(rng.uniform(-0.1, 0.1, 9 * 12).astype(np.float16).tobytes(),
-                                  dtype=np.uint8).reshape(9, 12, 2)
-    quantized = gguf.quants.quantize(rng.standard_normal((5, 384)).astype(np.float32), Q.Q5_0)
-    for blocks in (raw.reshape(9, 12 * 22), quantized):
-        widened = gguf_widen.widen(blocks, int(Q.Q5_0))
-        assert widened.shape == (blocks.shape[0], blocks.shape[1] // 22 * 34)
-        got = quantized_linear.dequantize_ggml(widened, "Q8_0", blocks.shape[0], blocks.shape[1] // 22 * 32)
-        assert np.array_equal(got.numpy(), gguf.quants.dequantize(blocks, Q.Q5_0))
-    # Codes 0 and 31 reach -16 and +15: the whole int8 range Q5_0 can use.
-    codes = widened.reshape(-1, 34)[:, 2:].view(np.int8)
-    assert codes.min() == -16 and codes.max() == 15
-    with pytest.raises(ValueError, match="multiple of 22 bytes"):
-        gguf_widen.widen(np.zeros((2, 23), dtype=np.uint8), int(Q.Q5_0))
-    with pytest.raises(ValueError, match="not widened"):
-        gguf_widen.widen(np.zeros((2, 22), dtype=np.uint8), int(Q.Q5_1))
 
 
 CORPUS = [

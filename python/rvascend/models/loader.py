@@ -53,8 +53,9 @@ def _safetensors(model_path: str, skip: tuple[str, ...] = ()) -> Iterator[tuple[
 def load_model(model_path: str, dtype: torch.dtype = torch.bfloat16, keep_quantized: bool = False,
                mtp: bool = False) -> CausalLM:
     """The model of a checkpoint directory or GGUF file, in `dtype`, in eval mode. With
-    `keep_quantized`, a GGUF file's projections and embedding in Q8_0, Q4_0, Q4_1, Q4_K
-    or Q6_K stay quantized (models/quantized_load.py); everything else is `dtype`. With
+    `keep_quantized`, a GGUF file's projections and embedding in a kept format
+    (ops/quantized_linear.FORMATS) stay quantized (models/quantized_load.py); everything
+    else is `dtype`, one log line per dequantized GGML type naming its cost. With
     `mtp`, a Qwen3.5 checkpoint's multi-token-prediction head is loaded too (model.mtp,
     the NEXTN draft model); without, its tensors are never read."""
     gguf_file = gguf_checkpoint.GgufCheckpoint(model_path) if gguf_checkpoint.is_gguf(model_path) else None
@@ -116,6 +117,8 @@ def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool, 
                          + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
     line = quantized_load.report(model)
     if line:
+        logging.info("%s", line)
+    for line in gguf_file.dequantized_report(consumed, dtype) if gguf_file else ():
         logging.info("%s", line)
     return model.eval()
 

@@ -1,5 +1,5 @@
-"""Projections and embeddings whose weights stay quantized (GGUF Q8_0, Q4_0, Q4_1,
-Q4_K, Q6_K), in the runtime layout of ops/quantized_linear.py.
+"""Projections and embeddings whose weights stay quantized (a GGUF format of
+ops/quantized_linear.FORMATS), in the runtime layout of ops/quantized_linear.py.
 
 The quantized bytes are the weight of record: there is no BF16 copy. A fused
 projection (q/k/v, gate/up) whose shards share a format is one weight (the GGML
@@ -28,7 +28,7 @@ ROUTE_ATTR = "_rvv_route"  # the policy's route, as for nn.Linear projections (d
 
 @dataclasses.dataclass(frozen=True)
 class QuantPart:
-    fmt: str    # Q8_0, Q4_0, Q4_1, Q4_K or Q6_K
+    fmt: str    # one of ops/quantized_linear.FORMATS
     rows: int   # output features of this part
     tile: int   # the runtime layout's tile width
 

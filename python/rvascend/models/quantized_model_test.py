@@ -2,9 +2,9 @@
 implementations no one here wrote.
 
 - Llama, Qwen2 and Qwen3 tiny random checkpoints, written as GGUF with every matrix
-  in Q8_0, Q4_0, Q4_1 or Q5_0 (the gguf package's quantizer; Q5_0 is kept widened
-  to Q8_0), and as Q4_K_M (Q4_K and Q6_K tensors) and Q6_K (llama.cpp's own
-  quantizer, llama_model_quantize): the
+  in Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 (the gguf package's quantizer), and as the files
+  people download, written by llama.cpp's own quantizer (llama_model_quantize):
+  Q4_K_M, Q5_K_M, Q3_K_M, Q2_K, Q6_K, IQ4_XS and IQ4_NL: the
   modules keep each tensor's type, and the logits agree with transformers' FP32
   model on the same file (the gguf package's dequantization + FP32 F.linear)
   within the error of quantizing the activations alone (stated below).
@@ -51,14 +51,14 @@ FAMILIES = {
     "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=128, tie_word_embeddings=True),
 }
 _MATRICES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-# llama.cpp's file types (llama_ftype) for its quantizer.
-_LLAMA_FTYPES = {"Q4_K_M": 15, "Q6_K": 18}
+# The file types llama.cpp's quantizer writes (llama_cpp.LLAMA_FTYPE_MOSTLY_<kind>).
+_LLAMA_FTYPES = ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q2_K", "Q6_K", "IQ4_XS", "IQ4_NL")
 PROMPT = torch.randint(0, 2048, (24,), generator=torch.Generator().manual_seed(3))
 
 _QUANTIZE = r"""
 import sys, llama_cpp
 params = llama_cpp.llama_model_quantize_default_params()
-params.ftype = int(sys.argv[3])
+params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
 params.nthread = 2
 assert llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), params) == 0
 """
@@ -76,7 +76,7 @@ def _write(family: str, kind: str, tmp) -> str:
         f32 = str(tmp / "f32.gguf")
         if not os.path.exists(f32):
             gguf_export.export(hf_dir, f32, default_type=Q.F32)
-        subprocess.run([llama_cpp.python_path(), "-c", _QUANTIZE, f32, path, str(_LLAMA_FTYPES[kind])], check=True,
+        subprocess.run([llama_cpp.python_path(), "-c", _QUANTIZE, f32, path, kind], check=True,
                        capture_output=True, timeout=300)
     else:
         gguf_export.export(hf_dir, path, {role: Q[kind] for role in _MATRICES}, default_type=Q.F32)
@@ -84,7 +84,7 @@ def _write(family: str, kind: str, tmp) -> str:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K_M", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", *_LLAMA_FTYPES])
 def test_kept_quantized_matches_transformers_on_the_same_file(family, kind, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"{family}-{kind}")
     path = _write(family, kind, tmp)
@@ -92,9 +92,7 @@ def test_kept_quantized_matches_transformers_on_the_same_file(family, kind, tmp_
     want_types = {t.name: t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
     model = load_model(path, torch.bfloat16, keep_quantized=True)
     kept = {p.fmt for _, m in quantized_modules(model) for p in m.parts}
-    widened = {"Q5_0": "Q8_0"}  # kept by widening it without loss (gguf_widen.py)
-    assert kept == {widened.get(t, t) for t in want_types.values()
-                    if widened.get(t, t) in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")}, (kept, want_types)
+    assert kept == set(want_types.values()) - {"F32", "F16", "BF16"}, (kept, want_types)
     assert not any(p.dim() == 2 for p in model.parameters())  # no dequantized copy of any matrix
     if family != "qwen2":  # tied: one quantized table serves the lookup and the logits
         assert isinstance(model.model.embed_tokens, QuantizedEmbedding) and model.lm_head is model.model.embed_tokens
@@ -109,9 +107,11 @@ def test_kept_quantized_matches_transformers_on_the_same_file(family, kind, tmp_
     # The bound: the activations are quantized per 32 (or 256) values to int8 (an error of
     # at most half a step, amax / 254, about 0.4 % of a block's largest value) and kept in
     # BF16 between layers (2^-9 relative); through two layers of a model of width 256 this
-    # moves a logit by at most about 4 % of the largest (the transformers model computes
-    # the same dequantized weights in FP32 with FP32 activations).
-    assert (got - want).abs().max().item() <= 0.04 * want.abs().max().item()
+    # moves a logit by about 3-4 % of the largest (the transformers model computes the
+    # same dequantized weights in FP32 with FP32 activations; measured on qwen3: Q3_K_M
+    # 2.9 %, Q4_K_M 3.5 %, Q2_K 4.1 %, and 0.0 % with the same file dequantized to FP32, so
+    # all of it is the activations'). A wrong scale or bit plane moves logits by far more.
+    assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
     # And the ranking agrees wherever the reference is not close to a tie.
     top2 = want.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.05 * want.abs().max()

@@ -1,4 +1,5 @@
-"""Quantized weights kept quantized: GGUF Q8_0, Q4_0, Q4_1, Q4_K and Q6_K.
+"""Quantized weights kept quantized: GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, the K-quants
+Q2_K .. Q6_K and IQ4_XS (FORMATS, read from the native registry).
 
 A weight is repacked once, at load, from its GGML blocks into the runtime layout
 of rvv_kernels/quantized/quant_format.h (tiles of T columns, T chosen for this

@@ -17,19 +17,35 @@ import torch.nn.functional as F
 from rvascend.ops import quantized_linear as q
 
 Q = gguf.GGMLQuantizationType
-# The formats the gguf package can quantize (the K-quants come from llama.cpp's quantizer
-# in models/quantized_model_test.py).
-WRITABLE = {"Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q4_1": Q.Q4_1}
+# The formats the gguf package can quantize; the others are random blocks with finite scales
+# (files from llama.cpp's quantizer: models/quantized_model_test.py).
+WRITABLE = {"Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q4_1": Q.Q4_1, "Q5_0": Q.Q5_0, "Q5_1": Q.Q5_1}
+# Byte offsets of each format's f16 scales in a GGML block (GGML's block structs).
+SCALE_OFFSETS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,), "Q5_K": (0, 2),
+                 "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 def _weight(fmt: str, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, torch.Tensor]:
-    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
-    raw = gguf.quants.quantize(w, WRITABLE[fmt])
-    return raw, torch.from_numpy(gguf.quants.dequantize(raw, WRITABLE[fmt]).astype(np.float32))
+    rng = np.random.default_rng(seed)
+    kind = Q[fmt]
+    if fmt in WRITABLE:
+        raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), kind)
+    else:
+        block_k, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+        blocks = rng.integers(0, 256, size=(n * (k // block_k), block_bytes), dtype=np.uint8)
+        for off in SCALE_OFFSETS[fmt]:  # finite scales of both signs, 1/64 .. 1/8 in magnitude
+            scale = (rng.choice([-1, 1], blocks.shape[0]) * rng.uniform(1 / 64, 1 / 8, blocks.shape[0]))
+            blocks[:, off:off + 2] = scale.astype("<f2").view(np.uint8).reshape(-1, 2)
+        raw = blocks.reshape(n, -1)
+    return raw, torch.from_numpy(gguf.quants.dequantize(raw, kind).astype(np.float32).reshape(n, k))
 
 
-@pytest.mark.parametrize("fmt", sorted(WRITABLE))
-@pytest.mark.parametrize("n,k", [(1, 32), (70, 96), (300, 512)])
+def test_every_kept_format_has_a_weight_maker():
+    assert set(WRITABLE) | set(SCALE_OFFSETS) == set(q.FORMATS)
+
+
+@pytest.mark.parametrize("fmt", q.FORMATS)
+@pytest.mark.parametrize("n,k", [(1, 256), (70, 768), (300, 512)])
 def test_dequantization_is_the_gguf_packages(fmt, n, k):
     raw, want = _weight(fmt, n, k)
     assert torch.equal(q.dequantize_ggml(raw, fmt, n, k), want)
@@ -38,7 +54,7 @@ def test_dequantization_is_the_gguf_packages(fmt, n, k):
     assert torch.equal(q.dequantize_rows(packed, fmt, n, k, q.quant_tile(), ids), want[ids])
 
 
-@pytest.mark.parametrize("fmt", sorted(WRITABLE))
+@pytest.mark.parametrize("fmt", q.FORMATS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("m", [1, 3, 17])
 def test_product_matches_f_linear_on_the_dequantized_weight(fmt, dtype, m):
@@ -63,7 +79,7 @@ def test_bad_inputs_are_named():
     with pytest.raises(TypeError, match="bfloat16 or float32"):
         q.quantized_linear(x.half(), packed, "Q4_0", 64, t)
     with pytest.raises(ValueError, match="not kept quantized"):
-        q.quantized_linear(x, packed, "Q5_0", 64, t)
+        q.quantized_linear(x, packed, "IQ2_XS", 64, t)
     with pytest.raises(ValueError, match="layout version 7"):
         q.quantized_linear(x, packed, "Q4_0", 64, t, layout_version=7)
     with pytest.raises(ValueError, match="repacked for another shape"):
@@ -93,16 +109,17 @@ def test_traces_under_torch_compile():
     assert torch.equal(compiled(x), f(x))
 
 
-def test_every_kernel_set_gives_the_same_bits():
-    raw, _ = _weight("Q4_1", 130, 256)
-    packed = q.repack_ggml(raw, "Q4_1", 130, 256)
-    x = torch.randn(5, 256).bfloat16()
+@pytest.mark.parametrize("fmt", q.FORMATS)
+def test_every_kernel_set_gives_the_same_bits(fmt):
+    raw, _ = _weight(fmt, 130, 512)
+    packed = q.repack_ggml(raw, fmt, 130, 512)
+    x = torch.randn(5, 512).bfloat16()
     results = []
     for name in q.available_quant_kernel_sets():
         if name != "portable" and q.quant_tile(name) != q.quant_tile():
             continue
         with q.use_quant_kernel_set(name):
-            results.append(q.quantized_linear(x, packed, "Q4_1", 130, q.quant_tile()))
+            results.append(q.quantized_linear(x, packed, fmt, 130, q.quant_tile()))
     assert all(torch.equal(r, results[0]) for r in results)
 
 

@@ -114,8 +114,8 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
     name = os.path.basename(opts.model_path.rstrip("/")).removesuffix(".gguf") if opts.model_path \
         else default_model.served_name()
     logging.info("model: %s (%s)", name, path)
-    # With the RVV policy, a GGUF file's quantized projections stay quantized (Q8_0, Q4_0,
-    # Q4_1, Q4_K, Q6_K); without it the stock path serves them dequantized.
+    # With the RVV policy, a GGUF file's quantized projections stay quantized (every format
+    # of ops/quantized_linear.FORMATS); without it the stock path serves them dequantized.
     model = load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_kernels,
                        mtp=opts.speculative_algorithm == "NEXTN")
     if opts.speculative_token_map:

@@ -1,8 +1,8 @@
 // Drives ggml's RVV quantized dot products and GEMVs, built at bench time from
-// llama.cpp's source distribution (bench/count_instructions.py); nothing of
-// ggml is in this repository. The prototypes and block sizes below are the
-// published GGML format facts (quant_format.h); the buffers' contents do not
-// change the instruction count, so they are left as allocated.
+// llama.cpp's source distribution (bench/quantized_peers.py); nothing of ggml is
+// in this repository. The prototypes and block sizes below are the published
+// GGML format facts (quant_format.h); the buffers' contents do not change the
+// instruction count, so they are left as allocated.
 //   ggml_peer_gemv --fn=NAME --n=N --k=K
 #include <cstdio>
 #include <cstdlib>
@@ -11,15 +11,51 @@
 #include <vector>
 
 extern "C" {
-void ggml_vec_dot_q4_0_q8_0(int n, float* s, size_t bs, const void* vx, size_t bx, const void* vy, size_t by, int nrc);
-void ggml_vec_dot_q8_0_q8_0(int n, float* s, size_t bs, const void* vx, size_t bx, const void* vy, size_t by, int nrc);
-void ggml_vec_dot_q4_K_q8_K(int n, float* s, size_t bs, const void* vx, size_t bx, const void* vy, size_t by, int nrc);
-void ggml_gemv_q4_0_16x1_q8_0(int n, float* s, size_t bs, const void* vx, const void* vy, int nr, int nc);
-void ggml_gemv_q8_0_16x1_q8_0(int n, float* s, size_t bs, const void* vx, const void* vy, int nr, int nc);
-void ggml_gemv_q4_K_16x1_q8_K(int n, float* s, size_t bs, const void* vx, const void* vy, int nr, int nc);
+using VecDot = void (*)(int n, float* s, size_t bs, const void* vx, size_t bx, const void* vy, size_t by, int nrc);
+using Gemv = void (*)(int n, float* s, size_t bs, const void* vx, const void* vy, int nr, int nc);
+#define GGML_VEC_DOT(w, a) \
+  void ggml_vec_dot_##w##_##a(int n, float* s, size_t bs, const void* vx, size_t bx, const void* vy, size_t by, int nrc);
+#define GGML_GEMV(w, a) void ggml_gemv_##w##_16x1_##a(int n, float* s, size_t bs, const void* vx, const void* vy, int nr, int nc);
+GGML_VEC_DOT(q4_0, q8_0)
+GGML_VEC_DOT(q8_0, q8_0)
+GGML_VEC_DOT(q4_K, q8_K)
+GGML_VEC_DOT(q6_K, q8_K)
+GGML_VEC_DOT(q5_0, q8_0)
+GGML_VEC_DOT(q5_1, q8_1)
+GGML_VEC_DOT(q2_K, q8_K)
+GGML_VEC_DOT(q3_K, q8_K)
+GGML_VEC_DOT(q5_K, q8_K)
+GGML_VEC_DOT(iq4_nl, q8_0)
+GGML_VEC_DOT(iq4_xs, q8_K)
+GGML_GEMV(q4_0, q8_0)
+GGML_GEMV(q8_0, q8_0)
+GGML_GEMV(q4_K, q8_K)
+GGML_GEMV(q2_K, q8_K)
+GGML_GEMV(iq4_nl, q8_0)
 }
 
 namespace {
+
+// One ggml entry point: its name, and the bytes of a weight block and of an activation
+// block (q8_0: 34 per 32, q8_1: 36 per 32, q8_K: 292 per 256).
+struct Entry {
+  const char* name;
+  VecDot vec_dot;
+  Gemv gemv;
+  int block_k;
+  int weight_block_bytes;
+  int act_block_bytes;
+};
+
+#define VEC_DOT(w, a, bk, wb, ab) {"vec_dot_" #w "_" #a, ggml_vec_dot_##w##_##a, nullptr, bk, wb, ab},
+#define GEMV(w, a, bk, wb, ab) {"gemv_" #w "_16x1_" #a, nullptr, ggml_gemv_##w##_16x1_##a, bk, wb, ab},
+const Entry kEntries[] = {
+    VEC_DOT(q4_0, q8_0, 32, 18, 34) VEC_DOT(q8_0, q8_0, 32, 34, 34) VEC_DOT(q4_K, q8_K, 256, 144, 292)
+    VEC_DOT(q6_K, q8_K, 256, 210, 292) VEC_DOT(q5_0, q8_0, 32, 22, 34) VEC_DOT(q5_1, q8_1, 32, 24, 36)
+    VEC_DOT(q2_K, q8_K, 256, 84, 292) VEC_DOT(q3_K, q8_K, 256, 110, 292) VEC_DOT(q5_K, q8_K, 256, 176, 292)
+    VEC_DOT(iq4_nl, q8_0, 32, 18, 34) VEC_DOT(iq4_xs, q8_K, 256, 136, 292)
+    GEMV(q4_0, q8_0, 32, 18, 34) GEMV(q8_0, q8_0, 32, 34, 34) GEMV(q4_K, q8_K, 256, 144, 292)
+    GEMV(q2_K, q8_K, 256, 84, 292) GEMV(iq4_nl, q8_0, 32, 18, 34)};
 
 long Arg(int argc, char** argv, const char* name, long fallback) {
   const std::string prefix = std::string("--") + name + "=";
@@ -42,31 +78,19 @@ std::string ArgS(int argc, char** argv, const char* name) {
 int main(int argc, char** argv) {
   const std::string fn = ArgS(argc, argv, "fn");
   const int n = static_cast<int>(Arg(argc, argv, "n", 2048)), k = static_cast<int>(Arg(argc, argv, "k", 2048));
-  // Bytes per 32 (or 256) weights: Q4_0 18/32, Q8_0 34/32, Q4_K 144/256; activations q8_0 34/32, q8_K 292/256.
-  const bool kq = fn.find("q4_K") != std::string::npos;
-  const size_t wbytes = static_cast<size_t>(n) * k / (kq ? 256 : 32) *
-                        (kq ? 144 : (fn.find("q8_0_q8_0") != std::string::npos || fn.find("gemv_q8_0") !=
-                                     std::string::npos ? 34 : 18));
-  const size_t abytes = static_cast<size_t>(k) / (kq ? 256 : 32) * (kq ? 292 : 34);
-  std::vector<unsigned char> w(wbytes + 4096, 1), a(abytes + 4096, 1);
-  std::vector<float> out(n);
-  const size_t row = wbytes / n;
-  if (fn == "vec_dot_q4_0_q8_0") {
-    for (int r = 0; r < n; ++r) ggml_vec_dot_q4_0_q8_0(k, &out[r], 0, w.data() + r * row, 0, a.data(), 0, 1);
-  } else if (fn == "vec_dot_q8_0_q8_0") {
-    for (int r = 0; r < n; ++r) ggml_vec_dot_q8_0_q8_0(k, &out[r], 0, w.data() + r * row, 0, a.data(), 0, 1);
-  } else if (fn == "vec_dot_q4_K_q8_K") {
-    for (int r = 0; r < n; ++r) ggml_vec_dot_q4_K_q8_K(k, &out[r], 0, w.data() + r * row, 0, a.data(), 0, 1);
-  } else if (fn == "gemv_q4_0_16x1_q8_0") {
-    ggml_gemv_q4_0_16x1_q8_0(k, out.data(), n, w.data(), a.data(), 1, n);
-  } else if (fn == "gemv_q8_0_16x1_q8_0") {
-    ggml_gemv_q8_0_16x1_q8_0(k, out.data(), n, w.data(), a.data(), 1, n);
-  } else if (fn == "gemv_q4_K_16x1_q8_K") {
-    ggml_gemv_q4_K_16x1_q8_K(k, out.data(), n, w.data(), a.data(), 1, n);
-  } else {
-    std::fprintf(stderr, "unknown --fn=%s\n", fn.c_str());
-    return 2;
+  for (const Entry& e : kEntries) {
+    if (fn != e.name) continue;
+    const size_t row = static_cast<size_t>(k) / e.block_k * e.weight_block_bytes;
+    std::vector<unsigned char> w(row * n + 4096, 1), a(static_cast<size_t>(k) / e.block_k * e.act_block_bytes + 4096, 1);
+    std::vector<float> out(n);
+    if (e.vec_dot) {
+      for (int r = 0; r < n; ++r) e.vec_dot(k, &out[r], 0, w.data() + r * row, 0, a.data(), 0, 1);
+    } else {
+      e.gemv(k, out.data(), n, w.data(), a.data(), 1, n);
+    }
+    std::printf("%s n=%d k=%d out[0]=%g\n", fn.c_str(), n, k, out[0]);
+    return 0;
   }
-  std::printf("%s n=%d k=%d out[0]=%g\n", fn.c_str(), n, k, out[0]);
-  return 0;
+  std::fprintf(stderr, "unknown --fn=%s\n", fn.c_str());
+  return 2;
 }

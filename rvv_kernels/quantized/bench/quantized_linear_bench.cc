@@ -43,11 +43,11 @@ int main(int argc, char** argv) {
   std::mt19937 rng(7);
   std::vector<uint8_t> ggml(GgmlWeightBytes(format, n, k));
   for (auto& b : ggml) b = static_cast<uint8_t>(rng());
-  // Finite scales: clear each f16's top exponent bit (scales sit at the block's start, Q6_K's at its end).
+  // Finite scales: clear each f16's top exponent bit wherever a format keeps one (a block's start; Q2_K, Q3_K and Q6_K near its end).
   const QuantFormatInfo& info = FormatInfo(format);
   for (size_t b = 0; b < ggml.size() / info.ggml_block_bytes; ++b) {
     uint8_t* p = ggml.data() + b * info.ggml_block_bytes;
-    for (size_t off : {size_t{0}, size_t{2}, size_t{208}}) {
+    for (size_t off : {size_t{0}, size_t{2}, size_t{80}, size_t{82}, size_t{108}, size_t{208}}) {
       if (off + 1 < info.ggml_block_bytes) p[off + 1] &= 0x3b;
     }
   }

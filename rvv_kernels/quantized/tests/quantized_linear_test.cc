@@ -53,6 +53,32 @@ uint16_t U16(const uint8_t* p) {
   return v;
 }
 
+// The byte offsets of a GGML block's f16 scales.
+std::vector<size_t> ScaleOffsets(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::kQ8_0:
+    case QuantFormat::kQ4_0:
+    case QuantFormat::kQ5_0:
+    case QuantFormat::kIQ4_NL:
+    case QuantFormat::kIQ4_XS: return {0};
+    case QuantFormat::kQ4_1:
+    case QuantFormat::kQ5_1:
+    case QuantFormat::kQ4_K:
+    case QuantFormat::kQ5_K: return {0, 2};
+    case QuantFormat::kQ6_K: return {208};
+    case QuantFormat::kQ3_K: return {108};
+    case QuantFormat::kQ2_K: return {80, 82};
+  }
+  return {};
+}
+
+void RandomScales(QuantFormat f, uint8_t* block, std::mt19937& rng) {
+  for (size_t off : ScaleOffsets(f)) {
+    const uint16_t h = Half(rng);
+    std::memcpy(block + off, &h, 2);
+  }
+}
+
 // Random GGML weight [n, k]: random quant bytes, random finite scales.
 std::vector<uint8_t> RandomGgml(QuantFormat f, size_t n, size_t k, std::mt19937& rng) {
   const QuantFormatInfo& info = FormatInfo(f);
@@ -60,17 +86,7 @@ std::vector<uint8_t> RandomGgml(QuantFormat f, size_t n, size_t k, std::mt19937&
   for (auto& b : w) b = static_cast<uint8_t>(rng());
   for (size_t blk = 0; blk < n * (k / info.block_k); ++blk) {
     uint8_t* p = w.data() + blk * info.ggml_block_bytes;
-    auto put = [&](size_t off) {
-      const uint16_t h = Half(rng);
-      std::memcpy(p + off, &h, 2);
-    };
-    switch (f) {
-      case QuantFormat::kQ8_0:
-      case QuantFormat::kQ4_0: put(0); break;
-      case QuantFormat::kQ4_1:
-      case QuantFormat::kQ4_K: put(0); put(2); break;
-      case QuantFormat::kQ6_K: put(208); break;
-    }
+    RandomScales(f, p, rng);
     if (f == QuantFormat::kQ8_0) {
       for (size_t i = 0; i < 32; ++i) {
         if (p[2 + i] == 0x80) p[2 + i] = 0x81;  // quantizers emit -127..127
@@ -99,10 +115,14 @@ void DequantizeGgmlBlock(QuantFormat f, const uint8_t* p, double* y) {
       }
       return;
     }
-    case QuantFormat::kQ4_K: {
+    case QuantFormat::kQ4_K:
+    case QuantFormat::kQ5_K: {
+      // d, dmin, 12 bytes of 6-bit scales and mins, (Q5_K: qh[32], the fifth bits), qs.
+      const bool q5 = f == QuantFormat::kQ5_K;
       const double d = HalfToFloat(U16(p)), dmin = HalfToFloat(U16(p + 2));
       const uint8_t* sc = p + 4;
-      const uint8_t* qs = p + 16;
+      const uint8_t* qh = p + 16;
+      const uint8_t* qs = p + (q5 ? 48 : 16);
       for (int j = 0; j < 8; ++j) {
         int s, m;
         if (j < 4) {
@@ -112,10 +132,12 @@ void DequantizeGgmlBlock(QuantFormat f, const uint8_t* p, double* y) {
           s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
           m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
         }
-        // Sub-block j: values 32j..32j+31 are nibbles of bytes 32(j/2) .. : low for even j, high for odd.
+        // Sub-block j: values 32j..32j+31 are nibbles of bytes 32(j/2) .. : low for even j, high
+        // for odd; Q5_K's fifth bit of value 32j + l is bit j of qh[l].
         for (int l = 0; l < 32; ++l) {
           const uint8_t b = qs[32 * (j / 2) + l];
-          y[32 * j + l] = d * s * ((j % 2 == 0) ? (b & 0xF) : (b >> 4)) - dmin * m;
+          const int q = ((j % 2 == 0) ? (b & 0xF) : (b >> 4)) | (q5 ? ((qh[l] >> j) & 1) << 4 : 0);
+          y[32 * j + l] = d * s * q - dmin * m;
         }
       }
       return;
@@ -131,6 +153,57 @@ void DequantizeGgmlBlock(QuantFormat f, const uint8_t* p, double* y) {
         const int lo = quarter < 2 ? (lbyte & 0xF) : (lbyte >> 4);
         const int hi = (qh[32 * half + l] >> (2 * quarter)) & 3;
         y[v] = d * sc[v / 16] * ((lo | (hi << 4)) - 32);
+      }
+      return;
+    }
+    case QuantFormat::kQ5_0:
+    case QuantFormat::kQ5_1: {
+      const bool q51 = f == QuantFormat::kQ5_1;
+      const double d = HalfToFloat(U16(p)), m = q51 ? HalfToFloat(U16(p + 2)) : 0.0;
+      const uint8_t* qh = p + (q51 ? 4 : 2);
+      const uint8_t* qs = qh + 4;
+      for (int v = 0; v < 32; ++v) {
+        const int q = ((v < 16 ? qs[v] & 0xF : qs[v - 16] >> 4)) | (((qh[v / 8] >> (v % 8)) & 1) << 4);
+        y[v] = q51 ? d * q + m : d * (q - 16);
+      }
+      return;
+    }
+    case QuantFormat::kIQ4_NL: {
+      const double d = HalfToFloat(U16(p));
+      for (int v = 0; v < 32; ++v) y[v] = d * kIq4NlValues[v < 16 ? p[2 + v] & 0xF : p[2 + v - 16] >> 4];
+      return;
+    }
+    case QuantFormat::kIQ4_XS: {
+      const double d = HalfToFloat(U16(p));
+      const int scales_h = U16(p + 2);
+      for (int v = 0; v < 256; ++v) {
+        const int j = v / 32, l = v % 32;
+        const int ls = ((p[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((scales_h >> (2 * j)) & 3) << 4);
+        const uint8_t b = p[8 + 16 * j + l % 16];
+        y[v] = d * (ls - 32) * kIq4NlValues[l < 16 ? b & 0xF : b >> 4];
+      }
+      return;
+    }
+    case QuantFormat::kQ3_K: {
+      // hmask[32], qs[64], scales[12] (sub-block j's 6 bits: the low 4 from byte j % 8, nibble
+      // j / 8, the high 2 from byte 8 + j % 4, bits 2 (j / 4)), d.
+      const double d = HalfToFloat(U16(p + 108));
+      for (int v = 0; v < 256; ++v) {
+        const int n = v / 128, j = (v % 128) / 32, l = v % 32, sub = v / 16;
+        const int lo4 = (p[96 + sub % 8] >> (4 * (sub / 8))) & 0xF;
+        const int hi2 = (p[104 + sub % 4] >> (2 * (sub / 4))) & 3;
+        const int q = (p[32 + 32 * n + l] >> (2 * j)) & 3;
+        const int h = (p[l] >> (4 * n + j)) & 1;
+        y[v] = d * ((lo4 | (hi2 << 4)) - 32) * (q - (h ? 0 : 4));
+      }
+      return;
+    }
+    case QuantFormat::kQ2_K: {
+      const double d = HalfToFloat(U16(p + 80)), dmin = HalfToFloat(U16(p + 82));
+      for (int v = 0; v < 256; ++v) {
+        const int n = v / 128, j = (v % 128) / 32, l = v % 32, sub = v / 16;
+        const int q = (p[16 + 32 * n + l] >> (2 * j)) & 3;
+        y[v] = d * (p[sub] & 0xF) * q - dmin * (p[sub] >> 4);
       }
       return;
     }
@@ -274,7 +347,9 @@ void CheckProduct(const QuantKernelSet& set, QuantFormat f, const std::vector<ui
   std::vector<float> out(m * n, -1.0f);
   QuantizedLinearF32(set, args, out.data(), n, 2);
   // Per output: #scale products (2 per block for Q4_1 and Q4_K) and FP32 accumulation.
-  const size_t terms = (k / info.block_k) * (f == QuantFormat::kQ4_1 || f == QuantFormat::kQ4_K ? 2 : 1);
+  const bool mins = f == QuantFormat::kQ4_1 || f == QuantFormat::kQ5_1 || f == QuantFormat::kQ4_K ||
+                    f == QuantFormat::kQ5_K || f == QuantFormat::kQ2_K;
+  const size_t terms = (k / info.block_k) * (mins ? 2 : 1);
   int bad = 0;
   double worst = 0;
   for (size_t r = 0; r < m; ++r) {
@@ -337,24 +412,24 @@ void TestShape(const QuantKernelSet& set, QuantFormat f, size_t m, size_t n, siz
 }
 
 // Blocks whose integer sums reach the formats' bounds: every activation at +-127 (rows of
-// +1, of -1, and alternating), every quant at its extremes (4-bit 0 and 15, 8-bit +-127),
-// the columns in each combination. The RVV Q4_0 kernel sums a block's nibbles in int16
-// lanes that wrap (32 x 15 x 127 > 2^15) and relies on sum(a x (q - 8)) fitting them.
+// +1, of -1, and alternating), every quant at its extremes (4-bit 0 and 15, 8-bit +-127,
+// 5-bit 0 and 31, table indices 0 and 15; the super-blocks' sub-scales and mins at 0 and
+// at their largest), the columns in each combination. The RVV Q4_0 kernel sums a block's
+// nibbles in int16 lanes that wrap (32 x 15 x 127 > 2^15) and relies on sum(a x (q - 8))
+// fitting them.
 void TestExtremeSums(const QuantKernelSet& set, QuantFormat f, std::mt19937& rng) {
   const QuantFormatInfo& info = FormatInfo(f);
-  if (info.block_k != 32) return;
-  const size_t quants = f == QuantFormat::kQ4_1 ? 4 : 2;  // the quants' offset in a GGML block
-  const size_t n = QuantKernelSetTile(set) + 5, k = 128, m = set.max_rows + 3;
+  const size_t n = QuantKernelSetTile(set) + 5, k = info.block_k == 32 ? 128 : 512, m = set.max_rows + 3;
   auto ggml = RandomGgml(f, n, k, rng);
-  const uint8_t q8[] = {0x81, 0x7F, 0x81, 0x7F}, q4[] = {0x00, 0xFF, 0x0F, 0xF0};
+  const uint8_t q8[] = {0x81, 0x7F, 0x81, 0x7F}, bytes[] = {0x00, 0xFF, 0x0F, 0xF0};
   for (size_t j = 0; j < n; ++j) {
-    for (size_t b = 0; b < k / 32; ++b) {
-      uint8_t* p = ggml.data() + (j * (k / 32) + b) * info.ggml_block_bytes + quants;
-      const uint8_t v = f == QuantFormat::kQ8_0 ? q8[(j + (j / 4)) % 4] : q4[j % 4];
-      std::memset(p, v, info.ggml_block_bytes - quants);
+    for (size_t b = 0; b < k / info.block_k; ++b) {
+      uint8_t* p = ggml.data() + (j * (k / info.block_k) + b) * info.ggml_block_bytes;
+      std::memset(p, f == QuantFormat::kQ8_0 ? q8[(j + (j / 4)) % 4] : bytes[j % 4], info.ggml_block_bytes);
+      RandomScales(f, p, rng);
       // Q8_0's columns 2 and 3 mod 4 alternate sign along k, so the row's signs meet both.
       if (f == QuantFormat::kQ8_0 && j % 4 >= 2) {
-        for (size_t i = 0; i < 32; i += 2) p[i] = 0x81 + 0x7F - p[i];
+        for (size_t i = 2; i < 34; i += 2) p[i] = 0x81 + 0x7F - p[i];
       }
     }
   }
