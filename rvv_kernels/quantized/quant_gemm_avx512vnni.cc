@@ -1,4 +1,4 @@
-// AVX-512 VNNI kernels for Q8_0, Q4_0, Q4_1, Q4_K and Q6_K on the runtime layout
+// AVX-512 VNNI kernels for every kept format on the runtime layout
 // (tiles of 64 columns, quant_format.h).
 //
 // vpdpbusd multiplies four unsigned bytes by four signed bytes and adds the

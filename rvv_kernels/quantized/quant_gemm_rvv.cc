@@ -11,11 +11,11 @@
 // The scales are applied once per block in FP32: the f16 scale is widened by
 // integer ops (no Zvfh needed: the K1 has it, QEMU 7.2 does not), multiplied by
 // the activation scale, and one FMA adds the block.
-// The operations and their order are the portable kernels' (quant_gemm_portable.cc),
+// The operations and their order are the portable kernels' (quant_gemm_portable.h),
 // so both give bit-identical results; the tests check that at every VLEN.
 //
-// Multi-row calls process the tile in two halves of VLEN/8 columns with
-// e8 m1 groups, so the int16 accumulators of up to 8 rows (Q4_0) or 4 rows (the
+// Multi-row calls of the first five formats process the tile in two halves of VLEN/8
+// columns with e8 m1 groups (the formats added later take one row at a time, GemmByRow), so the int16 accumulators of up to 8 rows (Q4_0) or 4 rows (the
 // other formats, two accumulators a row) fit the register file.
 #include <riscv_vector.h>
 

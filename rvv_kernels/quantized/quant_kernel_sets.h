@@ -12,7 +12,7 @@ namespace rvascend {
 extern const QuantKernelSet kPortableQuantKernels;
 #if defined(RVASCEND_HAVE_X86_VARIANTS)
 extern const QuantKernelSet kAvx2QuantKernels;
-// The AVX2 set with VNNI kernels for Q8_0, Q4_0, Q4_K and Q6_K (built at first use from kAvx2QuantKernels).
+// The AVX2 set with VNNI kernels for every format (built at first use from kAvx2QuantKernels).
 const QuantKernelSet& Avx512VnniQuantKernels();
 #endif
 #if defined(RVASCEND_HAVE_RVV)
@@ -29,7 +29,8 @@ const QuantKernelSet& FindQuantKernelSet(const std::string& name);
 size_t QuantKernelSetTile(const QuantKernelSet& set);
 
 // The set's kernel for `format`, or the portable one where the set leaves it out (as
-// ggml's arch-fallback.h does): the portable kernels read any tile width.
+// ggml's arch-fallback.h does): the portable kernels read any tile width. The sets
+// compiled here fill every slot (WithPortableUkernels); a set built by hand may not.
 QuantUkernel QuantUkernelFor(const QuantKernelSet& set, QuantFormat format);
 
 }  // namespace rvascend

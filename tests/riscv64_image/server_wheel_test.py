@@ -7,8 +7,11 @@ tie may break either way), and /metrics showing the packed route. A second
 start without the vector extension serves too (portable kernels, no SIGILL).
 With --part=default_model, the default model (SmolLM2-135M Q4_1) is served from
 its GGUF kept quantized, as a board does: the right answer, every projection on
-the quantized kernels, the decode steps fused. (Two Bazel targets, so the QEMU
-servers run side by side, each within its own timeout.)
+the quantized kernels, the decode steps fused. With --part=gguf_formats, files that
+llama.cpp's quantizer writes in the recipes people download (Q5_K_M: Q5_K + Q6_K;
+IQ4_XS: IQ4_XS + Q6_K; Q3_K_M) load in the image without the `gguf` package, every
+matrix kept quantized, and give the host's logits. (Three Bazel targets, so the QEMU
+runs go side by side, each within its own timeout.)
 
 Arguments: --qemu, --image, --wheel (Bazel passes them), --part.
 """
@@ -16,6 +19,7 @@ Arguments: --qemu, --image, --wheel (Bazel passes them), --part.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -91,7 +95,7 @@ def main() -> int:
     parser.add_argument("--qemu", required=True)
     parser.add_argument("--image", required=True)
     parser.add_argument("--wheel", required=True)
-    parser.add_argument("--part", choices=("random_model", "default_model"), required=True)
+    parser.add_argument("--part", choices=("random_model", "default_model", "gguf_formats"), required=True)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
         site = riscv64.install_wheel(args.qemu, args.image, os.path.abspath(args.wheel), os.path.join(tmp, "site"),
@@ -99,8 +103,10 @@ def main() -> int:
         assert os.path.exists(os.path.join(site, "rvascend", "ops", "_rvv_kernels.so"))
         if args.part == "random_model":
             failures = serve_random_model(args, site, tmp)
-        else:
+        elif args.part == "default_model":
             failures = serve_default_quantized(args, site, tmp)
+        else:
+            failures = board_loads_gguf_formats(args, site, tmp)
     print(f"{1 if failures == 0 else 0} passed, {1 if failures else 0} failed")
     return 1 if failures else 0
 
@@ -205,6 +211,81 @@ def serve_default_quantized(args, site: str, tmp: str) -> int:
     print(f"  answer: {answer!r}; host policy off, up to its first near tie: {''.join(want)!r}")
     if not checks["every projection call on the quantized kernels"]:
         print("\n".join(calls))
+    return sum(not ok for ok in checks.values())
+
+
+# Inside the image: each file's logits over one prompt, kept quantized on the RVV kernels
+# (models/testing.all_logits, which the wheel leaves out), and whether `gguf` is importable.
+_LOGITS_GUEST = r"""
+import importlib.util, json, sys, torch
+from rvascend.models.decoder import ForwardBatch, KVPool
+from rvascend.models.loader import load_model
+from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+ids = torch.tensor(json.loads(sys.argv[1]))
+n = ids.shape[0]
+out = {"gguf_package": importlib.util.find_spec("gguf") is not None}
+for path in sys.argv[2:]:
+    model = load_model(path, torch.bfloat16, keep_quantized=True)
+    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+    batch = ForwardBatch(ids, torch.arange(n), [n], [0], [torch.arange(n)], torch.arange(n))
+    with torch.inference_mode():
+        logits = model(batch, KVPool(model.config, n, torch.bfloat16), all_logits=True).float()
+    out[path] = {"dense": [name for name, p in model.named_parameters() if p.dim() == 2], "logits": logits.tolist()}
+print("RESULT " + json.dumps(out))
+"""
+RECIPES = ("Q5_K_M", "IQ4_XS", "Q3_K_M")
+
+
+def board_loads_gguf_formats(args, site: str, tmp: str) -> int:
+    import subprocess
+
+    import torch
+    import transformers
+
+    from rvascend.build import llama_cpp
+    from rvascend.models import gguf_export
+    from rvascend.models.loader import load_model
+    from rvascend.models.testing import all_logits
+    from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+
+    # A Llama of width 256 (whole K-quant super-blocks), random weights, written F32 then
+    # quantized by llama.cpp into each recipe.
+    hf = os.path.join(tmp, "hf")
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=2048, max_position_embeddings=256, tie_word_embeddings=True)).save_pretrained(hf)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        with open(os.path.join(ensure_random_model(), name), "rb") as src, open(os.path.join(hf, name), "wb") as dst:
+            dst.write(src.read())
+    import gguf
+
+    f32 = os.path.join(tmp, "f32.gguf")
+    gguf_export.export(hf, f32, default_type=gguf.GGMLQuantizationType.F32)
+    files = [llama_cpp.quantize(f32, os.path.join(tmp, f"{r}.gguf"), r) for r in RECIPES]
+    prompt = [int(t) for t in torch.randint(0, 2048, (12,), generator=torch.Generator().manual_seed(1))]
+    env = dict(os.environ, PYTHONPATH=site, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
+    done = subprocess.run(riscv64.guest_command(args.qemu, args.image, riscv64.qemu_cpu(256),
+                                                ["-c", _LOGITS_GUEST, json.dumps(prompt), *files]),
+                          env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        print(f"FAIL the guest failed:\n{done.stderr[-3000:]}")
+        return 1
+    guest = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    checks = {"the image has no gguf package": not guest["gguf_package"]}
+    for recipe, path in zip(RECIPES, files):
+        model = load_model(path, torch.bfloat16, keep_quantized=True)
+        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+        want = all_logits(model, torch.tensor(prompt))
+        got = torch.tensor(guest[path]["logits"])
+        # Both run the quantized kernels (bit-identical across sets); the rest of the step
+        # (BF16 norms, attention) may sum in other orders (measured: equal to 4 decimals).
+        error = (got - want).abs().max().item() / want.abs().max().item()
+        checks[f"{recipe}: every matrix kept quantized in the image"] = not guest[path]["dense"]
+        checks[f"{recipe}: logits within 0.5 % of the host's (max error {error:.4f})"] = error <= 0.005
+        checks[f"{recipe}: the same greedy token at every position"] = torch.equal(got.argmax(-1), want.argmax(-1))
+    for name, ok in checks.items():
+        print(f"{'ok  ' if ok else 'FAIL'} {name}")
     return sum(not ok for ok in checks.values())
 
 

@@ -48,7 +48,7 @@ def _greedy(ctx, index: int, n_vocab: int) -> int:
 _FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
            "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q2_k": "LLAMA_FTYPE_MOSTLY_Q2_K",
            "iq4_nl": "LLAMA_FTYPE_MOSTLY_IQ4_NL", "q3_k_m": "LLAMA_FTYPE_MOSTLY_Q3_K_M",
-           "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M"}
+           "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M", "iq4_xs": "LLAMA_FTYPE_MOSTLY_IQ4_XS"}
 
 
 def quantize(source: str, output: str, ftype: str, threads: int) -> None:

@@ -51,7 +51,7 @@ _PAIRS = (("Q4_0", ("gemv_q4_0_16x1_q8_0", "vec_dot_q4_0_q8_0")),
 _GGML_SOURCES = ("ggml/include/", "ggml/src/ggml-common.h", "ggml/src/ggml-impl.h", "ggml/src/ggml-quants.h",
                  "ggml/src/ggml-backend-impl.h", "ggml/src/ggml-cpu/")
 _OURS_WHOLE = r"rvascend::"
-_OURS_KERNEL = r"rvascend::.*(Chunk|Gemm<|PortableGemm)"
+_OURS_KERNEL = r"rvascend::.*(Chunk|Gemm\w*<|PortableGemm)"
 _SKIP = r"Repack|main"
 
 

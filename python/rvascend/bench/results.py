@@ -16,14 +16,14 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> None:
-    """columns: (key, header, format spec)."""
+    """columns: (key, header, format spec); a missing or None value is an empty cell."""
     widths = [max(len(h), 10) for _, h, _ in columns]
     print("  ".join(h.rjust(w) for (_, h, _), w in zip(columns, widths)))
     for row in rows:
         cells = []
         for (key, _, spec), w in zip(columns, widths):
-            value = row.get(key, "")
-            cells.append((format(value, spec) if value != "" else "").rjust(w))
+            value = row.get(key)
+            cells.append((format(value, spec) if value not in ("", None) else "").rjust(w))
         print("  ".join(cells))
 
 

@@ -67,7 +67,9 @@ def _define_flags() -> None:
     flags.DEFINE_list("modes", ["stock", "linear", "op_by_op", "full", "q4_0", "q8_0"],
                       "stock: no policy; linear: packed Linears only; op_by_op: every kernel, called module by "
                       "module; full: the policy as --enable-cpu-rvv-kernels installs it (fused decode step); "
-                      "q4_0, q4_1, q8_0: full, on the same weights as a GGUF of that type kept quantized.")
+                      "q4_0, q4_1, q8_0: full, on the same weights as a GGUF of that type kept quantized; "
+                      "q4_k_m, q5_k_m, q3_k_m, q2_k, iq4_xs: full, on llama.cpp's file of that recipe "
+                      "(--gguf_source=llama_cpp).")
     flags.DEFINE_list("contexts", ["64", "512"], "Context lengths of the decode step.")
     flags.DEFINE_list("rows", ["1", "4"], "Sequences decoding together (M).")
     flags.DEFINE_list("prefill_lens", ["16", "64", "256"], "Prompt lengths of the prefill steps counted (one "
@@ -97,8 +99,12 @@ def _define_flags() -> None:
 
 # Weight bytes per weight in each quantized mode (GGML's Q4_0: 18 bytes per 32, Q4_1: 20, Q8_0: 34).
 _BYTES_PER_WEIGHT = {"q4_0": 18 / 32, "q4_1": 20 / 32, "q8_0": 34 / 32}
+# The recipes only llama.cpp's quantizer writes (mixes of K-quants and i-quants): counted on
+# its files (--gguf_source=llama_cpp), their bytes per weight read from those files.
+_LLAMA_CPP_RECIPES = ("q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs")
+_QUANTIZED_MODES = (*_BYTES_PER_WEIGHT, *_LLAMA_CPP_RECIPES)
 _MODE_ARG = {"stock": "off", "linear": "linear", "op_by_op": "op_by_op", "full": "full",
-             **{mode: "full" for mode in _BYTES_PER_WEIGHT}}
+             **{mode: "full" for mode in _QUANTIZED_MODES}}
 HYBRID_LINEARS = ("in_proj", "out_proj")  # Gated DeltaNet layers' (Qwen3.5)
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head") + HYBRID_LINEARS
 # Library of a mapped file, by name prefix (the image maps versioned sonames).
@@ -191,7 +197,7 @@ def run_guest(qemu: str, image: str, stage: str, plugin: str, checkpoint: str, m
     out = os.path.join(tmp, f"counts-{mode}-{os.path.basename(checkpoint)}-{vlen}.txt")
     cpu = k1_model.qemu_cpu(vlen)
     args = json.dumps({"checkpoint": checkpoint, "mode": _MODE_ARG[mode], "configs": configs,
-                       "keep_quantized": mode in _BYTES_PER_WEIGHT})
+                       "keep_quantized": mode in _QUANTIZED_MODES})
     cmd = [qemu, "-plugin", f"{plugin},out={out}", "-L", image, "-cpu", cpu, f"{image}/usr/bin/python3.13", "-B",
            os.path.join(stage, "rvascend", "bench", "riscv64_step_guest.py"), args]
     env = dict(os.environ, PYTHONPATH=stage, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
@@ -340,13 +346,13 @@ def main(argv: list[str]) -> int:
     layers = [int(x) for x in FLAGS.layers]
     configs = [(int(c), int(m), "decode") for c in FLAGS.contexts for m in FLAGS.rows]
     full_prefills = [(int(p), 1, "prefill") for p in FLAGS.prefill_lens if p]
-    prefills = {"full": full_prefills, **{mode: full_prefills for mode in _BYTES_PER_WEIGHT},
+    prefills = {"full": full_prefills, **{mode: full_prefills for mode in _QUANTIZED_MODES},
                 "stock": [(int(p), 1, "prefill") for p in FLAGS.stock_prefill_lens if p]}
     spec_kinds = [f"verify{k}" for k in FLAGS.verify_drafts]
     if random_checkpoint.SHAPES[FLAGS.shape].get("mtp_num_hidden_layers"):
         spec_kinds += [f"nextn{k}" + (f"h{FLAGS.draft_vocab}" if FLAGS.draft_vocab else "")
                        for k in FLAGS.verify_drafts]
-    for mode in ("full", *_BYTES_PER_WEIGHT):
+    for mode in ("full", *_QUANTIZED_MODES):
         prefills[mode] = [(int(c), int(m), kind) for c in FLAGS.contexts for m in FLAGS.rows
                           for kind in spec_kinds] + prefills[mode]
     prefills["full"] = prefills["full"] + [(int(c), 1, f"turn{int(n)}") for c, n in
@@ -364,7 +370,11 @@ def main(argv: list[str]) -> int:
         checkpoints = {n: random_checkpoint.write(FLAGS.shape, os.path.join(tmp, f"model-{n}l"), layers=n)
                        for n in layers}
         quantized, bytes_per_weight = {}, dict(_BYTES_PER_WEIGHT)
-        quantized_modes = [m for m in FLAGS.modes if m in _BYTES_PER_WEIGHT]
+        quantized_modes = [m for m in FLAGS.modes if m in _QUANTIZED_MODES]
+        recipes = [m for m in quantized_modes if m in _LLAMA_CPP_RECIPES]
+        if recipes and FLAGS.gguf_source != "llama_cpp":
+            raise app.UsageError(f"modes {', '.join(recipes)} are llama.cpp quantizer recipes: "
+                                 "add --gguf_source=llama_cpp")
         if FLAGS.gguf_source == "llama_cpp" and quantized_modes:
             quantized, bytes_per_weight = _llama_cpp_files(FLAGS.shape, quantized_modes, layers, target_layers)
         for mode in quantized_modes if FLAGS.gguf_source == "ours" else ():

@@ -118,6 +118,26 @@ def python_path() -> str:
     return python
 
 
+_QUANTIZE = r"""
+import sys, llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
+params.nthread = 2
+params.allow_requantize = True
+sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), params))
+"""
+
+
+def quantize(source: str, output: str, recipe: str) -> str:
+    """llama.cpp's own quantizer (llama_model_quantize, its default recipe for `recipe`: Q4_K_M,
+    Q5_K_M, IQ4_XS, ...) from the GGUF `source` (quantized sources are requantized) to `output`."""
+    done = subprocess.run([python_path(), "-c", _QUANTIZE, source, output, recipe.upper()], capture_output=True,
+                          text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {source} to {recipe}: {done.stderr[-2000:]}")
+    return output
+
+
 def extract_vendored(dest: str, paths: Sequence[str], fetch: bool = True) -> str:
     """The vendored llama.cpp's files under `paths` (prefixes relative to its root),
     extracted from the pinned source distribution into `dest`; returns `dest`."""

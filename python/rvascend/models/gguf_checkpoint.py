@@ -370,9 +370,9 @@ class GgufCheckpoint:
             count_bytes[0] += 1
             count_bytes[1] += t.n_bytes
             count_bytes[2] += t.n_elements * dtype.itemsize
-        return [f"{count} {type_name} tensors dequantized to {str(dtype).removeprefix('torch.')}: "
-                f"{file_bytes / 2**20:.1f} MiB in the file, {resident / 2**20:.1f} MiB in memory "
-                f"({resident / max(1, file_bytes):.1f}x, read every step)"
+        return [f"{count} {type_name} tensor{'s' if count > 1 else ''} dequantized to "
+                f"{str(dtype).removeprefix('torch.')}: {file_bytes / 2**20:.1f} MiB in the file, "
+                f"{resident / 2**20:.1f} MiB in memory ({resident / max(1, file_bytes):.1f}x)"
                 for type_name, (count, file_bytes, resident) in sorted(by_type.items())]
 
     def release(self, name: str) -> None:

@@ -119,7 +119,11 @@ def load_quantized_modules(ckpt: gguf_checkpoint.GgufCheckpoint, loaders: list, 
                 i += 1
             raw = ckpt.quantized_rows(names[0]) if len(names) == 1 else \
                 np.concatenate([ckpt.quantized_rows(n) for n in names])
-            module.set_part(p_index, qops.repack_ggml(raw, part.fmt, part.rows, k, part.tile))
+            try:
+                packed = qops.repack_ggml(raw, part.fmt, part.rows, k, part.tile)
+            except ValueError as e:  # a corrupt scale: name the file and its tensors (rows are the part's)
+                raise gguf_checkpoint.GgufError(f"{ckpt.path}: {' + '.join(names)}: {e}") from None
+            module.set_part(p_index, packed)
             del raw
             for name in names:
                 ckpt.release(name)

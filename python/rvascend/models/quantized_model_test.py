@@ -17,7 +17,9 @@ implementations no one here wrote.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 
@@ -33,7 +35,7 @@ from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models import default_model
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.tokenizer.tokenizer import Tokenizer
-from rvascend.models import gguf_export
+from rvascend.models import gguf_checkpoint, gguf_export
 from rvascend.models.loader import load_model
 from rvascend.models.quantized_layers import QuantizedEmbedding, quantized_modules
 from rvascend.models.testing import all_logits, decode_batch, decode_logits, random_pool
@@ -55,13 +57,6 @@ _MATRICES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output"
 _LLAMA_FTYPES = ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q2_K", "Q6_K", "IQ4_XS", "IQ4_NL")
 PROMPT = torch.randint(0, 2048, (24,), generator=torch.Generator().manual_seed(3))
 
-_QUANTIZE = r"""
-import sys, llama_cpp
-params = llama_cpp.llama_model_quantize_default_params()
-params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
-params.nthread = 2
-assert llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), params) == 0
-"""
 
 
 def _write(family: str, kind: str, tmp) -> str:
@@ -76,8 +71,7 @@ def _write(family: str, kind: str, tmp) -> str:
         f32 = str(tmp / "f32.gguf")
         if not os.path.exists(f32):
             gguf_export.export(hf_dir, f32, default_type=Q.F32)
-        subprocess.run([llama_cpp.python_path(), "-c", _QUANTIZE, f32, path, kind], check=True,
-                       capture_output=True, timeout=300)
+        llama_cpp.quantize(f32, path, kind)
     else:
         gguf_export.export(hf_dir, path, {role: Q[kind] for role in _MATRICES}, default_type=Q.F32)
     return path
@@ -116,6 +110,26 @@ def test_kept_quantized_matches_transformers_on_the_same_file(family, kind, tmp_
     top2 = want.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.05 * want.abs().max()
     assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+def test_a_corrupt_scale_is_named_with_its_file_and_tensor(tmp_path, caplog):
+    """A NaN scale in a kept tensor is refused naming the file and the GGUF tensor (the row
+    the native check names is the fused part's); a type the engine does not keep is logged
+    with what dequantizing it costs."""
+    path = _write("llama", "Q5_1", tmp_path)
+    info = gguf_checkpoint.GgufCheckpoint(path)
+    offset = info._tensors["blk.1.attn_k.weight"].offset
+    info.close()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(np.array([0x7E00], dtype="<u2").tobytes())  # block 0's d: NaN
+    with pytest.raises(gguf_checkpoint.GgufError, match=r"Q5_1\.gguf: blk\.1\.attn_q\.weight \+ "
+                       r"blk\.1\.attn_k\.weight \+ blk\.1\.attn_v\.weight: Q5_1 weight row \d+, block 0 has a NaN"):
+        load_model(path, torch.bfloat16, keep_quantized=True)
+    with caplog.at_level(logging.INFO):
+        load_model(_write("llama", "Q8_0", tmp_path), torch.bfloat16, keep_quantized=False)
+    assert any(re.fullmatch(r"15 Q8_0 tensors dequantized to bfloat16: [\d.]+ MiB in the file, [\d.]+ MiB in memory "
+                            r"\(1\.9x\)", r.getMessage()) for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
 def test_the_fused_step_reads_a_replaced_quantized_weight_or_norm(tmp_path):
@@ -248,6 +262,37 @@ def test_default_model_greedy_and_perplexity_match_llama_cpp():
     ours_ppl, theirs_ppl = float(np.exp(nll)), float(np.exp(theirs["nll"]))
     print(f"perplexity over {len(ppl_ids)} tokens of GPL-3: ours {ours_ppl:.3f}, llama.cpp {theirs_ppl:.3f}")
     assert abs(ours_ppl / theirs_ppl - 1) <= 0.01
+
+
+@pytest.mark.parametrize("kind", ["Q5_K_M", "Q3_K_M", "Q2_K", "IQ4_XS", "Q4_K_M"])
+def test_default_model_requantized_perplexity_matches_llama_cpp(kind, tmp_path):
+    """The default model written by llama.cpp's quantizer into each recipe people download
+    (from its Q4_1 file: SmolLM2's 576-wide matrices are not whole super-blocks, so the
+    recipes fall back to Q5_0, Q5_1, IQ4_NL and Q8_0 there, K-quants elsewhere): perplexity
+    through this engine within 1 % of llama.cpp's on the same file and text, the bound of the
+    Q4_1 file above. Measured over these 1024 tokens, ours / llama.cpp: Q5_K_M 1.0077, Q3_K_M
+    1.0058, Q2_K 0.9937, IQ4_XS 1.0090, Q4_K_M 0.9999 (with FP32 activations 0.9971, 0.9966,
+    1.0010, 1.0072, 1.0087). Neither engine is the exact product: against transformers' FP32
+    model on the same dequantized weights, llama.cpp is off by +0.3 % (Q4_K_M), +0.5 % (IQ4_XS)
+    and +1.3 % (Q5_K_M), this engine with FP32 activations by +1.2, +1.2 and +1.0 %: both
+    quantize the activations to int8. A format read wrongly moves perplexity by far more."""
+    source = default_model.ensure_default_model()
+    path = str(tmp_path / f"{kind}.gguf")
+    llama_cpp.quantize(source, path, kind)
+    with open("/usr/share/common-licenses/GPL-3", encoding="utf-8") as f:
+        ppl_ids = Tokenizer(source).encode(f.read())[:1024]
+    done = subprocess.run([llama_cpp.python_path(), "-c", _LLAMA_GUEST, path, "[]", "0", json.dumps(ppl_ids)],
+                          capture_output=True, text=True, check=True, timeout=900)
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])["nll"]
+    model = load_model(path, torch.bfloat16, keep_quantized=True)
+    kept = {p.fmt for _, m in quantized_modules(model) for p in m.parts}
+    assert not any(p.dim() == 2 for p in model.parameters()), kept  # every matrix stayed quantized
+    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+    logits = all_logits(model, torch.tensor(ppl_ids)).double()
+    ids = torch.tensor(ppl_ids)
+    ours = (torch.logsumexp(logits[:-1], -1) - logits[:-1].gather(1, ids[1:, None])[:, 0]).mean().item()
+    print(f"{kind} ({', '.join(sorted(kept))}): perplexity ours {np.exp(ours):.3f}, llama.cpp {np.exp(theirs):.3f}")
+    assert abs(np.exp(ours - theirs) - 1) <= 0.01
 
 
 _MEMORY_GUEST = r"""
