@@ -39,7 +39,7 @@ FLAGS = flags.FLAGS
 MODELS = ("smollm2-135m", "qwen3-0.6b", "qwen3.5-0.8b")
 TYPES = ("bf16", "q8_0", "q4_0", "q4_k_m")  # bf16, then what llama.cpp's quantizer writes from it
 # Every type prepare_models can write (the riscv64 count adds the types of llama.cpp's public tables).
-FILE_TYPES = (*TYPES, "q4_1", "q2_k", "q3_k_m", "q5_k_m", "iq4_nl")
+FILE_TYPES = (*TYPES, "q4_1", "q2_k", "q3_k_m", "q5_k_m", "iq4_nl", "iq4_xs")
 # Models whose files hold real weights (SmolLM2: the served default's), which cannot be
 # truncated to fewer layers; every other model is random weights in a real model's shapes.
 REAL_WEIGHTS = ("smollm2-135m",)
@@ -49,7 +49,8 @@ def _define_flags() -> None:
     """This program's flags, defined when it runs (tests import several bench modules at once)."""
     flags.DEFINE_list("models", list(MODELS), f"Which models ({', '.join(MODELS)}).")
     flags.DEFINE_list("types", list(TYPES),
-                      "GGUF file types: bf16, and q8_0 / q4_0 / q4_k_m written from it by llama.cpp's quantizer.")
+                      f"GGUF file types: bf16, and {' / '.join(FILE_TYPES[1:])} written from it by llama.cpp's "
+                      "quantizer.")
     flags.DEFINE_list("batch-sizes", ["1", "4"], "Sequences per batch.")
     flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
     flags.DEFINE_integer("output-len", 64, "Generated tokens per sequence.")

@@ -52,7 +52,7 @@ _GGML_SOURCES = ("ggml/include/", "ggml/src/ggml-common.h", "ggml/src/ggml-impl.
                  "ggml/src/ggml-backend-impl.h", "ggml/src/ggml-cpu/")
 _OURS_WHOLE = r"rvascend::"
 _OURS_KERNEL = r"rvascend::.*(Chunk|Gemm\w*<|PortableGemm)"
-_SKIP = r"Repack|main"
+_SKIP = r"Repack|main|Put(Nibbles|Bits|Crumbs)32|Codes5|Crumbs256|ScalesK3|ScalesIq4Xs|ScaleMinK4"  # the repack and its helpers
 
 
 def _root_tool(root: str, work: str, tool: str, args: list[str]) -> None:

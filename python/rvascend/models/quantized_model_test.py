@@ -312,10 +312,14 @@ print(json.dumps({"base": base, "after": after, "peak": peak, "packed": packed, 
 """
 
 
-def test_default_model_memory_holds_the_quantized_weights_once():
-    """RSS after loading the default model kept quantized: its quantized weights once
-    (no dequantized copy, the file's pages released as each tensor is repacked)."""
+@pytest.mark.parametrize("recipe", [None, "Q5_K_M", "IQ4_XS"])
+def test_default_model_memory_holds_the_quantized_weights_once(recipe, tmp_path):
+    """RSS after loading the default model kept quantized (its own Q4_1 file, and requantized
+    by llama.cpp into Q5_K_M and IQ4_XS): its quantized weights once (no dequantized copy,
+    the file's pages released as each tensor is repacked), at most 1.2x the file's bytes."""
     path = default_model.ensure_default_model()
+    if recipe:
+        path = llama_cpp.quantize(path, str(tmp_path / f"{recipe}.gguf"), recipe)
     size = os.path.getsize(path)
     runs = {keep: fresh_process_json(_MEMORY_GUEST, path, keep) for keep in ("1", "0")}
     q, d = runs["1"], runs["0"]
@@ -324,6 +328,7 @@ def test_default_model_memory_holds_the_quantized_weights_once():
           f"MiB dense, RSS +{(q['after'] - q['base']) / mib:.0f} MiB (peak +{(q['peak'] - q['base']) / mib:.0f}); "
           f"dequantized to BF16: RSS +{(d['after'] - d['base']) / mib:.0f} MiB")
     assert q["packed"] <= 1.05 * size  # the runtime layout is the file's size (Q4_K: +3 %)
+    assert q["after"] - q["base"] <= 1.2 * size
     # Once: what was made (packed + dense) plus 32 MiB of allocator and bookkeeping.
     assert q["after"] - q["base"] <= q["packed"] + q["dense"] + 32 * mib
     # At its peak (the metadata's Python objects, a tensor being repacked) never the whole
