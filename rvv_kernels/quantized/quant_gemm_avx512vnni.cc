@@ -428,8 +428,8 @@ struct Q6KKernel {
 // activations' sum of its block (Q5_0 16 per 32, IQ4 128 per 32, Q3_K 4 per 16) is
 // taken off in int32, exactly. A "unit" is what one plane row spans (quant_format.h):
 // a 32-block, a 32-value sub-block (Q5_K, IQ4_XS) or a pair of 16-value sub-blocks
-// (Q3_K, Q2_K); MakeGroup gives values 16 half + i .. +3 of a unit (i % 4 == 0), for
-// every column, in Transpose4's order.
+// (Q3_K, Q2_K); MakeGroups gives values i .. i+3 and 16 + i .. 16 + i+3 of a unit
+// (i % 4 == 0), for every column, in Transpose4's order.
 template <QuantFormat F>
 struct AddedFormat {
   static constexpr bool kBlock32 = IsBlock32(F), kSub16 = HasSub16(F);
@@ -457,32 +457,41 @@ struct AddedFormat {
     }
   }
 
-  static void MakeGroup(const uint8_t* blk, size_t u, size_t half, size_t i, __m512i w[4]) {
+  // Values i .. i+3 (lo) and 16 + i .. 16 + i+3 (hi) of unit u, from one load of each row.
+  static void MakeGroups(const uint8_t* blk, size_t u, size_t i, __m512i lo[4], __m512i hi[4]) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
-    __m512i rows[4];
+    __m512i rl[4], rh[4];
     for (size_t j = 0; j < 4; ++j) {
-      __m512i v;
-      if constexpr (kSub16) {  // two bits a value: row (i + j) % 8, bits 2 (2 half + i / 8)
-        const __m512i c = Load(blk + (Values(u) + (i + j) % 8) * kTile);
-        v = _mm512_and_si512(_mm512_srl_epi16(c, _mm_cvtsi32_si128(static_cast<int>(2 * (2 * half + i / 8)))),
-                             _mm512_set1_epi8(3));
+      __m512i l, h;
+      if constexpr (kSub16) {  // two bits a value: row (i + j) % 8, bits 2 (i / 8) and 2 (2 + i / 8)
+        const __m512i c = Load(blk + (Values(u) + (i + j) % 8) * kTile), three = _mm512_set1_epi8(3);
+        const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(2 * (i / 8)));
+        l = _mm512_and_si512(_mm512_srl_epi16(c, shift), three);
+        h = _mm512_and_si512(_mm512_srl_epi16(_mm512_srli_epi16(c, 4), shift), three);
       } else {
         const __m512i b = Load(blk + (Values(u) + i + j) * kTile);
-        v = _mm512_and_si512(half ? _mm512_srli_epi16(b, 4) : b, low4);
-        if constexpr (kTable) {
-          v = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, -127, -115,
-                                                                       -103, -90, -75, -59, -39, -15)),
-                                  v);  // kIq4NlValues + 128, as bytes
+        l = _mm512_and_si512(b, low4);
+        h = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
+        if constexpr (kTable) {  // kIq4NlValues + 128, as bytes
+          const __m512i table = _mm512_broadcast_i32x4(
+              _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15));
+          l = _mm512_shuffle_epi8(table, l);
+          h = _mm512_shuffle_epi8(table, h);
         }
       }
-      if constexpr (kFifth || F == QuantFormat::kQ3_K) {  // one bit a value: row j, bit 4 half + i / 4
-        const __mmask64 set = _mm512_test_epi8_mask(Load(blk + (Bits(u) + j) * kTile),
-                                                    _mm512_set1_epi8(static_cast<char>(1 << (4 * half + i / 4))));
-        v = _mm512_or_si512(v, _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(kFifth ? 0x10 : 0x04)));
+      if constexpr (kFifth || F == QuantFormat::kQ3_K) {  // one bit a value: row j, bits i / 4 and 4 + i / 4
+        const __m512i bits = Load(blk + (Bits(u) + j) * kTile);
+        const __m512i one = _mm512_set1_epi8(kFifth ? 0x10 : 0x04);
+        l = _mm512_or_si512(l, _mm512_maskz_mov_epi8(
+                                   _mm512_test_epi8_mask(bits, _mm512_set1_epi8(static_cast<char>(1 << (i / 4)))), one));
+        h = _mm512_or_si512(h, _mm512_maskz_mov_epi8(
+                                   _mm512_test_epi8_mask(bits, _mm512_set1_epi8(static_cast<char>(16 << (i / 4)))), one));
       }
-      rows[j] = v;
+      rl[j] = l;
+      rh[j] = h;
     }
-    Transpose4(rows[0], rows[1], rows[2], rows[3], w);
+    Transpose4(rl[0], rl[1], rl[2], rl[3], lo);
+    Transpose4(rh[0], rh[1], rh[2], rh[3], hi);
   }
 
   static constexpr size_t kUnits = kBlock32 ? 1 : 8;
@@ -491,28 +500,32 @@ struct AddedFormat {
   static void Expand(const uint8_t* tile, size_t k, uint8_t* e) {
     for (size_t b = 0; b < k / kBlockK; ++b) {
       for (size_t u = 0; u < kUnits; ++u) {
-        for (size_t half = 0; half < 2; ++half) {
-          for (size_t i = 0; i < 16; i += 4) {
-            __m512i w[4];
-            MakeGroup(tile + b * kRecord, u, half, i, w);
-            StoreGroup(w, e + (kBlockK * b + 32 * u + 16 * half + i) * kTile);
-          }
+        for (size_t i = 0; i < 16; i += 4) {
+          __m512i lo[4], hi[4];
+          MakeGroups(tile + b * kRecord, u, i, lo, hi);
+          StoreGroup(lo, e + (kBlockK * b + 32 * u + i) * kTile);
+          StoreGroup(hi, e + (kBlockK * b + 32 * u + 16 + i) * kTile);
         }
       }
     }
   }
 
-  // isum[r][g] += half `half` of unit u (16 values) against x[r][0..15].
+  // Unit u's 32 values against x[r][0..31]: values 0..15 into lo, 16..31 into hi (the
+  // same accumulators where the unit has one scale).
   template <size_t R, bool kExpanded, size_t G0, size_t NG>
-  static void Dot16(const uint8_t* blk, const uint8_t* e, size_t u, size_t half, const int8_t* const x[R],
-                    __m512i isum[R][NG]) {
+  static void Dot32(const uint8_t* blk, const uint8_t* e, size_t u, const int8_t* const x[R], __m512i lo[R][NG],
+                    __m512i hi[R][NG]) {
+    const int8_t* xh[R];
+    for (size_t r = 0; r < R; ++r) xh[r] = x[r] + 16;
     if constexpr (kExpanded) {
-      ExpandedDot<R, 16, G0, NG>(e, x, isum);
+      ExpandedDot<R, 16, G0, NG>(e, x, lo);
+      ExpandedDot<R, 16, G0, NG>(e + 16 * kTile, xh, hi);
     } else {
       for (size_t i = 0; i < 16; i += 4) {
-        __m512i w[4];
-        MakeGroup(blk, u, half, i, w);
-        DotGroup<R, NG>(w + G0, x, i, isum);
+        __m512i wl[4], wh[4];
+        MakeGroups(blk, u, i, wl, wh);
+        DotGroup<R, NG>(wl + G0, x, i, lo);
+        DotGroup<R, NG>(wh + G0, xh, i, hi);
       }
     }
   }
@@ -534,13 +547,15 @@ struct AddedFormat {
       Zero(msum);
       for (size_t u = 0; u < kUnits; ++u) {
         const size_t k0 = kBlockK * b + 32 * u;
+        const int8_t* x[R];
+        for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + k0;
         if constexpr (kSub16) {
-          for (size_t half = 0; half < 2; ++half) {  // sub-block 2u + half
-            const int8_t* x[R];
-            for (size_t r = 0; r < R; ++r) x[r] = a.q + (row0 + r) * a.k + k0 + 16 * half;
-            __m512i sums[R][NG];
-            Zero(sums);
-            Dot16<R, kExpanded, G0, NG>(blk, eb + (32 * u + 16 * half) * kTile, u, half, x, sums);
+          __m512i both[2][R][NG];  // sub-blocks 2u and 2u + 1
+          Zero(both[0]);
+          Zero(both[1]);
+          Dot32<R, kExpanded, G0, NG>(blk, eb + 32 * u * kTile, u, x, both[0], both[1]);
+          for (size_t half = 0; half < 2; ++half) {
+            auto& sums = both[half];
             const size_t sub = 16 * b + 2 * u + half;
             for (size_t g = 0; g < NG; ++g) {
               const __m128i bytes = Group(blk + ((F == QuantFormat::kQ3_K ? 2 : 4) + 2 * u + half) * kTile, G0 + g);
@@ -562,16 +577,9 @@ struct AddedFormat {
             }
           }
         } else {
-          const int8_t* lo[R];
-          const int8_t* hi[R];
-          for (size_t r = 0; r < R; ++r) {
-            lo[r] = a.q + (row0 + r) * a.k + k0;
-            hi[r] = lo[r] + 16;
-          }
           __m512i isum[R][NG];
           Zero(isum);
-          Dot16<R, kExpanded, G0, NG>(blk, eb + 32 * u * kTile, u, 0, lo, isum);
-          Dot16<R, kExpanded, G0, NG>(blk, eb + (32 * u + 16) * kTile, u, 1, hi, isum);
+          Dot32<R, kExpanded, G0, NG>(blk, eb + 32 * u * kTile, u, x, isum, isum);
           const size_t sub = (kBlockK / 32) * b + u;
           for (size_t r = 0; r < R; ++r) {
             const __m512i off = _mm512_set1_epi32(kOffset * a.sum32[(row0 + r) * (a.k / 32) + sub]);
