@@ -68,6 +68,10 @@ def _parts(out: str, model: list[str], quick: bool) -> dict[str, list[str]]:
         "speculative_suffix": ["rvascend.bench.speculative", f"--output={out}/speculative.jsonl",
                                "--algorithm=SUFFIX"] + model
         + (["--output-len=16", "--rounds=1", "--batch=2"] if quick else []),
+        # Not in the default set: a draft model (the default model's own Q4_0) against its BF16 target.
+        "speculative_standalone": ["rvascend.bench.speculative", f"--output={out}/speculative.jsonl",
+                                   "--algorithm=STANDALONE"] + model
+        + (["--output-len=16", "--rounds=1", "--batch=2"] if quick else []),
         # Not in the default set: deterministic inference against the kernels' default gate and ATen.
         "deterministic": ["rvascend.bench.deterministic", f"--output={out}/deterministic.jsonl"] + model
         + (["--steps=4", "--rounds=1", "--prefill-len=64"] if quick else []),

@@ -1,7 +1,7 @@
-"""What n-gram speculative decoding gives (`./dev bench --parts=speculative`).
+"""What speculative decoding gives (`./dev bench --parts=speculative`).
 
-One engine with --speculative-algorithm NGRAM (or, --algorithm=SUFFIX, SUFFIX) and one
-without, on the same model,
+One engine with --speculative-algorithm NGRAM (or --algorithm=SUFFIX or STANDALONE) and
+one without, on the same model,
 timed side by side, alternating --rounds times (the median of each), at batch 1 and
 --batch. With a
 model that has a tokenizer (the default: SmolLM2-135M-Instruct, real weights) the
@@ -18,6 +18,15 @@ model's shape with verify kinds, e.g. `--shape=smollm2-135m --verify_drafts=1,2,
 the K1 projection: each step of the run priced at the counted cost of a step with its
 draft count (the calibrated board model, 4 and 8 threads), tokens over the summed time,
 beside the same for the run without drafts.
+
+STANDALONE (a draft model): the target is the model's file dequantized to BF16 and the
+draft its weights requantized to Q4_0 by llama.cpp's quantizer (--draft-model-path gives
+another), kept quantized: the same model drafting for itself from a quarter of the bytes.
+The default model ships as Q4_1 only, so the target's weights are Q4_1's values in BF16
+and the draft differs from them by Q4_0's rounding, as a BF16 model's own Q4_0 file would.
+Its K1 projection prices a step with k drafts as the target's verify step (mode full) plus
+the draft's pass over the kept tokens (priced as a Q4_0 verify step of k) and its further
+draft passes (Q4_0 decode steps): the counts need --modes=full,q4_0.
 """
 
 from __future__ import annotations
@@ -49,8 +58,11 @@ def _define_flags() -> None:
     flags.DEFINE_integer("output-len", 96, "Tokens generated per sequence, at most.")
     flags.DEFINE_integer("draft-tokens", 4, "--speculative-num-draft-tokens.")
     flags.DEFINE_integer("rounds", 5, "Runs of each engine, alternated (tok/s: their median).")
-    flags.DEFINE_enum("algorithm", "NGRAM", ["NGRAM", "SUFFIX"], "The drafts set against none. SUFFIX adds the "
-                      "task summarise_again: the summary asked for once more (its drafts can come from the first).")
+    flags.DEFINE_enum("algorithm", "NGRAM", ["NGRAM", "SUFFIX", "STANDALONE"], "The drafts set against none. "
+                      "SUFFIX adds the task summarise_again: the summary asked for once more (its drafts can come "
+                      "from the first). STANDALONE: a draft model (--draft-model-path).")
+    flags.DEFINE_string("draft-model-path", None, "STANDALONE's draft model (default: the model's file requantized "
+                        "to Q4_0 by llama.cpp's quantizer; the target is then the file dequantized to BF16).")
     flags.DEFINE_string("k1_counts", None, "riscv64_step jsonl with this model's decode and verifyK steps (mode "
                         "q4_0 if present, else full; context 512, one sequence): the K1 projection.")
     flags.DEFINE_string("output", "bench_results/speculative.jsonl", "jsonl file to append to.")
@@ -92,13 +104,13 @@ def _token_tasks(vocab: int, batch: int, output_len: int) -> dict[str, tuple[lis
 
 
 def _run(model, tokenizer, prompts, params, spec: bool, draft_tokens: int, algorithm: str = "NGRAM",
-         again: bool = False):
+         again: bool = False, draft=None):
     """(tok/s, outputs, stats, steps by draft count) of the decode after every first token;
     `again`: the same requests ran once before on the engine (untimed)."""
     engine = Engine(model, tokenizer, EngineConfig(
         max_total_tokens=len(prompts) * (len(prompts[0]) + params.max_tokens + 32) + 64,
         max_running_requests=len(prompts), speculative_algorithm=algorithm if spec else None,
-        speculative_num_draft_tokens=draft_tokens))
+        speculative_num_draft_tokens=draft_tokens), draft_model=draft if spec else None)
     if again:
         engine.generate(prompts, params)
     seqs = [engine.add_request(p, params) for p in prompts]
@@ -117,11 +129,12 @@ def _run(model, tokenizer, prompts, params, spec: bool, draft_tokens: int, algor
     return tokens / seconds, [s.output_ids for s in seqs], engine.stats(), engine.speculator.outcomes, steps, tokens
 
 
-def _k1_step_seconds(path: str) -> dict[int, dict[int, float]]:
-    """Per thread count, per draft count: a K1 step's seconds for one sequence at context 512."""
+def _k1_step_seconds(path: str, mode: str = "") -> dict[int, dict[int, float]]:
+    """Per thread count, per draft count: a K1 step's seconds for one sequence at context 512,
+    of `mode`'s counts (default: q4_0 if present, else full)."""
     records = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
     records = [r for r in records if r.get("bench") == "riscv64_step" and r["rows"] == 1 and r["context"] == 512]
-    mode = "q4_0" if any(r["mode"] == "q4_0" for r in records) else "full"
+    mode = mode or ("q4_0" if any(r["mode"] == "q4_0" for r in records) else "full")
     out: dict[int, dict[int, float]] = {4: {}, 8: {}}
     for r in records:
         if r["mode"] != mode or not (r["kind"] == "decode" or r["kind"].startswith("verify")):
@@ -145,18 +158,51 @@ def _k1_tok_s(seconds: dict[int, float], steps: collections.Counter, tokens: int
     return tokens / total
 
 
+def _with_draft_costs(target: dict[int, dict[int, float]], draft: dict[int, dict[int, float]], k: int
+                      ) -> dict[int, dict[int, float]]:
+    """STANDALONE's step with j drafts: the target's verify step of j, the draft model's pass over
+    the kept tokens and the drawn one (a verify step of j) and its k - 1 further passes (decode steps)."""
+    return {t: {j: target[t][j] + draft[t].get(j, draft[t][max(draft[t])]) + (k - 1) * draft[t][0]
+                for j in target[t]} for t in target}
+
+
+def _standalone_models(path: str, draft_path: str | None):
+    """(target, draft): the file dequantized to BF16, and `draft_path` (default: the file
+    requantized to Q4_0 by llama.cpp) kept quantized; both under deterministic inference."""
+    import tempfile
+
+    from rvascend.build import llama_cpp
+
+    if draft_path is None:
+        draft_path = llama_cpp.quantize(path, os.path.join(tempfile.mkdtemp(), "draft-q4_0.gguf"), "Q4_0")
+    target = load_model(path, torch.bfloat16, keep_quantized=False)
+    draft = load_model(draft_path, torch.bfloat16, keep_quantized=True)
+    for m in (target, draft):
+        install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    return target, draft
+
+
 def main(argv: list[str]) -> int:
     del argv
     path = FLAGS["model-path"].value or ensure_default_model()
-    model = load_model(path, torch.bfloat16, keep_quantized=True)
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    draft = None
+    if FLAGS.algorithm == "STANDALONE":
+        model, draft = _standalone_models(path, FLAGS["draft-model-path"].value)
+    else:
+        model = load_model(path, torch.bfloat16, keep_quantized=True)
+        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
     try:
         tokenizer = Tokenizer(path)
     except (OSError, ValueError):
         tokenizer = None
     if tokenizer is not None and not os.path.exists(PASSAGE_SOURCE):
         raise FileNotFoundError(f"{PASSAGE_SOURCE} (Debian's base-files) holds the passage the tasks are about")
-    k1 = _k1_step_seconds(FLAGS.k1_counts) if FLAGS.k1_counts else None
+    k1 = None
+    if FLAGS.k1_counts and FLAGS.algorithm == "STANDALONE":
+        plain_k1 = _k1_step_seconds(FLAGS.k1_counts, "full")
+        k1 = _with_draft_costs(plain_k1, _k1_step_seconds(FLAGS.k1_counts, "q4_0"), FLAGS["draft-tokens"].value)
+    elif FLAGS.k1_counts:
+        plain_k1 = k1 = _k1_step_seconds(FLAGS.k1_counts)
     records = []
     for batch in (1, FLAGS.batch):
         length = FLAGS["output-len"].value
@@ -170,7 +216,7 @@ def main(argv: list[str]) -> int:
             for _ in range(FLAGS.rounds):
                 for spec in (False, True):
                     run = _run(model, tokenizer, prompts, params, spec, FLAGS["draft-tokens"].value,
-                               FLAGS.algorithm, task.endswith("_again"))
+                               FLAGS.algorithm, task.endswith("_again"), draft)
                     speeds[spec].append(run[0])
                     runs[spec] = run
             if runs[True][1] != runs[False][1]:
@@ -191,7 +237,7 @@ def main(argv: list[str]) -> int:
                 plain_steps, plain_tokens = runs[False][4], runs[False][5]
                 for t in (4, 8):
                     record[f"k1_speedup_{t}t"] = (_k1_tok_s(k1[t], steps, tokens) /
-                                                  _k1_tok_s(k1[t], plain_steps, plain_tokens))
+                                                  _k1_tok_s(plain_k1[t], plain_steps, plain_tokens))
             records.append(record)
             logging.info("%s, batch %d: %.1f -> %.1f tok/s, acceptance lengths %s", task, batch, plain, spec,
                          record["acceptance_lengths"])

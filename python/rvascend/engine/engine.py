@@ -54,6 +54,7 @@ from rvascend.engine.request_validation import RequestError, validate_request
 from rvascend.engine.scheduler import Scheduler, cacheable
 from rvascend.engine.sequence import Output, SamplingParams, Sequence, Status
 from rvascend.engine.speculation import Speculator
+from rvascend.engine.standalone_draft import DraftModel
 from rvascend.models.decoder import CausalLM
 from rvascend.models.state_pool import RecurrentStatePool
 from rvascend.tokenizer.detokenizer import IncrementalDetokenizer
@@ -81,7 +82,8 @@ class EngineConfig:
     mamba_track_interval: int = 512
     # Speculative decoding (SGLang's flags): "NGRAM" drafts up to num_draft_tokens tokens per
     # sequence from its own prompt and output (engine/ngram_draft.py), "NEXTN" with the
-    # model's MTP head (engine/mtp_draft.py; Qwen3.5 loaded with it); None: off.
+    # model's MTP head (engine/mtp_draft.py; Qwen3.5 loaded with it), "STANDALONE" with a
+    # draft model given to the Engine (engine/standalone_draft.py); None: off.
     speculative_algorithm: Optional[str] = None
     speculative_num_draft_tokens: int = 4
     speculative_ngram_min_match_window_size: int = 2
@@ -99,7 +101,8 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, model: CausalLM, tokenizer: Optional[Tokenizer], config: EngineConfig = EngineConfig()) -> None:
+    def __init__(self, model: CausalLM, tokenizer: Optional[Tokenizer], config: EngineConfig = EngineConfig(),
+                 draft_model: Optional[CausalLM] = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -109,7 +112,9 @@ class Engine:
                                      config.speculative_ngram_min_match_window_size,
                                      config.speculative_ngram_max_match_window_size,
                                      getattr(model, "mtp", None) is not None, model.config.architecture,
-                                     config.speculative_suffix_cache_tokens)
+                                     config.speculative_suffix_cache_tokens,
+                                     DraftModel(draft_model, model, config.max_total_tokens)
+                                     if draft_model is not None else None)
         hybrid = model.config.linear_attention is not None
         # Per sequence: the state slot read, and one written per token a step keeps the states after.
         state_slots_each = 2 + self.speculator.slots_per_sequence
@@ -356,8 +361,8 @@ class Engine:
         """The forward pass, every row's sampling and the MTP head's next drafts, into the
         plan; nothing is committed."""
         self.runner.run(plan, self._grammars, self.eos_ids)
-        self.speculator.mtp_drafts(self.model, self.runner.pool, plan, self.context_length, self._lend,
-                                   self._give_back)
+        self.speculator.model_drafts(self.model, self.runner.pool, plan, self.context_length, self._lend,
+                                     self._give_back)
 
     def _lend(self, n: int) -> list[int]:
         """Free K/V slots for the MTP head's further drafts, given back within the step."""

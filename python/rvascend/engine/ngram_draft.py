@@ -99,6 +99,13 @@ class DraftBudget:
             return 0
         return min(self.max_tokens, self.size)
 
+    def after(self, proposed: int, accepted: int) -> int:
+        """The length next_k will give once this step's draft is recorded, changing nothing (a
+        draft model drafts that many for the next step, not more)."""
+        ahead = dataclasses.replace(self)
+        ahead.record(proposed, accepted)
+        return ahead.next_k()
+
     def record(self, proposed: int, accepted: int) -> None:
         if proposed <= 0:
             return

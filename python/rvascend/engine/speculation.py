@@ -1,8 +1,9 @@
 """Speculative decoding's engine side: what each sequence drafts for a step, the MTP
 head's drafts for the next, and how the drafts did.
 
-The drafters are engine/ngram_draft.py (NGRAM: the request's own text) and
-engine/mtp_draft.py (NEXTN: Qwen3.5's MTP head). A decode row verifies its drafts in
+The drafters are engine/ngram_draft.py (NGRAM: the request's own text),
+engine/suffix_draft.py (SUFFIX: recent requests' text too), engine/mtp_draft.py (NEXTN:
+Qwen3.5's MTP head) and engine/standalone_draft.py (STANDALONE: a draft model). A decode row verifies its drafts in
 the same forward pass (model_runner.py samples every drafted position as decoding
 would, so the output is exactly decoding's); the step's commit (engine.py) keeps the
 run the target accepted and records it here.
@@ -19,21 +20,29 @@ from rvascend.engine import mtp_draft
 from rvascend.engine.model_runner import Plan, Row
 from rvascend.engine.ngram_draft import DraftBudget, NgramIndex
 from rvascend.engine.sequence import Sequence
+from rvascend.engine.standalone_draft import DraftModel
 from rvascend.engine.suffix_draft import SuffixCorpus
 
-ALGORITHMS = ("NGRAM", "SUFFIX", "NEXTN")
+ALGORITHMS = ("NGRAM", "SUFFIX", "NEXTN", "STANDALONE")
+# The algorithms whose drafts a model makes after each step, for the next one (seq.mtp_draft).
+MODEL_DRAFTED = ("NEXTN", "STANDALONE")
 
 
 class Speculator:
     """One engine's drafting (None algorithm: off) and its acceptance counts."""
 
     def __init__(self, algorithm: Optional[str], num_draft_tokens: int, ngram_min_window: int,
-                 ngram_max_window: int, has_mtp: bool, architecture: str, suffix_tokens: int = 1 << 16) -> None:
+                 ngram_max_window: int, has_mtp: bool, architecture: str, suffix_tokens: int = 1 << 16,
+                 draft_model: Optional[DraftModel] = None) -> None:
         if algorithm not in (None, *ALGORITHMS):
             raise ValueError(f"--speculative-algorithm {algorithm!r} is not supported ({', '.join(ALGORITHMS)})")
         if algorithm == "NEXTN" and not has_mtp:
             raise ValueError(f"--speculative-algorithm NEXTN drafts with the checkpoint's MTP head, and this "
                              f"{architecture} model was loaded without one (load_model(..., mtp=True))")
+        if (algorithm == "STANDALONE") != (draft_model is not None):
+            raise ValueError("--speculative-algorithm STANDALONE drafts with --speculative-draft-model-path, and "
+                             "only it does: give both or neither")
+        self.draft_model = draft_model
         if algorithm is not None and not 1 <= num_draft_tokens <= 16:
             raise ValueError("--speculative-num-draft-tokens must be 1 to 16")
         if not 1 <= ngram_min_window <= ngram_max_window:
@@ -63,11 +72,11 @@ class Speculator:
             return seq.draft
         if seq.draft_budget is None:
             seq.draft_budget = DraftBudget(self.num_draft_tokens)
-            if self.algorithm != "NEXTN":
+            if self.algorithm not in MODEL_DRAFTED:
                 seq.ngram = NgramIndex(*self._windows)
         k = min(seq.draft_budget.next_k(), room)
         if k > 0:
-            if self.algorithm == "NEXTN":
+            if self.algorithm in MODEL_DRAFTED:
                 seq.draft = seq.mtp_draft[:k]
             elif self.corpus is None:
                 seq.draft = seq.ngram.propose(seq.prompt_ids, seq.output_ids, k)
@@ -103,10 +112,13 @@ class Speculator:
         self.accepted += accepted
         self.outcomes[(row.drafts, accepted)] += 1
 
-    def mtp_drafts(self, model, pool, plan: Plan, context_length: int,
-                   lend: Callable[[int], list[int]], give_back: Callable[[list[int]], None]) -> None:
-        """NEXTN: the MTP head's extend pass over this step's kept positions and its drafts for
-        the sequences' next steps (engine/mtp_draft.py), into the rows; nothing is committed."""
+    def model_drafts(self, model, pool, plan: Plan, context_length: int,
+                     lend: Callable[[int], list[int]], give_back: Callable[[list[int]], None]) -> None:
+        """NEXTN and STANDALONE: the drafting model's pass over this step's kept positions and
+        its drafts for the sequences' next steps, into the rows; nothing is committed."""
+        if self.algorithm == "STANDALONE":
+            self.draft_model.draft(plan.rows, self.num_draft_tokens, context_length, lend, give_back)
+            return
         if self.algorithm != "NEXTN":
             return
         rows, mtp_rows, start = [], [], 0

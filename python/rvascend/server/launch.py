@@ -125,6 +125,7 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
 
         qwen3_5_mtp.restrict_draft_vocab(model, qwen3_5_mtp.read_token_map(opts.speculative_token_map))
     tokenizer = Tokenizer(path)
+    draft = _draft_model(opts, tokenizer)
     if tokenizer.chat_template is not None:
         try:
             tokenizer.chat_template.probe()
@@ -150,6 +151,8 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
                          "the FP32 Linear" if opts.dtype == "float32" else "packed, the invariant shape gate")
         report = install_rvv_policy(model, config)
         policy = get_policy(model)
+        if draft is not None:
+            install_rvv_policy(draft, config)
         if config.drop_unpacked:
             logging.info("weights: the packed copies (%.1f MiB) replace the row-major weights, which were freed",
                          report.packed_bytes / 2**20)
@@ -177,11 +180,27 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
     chunk = default_chunked_prefill_size() if opts.chunked_prefill_size is None else opts.chunked_prefill_size
     logging.info("chunked prefill: %s", f"{chunk} prompt tokens per step" if chunk > 0 else "whole prompts")
     engine = Engine(model, tokenizer, server_args.engine_config(opts, max_total_tokens=tokens,
-                                                                 chunked_prefill_size=chunk))
+                                                                 chunked_prefill_size=chunk), draft_model=draft)
     allocator.keep_step_buffers()  # the weights are in place
     if policy is not None and policy.regional is not None:
         _compile_before_serving(engine, policy)
     return engine, name, policy
+
+
+def _draft_model(opts: ServerArgs, tokenizer: Tokenizer):
+    """STANDALONE's draft model (None for the other algorithms), loaded as the target is (a
+    GGUF's quantized matrices kept with the kernels on); its tokenizer must be the target's."""
+    if (opts.speculative_algorithm == "STANDALONE") != bool(opts.speculative_draft_model_path):
+        raise ValueError("--speculative-algorithm STANDALONE drafts with --speculative-draft-model-path, and only "
+                         "it does: give both or neither")
+    if not opts.speculative_draft_model_path:
+        return None
+    from rvascend.engine.standalone_draft import check_tokenizers
+
+    path = opts.speculative_draft_model_path
+    check_tokenizers(tokenizer.tokenizer_json, Tokenizer(path).tokenizer_json, path)
+    logging.info("draft model: %s", path)
+    return load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_kernels)
 
 
 def _check_host_tier(gib: float, pool_bytes: int) -> None:

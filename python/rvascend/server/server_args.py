@@ -110,8 +110,13 @@ class ServerArgs:
     speculative_algorithm: Optional[str] = _arg(
         _ENGINE.speculative_algorithm, "Speculative decoding: NGRAM drafts tokens from the request's own prompt "
         "and output, SUFFIX from those or from recent requests of the same API key (the longer match), NEXTN with a Qwen3.5 "
-        "checkpoint's MTP head; one step verifies them (the output is exactly what decoding without drafts "
-        "gives); default: off.", ("NGRAM", "SUFFIX", "NEXTN"))
+        "checkpoint's MTP head, STANDALONE with a draft model (--speculative-draft-model-path); one step verifies "
+        "them (the output is exactly what decoding without drafts gives); default: off.",
+        ("NGRAM", "SUFFIX", "NEXTN", "STANDALONE"))
+    speculative_draft_model_path: Optional[str] = _arg(
+        None, "STANDALONE: the draft model, a checkpoint directory or GGUF file with the target's tokenizer and "
+        "vocabulary, attention-only (e.g. the target's own weights in a smaller GGUF format); it runs beside the "
+        "target with its own K/V pool of the target's size.")
     speculative_num_draft_tokens: int = _arg(_ENGINE.speculative_num_draft_tokens,
                                              "Draft tokens per sequence and step, at most.")
     speculative_token_map: Optional[str] = _arg(

@@ -13,6 +13,11 @@ import openai
 import psutil
 import pytest
 
+from rvascend.engine.random_model import ensure_random_model
+from rvascend.models import default_model
+from rvascend.policy import get_policy
+from rvascend.server.launch import build_engine
+from rvascend.server.server_args import ServerArgs
 from rvascend.server.testing import API_KEY, Server
 
 
@@ -265,3 +270,31 @@ def test_suffix_drafts_are_kept_per_api_key():
         assert owner == hashlib.sha256(API_KEY.encode()).hexdigest() and tokens[:32] == [5, 6, 7, 8] * 8
     finally:
         s.stop()
+
+
+def test_a_draft_model_drafts_for_the_target():
+    """--speculative-algorithm STANDALONE --speculative-draft-model-path: the target's own
+    checkpoint as its draft (the policy installed on both): the answer is the target's, every
+    draft taken; a draft path without the algorithm, or a tokenizer not the target's, is refused."""
+    plain = Server()
+    try:
+        body = {"model": plain.name, "prompt": [5, 9, 300, 41], "max_tokens": 12, "temperature": 0,
+                "ignore_eos": True}
+        want = plain.http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    finally:
+        plain.stop()
+    s = Server(speculative_algorithm="STANDALONE", speculative_draft_model_path=ensure_random_model())
+    try:
+        r = s.http.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want
+        spec = s.engine.speculator
+        assert spec.drafted > 0 and spec.accepted == spec.drafted
+        assert get_policy(spec.draft_model.model) is not None
+    finally:
+        s.stop()
+    with pytest.raises(ValueError, match="give both or neither"):
+        build_engine(ServerArgs(model_path=ensure_random_model(), speculative_draft_model_path=ensure_random_model()))
+    with pytest.raises(ValueError, match="tokenizer is not the target's"):
+        build_engine(ServerArgs(model_path=ensure_random_model(), speculative_algorithm="STANDALONE",
+                                speculative_draft_model_path=default_model.ensure_default_model()))

@@ -1,0 +1,107 @@
+"""STANDALONE speculative decoding (a draft model): the output is exactly the target's
+without drafts (greedy, and seeded sampling) whatever the draft model is; a draft model
+with the target's weights has its drafts accepted; its pool follows the target's slot
+for slot, so a prompt served from the prefix cache drafts as well as a fresh one; lent
+slots all come back; a draft model that cannot draft for the target is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine.random_model import ensure_random_model
+from rvascend.engine.standalone_draft import check_tokenizers
+from rvascend.engine.testing import TINY_QWEN3_5, write_random_checkpoint
+from rvascend.models.loader import load_model
+from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+
+PROMPTS = [[3, 17, 99, 250, 4, 8], [7] * 5 + [300, 301, 302], list(range(40, 90))]
+# A smaller Llama of the random model's vocabulary, other weights: drafts mostly rejected.
+OTHER = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+         "vocab_size": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+         "tie_word_embeddings": True, "eos_token_id": 1}
+
+
+def _deterministic(path: str):
+    model = load_model(path, torch.bfloat16)
+    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    return model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return _deterministic(ensure_random_model())
+
+
+@pytest.fixture(scope="module")
+def twin():
+    return _deterministic(ensure_random_model())  # the target's weights, loaded again
+
+
+@pytest.fixture(scope="module")
+def other():
+    return _deterministic(write_random_checkpoint(OTHER))
+
+
+def _run(target, draft, prompts, params, k=4):
+    config = EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE" if draft else None,
+                          speculative_num_draft_tokens=k)
+    engine = Engine(target, None, config, draft_model=draft)
+    seqs = engine.generate(prompts, params)
+    return engine, [s.output_ids for s in seqs]
+
+
+@pytest.mark.parametrize("which", ["twin", "other"])
+def test_greedy_output_is_the_targets(target, twin, other, which):
+    draft = twin if which == "twin" else other
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    _, plain = _run(target, None, PROMPTS, params)
+    engine, spec = _run(target, draft, PROMPTS, params)
+    assert spec == plain
+    spec_stats = engine.speculator
+    assert spec_stats.drafted > 0
+    if which == "twin":  # the target drafting for itself: every draft is the target's own choice
+        assert spec_stats.accepted == spec_stats.drafted
+    # Nothing lent or drafted is kept: once the requests are done and the prefix cache is
+    # flushed, every slot of the pool is free.
+    assert engine.flush_cache()
+    assert sorted(engine.scheduler.free_slots) == list(range(2048))
+
+
+def test_seeded_sampling_draws_the_same(target, twin):
+    params = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=1234, ignore_eos=True)
+    assert _run(target, twin, PROMPTS, params)[1] == _run(target, None, PROMPTS, params)[1]
+
+
+def test_a_cached_prefix_drafts_as_well_as_a_fresh_one(target, twin):
+    """The second request's prompt comes from the prefix cache: the draft's pool holds it too
+    (written slot for slot when the first request ran), so its drafts are all taken."""
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    engine = Engine(target, None, EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE"),
+                    draft_model=twin)
+    prompt = list(range(100, 180))
+    first = engine.generate([prompt], params)[0]
+    before = (engine.speculator.drafted, engine.speculator.accepted)
+    second = engine.generate([prompt + [5, 6]], params)[0]
+    assert second.cached_tokens >= 64
+    drafted, accepted = engine.speculator.drafted - before[0], engine.speculator.accepted - before[1]
+    assert drafted > 0 and accepted == drafted
+    assert first.output_ids == _run(target, None, [prompt], params)[1][0]
+
+
+def test_a_draft_that_cannot_draft_is_refused(target):
+    params = EngineConfig(max_total_tokens=256, speculative_algorithm="STANDALONE")
+    smaller_vocab = _deterministic(write_random_checkpoint(dict(OTHER, vocab_size=1024)))
+    with pytest.raises(ValueError, match=r"vocabulary \(1024 tokens\) is not the target's \(2048\)"):
+        Engine(target, None, params, draft_model=smaller_vocab)
+    hybrid = load_model(write_random_checkpoint(dict(TINY_QWEN3_5, vocab_size=2048)), torch.float32)
+    with pytest.raises(ValueError, match="recurrent layers"):
+        Engine(target, None, params, draft_model=hybrid)
+    with pytest.raises(ValueError, match="STANDALONE drafts with --speculative-draft-model-path"):
+        Engine(target, None, params)
+    with pytest.raises(ValueError, match="give both or neither"):
+        Engine(target, None, EngineConfig(max_total_tokens=256), draft_model=target)
+    with pytest.raises(ValueError, match="tokenizer is not the target's"):
+        check_tokenizers('{"a": 1}', '{"a": 2}', "draft.gguf")
