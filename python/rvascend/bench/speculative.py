@@ -25,8 +25,8 @@ another), kept quantized: the same model drafting for itself from a quarter of t
 The default model ships as Q4_1 only, so the target's weights are Q4_1's values in BF16
 and the draft differs from them by Q4_0's rounding, as a BF16 model's own Q4_0 file would.
 Its K1 projection prices a step with k drafts as the target's verify step (mode full) plus
-the draft's pass over the kept tokens (priced as a Q4_0 verify step of k) and its further
-draft passes (Q4_0 decode steps): the counts need --modes=full,q4_0.
+the draft's pass over the kept tokens (priced as a Q4_0 verify step of k) and its k - 1
+further draft passes (Q4_0 decode steps): the counts need --modes=full,q4_0.
 """
 
 from __future__ import annotations
@@ -158,11 +158,12 @@ def _k1_tok_s(seconds: dict[int, float], steps: collections.Counter, tokens: int
     return tokens / total
 
 
-def _with_draft_costs(target: dict[int, dict[int, float]], draft: dict[int, dict[int, float]], k: int
+def _with_draft_costs(target: dict[int, dict[int, float]], draft: dict[int, dict[int, float]]
                       ) -> dict[int, dict[int, float]]:
     """STANDALONE's step with j drafts: the target's verify step of j, the draft model's pass over
-    the kept tokens and the drawn one (a verify step of j) and its k - 1 further passes (decode steps)."""
-    return {t: {j: target[t][j] + draft[t].get(j, draft[t][max(draft[t])]) + (k - 1) * draft[t][0]
+    the kept tokens and the drawn one (priced as its verify step of j) and its further passes for
+    the next step's drafts (as many as this step's, less one: decode steps)."""
+    return {t: {j: target[t][j] + draft[t].get(j, draft[t][max(draft[t])]) + max(j - 1, 0) * draft[t][0]
                 for j in target[t]} for t in target}
 
 
@@ -200,7 +201,7 @@ def main(argv: list[str]) -> int:
     k1 = None
     if FLAGS.k1_counts and FLAGS.algorithm == "STANDALONE":
         plain_k1 = _k1_step_seconds(FLAGS.k1_counts, "full")
-        k1 = _with_draft_costs(plain_k1, _k1_step_seconds(FLAGS.k1_counts, "q4_0"), FLAGS["draft-tokens"].value)
+        k1 = _with_draft_costs(plain_k1, _k1_step_seconds(FLAGS.k1_counts, "q4_0"))
     elif FLAGS.k1_counts:
         plain_k1 = k1 = _k1_step_seconds(FLAGS.k1_counts)
     records = []

@@ -365,7 +365,7 @@ class Engine:
                                      self._give_back)
 
     def _lend(self, n: int) -> list[int]:
-        """Free K/V slots for the MTP head's further drafts, given back within the step."""
+        """Free K/V slots for a drafting model's drafts (NEXTN, STANDALONE), given back within the step."""
         with self.scheduler.lock:
             return self.scheduler.lend(n)
 

@@ -46,7 +46,7 @@ class Row:
     sampled: list[sampler.Sampled] = dataclasses.field(default_factory=list)  # one, or the accepted run
     error: Optional[str] = None
     appended: int = 0             # of `sampled`, the tokens the commit appended (an end drops the rest)
-    next_draft: Optional[list[int]] = None  # NEXTN: the MTP head's draft for its next step
+    next_draft: Optional[list[int]] = None  # NEXTN, STANDALONE: the drafting model's draft for its next step
 
 
 @dataclasses.dataclass

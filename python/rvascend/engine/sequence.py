@@ -112,7 +112,7 @@ class Sequence:
         # Speculative decoding (engine/ngram_draft.py): this step's draft, the n-gram index of
         # its tokens and how many it drafts next.
         self.draft: list[int] = []
-        self.mtp_draft: list[int] = []  # NEXTN: the MTP head's draft for the next step
+        self.mtp_draft: list[int] = []  # NEXTN, STANDALONE: the drafting model's draft for the next step
         self.ngram = None
         self.draft_budget = None
         self.grammar_active = not params.grammar_after  # the grammar holds from the next token on

@@ -15,6 +15,7 @@ import collections
 from typing import Callable, Optional
 
 import torch
+from absl import logging
 
 from rvascend.engine import mtp_draft
 from rvascend.engine.model_runner import Plan, Row
@@ -117,7 +118,14 @@ class Speculator:
         """NEXTN and STANDALONE: the drafting model's pass over this step's kept positions and
         its drafts for the sequences' next steps, into the rows; nothing is committed."""
         if self.algorithm == "STANDALONE":
-            self.draft_model.draft(plan.rows, self.num_draft_tokens, context_length, lend, give_back)
+            try:
+                self.draft_model.draft(plan.rows, self.num_draft_tokens, context_length, lend, give_back)
+            except Exception as e:  # noqa: BLE001 - drafts are proposals: the step goes on without them
+                logging.log_every_n_seconds(logging.WARNING, "the draft model's pass failed (%s: %s): this step "
+                                            "drafts nothing", 60, type(e).__name__, e)
+                for row in plan.rows:
+                    if row.next_draft is not None:
+                        row.next_draft = []
             return
         if self.algorithm != "NEXTN":
             return

@@ -20,7 +20,7 @@ are worse (never wrong).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 from absl import logging
@@ -70,16 +70,19 @@ class DraftModel:
             # k, none past the context's end.
             budget = seq.draft_budget
             want = 1 if budget is None else budget.after(row.drafts, len(row.sampled) - 1 if row.drafts else 0)
-            want = min(want, k, limit - (start + len(tokens)))
-            items.append((row, tokens, start, kept, drawn if want > 0 else None, max(want, 0)))
+            want = max(0, min(want, k, limit - (start + len(tokens)))) if drawn is not None else 0
+            if drawn is not None:
+                row.next_draft = []  # whatever happens below, never the last step's draft again
+            items.append([row, tokens, start, kept, drawn, want])
         if not items:
             return
-        drafting = [i for i, item in enumerate(items) if item[4] is not None]
-        need = sum(items[i][5] for i in drafting)
-        lent = lend(need) if drafting else []
-        if len(lent) < need:  # no room for the drafts: the kept positions still go in
-            give_back(lent)
-            drafting, lent = [], []
+        wanted = [i for i, item in enumerate(items) if item[5] > 0]
+        lent = lend(sum(items[i][5] for i in wanted)) if wanted else []
+        left = len(lent)  # too few free slots: the first rows draft, as many as there are
+        for i in wanted:
+            items[i][5] = min(items[i][5], left)
+            left -= items[i][5]
+        drafting = [i for i in wanted if items[i][5] > 0]
         try:
             self._run(items, drafting, lent)
         finally:
@@ -91,7 +94,7 @@ class DraftModel:
             mine[i], at = lent[at:at + items[i][5]], at + items[i][5]
         ids, positions, new_lens, prefix_lens, kv_slots, write, logit_rows = [], [], [], [], [], [], []
         for i, (row, tokens, start, kept, drawn, _) in enumerate(items):
-            extra = [drawn] if i in mine else []
+            extra = [drawn] if i in mine else []  # only a drafting row runs the drawn token
             slots = kept + mine[i][:1] if i in mine else kept
             ids.extend(tokens + extra)
             positions.extend(range(start, start + len(tokens) + len(extra)))
@@ -123,8 +126,12 @@ class DraftModel:
             items[i][0].next_draft = tokens
 
 
-def check_tokenizers(target_json: Optional[str], draft_json: Optional[str], draft_path: str) -> None:
-    """A draft model must tokenize as the target does: the same tokenizer.json, or refused."""
-    if target_json != draft_json:
+def check_tokenizers(target, draft, draft_path: str) -> None:
+    """A draft model must tokenize as the target does (tokenizer/tokenizer.py's Tokenizers): the
+    same vocabulary, added tokens included, and the same special tokens; refused otherwise.
+    (Compared as data: a GGUF's tokenizer and the same one in a directory differ as text.)"""
+    def what(tok):
+        return (tok._tok.get_vocab(with_added_tokens=True), tok.bos_token, tok.eos_token)
+    if what(target) != what(draft):
         raise ValueError(f"--speculative-draft-model-path {draft_path}: its tokenizer is not the target's (a draft "
                          "token id must be the same text in both models)")

@@ -6,6 +6,9 @@ slots all come back; a draft model that cannot draft for the target is refused b
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import torch
 
@@ -13,8 +16,10 @@ from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.engine.standalone_draft import check_tokenizers
 from rvascend.engine.testing import TINY_QWEN3_5, write_random_checkpoint
+from rvascend.models import default_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.tokenizer.tokenizer import Tokenizer
 
 PROMPTS = [[3, 17, 99, 250, 4, 8], [7] * 5 + [300, 301, 302], list(range(40, 90))]
 # A smaller Llama of the random model's vocabulary, other weights: drafts mostly rejected.
@@ -103,5 +108,58 @@ def test_a_draft_that_cannot_draft_is_refused(target):
         Engine(target, None, params)
     with pytest.raises(ValueError, match="give both or neither"):
         Engine(target, None, EngineConfig(max_total_tokens=256), draft_model=target)
+
+
+
+def test_tokenizers_are_compared_as_data(tmp_path):
+    """The same tokenizer written another way (re-indented, as a directory beside a GGUF's)
+    drafts; another vocabulary is refused."""
+    source = ensure_random_model()
+    target = Tokenizer(source)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        with open(os.path.join(source, name)) as f:
+            data = json.load(f)
+        with open(tmp_path / name, "w") as f:
+            json.dump(data, f, indent=7 if name == "tokenizer.json" else None)
+    same = Tokenizer(str(tmp_path))
+    assert same.tokenizer_json != target.tokenizer_json
+    check_tokenizers(target, same, str(tmp_path))
     with pytest.raises(ValueError, match="tokenizer is not the target's"):
-        check_tokenizers('{"a": 1}', '{"a": 2}', "draft.gguf")
+        check_tokenizers(target, Tokenizer(default_model.ensure_default_model()), "draft.gguf")
+
+
+def test_a_full_pool_drafts_for_as_many_rows_as_it_can(target, twin):
+    """With too few free slots for every row's drafts, the first rows draft (the pool is
+    nearly full); the output stays the target's and every slot comes back."""
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    prompts = [list(range(10 * i, 10 * i + 60)) for i in range(4)]
+    _, plain = _run(target, None, prompts, params)
+    engine = Engine(target, None, EngineConfig(max_total_tokens=404, speculative_algorithm="STANDALONE",
+                                               disable_radix_cache=True), draft_model=twin)
+    lend, asked = engine.scheduler.lend, []
+    engine.scheduler.lend = lambda n: asked.append((n, len(got := lend(n)))) or got
+    assert [s.output_ids for s in engine.generate(prompts, params)] == plain
+    assert any(0 < given < n for n, given in asked)  # short, and still drafting
+    assert engine.speculator.accepted == engine.speculator.drafted > 0
+    assert sorted(engine.scheduler.free_slots) == list(range(404))
+
+
+def test_a_failing_draft_model_fails_no_request(target, twin, monkeypatch):
+    """Drafts are proposals: a draft model that raises leaves the step to decode without them."""
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    _, plain = _run(target, None, PROMPTS, params)
+    engine = Engine(target, None, EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE"),
+                    draft_model=twin)
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:
+            raise RuntimeError("draft broken")
+        return original(*args, **kwargs)
+
+    original = engine.speculator.draft_model.draft
+    monkeypatch.setattr(engine.speculator.draft_model, "draft", broken)
+    assert [s.output_ids for s in engine.generate(PROMPTS, params)] == plain
+    assert len(calls) > 3
+    assert engine.flush_cache() and sorted(engine.scheduler.free_slots) == list(range(2048))

@@ -171,12 +171,14 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
                 "N, K >= %d, BF16" % shape_gate.MIN_FEATURES if policy.shape_gate == "bucketed"
                 else "where the packed kernel measured cheaper")
     tokens = opts.max_total_tokens
+    # A draft model's pool has as many slots as the target's.
+    per_token = sum(KVPool.bytes_per_token(m.config, _DTYPES[opts.dtype]) for m in (model, draft) if m is not None)
     if tokens is None:
-        per_token = KVPool.bytes_per_token(model.config, _DTYPES[opts.dtype])
         tokens = int(min(_KV_MAX_DEFAULT_TOKENS, psutil.virtual_memory().available * _KV_MEMORY_FRACTION // per_token))
-        logging.info("KV pool: %d tokens (%.1f MiB)", tokens, tokens * per_token / 2**20)
+        logging.info("KV pool: %d tokens (%.1f MiB%s)", tokens, tokens * per_token / 2**20,
+                     ", the draft model's pool included" if draft is not None else "")
     if opts.enable_hierarchical_cache:
-        _check_host_tier(opts.hicache_size, tokens * KVPool.bytes_per_token(model.config, _DTYPES[opts.dtype]))
+        _check_host_tier(opts.hicache_size, tokens * per_token)
     chunk = default_chunked_prefill_size() if opts.chunked_prefill_size is None else opts.chunked_prefill_size
     logging.info("chunked prefill: %s", f"{chunk} prompt tokens per step" if chunk > 0 else "whole prompts")
     engine = Engine(model, tokenizer, server_args.engine_config(opts, max_total_tokens=tokens,
@@ -198,7 +200,7 @@ def _draft_model(opts: ServerArgs, tokenizer: Tokenizer):
     from rvascend.engine.standalone_draft import check_tokenizers
 
     path = opts.speculative_draft_model_path
-    check_tokenizers(tokenizer.tokenizer_json, Tokenizer(path).tokenizer_json, path)
+    check_tokenizers(tokenizer, Tokenizer(path), path)
     logging.info("draft model: %s", path)
     return load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_kernels)
 
