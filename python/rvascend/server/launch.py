@@ -131,45 +131,7 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
             tokenizer.chat_template.probe()
         except ChatTemplateError as e:
             raise ValueError(f"{name}'s chat template cannot serve a chat: {e}") from None
-    policy = None
-    if kernels:
-        # Without a C++ compiler for Inductor (a board, the riscv64 image) the
-        # policy itself falls back to eager routes, logged and counted. Deterministic
-        # inference runs eagerly (RvvPolicyConfig.compiles_regionally).
-        deterministic = opts.enable_deterministic_inference
-        # Under deterministic inference every packed projection runs its packed copy at every
-        # row count, so the row-major weight beside it would only double the weights' memory
-        # (and shrink the KV pool sized after them): the packed copy becomes the weight.
-        config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib,
-                                           compile_mode=opts.cpu_compile_mode,
-                                           shape_gate=opts.cpu_rvv_shape_gate,
-                                           drop_unpacked=opts.cpu_rvv_drop_unpacked or deterministic,
-                                           deterministic=deterministic)
-        if deterministic:
-            logging.info("deterministic inference: every projection on an invariant kernel at every row count "
-                         "(%s), attention on the kernel at every length, eager routes",
-                         "the FP32 Linear" if opts.dtype == "float32" else "packed, the invariant shape gate")
-        report = install_rvv_policy(model, config)
-        policy = get_policy(model)
-        if draft is not None:
-            install_rvv_policy(draft, config)
-        if config.drop_unpacked:
-            logging.info("weights: the packed copies (%.1f MiB) replace the row-major weights, which were freed",
-                         report.packed_bytes / 2**20)
-        row_major = [p for p in report.not_packed if p[2] != "fp32_kernel"]
-        if deterministic and row_major:
-            logging.warning("deterministic inference: %d projection(s) left unpacked (%s) run F.linear, whose sums "
-                            "depend on the row count: their rows are not batch-invariant (a larger "
-                            "--cpu-rvv-memory-budget-mib packs them)", len(row_major),
-                            ", ".join(sorted({reason for _, _, reason in row_major})))
-        if row_major and not report.packed and not any(getattr(r, "quantized", False) for r in policy.routes.values()):
-            reasons = sorted({reason for _, _, reason in row_major})
-            logging.warning(
-                "the RVV policy packed none of %s's Linears (%s; the %s shape gate: %s): they run through F.linear; "
-                "the attention and elementwise kernels still apply. /metrics' rvascend_rvv_projection_calls_total "
-                "shows the route of every call", name, ", ".join(reasons), policy.shape_gate,
-                "N, K >= %d, BF16" % shape_gate.MIN_FEATURES if policy.shape_gate == "bucketed"
-                else "where the packed kernel measured cheaper")
+    policy = _install_kernels(opts, name, model, draft) if kernels else None
     tokens = opts.max_total_tokens
     # A draft model's pool has as many slots as the target's.
     per_token = sum(KVPool.bytes_per_token(m.config, _DTYPES[opts.dtype]) for m in (model, draft) if m is not None)
@@ -187,6 +149,49 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
     if policy is not None and policy.regional is not None:
         _compile_before_serving(engine, policy)
     return engine, name, policy
+
+
+def _install_kernels(opts: ServerArgs, name: str, model, draft) -> RvvPolicy:
+    """The kernels' policy, installed on the model (and a STANDALONE draft model) as the flags
+    ask; the log says what it packed and, under deterministic inference, what it could not."""
+    # Without a C++ compiler for Inductor (a board, the riscv64 image) the
+    # policy itself falls back to eager routes, logged and counted. Deterministic
+    # inference runs eagerly (RvvPolicyConfig.compiles_regionally).
+    deterministic = opts.enable_deterministic_inference
+    # Under deterministic inference every packed projection runs its packed copy at every
+    # row count, so the row-major weight beside it would only double the weights' memory
+    # (and shrink the KV pool sized after them): the packed copy becomes the weight.
+    config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib,
+                                       compile_mode=opts.cpu_compile_mode,
+                                       shape_gate=opts.cpu_rvv_shape_gate,
+                                       drop_unpacked=opts.cpu_rvv_drop_unpacked or deterministic,
+                                       deterministic=deterministic)
+    if deterministic:
+        logging.info("deterministic inference: every projection on an invariant kernel at every row count "
+                     "(%s), attention on the kernel at every length, eager routes",
+                     "the FP32 Linear" if opts.dtype == "float32" else "packed, the invariant shape gate")
+    report = install_rvv_policy(model, config)
+    policy = get_policy(model)
+    if draft is not None:
+        install_rvv_policy(draft, config)
+    if config.drop_unpacked:
+        logging.info("weights: the packed copies (%.1f MiB) replace the row-major weights, which were freed",
+                     report.packed_bytes / 2**20)
+    row_major = [p for p in report.not_packed if p[2] != "fp32_kernel"]
+    if deterministic and row_major:
+        logging.warning("deterministic inference: %d projection(s) left unpacked (%s) run F.linear, whose sums "
+                        "depend on the row count: their rows are not batch-invariant (a larger "
+                        "--cpu-rvv-memory-budget-mib packs them)", len(row_major),
+                        ", ".join(sorted({reason for _, _, reason in row_major})))
+    if row_major and not report.packed and not any(getattr(r, "quantized", False) for r in policy.routes.values()):
+        reasons = sorted({reason for _, _, reason in row_major})
+        logging.warning(
+            "the RVV policy packed none of %s's Linears (%s; the %s shape gate: %s): they run through F.linear; "
+            "the attention and elementwise kernels still apply. /metrics' rvascend_rvv_projection_calls_total "
+            "shows the route of every call", name, ", ".join(reasons), policy.shape_gate,
+            "N, K >= %d, BF16" % shape_gate.MIN_FEATURES if policy.shape_gate == "bucketed"
+            else "where the packed kernel measured cheaper")
+    return policy
 
 
 def _draft_model(opts: ServerArgs, tokenizer: Tokenizer):
