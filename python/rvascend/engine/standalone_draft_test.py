@@ -16,7 +16,6 @@ from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.engine.standalone_draft import check_tokenizers
 from rvascend.engine.testing import TINY_QWEN3_5, write_random_checkpoint
-from rvascend.models import default_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 from rvascend.tokenizer.tokenizer import Tokenizer
@@ -111,21 +110,33 @@ def test_a_draft_that_cannot_draft_is_refused(target):
 
 
 
-def test_tokenizers_are_compared_as_data(tmp_path):
-    """The same tokenizer written another way (re-indented, as a directory beside a GGUF's)
-    drafts; another vocabulary is refused."""
+def copy_tokenizer(dest, indent=None, rename=None) -> str:
+    """The random model's tokenizer written again into `dest`: re-indented, and with one
+    added token renamed (a token id whose text differs)."""
     source = ensure_random_model()
-    target = Tokenizer(source)
+    os.makedirs(dest, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         with open(os.path.join(source, name)) as f:
             data = json.load(f)
-        with open(tmp_path / name, "w") as f:
-            json.dump(data, f, indent=7 if name == "tokenizer.json" else None)
-    same = Tokenizer(str(tmp_path))
+        if name == "tokenizer.json" and rename:
+            for token in data["added_tokens"]:
+                if token["content"] == rename[0]:
+                    token["content"] = rename[1]
+        with open(os.path.join(dest, name), "w") as f:
+            json.dump(data, f, indent=indent if name == "tokenizer.json" else None)
+    return str(dest)
+
+
+def test_tokenizers_are_compared_as_data(tmp_path):
+    """The same tokenizer written another way (re-indented, as a directory beside a GGUF's)
+    drafts; one token's text changed is refused."""
+    target = Tokenizer(ensure_random_model())
+    same = Tokenizer(copy_tokenizer(tmp_path / "same", indent=7))
     assert same.tokenizer_json != target.tokenizer_json
-    check_tokenizers(target, same, str(tmp_path))
+    check_tokenizers(target, same, "same")
+    other = Tokenizer(copy_tokenizer(tmp_path / "other", rename=("<|begin_of_text|>", "<|begin|>")))
     with pytest.raises(ValueError, match="tokenizer is not the target's"):
-        check_tokenizers(target, Tokenizer(default_model.ensure_default_model()), "draft.gguf")
+        check_tokenizers(target, other, "draft.gguf")
 
 
 def test_a_full_pool_drafts_for_as_many_rows_as_it_can(target, twin):

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from rvascend.engine.random_model import ensure_random_model
-from rvascend.models import default_model
+from rvascend.engine.standalone_draft_test import copy_tokenizer
 from rvascend.policy import get_policy
 from rvascend.server.launch import build_engine
 from rvascend.server.server_args import ServerArgs
@@ -272,7 +272,7 @@ def test_suffix_drafts_are_kept_per_api_key():
         s.stop()
 
 
-def test_a_draft_model_drafts_for_the_target():
+def test_a_draft_model_drafts_for_the_target(tmp_path):
     """--speculative-algorithm STANDALONE --speculative-draft-model-path: the target's own
     checkpoint as its draft (the policy installed on both): the answer is the target's, every
     draft taken; a draft path without the algorithm, or a tokenizer not the target's, is refused."""
@@ -295,6 +295,7 @@ def test_a_draft_model_drafts_for_the_target():
         s.stop()
     with pytest.raises(ValueError, match="give both or neither"):
         build_engine(ServerArgs(model_path=ensure_random_model(), speculative_draft_model_path=ensure_random_model()))
+    other = copy_tokenizer(tmp_path, rename=("<|begin_of_text|>", "<|begin|>"))
     with pytest.raises(ValueError, match="tokenizer is not the target's"):
         build_engine(ServerArgs(model_path=ensure_random_model(), speculative_algorithm="STANDALONE",
-                                speculative_draft_model_path=default_model.ensure_default_model()))
+                                speculative_draft_model_path=other))
