@@ -41,6 +41,8 @@ def rows(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], board: k1_mod
     table = []
     for r in ours:
         peers = by_file.get((r["shape"], r["mode"]), [])
+        if r["kind"] == "prefill":  # the prompt lengths llama.cpp was counted at
+            peers = [p for p in peers if str(r["context"]) in p["prefill"]]
         if not peers or r["rows"] != 1:
             continue
         row = {"model": r["shape"], "type": r["mode"], "step": r["kind"], "length": r["context"]}
