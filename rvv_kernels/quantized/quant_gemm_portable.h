@@ -112,6 +112,21 @@ void PortableGemm32(size_t m, const QuantActs& a, size_t row0, const uint8_t* ti
   }
 }
 
+// One row's end of a super-block, both super-block shapes: the integer sums times the f16
+// scale (the tile's first row of halves) and the activation scale, then, with mins, their sums
+// times the second row of halves and minus that scale. One copy keeps the two shapes in the
+// vector kernels' FP32 order (RowFinishSuper in quant_gemm_rvv.cc), on which their bits depend.
+template <bool kMins>
+inline void FinishSuper(const uint8_t* blk, size_t t, float ad, const int32_t* total, const int32_t* msum,
+                        float* acc) {
+  for (size_t j = 0; j < t; ++j) {
+    acc[j] = std::fma(static_cast<float>(total[j]), ScaleProduct(TileU16(blk + 2 * j), ad), acc[j]);
+    if constexpr (kMins) {
+      acc[j] = std::fma(static_cast<float>(msum[j]), ScaleProduct(TileU16(blk + 2 * t + 2 * j), -ad), acc[j]);
+    }
+  }
+}
+
 // Super-blocks of 8 sub-blocks of 32: Q4_K, Q5_K (scales and mins, u8) and IQ4_XS (int8 scales).
 template <QuantFormat F>
 void PortableGemmSub32(size_t m, const QuantActs& a, size_t row0, const uint8_t* tile, size_t t, float* c,
@@ -160,12 +175,7 @@ void PortableGemmSub32(size_t m, const QuantActs& a, size_t row0, const uint8_t*
           }
         }
       }
-      for (size_t j = 0; j < t; ++j) {
-        acc[j] = std::fma(static_cast<float>(total[j]), ScaleProduct(TileU16(blk + 2 * j), ad[s]), acc[j]);
-        if constexpr (kMins) {
-          acc[j] = std::fma(static_cast<float>(msum[j]), ScaleProduct(TileU16(blk + 2 * t + 2 * j), -ad[s]), acc[j]);
-        }
-      }
+      FinishSuper<kMins>(blk, t, ad[s], total, msum, acc);
     }
   }
 }
@@ -233,12 +243,7 @@ void PortableGemmSub16(size_t m, const QuantActs& a, size_t row0, const uint8_t*
           for (size_t j = 0; j < t; ++j) total[j] += sc[(2 * p) * t + j] * sub_lo[j] + sc[(2 * p + 1) * t + j] * sub_hi[j];
         }
       }
-      for (size_t j = 0; j < t; ++j) {
-        acc[j] = std::fma(static_cast<float>(total[j]), ScaleProduct(TileU16(blk + 2 * j), ad[s]), acc[j]);
-        if constexpr (kMins) {
-          acc[j] = std::fma(static_cast<float>(msum[j]), ScaleProduct(TileU16(blk + 2 * t + 2 * j), -ad[s]), acc[j]);
-        }
-      }
+      FinishSuper<kMins>(blk, t, ad[s], total, msum, acc);
     }
   }
 }

@@ -451,6 +451,18 @@ void RowBlock32(const QuantActs& a, size_t row, const uint8_t* tile, size_t t, f
   V::StoreF(c, acc, vl);
 }
 
+// One row's end of a super-block, RowSub32's and RowSub16's: the portable FinishSuper's
+// operations in its order (the integer sums times the f16 scales and the activation scale,
+// then, with mins, their sums times the second scales and minus that scale), on which the
+// two kernels' bit-identical results rest.
+template <bool kMins, class V>
+inline typename V::F32 RowFinishSuper(typename V::F32 acc, typename V::I32 total, typename V::I32 mins,
+                                      const uint8_t* blk, size_t t, float ad, size_t vl) {
+  acc = V::FmaccVv(acc, V::Cvt(total, vl), V::Scales(blk, ad, vl), vl);
+  if constexpr (kMins) acc = V::FmaccVv(acc, V::Cvt(mins, vl), V::Scales(blk + 2 * t, -ad, vl), vl);
+  return acc;
+}
+
 // Q5_K, IQ4_XS: one row, super-blocks of 8 sub-blocks of 32.
 template <QuantFormat F>
 void RowSub32(const QuantActs& a, size_t row, const uint8_t* tile, size_t t, float* c, size_t vl) {
@@ -477,8 +489,7 @@ void RowSub32(const QuantActs& a, size_t row, const uint8_t* tile, size_t t, flo
                         vl);
       }
     }
-    acc = V::FmaccVv(acc, V::Cvt(total, vl), V::Scales(blk, ad[s], vl), vl);
-    if constexpr (kQ5K) acc = V::FmaccVv(acc, V::Cvt(mins, vl), V::Scales(blk + 2 * t, -ad[s], vl), vl);
+    acc = RowFinishSuper<kQ5K, V>(acc, total, mins, blk, t, ad[s], vl);
   }
   V::StoreF(c, acc, vl);
 }
@@ -525,8 +536,7 @@ void RowSub16(const QuantActs& a, size_t row, const uint8_t* tile, size_t t, flo
         mins = V::MaccX(mins, sum16[16 * s + 2 * p + 1], V::ZextV(V::SrlX(sc_hi, 4, vl), vl), vl);
       }
     }
-    acc = V::FmaccVv(acc, V::Cvt(total, vl), V::Scales(blk, ad[s], vl), vl);
-    if constexpr (!kQ3K) acc = V::FmaccVv(acc, V::Cvt(mins, vl), V::Scales(blk + 2 * t, -ad[s], vl), vl);
+    acc = RowFinishSuper<!kQ3K, V>(acc, total, mins, blk, t, ad[s], vl);
   }
   V::StoreF(c, acc, vl);
 }

@@ -51,8 +51,12 @@ class Tokenizer:
         self.vocab_size = self._tok.get_vocab_size()
         # Every token covers at most this many UTF-8 bytes of text, so a prompt
         # longer than context * this cannot fit and is refused before tokenizing.
-        self.max_token_bytes = max(len(t.encode("utf-8")) for t in self._tok.get_vocab(with_added_tokens=True))
+        self.max_token_bytes = max(len(t.encode("utf-8")) for t in self.vocabulary())
         self._token_bytes: dict[int, bytes] = {}
+
+    def vocabulary(self) -> dict[str, int]:
+        """Every token's text and id, added tokens included."""
+        return self._tok.get_vocab(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
