@@ -266,7 +266,7 @@ def main() -> int:
                 seq.draft_budget = seq.draft_budget or DraftBudget(len(fixed))
                 seq.draft = list(fixed)
                 return seq.draft
-            engine._draft = draft
+            engine.speculator.draft_step = lambda decoding, *_: [draft(seq) for seq in decoding]
         with torch.no_grad():
             for k, v in zip(engine.pool.k, engine.pool.v):
                 k.normal_()

@@ -7,7 +7,9 @@ timed side by side, alternating --rounds times (the median of each), at batch 1 
 model that has a tokenizer (the default: SmolLM2-135M-Instruct, real weights) the
 tasks are chats about a passage of the GPL-3 text Debian ships: `quote` (repeat it),
 `edit` (repeat it with one word changed), `summarise`, greedy, and `chat`, a free
-question sampled at temperature 1. Without one (--model-path of a random-weight
+question sampled at temperature 1, and `agent_replay`, a coding agent's transcript replayed
+on one engine: four turns, each a file read back by a tool (the model's last answer,
+resent), an edit, the whole file written out (greedy). Without one (--model-path of a random-weight
 checkpoint) they are token patterns: `repeat` (the prompt's tokens again) and
 `free`. The outputs are checked to be identical with and without drafts.
 
@@ -20,29 +22,37 @@ draft count (the calibrated board model, 4 and 8 threads), tokens over the summe
 beside the same for the run without drafts.
 
 STANDALONE (a draft model): the target is the model's file dequantized to BF16 and the
-draft its weights requantized to Q4_0 by llama.cpp's quantizer (--draft-model-path gives
-another), kept quantized: the same model drafting for itself from a quarter of the bytes.
-The default model ships as Q4_1 only, so the target's weights are Q4_1's values in BF16
-and the draft differs from them by Q4_0's rounding, as a BF16 model's own Q4_0 file would.
-Its K1 projection prices a step with k drafts as the target's verify step (mode full) plus
-the draft's pass over the kept tokens (priced as a Q4_0 verify step of k) and its k - 1
-further draft passes (Q4_0 decode steps): the counts need --modes=full,q4_0.
+draft its weights quantized in memory to Q4_0 (--speculative-draft-model-quantization;
+--draft-model-path gives another), the same model drafting for itself from a quarter of
+the bytes. The default model ships as Q4_1 only, so the target's weights are Q4_1's
+values in BF16 and the draft differs from them by Q4_0's rounding, as a BF16 model's own
+Q4_0 would.
+Its K1 projection prices a step with k drafts as the target's verify step (mode full) and
+each pass the draft model ran at its row count (a pass of k + 1 rows as a Q4_0 verify step
+of k): the counts need --modes=full,q4_0.
+
+The draft lengths are chosen by cost (engine/draft_cost.py): the timed runs by the costs
+measured on this host, the K1 projection by a run given the board's counted costs (the
+lengths the board would choose), at batch 1.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import statistics
 import sys
 import time
+from typing import Callable
 
 import torch
 from absl import app, flags, logging
 
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine.draft_cost import PassCosts, StepCosts
 from rvascend.models.default_model import ensure_default_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
@@ -61,8 +71,10 @@ def _define_flags() -> None:
     flags.DEFINE_enum("algorithm", "NGRAM", ["NGRAM", "SUFFIX", "STANDALONE"], "The drafts set against none. "
                       "SUFFIX adds the task summarise_again: the summary asked for once more (its drafts can come "
                       "from the first). STANDALONE: a draft model (--draft-model-path).")
-    flags.DEFINE_string("draft-model-path", None, "STANDALONE's draft model (default: the model's file requantized "
-                        "to Q4_0 by llama.cpp's quantizer; the target is then the file dequantized to BF16).")
+    flags.DEFINE_string("draft-model-path", None, "STANDALONE's draft model (default: the target's weights "
+                        "quantized in memory, --draft-model-quantization).")
+    flags.DEFINE_enum("draft-model-quantization", "q4_0", ["q4_0", "q8_0"], "STANDALONE without --draft-model-path: "
+                      "the format the target's weights draft in (--speculative-draft-model-quantization).")
     flags.DEFINE_string("k1_counts", None, "riscv64_step jsonl with this model's decode and verifyK steps (mode "
                         "q4_0 if present, else full; context 512, one sequence): the K1 projection.")
     flags.DEFINE_string("output", "bench_results/speculative.jsonl", "jsonl file to append to.")
@@ -75,7 +87,24 @@ def _passage(words: int = 120) -> str:
     return " ".join(text[start:].split()[:words])
 
 
-def _text_tasks(tokenizer: Tokenizer, batch: int, output_len: int) -> dict[str, tuple[list[list[int]], SamplingParams]]:
+@dataclasses.dataclass
+class _Task:
+    prompts: list[list[int]]
+    params: SamplingParams
+    again: bool = False  # the same requests ran once before on the engine (untimed)
+    # Turns after the first: each sequence's next prompt from its last prompt and answer.
+    follow_ups: list[Callable[[list[int], list[int]], list[int]]] = dataclasses.field(default_factory=list)
+
+
+# The agent replay's turns: the agent writes the file out with each edit, then reads it back
+# (a tool's output resends what it wrote) before the next edit.
+AGENT_EDITS = ("write 'liberty' instead of 'freedom'", "write 'programs' instead of 'software'",
+               "write 'you' instead of 'users'", "write 'share' instead of 'distribute'")
+AGENT_SYSTEM = ("You are a coding agent. You edit the file NOTES.txt: answer each request with the whole new "
+                "file and nothing else.")
+
+
+def _text_tasks(tokenizer: Tokenizer, batch: int, output_len: int) -> dict[str, _Task]:
     passage = _passage()
     asks = {
         "quote": f"Repeat the following passage exactly, word for word:\n\n{passage}",
@@ -88,45 +117,104 @@ def _text_tasks(tokenizer: Tokenizer, batch: int, output_len: int) -> dict[str, 
     for name, ask in asks.items():
         ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": ask}]))
         greedy = name != "chat"
-        tasks[name] = ([ids] * batch, SamplingParams(max_tokens=output_len, temperature=0 if greedy else 1.0,
-                                                     seed=None if greedy else 11, ignore_eos=False))
+        tasks[name] = _Task([ids] * batch, SamplingParams(max_tokens=output_len, temperature=0 if greedy else 1.0,
+                                                          seed=None if greedy else 11, ignore_eos=False))
+    tasks["agent_replay"] = _agent_replay(tokenizer, passage, batch, output_len)
     return tasks
 
 
-def _token_tasks(vocab: int, batch: int, output_len: int) -> dict[str, tuple[list[list[int]], SamplingParams]]:
+def _agent_replay(tokenizer: Tokenizer, passage: str, batch: int, output_len: int) -> _Task:
+    """A multi-turn tool-calling transcript replayed: read_file's output, an edit, the whole
+    file written back (the model's answer), read_file again showing it, the next edit."""
+    def turn(messages: list[dict[str, str]]) -> list[int]:
+        return tokenizer.encode(tokenizer.apply_chat_template(messages))
+
+    def read_file(text: str) -> str:
+        return f"[tool read_file NOTES.txt]\n{text}\n[end of tool output]"
+
+    first = [{"role": "system", "content": AGENT_SYSTEM},
+             {"role": "user", "content": f"{read_file(passage)}\n\nIn NOTES.txt, {AGENT_EDITS[0]}."}]
+
+    def follow_up(edit: str):
+        def next_prompt(prompt: list[int], answer: list[int]) -> list[int]:
+            text = tokenizer.decode(answer)
+            messages = conversations.setdefault(tuple(prompt), list(first))
+            messages = messages + [{"role": "assistant", "content": text},
+                                   {"role": "user", "content": f"[tool write_file NOTES.txt: ok]\n{read_file(text)}"
+                                                               f"\n\nNow {edit}."}]
+            ids = turn(messages)
+            conversations[tuple(ids)] = messages
+            return ids
+        return next_prompt
+
+    conversations: dict[tuple[int, ...], list[dict[str, str]]] = {}
+    return _Task([turn(first)] * batch, SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=False),
+                 follow_ups=[follow_up(edit) for edit in AGENT_EDITS[1:]])
+
+
+def _token_tasks(vocab: int, batch: int, output_len: int) -> dict[str, _Task]:
     text = [(17 * i + 5) % (vocab - 10) + 5 for i in range(output_len)]
     return {
-        "repeat": ([text + [3] + text[:8] for _ in range(batch)],
-                   SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)),
-        "free": ([[(31 * i + 7 * b) % (vocab - 10) + 5 for i in range(24)] for b in range(batch)],
-                 SamplingParams(max_tokens=output_len, temperature=1.0, seed=11, ignore_eos=True)),
+        "repeat": _Task([text + [3] + text[:8] for _ in range(batch)],
+                        SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)),
+        "free": _Task([[(31 * i + 7 * b) % (vocab - 10) + 5 for i in range(24)] for b in range(batch)],
+                      SamplingParams(max_tokens=output_len, temperature=1.0, seed=11, ignore_eos=True)),
     }
 
 
-def _run(model, tokenizer, prompts, params, spec: bool, draft_tokens: int, algorithm: str = "NGRAM",
-         again: bool = False, draft=None):
-    """(tok/s, outputs, stats, steps by draft count) of the decode after every first token;
-    `again`: the same requests ran once before on the engine (untimed)."""
+@dataclasses.dataclass
+class _Run:
+    """One engine's decode after every first token (`_run`)."""
+    tok_s: float
+    outputs: list[list[int]]
+    stats: dict[str, float]
+    outcomes: collections.Counter    # verify steps by (drafts, accepted)
+    steps: collections.Counter       # sequence-steps by their draft count
+    tokens: int
+    draft_passes: collections.Counter  # the draft model's passes by row count
+    draft_share: float               # of the decode's time, in the draft model's passes
+
+
+def _run(model, tokenizer, task: _Task, spec: bool, draft_tokens: int, algorithm: str = "NGRAM", draft=None,
+         step_costs: StepCosts | None = None) -> _Run:
+    """The decode after every first token, of each turn on one engine; `step_costs`: the
+    draft lengths chosen by these, not measured ones."""
+    prompts, params = task.prompts, task.params
+    # A turn adds the answer twice (as the assistant's, and read back by the tool) and its framing.
+    longest = len(prompts[0]) + (1 + len(task.follow_ups)) * (2 * params.max_tokens + 160)
     engine = Engine(model, tokenizer, EngineConfig(
-        max_total_tokens=len(prompts) * (len(prompts[0]) + params.max_tokens + 32) + 64,
-        max_running_requests=len(prompts), speculative_algorithm=algorithm if spec else None,
-        speculative_num_draft_tokens=draft_tokens), draft_model=draft if spec else None)
-    if again:
+        max_total_tokens=len(prompts) * (longest + 32) + 64, max_running_requests=len(prompts),
+        speculative_algorithm=algorithm if spec else None, speculative_num_draft_tokens=draft_tokens),
+        draft_model=draft if spec else None, step_costs=step_costs if spec else None)
+    drafter = engine.speculator.draft_model
+    if task.again:
         engine.generate(prompts, params)
-    seqs = [engine.add_request(p, params) for p in prompts]
-    while any(s.prefilling or not s.output_ids for s in seqs):  # prompts and first tokens: not timed
-        engine.step()
-    done = sum(len(s.output_ids) for s in seqs)
     steps: collections.Counter[int] = collections.Counter()  # per sequence-step: its drafts
-    t0 = time.perf_counter()
-    while engine.has_work():
-        running = [s for s in engine.scheduler.running if not s.prefilling]
-        engine.step()
-        for s in running:
-            steps[len(s.draft)] += 1
-    seconds = time.perf_counter() - t0
-    tokens = sum(len(s.output_ids) for s in seqs) - done
-    return tokens / seconds, [s.output_ids for s in seqs], engine.stats(), engine.speculator.outcomes, steps, tokens
+    passes: collections.Counter[int] = collections.Counter()
+    tokens, seconds, draft_seconds, outputs = 0, 0.0, 0.0, []
+    for follow_up in [None] + task.follow_ups:
+        if follow_up is not None:
+            prompts = [follow_up(p, out) for p, out in zip(prompts, outputs[-len(prompts):])]
+        seqs = [engine.add_request(p, params) for p in prompts]
+        while any(s.prefilling or not s.output_ids for s in seqs):  # prompts and first tokens: not timed
+            engine.step()
+        done = sum(len(s.output_ids) for s in seqs)
+        passes_before = collections.Counter(drafter.passes) if drafter else collections.Counter()
+        draft_before = drafter.seconds if drafter else 0.0
+        t0 = time.perf_counter()
+        while engine.has_work():
+            running = [s for s in engine.scheduler.running if not s.prefilling]
+            engine.step()
+            for s in running:
+                steps[len(s.draft)] += 1
+        seconds += time.perf_counter() - t0
+        tokens += sum(len(s.output_ids) for s in seqs) - done
+        if drafter:
+            passes += drafter.passes - passes_before
+            draft_seconds += drafter.seconds - draft_before
+        outputs += [s.output_ids for s in seqs]
+    return _Run(tokens / seconds, outputs, engine.stats(), engine.speculator.outcomes, steps, tokens, passes,
+                draft_seconds / seconds)
 
 
 def _k1_step_seconds(path: str, mode: str = "") -> dict[int, dict[int, float]]:
@@ -147,37 +235,36 @@ def _k1_step_seconds(path: str, mode: str = "") -> dict[int, dict[int, float]]:
     return out
 
 
-def _k1_tok_s(seconds: dict[int, float], steps: collections.Counter, tokens: int) -> float:
+def _k1_tok_s(seconds: dict[int, float], run: _Run, draft: dict[int, float] | None = None) -> float:
     """Tokens over the K1 time of the run's sequence-steps, each at the counted cost of its
-    draft count (the nearest counted one above it, when it was not counted)."""
+    draft count (the nearest counted one above it, when it was not counted), plus the draft
+    model's passes it ran (`draft`: its counted step of k drafts prices a pass of k + 1 rows,
+    other row counts read off their line: draft_cost.PassCosts)."""
     counted = sorted(seconds)
     total = 0.0
-    for k, n in steps.items():
+    for k, n in run.steps.items():
         at = next((c for c in counted if c >= k), counted[-1])
         total += n * seconds[at]
-    return tokens / total
+    if draft is not None:
+        price = PassCosts(_by_rows(draft))
+        total += sum(n * price(rows) for rows, n in run.draft_passes.items())
+    return run.tokens / total
 
 
-def _with_draft_costs(target: dict[int, dict[int, float]], draft: dict[int, dict[int, float]]
-                      ) -> dict[int, dict[int, float]]:
-    """STANDALONE's step with j drafts: the target's verify step of j, the draft model's pass over
-    the kept tokens and the drawn one (priced as its verify step of j) and its further passes for
-    the next step's drafts (as many as this step's, less one: decode steps)."""
-    return {t: {j: target[t][j] + draft[t].get(j, draft[t][max(draft[t])]) + max(j - 1, 0) * draft[t][0]
-                for j in target[t]} for t in target}
+def _by_rows(seconds: dict[int, float]) -> dict[int, float]:
+    """A pass's cost by its row count from a step's cost by its draft count (k drafts: k + 1 rows)."""
+    return {k + 1: t for k, t in seconds.items()}
 
 
-def _standalone_models(path: str, draft_path: str | None):
-    """(target, draft): the file dequantized to BF16, and `draft_path` (default: the file
-    requantized to Q4_0 by llama.cpp) kept quantized; both under deterministic inference."""
-    import tempfile
+def _standalone_models(path: str, draft_path: str | None, quantization: str):
+    """(target, draft): the file dequantized to BF16, and `draft_path` kept quantized or, by
+    default, the target's weights quantized in memory to `quantization`
+    (--speculative-draft-model-quantization's draft); both under deterministic inference."""
+    from rvascend.models.quantized_copy import quantized_copy
 
-    from rvascend.build import llama_cpp
-
-    if draft_path is None:
-        draft_path = llama_cpp.quantize(path, os.path.join(tempfile.mkdtemp(), "draft-q4_0.gguf"), "Q4_0")
     target = load_model(path, torch.bfloat16, keep_quantized=False)
-    draft = load_model(draft_path, torch.bfloat16, keep_quantized=True)
+    draft = load_model(draft_path, torch.bfloat16, keep_quantized=True) if draft_path else \
+        quantized_copy(target, quantization)
     for m in (target, draft):
         install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", deterministic=True))
     return target, draft
@@ -188,7 +275,8 @@ def main(argv: list[str]) -> int:
     path = FLAGS["model-path"].value or ensure_default_model()
     draft = None
     if FLAGS.algorithm == "STANDALONE":
-        model, draft = _standalone_models(path, FLAGS["draft-model-path"].value)
+        model, draft = _standalone_models(path, FLAGS["draft-model-path"].value,
+                                          FLAGS["draft-model-quantization"].value)
     else:
         model = load_model(path, torch.bfloat16, keep_quantized=True)
         install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
@@ -198,53 +286,66 @@ def main(argv: list[str]) -> int:
         tokenizer = None
     if tokenizer is not None and not os.path.exists(PASSAGE_SOURCE):
         raise FileNotFoundError(f"{PASSAGE_SOURCE} (Debian's base-files) holds the passage the tasks are about")
-    k1 = None
+    k1 = k1_draft = None  # per thread count: the target's step by draft count; the draft model's
+    if FLAGS.k1_counts and FLAGS.algorithm == "STANDALONE" and (FLAGS["draft-model-path"].value or
+                                                                FLAGS["draft-model-quantization"].value != "q4_0"):
+        raise ValueError("--k1_counts prices the draft model's passes with mode q4_0's counts: only the default "
+                         "draft (the target's weights in q4_0) is projected")
     if FLAGS.k1_counts and FLAGS.algorithm == "STANDALONE":
-        plain_k1 = _k1_step_seconds(FLAGS.k1_counts, "full")
-        k1 = _with_draft_costs(plain_k1, _k1_step_seconds(FLAGS.k1_counts, "q4_0"))
+        k1 = _k1_step_seconds(FLAGS.k1_counts, "full")
+        k1_draft = _k1_step_seconds(FLAGS.k1_counts, "q4_0")
     elif FLAGS.k1_counts:
-        plain_k1 = k1 = _k1_step_seconds(FLAGS.k1_counts)
+        k1 = _k1_step_seconds(FLAGS.k1_counts)
     records = []
     for batch in (1, FLAGS.batch):
         length = FLAGS["output-len"].value
         tasks = _text_tasks(tokenizer, batch, length) if tokenizer is not None else \
             _token_tasks(model.config.vocab_size, batch, length)
         if FLAGS.algorithm == "SUFFIX" and "summarise" in tasks:
-            tasks["summarise_again"] = tasks["summarise"]
-        for task, (prompts, params) in tasks.items():
+            tasks["summarise_again"] = dataclasses.replace(tasks["summarise"], again=True)
+        for name, task in tasks.items():
             speeds = {False: [], True: []}
             runs = {}
             for _ in range(FLAGS.rounds):
                 for spec in (False, True):
-                    run = _run(model, tokenizer, prompts, params, spec, FLAGS["draft-tokens"].value,
-                               FLAGS.algorithm, task.endswith("_again"), draft)
-                    speeds[spec].append(run[0])
+                    run = _run(model, tokenizer, task, spec, FLAGS["draft-tokens"].value, FLAGS.algorithm, draft)
+                    speeds[spec].append(run.tok_s)
                     runs[spec] = run
-            if runs[True][1] != runs[False][1]:
-                raise RuntimeError(f"{task}: speculative decoding changed the output")
-            stats, outcomes, steps, tokens = runs[True][2:]
+            if runs[True].outputs != runs[False].outputs:
+                raise RuntimeError(f"{name}: speculative decoding changed the output")
+            run = runs[True]
+            stats, outcomes, steps, tokens = run.stats, run.outcomes, run.steps, run.tokens
             drafted, accepted = stats["spec_drafted_tokens"], stats["spec_accepted_tokens"]
             plain, spec = statistics.median(speeds[False]), statistics.median(speeds[True])
             lengths: collections.Counter[int] = collections.Counter()  # tokens a verify step yields
             for (_, j), n in outcomes.items():
                 lengths[1 + j] += n
-            record = {"model_path": path, "threads": torch.get_num_threads(), "task": task, "batch": batch,
+            record = {"model_path": path, "threads": torch.get_num_threads(), "task": name, "batch": batch,
                       "tok_s": plain, "spec_tok_s": spec, "speedup": spec / plain,
                       "tokens_per_step": tokens / max(1, sum(steps.values())),
                       "accept_rate": accepted / drafted if drafted else 0.0,
                       "acceptance_lengths": dict(sorted(lengths.items())),
-                      "draft_counts": dict(sorted(steps.items()))}
+                      "draft_counts": dict(sorted(steps.items())), "draft_share": run.draft_share}
             if k1 is not None and batch == 1:
-                plain_steps, plain_tokens = runs[False][4], runs[False][5]
                 for t in (4, 8):
-                    record[f"k1_speedup_{t}t"] = (_k1_tok_s(k1[t], steps, tokens) /
-                                                  _k1_tok_s(plain_k1[t], plain_steps, plain_tokens))
+                    # The draft lengths the board would choose: the same engine given the board's
+                    # counted pass costs (its host timing is not reported).
+                    costs = StepCosts(_by_rows(k1[t]), _by_rows(k1_draft[t]) if k1_draft else {})
+                    board = _run(model, tokenizer, task, True, FLAGS["draft-tokens"].value, FLAGS.algorithm, draft,
+                                 costs)
+                    if board.outputs != runs[False].outputs:
+                        raise RuntimeError(f"{name}: speculative decoding changed the output")
+                    record[f"k1_speedup_{t}t"] = (_k1_tok_s(k1[t], board, k1_draft[t] if k1_draft else None) /
+                                                  _k1_tok_s(k1[t], runs[False]))
+                    record[f"k1_tokens_per_step_{t}t"] = board.tokens / max(1, sum(board.steps.values()))
             records.append(record)
-            logging.info("%s, batch %d: %.1f -> %.1f tok/s, acceptance lengths %s", task, batch, plain, spec,
+            logging.info("%s, batch %d: %.1f -> %.1f tok/s, acceptance lengths %s", name, batch, plain, spec,
                          record["acceptance_lengths"])
     columns = [("task", "task", "s"), ("batch", "B", "d"), ("tok_s", "tok/s", ".1f"),
                ("spec_tok_s", f"{FLAGS.algorithm} tok/s", ".1f"), ("speedup", "speed-up", ".2f"),
                ("tokens_per_step", "tokens/step/seq", ".2f"), ("accept_rate", "accepted", ".1%")]
+    if FLAGS.algorithm == "STANDALONE":
+        columns.append(("draft_share", "draft passes", ".0%"))
     if k1 is not None:
         columns += [("k1_speedup_4t", "K1 x 4T", ".2f"), ("k1_speedup_8t", "K1 x 8T", ".2f")]
     print_table(records, columns)

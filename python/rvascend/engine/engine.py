@@ -45,6 +45,7 @@ from typing import Callable, Optional
 from absl import logging
 
 from rvascend.engine import sampler
+from rvascend.engine.draft_cost import StepCosts, parse_cost_model
 from rvascend.engine.grammar import Grammar, GrammarBackend, GrammarError
 from rvascend.engine.hierarchical_cache import HierarchicalCache, cache_context, hierarchical_cache
 from rvascend.engine.model_runner import ModelRunner, Plan
@@ -90,6 +91,9 @@ class EngineConfig:
     speculative_ngram_max_match_window_size: int = 8
     # SUFFIX: the tokens of recent requests (per API key) its drafts may come from.
     speculative_suffix_cache_tokens: int = 1 << 16
+    # How many tokens each sequence drafts: "measured" chooses by this machine's measured pass
+    # costs and each sequence's acceptance (draft_cost.py), "none" drafts what the budgets ask.
+    speculative_step_costs: str = "measured"
     # The hierarchical cache (SGLang's HiCache flags; hierarchical_cache.py): the prefix cache's
     # pages also kept in host memory (hicache_size GiB) and, with the "file" storage backend,
     # in a directory (hicache_storage_dir, at most hicache_storage_size GiB) that outlives the process.
@@ -102,7 +106,9 @@ class EngineConfig:
 
 class Engine:
     def __init__(self, model: CausalLM, tokenizer: Optional[Tokenizer], config: EngineConfig = EngineConfig(),
-                 draft_model: Optional[CausalLM] = None) -> None:
+                 draft_model: Optional[CausalLM] = None, step_costs: Optional[StepCosts] = None) -> None:
+        """`step_costs`: given pass costs the draft lengths are chosen by (draft_cost.py; the
+        board's counted ones in bench/speculative.py) instead of config.speculative_step_costs'."""
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -113,8 +119,10 @@ class Engine:
                                      config.speculative_ngram_max_match_window_size,
                                      getattr(model, "mtp", None) is not None, model.config.architecture,
                                      config.speculative_suffix_cache_tokens,
-                                     DraftModel(draft_model, model, config.max_total_tokens)
-                                     if draft_model is not None else None)
+                                     DraftModel(draft_model, model, config.max_total_tokens,
+                                                max_catch_up=config.chunked_prefill_size or 512)
+                                     if draft_model is not None else None,
+                                     step_costs or parse_cost_model(config.speculative_step_costs))
         hybrid = model.config.linear_attention is not None
         # Per sequence: the state slot read, and one written per token a step keeps the states after.
         state_slots_each = 2 + self.speculator.slots_per_sequence
@@ -125,6 +133,7 @@ class Engine:
                              f"({config.mamba_track_interval}) must be at least 1")
         self.runner = ModelRunner(model, config.max_total_tokens, state_slots + snapshots,
                                   keep_hidden=config.speculative_algorithm == "NEXTN")
+        self.speculator.calibrate(model, self.runner.pool)
         cache = None
         if not config.disable_radix_cache:
             cache = PrefixCache(config.max_total_tokens,
@@ -296,8 +305,10 @@ class Engine:
             prefilling = [s for s in scheduler.running if s.prefilling]
         if not decoding and not prefilling:
             return 0
-        work = [(s, 1 + len(self._draft(s))) for s in decoding] + \
-            scheduler.prefill_chunk(prefilling, self.config.chunked_prefill_size)
+        chunk = scheduler.prefill_chunk(prefilling, self.config.chunked_prefill_size)
+        drafts = self.speculator.draft_step(decoding, [self._room(s) for s in decoding], self.eos_ids,
+                                            len(decoding) + sum(n for _, n in chunk))
+        work = [(s, 1 + len(d)) for s, d in zip(decoding, drafts)] + chunk
         self.step_started = time.monotonic()
         try:
             self._guarded_step(work)
@@ -305,11 +316,10 @@ class Engine:
             self.step_started = None
         return len(work)
 
-    def _draft(self, seq: Sequence) -> list[int]:
-        """The tokens `seq` drafts for this step (speculation.py), never past max_tokens or
-        the context: the drafts' K/V slots come out of the reservation."""
-        room = min(seq.params.max_tokens - len(seq.output_ids), self.context_length - seq.num_tokens) - 1
-        return self.speculator.draft(seq, room, self.eos_ids)
+    def _room(self, seq: Sequence) -> int:
+        """The most tokens `seq` may draft for this step (speculation.py): never past
+        max_tokens or the context, so the drafts' K/V slots come out of the reservation."""
+        return min(seq.params.max_tokens - len(seq.output_ids), self.context_length - seq.num_tokens) - 1
 
     def _guarded_step(self, work: list[tuple[Sequence, int]]) -> None:
         """A failing step fails exactly the sequences that make it fail: nothing of it
@@ -361,6 +371,7 @@ class Engine:
         """The forward pass, every row's sampling and the MTP head's next drafts, into the
         plan; nothing is committed."""
         self.runner.run(plan, self._grammars, self.eos_ids)
+        self.speculator.target_pass(plan, self.runner.last_pass_seconds)
         self.speculator.model_drafts(self.model, self.runner.pool, plan, self.context_length, self._lend,
                                      self._give_back)
 
@@ -412,6 +423,8 @@ class Engine:
                     self.speculator.record(row)
                 if row.next_draft is not None:
                     row.seq.mtp_draft = row.next_draft
+                if row.draft_synced is not None:
+                    row.seq.draft_synced = row.draft_synced
                 if row.prefill:
                     row.seq.prefilled += row.new
             for row in plan.rows:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from typing import Optional
 
 import torch
@@ -47,6 +48,7 @@ class Row:
     error: Optional[str] = None
     appended: int = 0             # of `sampled`, the tokens the commit appended (an end drops the rest)
     next_draft: Optional[list[int]] = None  # NEXTN, STANDALONE: the drafting model's draft for its next step
+    draft_synced: Optional[int] = None  # STANDALONE: the draft's pool holds its positions before this
 
 
 @dataclasses.dataclass
@@ -74,6 +76,7 @@ class ModelRunner:
                          RecurrentStatePool.bytes_per_slot(model.config, dtype) / 2**20)
         self.keep_hidden = keep_hidden  # NEXTN: the MTP head reads the final hidden states
         self.last_batch_rows = 0
+        self.last_pass_seconds = 0.0
         weights_generation.watch(model)
 
     def weights_generation(self) -> int:
@@ -155,8 +158,10 @@ class ModelRunner:
                        and r.seq.grammar_active]
         masks = grammars.masks_later([(r.seq.matcher, r.seq.draft[:r.drafts]) for r in constrained]) \
             if constrained else None
+        started = time.perf_counter()
         with torch.inference_mode():
             logits = self.model(plan.batch, self.pool)
+        self.last_pass_seconds = time.perf_counter() - started  # the measured costs' (draft_cost.py)
         allowed = dict(zip(map(id, constrained), masks.result())) if masks is not None else {}
         sampling = [r for r in plan.rows if r.sample_row is not None]
         sample_rows = [r.sample_row + i for r in sampling for i in range(r.drafts + 1)]

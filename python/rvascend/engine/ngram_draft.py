@@ -25,6 +25,7 @@ MIN_ACCEPT_RATE = 0.2
 PAUSE_STEPS = 16
 MAX_PAUSE_STEPS = 256
 _SMOOTHING = 0.5
+_DECAY = 0.8  # of the acceptance counts per verify step: a few steps' evidence
 
 
 class NgramIndex:
@@ -90,6 +91,13 @@ class DraftBudget:
     rate: float = 1.0   # moving average of the share of drafted tokens accepted
     paused: int = 0     # steps left without drafting
     pauses: int = 0     # pauses in a row (a draft accepted in full ends the run)
+    # Drafts accepted and first rejections, decayed (draft_cost.py's acceptance), from an even prior.
+    hits: float = 1.0
+    misses: float = 1.0
+    # Steps the cost left it without drafts (draft_cost.should_probe: from PAUSE_STEPS on, it
+    # may probe; a fresh budget starts there, so its first ask is a probe).
+    idle: int = PAUSE_STEPS - 1
+    probes: int = 0     # probes in a row that did not pay
 
     def next_k(self) -> int:
         if self.paused > 0:
@@ -99,17 +107,24 @@ class DraftBudget:
             return 0
         return min(self.max_tokens, self.size)
 
-    def after(self, proposed: int, accepted: int) -> int:
-        """The length next_k will give once this step's draft is recorded, changing nothing (a
-        draft model drafts that many for the next step, not more)."""
+    @property
+    def acceptance(self) -> float:
+        """The chance that a draft token is accepted after the ones before it were."""
+        return self.hits / (self.hits + self.misses)
+
+    def after(self, proposed: int, accepted: int) -> "DraftBudget":
+        """The budget once this step's draft is recorded and the next length asked, changing
+        nothing (a draft model drafts for the next step at most its next_k())."""
         ahead = dataclasses.replace(self)
         ahead.record(proposed, accepted)
-        return ahead.next_k()
+        return ahead
 
     def record(self, proposed: int, accepted: int) -> None:
         if proposed <= 0:
             return
         self.rate = (1 - _SMOOTHING) * self.rate + _SMOOTHING * accepted / proposed
+        self.hits = _DECAY * self.hits + accepted
+        self.misses = _DECAY * self.misses + (accepted < proposed)
         if accepted == proposed:
             self.pauses = 0
             self.size = min(self.max_tokens, 2 * proposed)

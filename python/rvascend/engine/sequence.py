@@ -113,6 +113,7 @@ class Sequence:
         # its tokens and how many it drafts next.
         self.draft: list[int] = []
         self.mtp_draft: list[int] = []  # NEXTN, STANDALONE: the drafting model's draft for the next step
+        self.draft_synced: Optional[int] = None  # STANDALONE: its positions before this are in the draft's pool
         self.ngram = None
         self.draft_budget = None
         self.grammar_active = not params.grammar_after  # the grammar holds from the next token on

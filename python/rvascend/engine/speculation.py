@@ -18,6 +18,7 @@ import torch
 from absl import logging
 
 from rvascend.engine import mtp_draft
+from rvascend.engine.draft_cost import StepCosts, calibrate, choose_lengths, should_probe
 from rvascend.engine.model_runner import Plan, Row
 from rvascend.engine.ngram_draft import DraftBudget, NgramIndex
 from rvascend.engine.sequence import Sequence
@@ -34,16 +35,20 @@ class Speculator:
 
     def __init__(self, algorithm: Optional[str], num_draft_tokens: int, ngram_min_window: int,
                  ngram_max_window: int, has_mtp: bool, architecture: str, suffix_tokens: int = 1 << 16,
-                 draft_model: Optional[DraftModel] = None) -> None:
+                 draft_model: Optional[DraftModel] = None, costs: Optional[StepCosts] = None) -> None:
         if algorithm not in (None, *ALGORITHMS):
             raise ValueError(f"--speculative-algorithm {algorithm!r} is not supported ({', '.join(ALGORITHMS)})")
         if algorithm == "NEXTN" and not has_mtp:
             raise ValueError(f"--speculative-algorithm NEXTN drafts with the checkpoint's MTP head, and this "
                              f"{architecture} model was loaded without one (load_model(..., mtp=True))")
         if (algorithm == "STANDALONE") != (draft_model is not None):
-            raise ValueError("--speculative-algorithm STANDALONE drafts with --speculative-draft-model-path, and "
-                             "only it does: give both or neither")
+            raise ValueError("--speculative-algorithm STANDALONE drafts with a draft model (--speculative-draft-model-"
+                             "path or --speculative-draft-model-quantization), and only it does: give both or neither")
         self.draft_model = draft_model
+        # The pass costs the draft lengths are chosen by (draft_cost.py); None: as the budgets ask.
+        self.costs = costs if algorithm is not None else None
+        if draft_model is not None:
+            draft_model.costs = self.costs
         if algorithm is not None and not 1 <= num_draft_tokens <= 16:
             raise ValueError("--speculative-num-draft-tokens must be 1 to 16")
         if not 1 <= ngram_min_window <= ngram_max_window:
@@ -95,6 +100,60 @@ class Speculator:
                 seq.draft = seq.draft[:seq.matcher.validate_tokens(seq.draft[:end])]
         return seq.draft
 
+    def draft_step(self, decoding: list[Sequence], rooms: list[int], eos_ids: set[int],
+                   batch_rows: int) -> list[list[int]]:
+        """Each decoding sequence's drafts for a step whose target pass has `batch_rows` rows
+        without them, at most `rooms`: `draft`'s, cut to the lengths the cost chooses (a
+        draft model's were chosen when it drafted them)."""
+        drafts = [self.draft(seq, room, eos_ids) for seq, room in zip(decoding, rooms)]
+        if self.costs is None or self.algorithm == "STANDALONE":
+            return drafts
+        asking = [i for i, d in enumerate(drafts) if d]
+        if asking:
+            budgets = [decoding[i].draft_budget for i in asking]
+            keep = self.lengths(budgets, [b.acceptance for b in budgets], [len(drafts[i]) for i in asking],
+                                len(decoding), batch_rows)
+            for i, n in zip(asking, keep):
+                decoding[i].draft = drafts[i] = drafts[i][:n]
+        return drafts
+
+    def lengths(self, budgets: list[DraftBudget], acceptance: list[float], caps: list[int], sequences: int,
+                batch_rows: int, behind: Optional[list[int]] = None) -> list[int]:
+        """How many drafts each sequence asking for up to `caps` makes: what the cost
+        chooses (draft_cost.py), or the caps with no cost model; one the cost leaves without
+        drafts probes now and then (draft_cost.should_probe; `behind`: the positions a draft
+        model would first have to catch up for it)."""
+        if self.costs is None:
+            return list(caps)
+        out = choose_lengths(acceptance, caps, self.costs, sequences, batch_rows, self.algorithm == "STANDALONE")
+        for i, budget in enumerate(budgets):
+            if out[i] > 0:
+                budget.idle = budget.probes = 0
+                continue
+            budget.idle += 1
+            if should_probe(budget, behind[i] if behind else 0, self.costs, sequences):
+                out[i], budget.idle, budget.probes = caps[i], 0, budget.probes + 1
+        return out
+
+    def calibrate(self, model, pool) -> None:
+        """Measured costs start from the passes of one sequence verifying 1 .. k + 1 rows, timed
+        now (draft_cost.calibrate), for the target (attention-only: a hybrid's would need state
+        slots; its costs are learned from its steps alone) and the draft model."""
+        if self.costs is None or self.costs.target[1].fixed or self.algorithm is None:
+            return
+        rows = 1 + self.num_draft_tokens
+        if model.config.linear_attention is None:
+            calibrate(self.costs.target[1], model, pool, rows)
+        if self.draft_model is not None:
+            calibrate(self.costs.draft[1], self.draft_model.model, self.draft_model.pool, rows + 1)
+        logging.info("speculative pass costs measured (ms by rows, one sequence): target %s; draft model %s",
+                     _ms(self.costs.target[1]), _ms(self.costs.draft[1]) if self.draft_model is not None else "none")
+
+    def target_pass(self, plan: Plan, seconds: float) -> None:
+        """A decode step's target pass took `seconds` (measured costs; prompt chunks' steps are not)."""
+        if self.costs is not None and not any(row.prefill for row in plan.rows):
+            self.costs.add(self.costs.target, len(plan.rows), int(plan.batch.input_ids.shape[0]), seconds)
+
     def flush(self) -> None:
         """Forgets every request's text (SUFFIX's corpus)."""
         if self.corpus is not None:
@@ -119,7 +178,8 @@ class Speculator:
         its drafts for the sequences' next steps, into the rows; nothing is committed."""
         if self.algorithm == "STANDALONE":
             try:
-                self.draft_model.draft(plan.rows, self.num_draft_tokens, context_length, lend, give_back)
+                self.draft_model.draft(plan.rows, self.num_draft_tokens, context_length, lend, give_back,
+                                       self.lengths)
             except Exception as e:  # noqa: BLE001 - drafts are proposals: the step goes on without them
                 logging.log_every_n_seconds(logging.WARNING, "the draft model's pass failed (%s: %s): this step "
                                             "drafts nothing", 60, type(e).__name__, e)
@@ -153,6 +213,10 @@ class Speculator:
                                      give_back)
         for row, d in zip(rows, drafts):
             row.next_draft = d
+
+
+def _ms(costs) -> str:
+    return ", ".join(f"{rows}: {1000 * seconds:.2f}" for rows, seconds in sorted(costs.table.items())) or "none yet"
 
 
 def _tail(seq: Sequence, n: int) -> list[int]:

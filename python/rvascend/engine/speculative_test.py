@@ -219,7 +219,7 @@ def test_a_failed_verify_step_changes_nothing(model, monkeypatch):
         raise RuntimeError("injected after sampling")
 
     while engine.has_work():
-        if seq.output_ids and failures < 3 and len(engine._draft(seq)) >= 2:
+        if seq.output_ids and failures < 3 and len(engine.speculator.draft(seq, engine._room(seq), engine.eos_ids)) >= 2:
             # Beside a prompt that asks for its log-probabilities: computed after the sampling.
             other = engine.add_request(list(range(3, 30)), SamplingParams(max_tokens=1, logprobs=0,
                                                                          logprob_start_len=0))
@@ -264,7 +264,7 @@ def test_constrained_requests_draft_within_their_grammar(model):
                                                     grammar_after=(tokenizer.encode("x")[-1],)))
     with engine.scheduler.lock:
         engine.scheduler.admit()
-    assert not seq.grammar_active and engine._draft(seq) == []
+    assert not seq.grammar_active and engine.speculator.draft(seq, engine._room(seq), engine.eos_ids) == []
 
 
 @pytest.mark.parametrize("after_eos", ["eos", "text"])
@@ -376,7 +376,8 @@ def test_sampling_with_drafts_keeps_the_models_distribution(tmp_path, monkeypatc
     monkeypatch.setattr(NgramIndex, "propose", lambda self, p, output, k: [draft] if len(output) == 1 else [])
     torch.manual_seed(11)
     engine = Engine(small, None, EngineConfig(max_total_tokens=8192, max_running_requests=64, max_queued_requests=n + 1,
-                                              speculative_algorithm="NGRAM", speculative_num_draft_tokens=1))
+                                              speculative_algorithm="NGRAM", speculative_num_draft_tokens=1,
+                                              speculative_step_costs="none"))
     seqs = engine.generate([prompt] * n, SamplingParams(max_tokens=3, temperature=temperature, ignore_eos=True))
     assert engine.stats()["spec_drafted_tokens"] >= n * 0.9 and engine.stats()["spec_accepted_tokens"] > n * 0.1
     seconds = torch.bincount(torch.tensor([s.output_ids[1] for s in seqs]), minlength=vocab).tolist()

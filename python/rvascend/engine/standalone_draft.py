@@ -12,26 +12,40 @@ lent slots go back within the step (the next step runs the drawn token again in 
 slot, for both models). Drafts are the draft model's argmax: verification keeps the output
 exactly the target's whatever they are.
 
-Everything written is in this step's fresh slots or lent ones, so a failed step is
-dropped as any other. Pages the hierarchical cache loads from host memory or disk are the
-target's K/V only: the draft's pool has whatever those slots held, and its drafts there
-are worse (never wrong).
+How many tokens a sequence drafts next is chosen by cost (draft_cost.py, through
+Speculator.lengths). A sequence given none is left out of the draft's passes, which are
+most of what drafting costs; the pass before it drafts again runs the positions it
+skipped (from its own slots, as a prompt chunk would) before its kept ones.
+
+Everything written is in this step's fresh slots or lent ones, or a sequence's own slots
+for positions it skipped (the same values whoever writes them: the tokens before are the
+same), so a failed step is dropped as any other. Pages the hierarchical cache loads from host memory or disk are the
+target's K/V only, and a cached prefix may hold positions its writer skipped: there the
+draft's pool has whatever those slots held, and its drafts are worse (never wrong).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import collections
+import dataclasses
+import time
+from typing import Callable, Optional
 
+import numpy as np
 import torch
 from absl import logging
 
+from rvascend.engine.draft_cost import StepCosts
+from rvascend.engine.ngram_draft import DraftBudget
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
 
 
 class DraftModel:
     """A draft model and its K/V pool of `pool_slots` slots (the target's count)."""
 
-    def __init__(self, model: CausalLM, target: CausalLM, pool_slots: int) -> None:
+    def __init__(self, model: CausalLM, target: CausalLM, pool_slots: int, max_catch_up: int = 512) -> None:
+        """`max_catch_up`: positions a sequence's skipped ones are run in per step, at most
+        (the prompt chunk's size), so no pass stalls a step longer than a chunk would."""
         config = model.config
         if config.linear_attention is not None:
             raise ValueError(f"the draft model ({config.architecture}) has recurrent layers: a STANDALONE draft "
@@ -40,19 +54,29 @@ class DraftModel:
             raise ValueError(f"the draft model's vocabulary ({config.vocab_size} tokens) is not the target's "
                              f"({target.config.vocab_size}): a draft token must mean the same token")
         self.model = model
+        self.costs: Optional[StepCosts] = None  # measured pass costs (Speculator's), when the cost chooses
+        self.passes: collections.Counter[int] = collections.Counter()  # passes run, by row count
+        self.seconds = 0.0  # spent in them
         self.max_positions = config.max_position_embeddings
+        self.max_catch_up = max(1, max_catch_up)
         dtype = next(model.parameters()).dtype
         self.pool = KVPool(config, pool_slots, dtype)
+        # Per slot, what the draft's pool holds there: position * vocabulary + token (-1: nothing),
+        # so a sequence whose prefix comes from the cache catches up what its writer skipped.
+        self.vocab = config.vocab_size
+        self.tags = np.full(pool_slots, -1, dtype=np.int64)
         logging.info("STANDALONE draft model: %s, %d layers, K/V pool of %d slots (%.1f MiB)", config.architecture,
                      config.num_hidden_layers, pool_slots, pool_slots * KVPool.bytes_per_token(config, dtype) / 2**20)
 
     def draft(self, rows, k: int, context_length: int, lend: Callable[[int], list[int]],
-              give_back: Callable[[list[int]], None]) -> None:
+              give_back: Callable[[list[int]], None], choose: Callable[..., list[int]]) -> None:
         """Writes the step's kept positions into the draft's pool and sets each decoding row's
-        `next_draft` (up to k tokens, as many as its draft budget asks next) for its next step.
-        `rows`: the step's (model_runner) rows."""
+        `next_draft` (up to k tokens, as many as `choose` gives it: Speculator.lengths) for
+        its next step. A sequence given none is left out of the passes (its positions wait
+        for the pass before it drafts again). `rows`: the step's (model_runner) rows."""
+        started, in_passes = time.perf_counter(), self.seconds
         limit = min(context_length, self.max_positions)
-        items = []  # (row, tokens, start, kept slots, the token drawn next or None, drafts wanted)
+        items, budgets, acceptance, caps, behind = [], [], [], [], []
         for row in rows:
             seq = row.seq
             if row.error is not None:
@@ -66,64 +90,147 @@ class DraftModel:
                 n = len(row.sampled)  # the input token and the accepted drafts
                 tokens = [seq.last_token] + [s.token for s in row.sampled[:-1]]
                 start, kept, drawn = seq.num_tokens - 1, row.fresh[:n], row.sampled[-1].token
-            # As many as the sequence's budget will ask for next (ngram_draft.DraftBudget), at most
-            # k, none past the context's end.
-            budget = seq.draft_budget
-            want = 1 if budget is None else budget.after(row.drafts, len(row.sampled) - 1 if row.drafts else 0)
-            want = max(0, min(want, k, limit - (start + len(tokens)))) if drawn is not None else 0
+            if seq.draft_budget is None:
+                seq.draft_budget = DraftBudget(k)
+            # The budget once this step's drafts are recorded (the commit records them).
+            ahead = seq.draft_budget.after(row.drafts, len(row.sampled) - 1 if row.drafts else 0)
+            synced = self._held(seq, start) if seq.draft_synced is None else seq.draft_synced
+            item = _Item(row, tokens, start, kept, drawn, synced, min(start + len(tokens), synced + self.max_catch_up))
             if drawn is not None:
                 row.next_draft = []  # whatever happens below, never the last step's draft again
-            items.append([row, tokens, start, kept, drawn, want])
+                # As many as the budget will ask next, at most k, none past the context's end.
+                cap = max(0, min(ahead.next_k(), k, limit - (start + len(tokens))))
+                if cap > 0:
+                    items_asking = len(caps)
+                    budgets.append(seq.draft_budget)
+                    acceptance.append(ahead.acceptance)
+                    caps.append(cap)
+                    behind.append(0 if row.prefill else start - synced)  # prompt chunks run anyway
+                    item.asking = items_asking
+            items.append(item)
+        lengths = choose(budgets, acceptance, caps, len(items), len(items), behind) if caps else []
+        for item in items:
+            if item.asking is not None:
+                # Only once its skipped positions are all run this step (catching up in chunks).
+                item.want = lengths[item.asking] if item.upto == item.end else 0
+                item.run = lengths[item.asking] > 0
+        # A decode row drafting nothing next skips the passes; prompt chunks always run.
+        items = [item for item in items if item.row.prefill or item.run]
         if not items:
             return
-        wanted = [i for i, item in enumerate(items) if item[5] > 0]
-        lent = lend(sum(items[i][5] for i in wanted)) if wanted else []
+        wanted = [item for item in items if item.want > 0]
+        lent = lend(sum(item.want for item in wanted)) if wanted else []
         left = len(lent)  # too few free slots: the first rows draft, as many as there are
-        for i in wanted:
-            items[i][5] = min(items[i][5], left)
-            left -= items[i][5]
-        drafting = [i for i in wanted if items[i][5] > 0]
+        for item in wanted:
+            item.want = min(item.want, left)
+            left -= item.want
         try:
-            self._run(items, drafting, lent)
+            self._run(items, lent)
         finally:
             give_back(lent)
+        if wanted and self.costs is not None:  # what drafting costs beside the passes: batches, slots, argmax
+            self.costs.add_overhead(time.perf_counter() - started - (self.seconds - in_passes))
 
-    def _run(self, items, drafting: list[int], lent: list[int]) -> None:
-        mine, at = {}, 0
-        for i in drafting:
-            mine[i], at = lent[at:at + items[i][5]], at + items[i][5]
+    def _held(self, seq, start: int) -> int:
+        """How many of the sequence's first `start` positions the draft's pool holds (a prefix
+        from the cache: those its writer ran through the draft), the first time it is seen."""
+        if start == 0:
+            return 0
+        tokens = np.asarray(_tokens(seq, 0, start), dtype=np.int64)
+        want = np.arange(start, dtype=np.int64) * self.vocab + tokens
+        held = self.tags[np.asarray(seq.slots[:start], dtype=np.int64)] == want
+        return start if held.all() else int(held.argmin())
+
+    def _run(self, items: list["_Item"], lent: list[int]) -> None:
+        at = 0
+        drafting = [item for item in items if item.want > 0]
+        for item in drafting:
+            item.lent, at = lent[at:at + item.want], at + item.want
         ids, positions, new_lens, prefix_lens, kv_slots, write, logit_rows = [], [], [], [], [], [], []
-        for i, (row, tokens, start, kept, drawn, _) in enumerate(items):
-            extra = [drawn] if i in mine else []  # only a drafting row runs the drawn token
-            slots = kept + mine[i][:1] if i in mine else kept
-            ids.extend(tokens + extra)
-            positions.extend(range(start, start + len(tokens) + len(extra)))
-            new_lens.append(len(tokens) + len(extra))
-            prefix_lens.append(start)
-            kv_slots.append(row.seq.kv_slot_tensor(slots))
-            write.extend(slots)
+        held_slots, held_tags = [], []
+        for item in items:
+            seq = item.row.seq
+            # Positions it skipped while it drafted nothing (those it has not, from its cached
+            # prefix's), then the step's own, as far as `upto`.
+            behind = _tokens(seq, item.synced, min(item.start, item.upto))
+            own = item.tokens[:max(0, item.upto - item.start)]
+            kept = item.kept[:len(own)]
+            extra = [item.drawn] if item.want > 0 else []  # only a drafting row runs the drawn token
+            ran = seq.slots[item.synced:min(item.start, item.upto)] + kept
+            ids.extend(behind + own + extra)
+            positions.extend(range(item.synced, item.upto + len(extra)))
+            new_lens.append(len(behind) + len(own) + len(extra))
+            prefix_lens.append(item.synced)
+            kv_slots.append(seq.kv_slot_tensor(kept + item.lent[:len(extra)])[:item.upto + len(extra)])
+            write.extend(ran + item.lent[:len(extra)])
+            held_slots.extend(ran)
+            held_tags.extend(p * self.vocab + t for p, t in zip(range(item.synced, item.upto), behind + own))
             if extra:
                 logit_rows.append(len(ids) - 1)
         batch = ForwardBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
                              new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long),
                              logit_rows=torch.tensor(logit_rows, dtype=torch.long))
         with torch.inference_mode():
-            logits = self.model(batch, self.pool)
+            logits = self._pass(batch)
+            self.tags[held_slots] = held_tags
+            for item in items:
+                item.row.draft_synced = item.upto
             if not drafting:
                 return
-            out: dict[int, list[int]] = {i: [t] for i, t in zip(drafting, logits.argmax(-1).tolist())}
-            for j in range(1, max(items[i][5] for i in drafting)):  # draft j + 1, after draft j
-                going = [i for i in drafting if items[i][5] > j]
+            for item, t in zip(drafting, logits.argmax(-1).tolist()):
+                item.out = [t]
+            for j in range(1, max(item.want for item in drafting)):  # draft j + 1, after draft j
+                going = [item for item in drafting if item.want > j]
                 chain = ForwardBatch(
-                    torch.tensor([out[i][-1] for i in going], dtype=torch.long),
-                    torch.tensor([items[i][2] + len(items[i][1]) + j for i in going], dtype=torch.long),
-                    [1] * len(going), [items[i][2] + len(items[i][1]) + j for i in going],
-                    [items[i][0].seq.kv_slot_tensor(items[i][3] + mine[i][:j + 1]) for i in going],
-                    torch.tensor([mine[i][j] for i in going], dtype=torch.long))
-                for i, t in zip(going, self.model(chain, self.pool).argmax(-1).tolist()):
-                    out[i].append(t)
-        for i, tokens in out.items():
-            items[i][0].next_draft = tokens
+                    torch.tensor([item.out[-1] for item in going], dtype=torch.long),
+                    torch.tensor([item.end + j for item in going], dtype=torch.long),
+                    [1] * len(going), [item.end + j for item in going],
+                    [item.row.seq.kv_slot_tensor(item.kept + item.lent[:j + 1]) for item in going],
+                    torch.tensor([item.lent[j] for item in going], dtype=torch.long))
+                for item, t in zip(going, self._pass(chain).argmax(-1).tolist()):
+                    item.out.append(t)
+        for item in drafting:
+            item.row.next_draft = item.out
+
+    def _pass(self, batch: ForwardBatch) -> torch.Tensor:
+        """One forward pass of the draft model; its time joins the measured costs."""
+        started = time.perf_counter()
+        logits = self.model(batch, self.pool)
+        seconds, rows = time.perf_counter() - started, int(batch.input_ids.shape[0])
+        self.passes[rows] += 1
+        self.seconds += seconds
+        if self.costs is not None:
+            self.costs.add(self.costs.draft, len(batch.new_lens), rows, seconds)
+        return logits
+
+
+@dataclasses.dataclass(eq=False)
+class _Item:
+    """One row's part in the draft's passes."""
+    row: object
+    tokens: list[int]        # the step's kept positions' tokens, from `start`
+    start: int
+    kept: list[int]          # their slots
+    drawn: Optional[int]     # the token the step drew next (None: a prompt chunk that samples nothing)
+    synced: int              # the draft's pool holds this sequence's positions before this
+    upto: int                # this step's pass runs its positions up to this (end: all)
+    asking: Optional[int] = None  # its index among the rows asking for drafts
+    run: bool = False        # the cost gave it drafts: its positions run this step
+    want: int = 0            # drafts it makes for its next step
+    lent: list[int] = dataclasses.field(default_factory=list)
+    out: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+def _tokens(seq, start: int, end: int) -> list[int]:
+    """The sequence's tokens at positions start .. end - 1 (prompt, then output)."""
+    if start >= end:
+        return []
+    n = len(seq.prompt_ids)
+    return seq.prompt_ids[start:min(end, n)] + seq.output_ids[max(start - n, 0):max(end - n, 0)]
 
 
 def check_tokenizers(target, draft, draft_path: str) -> None:
@@ -131,7 +238,7 @@ def check_tokenizers(target, draft, draft_path: str) -> None:
     same vocabulary, added tokens included, and the same special tokens; refused otherwise.
     (Compared as data: a GGUF's tokenizer and the same one in a directory differ as text.)"""
     def what(tok):
-        return (tok._tok.get_vocab(with_added_tokens=True), tok.bos_token, tok.eos_token)
+        return (tok.vocabulary(), tok.bos_token, tok.eos_token)
     if what(target) != what(draft):
         raise ValueError(f"--speculative-draft-model-path {draft_path}: its tokenizer is not the target's (a draft "
                          "token id must be the same text in both models)")

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine.sequence import Status
+from rvascend.engine.draft_cost import StepCosts
 from rvascend.engine.random_model import ensure_random_model
 from rvascend.engine.standalone_draft import check_tokenizers
 from rvascend.engine.testing import TINY_QWEN3_5, write_random_checkpoint
@@ -26,6 +28,9 @@ OTHER = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediat
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
          "vocab_size": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 4096,
          "tie_word_embeddings": True, "eos_token_id": 1}
+# Drafts as the budgets ask, whatever they cost: these tests are about what drafting does
+# (draft_cost_test.py: how many tokens the cost lets a sequence draft).
+AS_ASKED = {"speculative_step_costs": "none"}
 
 
 def _deterministic(path: str):
@@ -51,7 +56,7 @@ def other():
 
 def _run(target, draft, prompts, params, k=4):
     config = EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE" if draft else None,
-                          speculative_num_draft_tokens=k)
+                          speculative_num_draft_tokens=k, **AS_ASKED)
     engine = Engine(target, None, config, draft_model=draft)
     seqs = engine.generate(prompts, params)
     return engine, [s.output_ids for s in seqs]
@@ -83,7 +88,7 @@ def test_a_cached_prefix_drafts_as_well_as_a_fresh_one(target, twin):
     """The second request's prompt comes from the prefix cache: the draft's pool holds it too
     (written slot for slot when the first request ran), so its drafts are all taken."""
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-    engine = Engine(target, None, EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE"),
+    engine = Engine(target, None, EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE", **AS_ASKED),
                     draft_model=twin)
     prompt = list(range(100, 180))
     first = engine.generate([prompt], params)[0]
@@ -96,14 +101,14 @@ def test_a_cached_prefix_drafts_as_well_as_a_fresh_one(target, twin):
 
 
 def test_a_draft_that_cannot_draft_is_refused(target):
-    params = EngineConfig(max_total_tokens=256, speculative_algorithm="STANDALONE")
+    params = EngineConfig(max_total_tokens=256, speculative_algorithm="STANDALONE", **AS_ASKED)
     smaller_vocab = _deterministic(write_random_checkpoint(dict(OTHER, vocab_size=1024)))
     with pytest.raises(ValueError, match=r"vocabulary \(1024 tokens\) is not the target's \(2048\)"):
         Engine(target, None, params, draft_model=smaller_vocab)
     hybrid = load_model(write_random_checkpoint(dict(TINY_QWEN3_5, vocab_size=2048)), torch.float32)
     with pytest.raises(ValueError, match="recurrent layers"):
         Engine(target, None, params, draft_model=hybrid)
-    with pytest.raises(ValueError, match="STANDALONE drafts with --speculative-draft-model-path"):
+    with pytest.raises(ValueError, match="STANDALONE drafts with a draft model"):
         Engine(target, None, params)
     with pytest.raises(ValueError, match="give both or neither"):
         Engine(target, None, EngineConfig(max_total_tokens=256), draft_model=target)
@@ -145,7 +150,7 @@ def test_a_full_pool_drafts_for_as_many_rows_as_it_can(target, twin):
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     prompts = [list(range(10 * i, 10 * i + 60)) for i in range(4)]
     _, plain = _run(target, None, prompts, params)
-    engine = Engine(target, None, EngineConfig(max_total_tokens=404, speculative_algorithm="STANDALONE",
+    engine = Engine(target, None, EngineConfig(max_total_tokens=404, speculative_algorithm="STANDALONE", **AS_ASKED,
                                                disable_radix_cache=True), draft_model=twin)
     lend, asked = engine.scheduler.lend, []
     engine.scheduler.lend = lambda n: asked.append((n, len(got := lend(n)))) or got
@@ -159,7 +164,7 @@ def test_a_failing_draft_model_fails_no_request(target, twin, monkeypatch):
     """Drafts are proposals: a draft model that raises leaves the step to decode without them."""
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     _, plain = _run(target, None, PROMPTS, params)
-    engine = Engine(target, None, EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE"),
+    engine = Engine(target, None, EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE", **AS_ASKED),
                     draft_model=twin)
     calls = []
 
@@ -174,3 +179,107 @@ def test_a_failing_draft_model_fails_no_request(target, twin, monkeypatch):
     assert [s.output_ids for s in engine.generate(PROMPTS, params)] == plain
     assert len(calls) > 3
     assert engine.flush_cache() and sorted(engine.scheduler.free_slots) == list(range(2048))
+
+
+def _count_passes(engine):
+    """Row counts of the draft model's passes, as they run."""
+    model, passes = engine.speculator.draft_model, []
+    run = model._pass
+    model._pass = lambda batch: passes.append(int(batch.input_ids.shape[0])) or run(batch)
+    return passes
+
+
+def test_a_sequence_without_drafts_skips_the_passes_and_catches_up(target, twin):
+    """While the cost gives no drafts the draft model runs nothing for a decoding sequence;
+    the pass before it drafts again runs the positions it skipped, so the target's own
+    weights drafting are still accepted every time (a pool missing them would not be)."""
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    _, plain = _run(target, None, PROMPTS, params)
+    engine = Engine(target, None, EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE"),
+                    draft_model=twin)
+    passes, steps, quiet = _count_passes(engine), [], []
+
+    def lengths(budgets, acceptance, caps, sequences, rows, behind):
+        steps.append(len(passes))
+        if 3 <= len(steps) < 9:  # six steps without drafts
+            quiet.append(len(passes))
+            return [0] * len(caps)
+        return list(caps)
+    engine.speculator.lengths = lengths
+    assert [s.output_ids for s in engine.generate(PROMPTS, params)] == plain
+    assert len(set(quiet)) == 1  # no pass ran while nobody drafted
+    assert 0 < engine.speculator.accepted == engine.speculator.drafted
+    assert engine.flush_cache() and sorted(engine.scheduler.free_slots) == list(range(2048))
+
+
+def test_drafts_that_cannot_pay_are_not_made(target, twin):
+    """A draft model costing as much as the target never pays: its sequences only probe,
+    and the draft model's passes are the prompts' and the probes' alone."""
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    _, plain = _run(target, None, PROMPTS, params)
+    flat = {r: 1.0 for r in range(1, 64)}
+    engine = Engine(target, None, EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE"),
+                    draft_model=twin, step_costs=StepCosts(target=flat, draft=flat))
+    passes = engine.speculator.draft_model.passes
+    assert [s.output_ids for s in engine.generate(PROMPTS, params)] == plain
+    # 60 tokens a sequence: probes at its first ask and after 32 more steps, of one draft (a
+    # fresh budget's ask) and then at most two (the first taken whole), in one pass each.
+    assert 0 < engine.speculator.drafted <= 3 * len(PROMPTS)
+    assert sum(passes.values()) <= 1 + 3 * len(PROMPTS)  # the prompts (one step), then the probes
+
+
+def test_a_cached_prefix_whose_writer_skipped_positions_is_caught_up(target, twin):
+    """Turn 1 drafts nothing for its last tokens (the draft's pool never gets them); turn 2
+    takes turn 1 from the prefix cache: the positions turn 1 skipped are run before turn 2
+    drafts, so the target's own weights drafting are still accepted every time."""
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    engine = Engine(target, None, EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE"),
+                    draft_model=twin)
+    skip = {"on": False}
+    engine.speculator.lengths = lambda budgets, acceptance, caps, *_: [0] * len(caps) if skip["on"] else list(caps)
+    prompt = list(range(100, 180))
+    first = engine.add_request(prompt, params)
+    while first.status is not Status.FINISHED:
+        skip["on"] = len(first.output_ids) >= 8
+        engine.step()
+    assert first.draft_synced < first.num_tokens - 20
+    skip["on"] = False
+    before = (engine.speculator.drafted, engine.speculator.accepted)
+    second = engine.generate([prompt + first.output_ids + [5, 6]], params)[0]
+    assert second.cached_tokens > first.draft_synced
+    drafted, accepted = engine.speculator.drafted - before[0], engine.speculator.accepted - before[1]
+    assert drafted > 0 and accepted == drafted
+
+
+def test_a_prompt_whose_draft_pass_failed_is_caught_up(target, twin):
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    engine = Engine(target, None, EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE",
+                                               disable_radix_cache=True, **AS_ASKED), draft_model=twin)
+    model, calls = engine.speculator.draft_model, []
+    run = model._pass
+
+    def fails_first(batch):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected")
+        return run(batch)
+    model._pass = fails_first
+    seq = engine.generate([list(range(100, 180))], params)[0]
+    assert seq.output_ids == _run(target, None, [list(range(100, 180))], params)[1][0]
+    assert 0 < engine.speculator.accepted == engine.speculator.drafted
+
+
+def test_catching_up_runs_a_chunk_a_step(target, twin):
+    """A sequence left without drafts for 200 steps, then drafting: its skipped positions run
+    at most chunked_prefill_size a pass, and it drafts once they have all run."""
+    params = SamplingParams(max_tokens=260, temperature=0, ignore_eos=True)
+    _, plain = _run(target, None, [list(range(100, 140))], params)
+    engine = Engine(target, None, EngineConfig(max_total_tokens=2048, speculative_algorithm="STANDALONE",
+                                               chunked_prefill_size=16), draft_model=twin)
+    calls = []
+    engine.speculator.lengths = lambda budgets, acceptance, caps, *_: \
+        calls.append(1) or (list(caps) if len(calls) > 200 or len(calls) < 3 else [0] * len(caps))
+    passes = engine.speculator.draft_model.passes
+    assert [s.output_ids for s in engine.generate([list(range(100, 140))], params)] == plain
+    assert max(passes) <= 16 + 1 + 4  # a chunk, or a decode row's kept tokens and its drawn one
+    assert 0 < engine.speculator.accepted == engine.speculator.drafted

@@ -75,7 +75,7 @@ def _load(model_path: str, gguf_file, dtype: torch.dtype, keep_quantized: bool, 
     cls = model_class_for(config.architecture)
     if mtp and gguf_file is not None:
         raise ValueError("an MTP head is loaded from safetensors checkpoints only, not from a GGUF file")
-    with torch.device("meta"), _no_weight_init():
+    with torch.device("meta"), no_weight_init():
         model = cls(config)
         if mtp:
             from rvascend.models import qwen3_5_mtp  # only then: it imports the Qwen3.5 model
@@ -158,7 +158,7 @@ def _materialize(model: nn.Module, dtype: torch.dtype) -> None:
 
 
 @contextlib.contextmanager
-def _no_weight_init() -> Iterator[None]:
+def no_weight_init() -> Iterator[None]:
     """Module constructors without their weight initialisation, which the checkpoint
     overwrites: on meta tensors it runs PyTorch's Python reference kernels, whose first
     use imports torch._dynamo (70 MiB of RSS, in a server that may never compile)."""

@@ -317,7 +317,7 @@ def test_a_draft_pass_that_fails_gives_its_lent_slots_back(checkpoint, monkeypat
         return real(self, *args)
 
     monkeypatch.setattr(qwen3_5_mtp.MultiTokenPredictor, "forward", failing_in_the_chain)
-    plan = engine._prepare([(seq, 1 + len(engine._draft(seq)))])
+    plan = engine._prepare([(seq, 1 + len(engine.speculator.draft(seq, engine._room(seq), engine.eos_ids)))])
     with pytest.raises(RuntimeError, match="injected"):
         engine._run(plan)
     engine._abandon(plan)

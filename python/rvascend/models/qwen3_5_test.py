@@ -274,7 +274,7 @@ def test_a_failed_hybrid_verify_step_leaves_the_states_it_read(pair, monkeypatch
     states = engine.states
     before = [x[seq.state_slot].clone() for x in (*states.conv, *states.ssm)]
     held = (seq.state_slot, list(seq.spare_state_slots))
-    plan = engine._prepare([(seq, 1 + len(engine._draft(seq)))])
+    plan = engine._prepare([(seq, 1 + len(engine.speculator.draft(seq, engine._room(seq), engine.eos_ids)))])
     assert plan.batch.state_token_slots is not None
     monkeypatch.setattr(model_runner.sampler, "sample", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
     monkeypatch.setattr(engine.runner, "greedy_tokens", lambda *a: (_ for _ in ()).throw(RuntimeError("x")))

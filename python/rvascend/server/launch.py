@@ -96,6 +96,7 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
                          "--enable-cpu-rvv-kernels")
     if opts.dtype not in _DTYPES:
         raise ValueError(f"--dtype {opts.dtype!r} is not supported ({', '.join(_DTYPES)})")
+    _check_draft_flags(opts)  # before any weight is read
     if opts.enable_deterministic_inference is None:
         from rvascend import ops
 
@@ -125,7 +126,7 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
 
         qwen3_5_mtp.restrict_draft_vocab(model, qwen3_5_mtp.read_token_map(opts.speculative_token_map))
     tokenizer = Tokenizer(path)
-    draft = _draft_model(opts, tokenizer)
+    draft = _draft_model(opts, tokenizer, model)
     if tokenizer.chat_template is not None:
         try:
             tokenizer.chat_template.probe()
@@ -194,17 +195,34 @@ def _install_kernels(opts: ServerArgs, name: str, model, draft) -> RvvPolicy:
     return policy
 
 
-def _draft_model(opts: ServerArgs, tokenizer: Tokenizer):
-    """STANDALONE's draft model (None for the other algorithms), loaded as the target is (a
-    GGUF's quantized matrices kept with the kernels on); its tokenizer must be the target's."""
-    if (opts.speculative_algorithm == "STANDALONE") != bool(opts.speculative_draft_model_path):
-        raise ValueError("--speculative-algorithm STANDALONE drafts with --speculative-draft-model-path, and only "
-                         "it does: give both or neither")
-    if not opts.speculative_draft_model_path:
+def _check_draft_flags(opts: ServerArgs) -> None:
+    path, quantization = opts.speculative_draft_model_path, opts.speculative_draft_model_quantization
+    if (opts.speculative_algorithm == "STANDALONE") != bool(path or quantization):
+        raise ValueError("--speculative-algorithm STANDALONE drafts with --speculative-draft-model-path or "
+                         "--speculative-draft-model-quantization, and only it does: give the algorithm with one")
+    if path and quantization:
+        raise ValueError("--speculative-draft-model-path and --speculative-draft-model-quantization name two "
+                         "draft models: give one")
+
+
+def _draft_model(opts: ServerArgs, tokenizer: Tokenizer, model):
+    """STANDALONE's draft model (None for the other algorithms): a file loaded as the target
+    is (a GGUF's quantized matrices kept with the kernels on; its tokenizer must be the
+    target's), or the target's own weights quantized in memory."""
+    path, quantization = opts.speculative_draft_model_path, opts.speculative_draft_model_quantization
+    if quantization:
+        from rvascend.models.quantized_copy import quantized_copy
+        from rvascend.models.quantized_layers import QuantizedEmbedding, quantized_modules
+
+        draft = quantized_copy(model, quantization)
+        own = sum(m.packed_bytes for _, m in quantized_modules(draft) if not isinstance(m, QuantizedEmbedding))
+        logging.info("draft model: the target's weights in %s (%.1f MiB of quantized matrices; the rest shared)",
+                     quantization, own / 2**20)
+        return draft
+    if not path:
         return None
     from rvascend.engine.standalone_draft import check_tokenizers
 
-    path = opts.speculative_draft_model_path
     check_tokenizers(tokenizer, Tokenizer(path), path)
     logging.info("draft model: %s", path)
     return load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_kernels)

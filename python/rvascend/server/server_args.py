@@ -110,13 +110,18 @@ class ServerArgs:
     speculative_algorithm: Optional[str] = _arg(
         _ENGINE.speculative_algorithm, "Speculative decoding: NGRAM drafts tokens from the request's own prompt "
         "and output, SUFFIX from those or from recent requests of the same API key (the longer match), NEXTN with a Qwen3.5 "
-        "checkpoint's MTP head, STANDALONE with a draft model (--speculative-draft-model-path); one step verifies "
+        "checkpoint's MTP head, STANDALONE with a draft model (--speculative-draft-model-path or "
+        "--speculative-draft-model-quantization); one step verifies "
         "them (the output is exactly what decoding without drafts gives); default: off.",
         ("NGRAM", "SUFFIX", "NEXTN", "STANDALONE"))
     speculative_draft_model_path: Optional[str] = _arg(
         None, "STANDALONE: the draft model, a checkpoint directory or GGUF file with the target's tokenizer and "
         "vocabulary, attention-only (e.g. the target's own weights in a smaller GGUF format); it runs beside the "
         "target with its own K/V pool of the target's size.")
+    speculative_draft_model_quantization: Optional[str] = _arg(
+        None, "STANDALONE: the draft model is the target's own weights with every projection and the lm_head "
+        "quantized in memory to this format (llama.cpp's reference quantizer), the embedding and norms shared; "
+        "instead of --speculative-draft-model-path.", ("q4_0", "q8_0"))
     speculative_num_draft_tokens: int = _arg(_ENGINE.speculative_num_draft_tokens,
                                              "Draft tokens per sequence and step, at most.")
     speculative_token_map: Optional[str] = _arg(
@@ -129,6 +134,11 @@ class ServerArgs:
     speculative_suffix_cache_tokens: int = _arg(
         _ENGINE.speculative_suffix_cache_tokens, "SUFFIX: tokens of recent requests (prompts and outputs) drafts may "
         "come from, oldest out first; an API key's requests draft only from that key's.")
+    speculative_step_costs: str = _arg(
+        _ENGINE.speculative_step_costs, "How many tokens each sequence drafts: measured chooses, each step, the "
+        "lengths of most expected tokens per second from this machine's measured pass costs and each sequence's "
+        "acceptance, and drafts nothing where that does not beat decoding (a draft model then skips its passes); "
+        "none drafts what the acceptance budgets ask, whatever it costs.", ("measured", "none"))
     watchdog_timeout: float = _arg(300.0, "/health reports unhealthy when one engine step runs longer (s).")
     graceful_shutdown_timeout: float = _arg(5.0, "On SIGTERM/SIGINT, seconds open requests get before the "
                                                  "server exits anyway.")

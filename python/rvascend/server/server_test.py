@@ -275,7 +275,8 @@ def test_suffix_drafts_are_kept_per_api_key():
 def test_a_draft_model_drafts_for_the_target(tmp_path):
     """--speculative-algorithm STANDALONE --speculative-draft-model-path: the target's own
     checkpoint as its draft (the policy installed on both): the answer is the target's, every
-    draft taken; a draft path without the algorithm, or a tokenizer not the target's, is refused."""
+    draft taken; so with --speculative-draft-model-quantization; a draft without the
+    algorithm, two drafts, or a tokenizer not the target's, is refused."""
     plain = Server()
     try:
         body = {"model": plain.name, "prompt": [5, 9, 300, 41], "max_tokens": 12, "temperature": 0,
@@ -293,8 +294,26 @@ def test_a_draft_model_drafts_for_the_target(tmp_path):
         assert get_policy(spec.draft_model.model) is not None
     finally:
         s.stop()
-    with pytest.raises(ValueError, match="give both or neither"):
+    # The target's own weights quantized in memory as the draft: the answer is still the target's.
+    s = Server(speculative_algorithm="STANDALONE", speculative_draft_model_quantization="q8_0")
+    try:
+        r = s.http.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want
+        draft = s.engine.speculator.draft_model.model
+        assert s.engine.speculator.drafted > 0 and get_policy(draft) is not None
+        assert draft.model.norm.weight is s.engine.model.model.norm.weight  # shared; the matrices quantized
+        assert draft.lm_head.parts[0].fmt == "Q8_0"
+    finally:
+        s.stop()
+    with pytest.raises(ValueError, match="give the algorithm with one"):
         build_engine(ServerArgs(model_path=ensure_random_model(), speculative_draft_model_path=ensure_random_model()))
+    with pytest.raises(ValueError, match="give the algorithm with one"):
+        build_engine(ServerArgs(model_path=ensure_random_model(), speculative_draft_model_quantization="q4_0"))
+    with pytest.raises(ValueError, match="name two draft models"):
+        build_engine(ServerArgs(model_path=ensure_random_model(), speculative_algorithm="STANDALONE",
+                                speculative_draft_model_path=ensure_random_model(),
+                                speculative_draft_model_quantization="q4_0"))
     other = copy_tokenizer(tmp_path, rename=("<|begin_of_text|>", "<|begin|>"))
     with pytest.raises(ValueError, match="tokenizer is not the target's"):
         build_engine(ServerArgs(model_path=ensure_random_model(), speculative_algorithm="STANDALONE",
