@@ -12,7 +12,7 @@ import sys
 import torch
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams, ngram_draft
-from rvascend.engine.testing import IMAGE_LLAMA, IMAGE_QWEN3_5, write_random_checkpoint
+from rvascend.models.testing import IMAGE_LLAMA, IMAGE_QWEN3_5, write_random_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine.testing import IMAGE_LLAMA as LLAMA, IMAGE_QWEN3_5 as QWEN3_5, write_random_checkpoint
+from rvascend.models.testing import IMAGE_LLAMA as LLAMA, IMAGE_QWEN3_5 as QWEN3_5, write_random_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
 

@@ -30,7 +30,7 @@ import httpx
 import openai
 
 from rvascend import checkout
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.server import riscv64
 from rvascend.server.launch import build_engine
 from rvascend.server.server_args import ServerArgs

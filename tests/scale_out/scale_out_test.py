@@ -21,7 +21,7 @@ import time
 import httpx
 import pytest
 
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.server import scale_out
 from rvascend.server.loopback import free_port, wait_healthy
 from rvascend.server.limits import API_KEY_ENV

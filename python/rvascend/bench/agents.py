@@ -352,7 +352,7 @@ def write_checkpoint(path: str) -> None:
     """CONFIG with random weights, the random test model's tokenizer and CHAT_TEMPLATE."""
     from safetensors.torch import save_file
 
-    from rvascend.engine.random_model import ensure_random_model, random_weights
+    from rvascend.models.random_model import ensure_random_model, random_weights
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(CONFIG, f, indent=2)

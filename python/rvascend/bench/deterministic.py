@@ -26,7 +26,7 @@ from absl import app, flags, logging
 from rvascend.bench import engine_model
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 

@@ -8,7 +8,7 @@ import time
 import torch
 from absl import flags
 
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.models.loader import load_model
 from rvascend.models.decoder import CausalLM
 

@@ -87,7 +87,7 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
     quantized types from it by llama.cpp's quantizer (its default recipe). `layers`
     truncates a random-weight model to that many layers (files named -<layers>l); a
     model's own depth is its whole file."""
-    from rvascend.engine import random_checkpoint
+    from rvascend.models import random_checkpoint
     from rvascend.models import default_model
     from rvascend.models import gguf_checkpoint, gguf_export
 

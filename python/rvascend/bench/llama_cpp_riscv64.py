@@ -287,7 +287,7 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"--variants from {VARIANTS}; --prompts must include --base-prompt {base_prompt} and "
                              "every --prefill-prompts length")
     threads_available = len(os.sched_getaffinity(0))
-    from rvascend.engine import random_checkpoint
+    from rvascend.models import random_checkpoint
 
     files = llama_cpp_peer.prepare_models(work, FLAGS.models, FLAGS.types, llama_cpp.python_path(), threads_available)
     # A model of real weights cannot be cut to fewer layers: its whole file is its one unit, run

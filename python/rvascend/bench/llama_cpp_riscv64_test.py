@@ -91,7 +91,7 @@ def _hybrid_like(periods, prompt, generate=2):
 
 
 def test_compose_takes_a_hybrid_by_whole_periods_of_its_layer_pattern():
-    from rvascend.engine import random_checkpoint
+    from rvascend.models import random_checkpoint
 
     assert bench.depth_unit(random_checkpoint.SHAPES["qwen3.5-2b"]) == 4
     assert bench.depth_unit(random_checkpoint.SHAPES["qwen3.5-0.8b"]) == 4
@@ -184,7 +184,7 @@ def test_driver_count_is_stable_and_sees_attention_grow():
                     "driver are built by `./dev setup`; run the test through Bazel")
     qemu, plugin, driver = built
     from rvascend.build import llama_cpp
-    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models.random_model import ensure_random_model
     from rvascend.models import gguf_export
 
     image = os.path.join(checkout.root(), ".deps", "riscv64_image")

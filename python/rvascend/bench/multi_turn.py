@@ -27,7 +27,8 @@ import torch
 from absl import app, flags, logging
 
 from rvascend.bench.results import print_table, write_jsonl
-from rvascend.engine import Engine, EngineConfig, SamplingParams, random_checkpoint
+from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.models import random_checkpoint
 from rvascend.models.default_model import ensure_default_model
 from rvascend.models.loader import load_model
 

@@ -31,7 +31,7 @@ from rvascend.bench.results import print_table, write_jsonl
 from rvascend.bench.rss import peak_rss_mib, reset_peak_rss
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.bench.timing import copy_bandwidth
-from rvascend.engine import random_checkpoint
+from rvascend.models import random_checkpoint
 from rvascend.runtime import allocator
 from rvascend.models.loader import load_model
 from rvascend.models.quantized_layers import QuantizedLinear

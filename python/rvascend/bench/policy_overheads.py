@@ -30,7 +30,7 @@ from absl import app, flags, logging
 
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.bench.timing import time_calls
-from rvascend.engine import random_checkpoint
+from rvascend.models import random_checkpoint
 
 FLAGS = flags.FLAGS
 

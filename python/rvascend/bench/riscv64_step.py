@@ -180,7 +180,7 @@ def _llama_cpp_files(shape: str, modes: list[str], layers: list[int], target_lay
     the output matrix stays in Q6_K for Q4_0)."""
     from rvascend.bench import llama_cpp_peer
     from rvascend.build import llama_cpp
-    from rvascend.engine import random_checkpoint
+    from rvascend.models import random_checkpoint
 
     work, python, threads = llama_cpp.work_dir(), llama_cpp.python_path(), len(os.sched_getaffinity(0))
     files = {(mode, n): llama_cpp_peer.prepare_models(work, [shape], [mode], python, threads, layers=n)[f"{shape} {mode}"]
@@ -315,7 +315,7 @@ def project(step: dict[str, Any], config: dict[str, Any], context: int, rows: in
 
 def project_record(record: dict[str, Any], threads: int, board: k1_model.Board) -> float:
     """project() of a stored record (its regions with their vector counts, its shape and bytes)."""
-    from rvascend.engine import random_checkpoint
+    from rvascend.models import random_checkpoint
 
     step = {"total": record["instructions"], "kind": record["kind"],
             "regions": {k: (n, record["region_vectors"][k]) for k, n in record["regions"].items()},
@@ -327,7 +327,7 @@ def project_record(record: dict[str, Any], threads: int, board: k1_model.Board) 
 
 def main(argv: list[str]) -> int:
     del argv
-    from rvascend.engine import random_checkpoint
+    from rvascend.models import random_checkpoint
     from rvascend.repro import manifest
 
     image = FLAGS.image or os.path.join(checkout.root(), ".deps", "riscv64_image")

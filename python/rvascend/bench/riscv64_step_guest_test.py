@@ -15,8 +15,8 @@ import rvascend
 from safetensors.torch import save_file
 
 from rvascend.bench.riscv64_step import HYBRID_LINEARS, LINEARS
-from rvascend.engine import random_checkpoint
-from rvascend.engine.random_model import ensure_random_model, random_weights
+from rvascend.models import random_checkpoint
+from rvascend.models.random_model import ensure_random_model, random_weights
 
 _GUEST = os.path.join(os.path.dirname(__file__), "riscv64_step_guest.py")
 

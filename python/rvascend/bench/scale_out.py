@@ -25,7 +25,7 @@ import httpx
 from absl import app, flags, logging
 
 from rvascend.bench.results import percentile, print_table, write_jsonl
-from rvascend.engine import random_checkpoint
+from rvascend.models import random_checkpoint
 from rvascend.repro import manifest
 from rvascend.server import scale_out
 

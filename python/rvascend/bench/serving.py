@@ -114,7 +114,7 @@ def _vocab(model_path: str) -> int:
 
 def main(argv: list[str]) -> int:
     del argv
-    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models.random_model import ensure_random_model
 
     model_path = FLAGS["model-path"].value or ensure_random_model()
     records = []

@@ -364,7 +364,7 @@ def soak_server(model_path: str, extra: Sequence[str]):
 
 def main(argv: list[str]) -> int:
     del argv
-    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models.random_model import ensure_random_model
     from rvascend.repro import manifest
 
     model_path = FLAGS["model-path"].value or ensure_random_model()

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from rvascend.bench import soak
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 
 
 def test_sixty_seconds_of_mixed_load_leave_the_server_whole():

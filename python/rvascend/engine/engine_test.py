@@ -200,7 +200,7 @@ def _steps_until_first_token(engine: Engine, waiting, running) -> int:
 
 @pytest.mark.parametrize("size,gained", [(16, 7), (None, 1)])
 def test_chunked_prefill_rides_along_with_decoding(size, gained):
-    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models.random_model import ensure_random_model
     model = load_model(ensure_random_model())
     engine = Engine(model, None, EngineConfig(max_total_tokens=512, chunked_prefill_size=size))
     params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
@@ -219,7 +219,7 @@ def test_chunked_prefill_rides_along_with_decoding(size, gained):
 def test_a_poisoned_prompt_in_a_mixed_step_fails_alone():
     """A new prompt whose forward raises rides in the same step as a running request's
     decode: only the prompt fails; the running request's tokens are as without it."""
-    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models.random_model import ensure_random_model
     model = load_model(ensure_random_model())
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     want = greedy(model, [5, 6, 7], 10)
@@ -244,7 +244,7 @@ def test_a_poisoned_prompt_in_a_mixed_step_fails_alone():
 
 
 def test_abort_during_chunked_prefill_frees_its_slots():
-    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models.random_model import ensure_random_model
     engine = Engine(load_model(ensure_random_model()), None, EngineConfig(max_total_tokens=512, chunked_prefill_size=16))
     long = engine.add_request(list(range(10, 110)), SamplingParams(max_tokens=4))
     engine.step()
@@ -291,7 +291,7 @@ def test_prefix_cache_gives_the_same_tokens_and_reuses_the_prefix(checkpoint):
 
 
 def _random_engine(**config) -> Engine:
-    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models.random_model import ensure_random_model
     return Engine(load_model(ensure_random_model()), None, EngineConfig(**config))
 
 
@@ -425,7 +425,7 @@ def test_sharded_checkpoint_loads(tmp_path):
 
 
 def test_request_validation_and_queue_limit():
-    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models.random_model import ensure_random_model
     model = load_model(ensure_random_model())
     engine = Engine(model, None, EngineConfig(max_total_tokens=64, max_queued_requests=2, context_length=48))
     for prompt, params, match in [
@@ -448,7 +448,7 @@ def test_request_validation_and_queue_limit():
 
 
 def test_sampling_is_reproducible_with_a_seed():
-    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models.random_model import ensure_random_model
     model = load_model(ensure_random_model())
     engine = Engine(model, None, EngineConfig(max_total_tokens=256))
     params = SamplingParams(max_tokens=8, temperature=1.5, top_p=0.9, seed=1234, ignore_eos=True)

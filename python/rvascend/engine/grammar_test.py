@@ -12,7 +12,7 @@ import torch
 
 from rvascend.engine import Engine, EngineConfig, Grammar, GrammarError, RequestError, SamplingParams
 from rvascend.engine import engine as engine_module
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.models.loader import load_model
 from rvascend.tokenizer.tokenizer import Tokenizer
 

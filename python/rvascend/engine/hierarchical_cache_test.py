@@ -11,8 +11,10 @@ import os
 import pytest
 import torch
 
-from rvascend.engine import Engine, EngineConfig, SamplingParams, hierarchical_cache, random_checkpoint
-from rvascend.engine.testing import TINY_QWEN3_5, load_exact_or_fp32, write_random_checkpoint
+from rvascend.engine import Engine, EngineConfig, SamplingParams, hierarchical_cache
+from rvascend.models import random_checkpoint
+from rvascend.engine.testing import load_exact_or_fp32
+from rvascend.models.testing import TINY_QWEN3_5, write_random_checkpoint
 from rvascend.models.loader import load_model
 
 TINY_QWEN3 = dict(random_checkpoint.SHAPES["qwen3-0.6b"], hidden_size=128, intermediate_size=256,

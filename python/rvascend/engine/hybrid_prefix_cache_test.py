@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine.testing import TINY_QWEN3_5, load_exact_or_fp32, write_random_checkpoint
+from rvascend.engine.testing import load_exact_or_fp32
+from rvascend.models.testing import TINY_QWEN3_5, write_random_checkpoint
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
 

@@ -15,7 +15,7 @@ from rvascend.engine import Engine, EngineConfig, Grammar, SamplingParams
 from rvascend.engine import engine as engine_module
 from rvascend.engine import model_runner
 from rvascend.engine.ngram_draft import PAUSE_STEPS, DraftBudget, NgramIndex
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 from rvascend.tokenizer.tokenizer import Tokenizer
@@ -350,8 +350,8 @@ def test_sampling_with_drafts_keeps_the_models_distribution(tmp_path, monkeypatc
 
     from safetensors.torch import save_file
 
-    from rvascend.engine import random_checkpoint
-    from rvascend.engine.random_model import random_weights
+    from rvascend.models import random_checkpoint
+    from rvascend.models.random_model import random_weights
     from rvascend.models.testing import all_logits
 
     vocab, temperature, n = 32, 0.5, 10_000

@@ -15,9 +15,9 @@ import torch
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.engine.sequence import Status
 from rvascend.engine.draft_cost import StepCosts
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.engine.standalone_draft import check_tokenizers
-from rvascend.engine.testing import TINY_QWEN3_5, write_random_checkpoint
+from rvascend.models.testing import TINY_QWEN3_5, write_random_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 from rvascend.tokenizer.tokenizer import Tokenizer

@@ -15,7 +15,7 @@ import torch
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams, sampler
 from rvascend.engine import model_runner
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.engine.sequence import Status
 from rvascend.models.loader import load_model
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.engine.suffix_draft import SuffixCorpus
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy

@@ -1,45 +1,20 @@
-"""Test helpers that need the engine or the installed policy: a greedy run through the
-engine, the fused step against op by op on two Runners (models/testing.py), and the
-narrow random-weight checkpoints the riscv64 image's checks run (tests/riscv64_image)."""
+"""Test helpers that need the engine or the installed policy: a model loaded for exact
+comparison, a greedy run through the engine, and the fused step against op by op on two
+Runners (models/testing.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import tempfile
 from typing import Union
 
 import torch
-from safetensors.torch import save_file
 
 from rvascend.dispatch.fused_decoder import held_off
-from rvascend.engine import Engine, EngineConfig, SamplingParams, random_checkpoint
-from rvascend.engine.random_model import random_weights
+from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models.decoder import CausalLM
 from rvascend.models.loader import load_model
 from rvascend.models.testing import Runner
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
-
-# Llama and Qwen3.5 (three Gated DeltaNet layers, then gated full attention) at 1024 wide,
-# so every projection is packed, and one period deep, so emulation stays short. No MTP head.
-IMAGE_LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermediate_size": 1024,
-               "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
-               "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 256,
-               "tie_word_embeddings": True, "eos_token_id": 1}
-IMAGE_QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=1024, intermediate_size=1024,
-                     num_hidden_layers=4, head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
-                     vocab_size=1024, max_position_embeddings=256, mtp_num_hidden_layers=0,
-                     layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
-
-# Qwen3.5's layer pattern (three Gated DeltaNet layers, then gated full attention), narrow:
-# the engine's hybrid tests (prefix cache, cache tiers).
-TINY_QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=128, intermediate_size=256,
-                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-                    linear_value_head_dim=32, vocab_size=512, max_position_embeddings=1024, mtp_num_hidden_layers=0,
-                    layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
-
 
 def load_exact_or_fp32(path: str, kind: str) -> CausalLM:
     """`kind` "float32": through ATen (a row's logits depend on how many rows its matmuls had:
@@ -53,26 +28,6 @@ def load_exact_or_fp32(path: str, kind: str) -> CausalLM:
     install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
     model.exact = True
     return model
-
-
-def write_random_checkpoint(config: dict) -> str:
-    """A fresh directory holding `config` and random weights (seed 0), no tokenizer."""
-    path = tempfile.mkdtemp()
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f)
-    save_file(random_weights(config, seed=0), os.path.join(path, "model.safetensors"))
-    return path
-
-
-def wrong_in_most_steps(answer: list[int], done: int, k: int, vocab: int) -> list[int]:
-    """A scripted draft: the k tokens of `answer` after its first `done`, with the one at
-    done % (k + 2) changed when that falls inside, so that verify steps take all of a
-    draft, part of it, or none."""
-    draft = list(answer[done:done + k])
-    wrong = done % (k + 2)
-    if wrong < len(draft):
-        draft[wrong] = (draft[wrong] + 1) % vocab
-    return draft
 
 
 def greedy(model: CausalLM, ids: Union[list[int], torch.Tensor], n: int) -> list[int]:

@@ -20,7 +20,7 @@ import pytest
 import torch
 import transformers
 
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.tokenizer.tokenizer import Tokenizer
 from rvascend.models import gguf_export, gguf_file
 from rvascend.models.loader import load_model

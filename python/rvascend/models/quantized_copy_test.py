@@ -11,8 +11,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from rvascend.engine.random_model import ensure_random_model
-from rvascend.engine.testing import IMAGE_LLAMA, TINY_QWEN3_5, write_random_checkpoint
+from rvascend.models.random_model import ensure_random_model
+from rvascend.models.testing import IMAGE_LLAMA, TINY_QWEN3_5, write_random_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.models.quantized_copy import quantize_ggml, quantized_copy
 from rvascend.models.quantized_layers import QuantizedLinear

@@ -33,7 +33,7 @@ from rvascend.bench.rss import fresh_process_json
 from rvascend.build import llama_cpp
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models import default_model
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.tokenizer.tokenizer import Tokenizer
 from rvascend.models import gguf_checkpoint, gguf_export
 from rvascend.models.loader import load_model

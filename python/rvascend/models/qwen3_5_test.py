@@ -15,7 +15,8 @@ from rvascend.engine.sequence import Status
 from rvascend.models import qwen3_5
 from rvascend.models.loader import load_model
 from rvascend.models.state_pool import RecurrentStatePool
-from rvascend.engine.testing import assert_fused_decode_matches_op_by_op, wrong_in_most_steps
+from rvascend.engine.testing import assert_fused_decode_matches_op_by_op
+from rvascend.models.testing import wrong_in_most_steps
 from rvascend.models.testing import Runner, tiny_qwen3_5_config
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
 from rvascend.dispatch import shape_gate
@@ -543,7 +544,7 @@ def test_served_through_the_openai_client(tmp_path):
     """A random-weight Qwen3.5 checkpoint (the test tokenizer) behind the server, policy on."""
     import shutil
 
-    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models.random_model import ensure_random_model
     from rvascend.server.testing import Server
 
     torch.manual_seed(0)

@@ -1,15 +1,42 @@
 """Helpers the model tests share: whole-prompt logits, decode and step batches, a pool of
-random K/V, and a Runner that drives a model as the engine does (engine/testing.py has
-the helpers that need the engine or the policy)."""
+random K/V, a Runner that drives a model as the engine does, narrow random-weight
+checkpoints (those the riscv64 image's checks run, tests/riscv64_image) and scripted
+drafts (engine/testing.py has the helpers that need the engine or the policy)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import tempfile
+
 import torch
+from safetensors.torch import save_file
 
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
 from rvascend.models.state_pool import RecurrentStatePool
 from rvascend.dispatch.fused_decoder import held_off
+from rvascend.models import random_checkpoint
+from rvascend.models.random_model import random_weights
+
+# Llama and Qwen3.5 (three Gated DeltaNet layers, then gated full attention) at 1024 wide,
+# so every projection is packed, and one period deep, so emulation stays short. No MTP head.
+IMAGE_LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermediate_size": 1024,
+               "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+               "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 256,
+               "tie_word_embeddings": True, "eos_token_id": 1}
+IMAGE_QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=1024, intermediate_size=1024,
+                     num_hidden_layers=4, head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
+                     vocab_size=1024, max_position_embeddings=256, mtp_num_hidden_layers=0,
+                     layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
+
+# Qwen3.5's layer pattern (three Gated DeltaNet layers, then gated full attention), narrow:
+# the engine's hybrid tests (prefix cache, cache tiers).
+TINY_QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=128, intermediate_size=256,
+                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                    linear_value_head_dim=32, vocab_size=512, max_position_embeddings=1024, mtp_num_hidden_layers=0,
+                    layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])
 
 
 def all_logits(model: CausalLM, ids: torch.Tensor) -> torch.Tensor:
@@ -107,3 +134,23 @@ def tiny_qwen3_5_config(vocab_size: int, tie: bool):
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                          "mrope_section": [2, 1, 1]},
         max_position_embeddings=512, tie_word_embeddings=tie, architectures=["Qwen3_5ForCausalLM"])
+
+
+def write_random_checkpoint(config: dict) -> str:
+    """A fresh directory holding `config` and random weights (seed 0), no tokenizer."""
+    path = tempfile.mkdtemp()
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    save_file(random_weights(config, seed=0), os.path.join(path, "model.safetensors"))
+    return path
+
+
+def wrong_in_most_steps(answer: list[int], done: int, k: int, vocab: int) -> list[int]:
+    """A scripted draft: the k tokens of `answer` after its first `done`, with the one at
+    done % (k + 2) changed when that falls inside, so that verify steps take all of a
+    draft, part of it, or none."""
+    draft = list(answer[done:done + k])
+    wrong = done % (k + 2)
+    if wrong < len(draft):
+        draft[wrong] = (draft[wrong] + 1) % vocab
+    return draft

@@ -307,7 +307,7 @@ def test_a_served_gguf_holds_each_weight_once_with_drop_unpacked(tmp_path):
     the embedding included, is packed over its own storage. The load's peak is the model
     plus 16 MiB (it was the model plus the embedding twice, file pages and copy)."""
     from rvascend.bench.rss import fresh_process_json
-    from rvascend.engine import random_checkpoint
+    from rvascend.models import random_checkpoint
     from rvascend.models import gguf_export
 
     hf = random_checkpoint.write("qwen3-0.6b", str(tmp_path / "hf"), layers=2)

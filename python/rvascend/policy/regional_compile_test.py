@@ -102,7 +102,7 @@ def test_uninstall_on_failure_removes_the_compiled_methods(checkpoint, monkeypat
 
 
 def test_server_compiles_before_it_serves():
-    from rvascend.engine.random_model import ensure_random_model
+    from rvascend.models.random_model import ensure_random_model
     from rvascend.server.launch import build_engine
     from rvascend.server.server_args import ServerArgs
 

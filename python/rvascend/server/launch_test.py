@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.engine.testing import greedy
 from rvascend.server import launch
 from rvascend.server.server_args import ServerArgs

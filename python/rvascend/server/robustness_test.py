@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rvascend.engine import SamplingParams, sampler
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.server import responses
 from rvascend.server.loopback import free_port
 from rvascend.server.testing import Server, slow_steps

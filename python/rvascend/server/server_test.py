@@ -13,7 +13,7 @@ import openai
 import psutil
 import pytest
 
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.engine.standalone_draft_test import copy_tokenizer
 from rvascend.policy import get_policy
 from rvascend.server.launch import build_engine

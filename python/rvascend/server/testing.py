@@ -10,7 +10,7 @@ import httpx
 import openai
 import uvicorn
 
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.server import limits
 from rvascend.server.app import create_app
 from rvascend.server.launch import build_engine

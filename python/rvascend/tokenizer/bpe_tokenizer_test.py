@@ -12,7 +12,7 @@ import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from rvascend.tokenizer.bpe_tokenizer import BpeTokenizer, _merge, UnsupportedTokenizer, byte_to_unicode
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.tokenizer.tokenizer import Tokenizer as EngineTokenizer
 
 CORPUS = [

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.tokenizer.detokenizer import IncrementalDetokenizer
 from rvascend.tokenizer.tokenizer import Tokenizer
 

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as HfTokenizer
 from rvascend.build import llama_cpp
 from rvascend.models import default_model
 from rvascend.tokenizer.bpe_tokenizer import BpeTokenizer
-from rvascend.engine.random_model import ensure_random_model
+from rvascend.models.random_model import ensure_random_model
 from rvascend.models import gguf_checkpoint
 
 N_STRINGS = 10_000

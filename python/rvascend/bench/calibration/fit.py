@@ -85,7 +85,7 @@ def step_bytes(record: dict[str, Any], context: int) -> float:
     """DRAM bytes llama.cpp's step on a counted record's file cannot avoid at `context`: the
     file's matrices, the K/V its attention reads (F16, as this engine's projection counts
     them) and a hybrid's Gated DeltaNet states, read and written once."""
-    from rvascend.engine import random_checkpoint
+    from rvascend.models import random_checkpoint
 
     config = random_checkpoint.SHAPES[record["model"]]
     layers = config["num_hidden_layers"]

@@ -1,6 +1,6 @@
 """Writes a random-weight checkpoint with a real model's shapes (for benchmarks).
 
-  python -m rvascend.engine.random_checkpoint --shape=qwen3-0.6b --output=DIR
+  python -m rvascend.models.random_checkpoint --shape=qwen3-0.6b --output=DIR
 
 The tokenizer is the random-weight test model's (2048 entries); benchmarks send
 token ids, so the model's full vocabulary is still exercised.
@@ -17,7 +17,7 @@ from absl import app, flags, logging
 from safetensors.torch import save_file
 
 from rvascend.runtime import model_cache
-from rvascend.engine.random_model import ensure_random_model, random_weights
+from rvascend.models.random_model import ensure_random_model, random_weights
 
 SHAPES = {
     "llama-3.2-1b": {
