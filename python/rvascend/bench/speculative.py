@@ -270,6 +270,58 @@ def _standalone_models(path: str, draft_path: str | None, quantization: str):
     return target, draft
 
 
+def _k1_prices():
+    """Per thread count, the target's step by draft count and the draft model's (None
+    without --k1_counts; the draft's only for STANDALONE)."""
+    if not FLAGS.k1_counts:
+        return None, None
+    if FLAGS.algorithm != "STANDALONE":
+        return _k1_step_seconds(FLAGS.k1_counts), None
+    if FLAGS["draft-model-path"].value or FLAGS["draft-model-quantization"].value != "q4_0":
+        raise ValueError("--k1_counts prices the draft model's passes with mode q4_0's counts: only the default "
+                         "draft (the target's weights in q4_0) is projected")
+    return _k1_step_seconds(FLAGS.k1_counts, "full"), _k1_step_seconds(FLAGS.k1_counts, "q4_0")
+
+
+def _measure(path: str, model, tokenizer, draft, name: str, task: _Task, batch: int, k1, k1_draft) -> dict:
+    """One task's record: both engines alternated --rounds times (tok/s: the medians), the
+    outputs checked equal, and at batch 1 with K1 prices the board's projection."""
+    speeds: dict[bool, list[float]] = {False: [], True: []}
+    runs: dict[bool, _Run] = {}
+    for _ in range(FLAGS.rounds):
+        for spec in (False, True):
+            runs[spec] = _run(model, tokenizer, task, spec, FLAGS["draft-tokens"].value, FLAGS.algorithm, draft)
+            speeds[spec].append(runs[spec].tok_s)
+    if runs[True].outputs != runs[False].outputs:
+        raise RuntimeError(f"{name}: speculative decoding changed the output")
+    run = runs[True]
+    drafted, accepted = run.stats["spec_drafted_tokens"], run.stats["spec_accepted_tokens"]
+    plain, spec = statistics.median(speeds[False]), statistics.median(speeds[True])
+    lengths: collections.Counter[int] = collections.Counter()  # tokens a verify step yields
+    for (_, j), n in run.outcomes.items():
+        lengths[1 + j] += n
+    record = {"model_path": path, "threads": torch.get_num_threads(), "task": name,
+              "batch": batch, "tok_s": plain, "spec_tok_s": spec, "speedup": spec / plain,
+              "tokens_per_step": run.tokens / max(1, sum(run.steps.values())),
+              "accept_rate": accepted / drafted if drafted else 0.0,
+              "acceptance_lengths": dict(sorted(lengths.items())),
+              "draft_counts": dict(sorted(run.steps.items())), "draft_share": run.draft_share}
+    if k1 is not None and batch == 1:
+        for t in (4, 8):
+            # The draft lengths the board would choose: the same engine given the board's
+            # counted pass costs (its host timing is not reported).
+            costs = StepCosts(_by_rows(k1[t]), _by_rows(k1_draft[t]) if k1_draft else {})
+            board = _run(model, tokenizer, task, True, FLAGS["draft-tokens"].value, FLAGS.algorithm, draft, costs)
+            if board.outputs != runs[False].outputs:
+                raise RuntimeError(f"{name}: speculative decoding changed the output")
+            record[f"k1_speedup_{t}t"] = (_k1_tok_s(k1[t], board, k1_draft[t] if k1_draft else None) /
+                                          _k1_tok_s(k1[t], runs[False]))
+            record[f"k1_tokens_per_step_{t}t"] = board.tokens / max(1, sum(board.steps.values()))
+    logging.info("%s, batch %d: %.1f -> %.1f tok/s, acceptance lengths %s", name, batch, plain, spec,
+                 record["acceptance_lengths"])
+    return record
+
+
 def main(argv: list[str]) -> int:
     del argv
     path = FLAGS["model-path"].value or ensure_default_model()
@@ -286,16 +338,7 @@ def main(argv: list[str]) -> int:
         tokenizer = None
     if tokenizer is not None and not os.path.exists(PASSAGE_SOURCE):
         raise FileNotFoundError(f"{PASSAGE_SOURCE} (Debian's base-files) holds the passage the tasks are about")
-    k1 = k1_draft = None  # per thread count: the target's step by draft count; the draft model's
-    if FLAGS.k1_counts and FLAGS.algorithm == "STANDALONE" and (FLAGS["draft-model-path"].value or
-                                                                FLAGS["draft-model-quantization"].value != "q4_0"):
-        raise ValueError("--k1_counts prices the draft model's passes with mode q4_0's counts: only the default "
-                         "draft (the target's weights in q4_0) is projected")
-    if FLAGS.k1_counts and FLAGS.algorithm == "STANDALONE":
-        k1 = _k1_step_seconds(FLAGS.k1_counts, "full")
-        k1_draft = _k1_step_seconds(FLAGS.k1_counts, "q4_0")
-    elif FLAGS.k1_counts:
-        k1 = _k1_step_seconds(FLAGS.k1_counts)
+    k1, k1_draft = _k1_prices()
     records = []
     for batch in (1, FLAGS.batch):
         length = FLAGS["output-len"].value
@@ -303,44 +346,8 @@ def main(argv: list[str]) -> int:
             _token_tasks(model.config.vocab_size, batch, length)
         if FLAGS.algorithm == "SUFFIX" and "summarise" in tasks:
             tasks["summarise_again"] = dataclasses.replace(tasks["summarise"], again=True)
-        for name, task in tasks.items():
-            speeds = {False: [], True: []}
-            runs = {}
-            for _ in range(FLAGS.rounds):
-                for spec in (False, True):
-                    run = _run(model, tokenizer, task, spec, FLAGS["draft-tokens"].value, FLAGS.algorithm, draft)
-                    speeds[spec].append(run.tok_s)
-                    runs[spec] = run
-            if runs[True].outputs != runs[False].outputs:
-                raise RuntimeError(f"{name}: speculative decoding changed the output")
-            run = runs[True]
-            stats, outcomes, steps, tokens = run.stats, run.outcomes, run.steps, run.tokens
-            drafted, accepted = stats["spec_drafted_tokens"], stats["spec_accepted_tokens"]
-            plain, spec = statistics.median(speeds[False]), statistics.median(speeds[True])
-            lengths: collections.Counter[int] = collections.Counter()  # tokens a verify step yields
-            for (_, j), n in outcomes.items():
-                lengths[1 + j] += n
-            record = {"model_path": path, "threads": torch.get_num_threads(), "task": name, "batch": batch,
-                      "tok_s": plain, "spec_tok_s": spec, "speedup": spec / plain,
-                      "tokens_per_step": tokens / max(1, sum(steps.values())),
-                      "accept_rate": accepted / drafted if drafted else 0.0,
-                      "acceptance_lengths": dict(sorted(lengths.items())),
-                      "draft_counts": dict(sorted(steps.items())), "draft_share": run.draft_share}
-            if k1 is not None and batch == 1:
-                for t in (4, 8):
-                    # The draft lengths the board would choose: the same engine given the board's
-                    # counted pass costs (its host timing is not reported).
-                    costs = StepCosts(_by_rows(k1[t]), _by_rows(k1_draft[t]) if k1_draft else {})
-                    board = _run(model, tokenizer, task, True, FLAGS["draft-tokens"].value, FLAGS.algorithm, draft,
-                                 costs)
-                    if board.outputs != runs[False].outputs:
-                        raise RuntimeError(f"{name}: speculative decoding changed the output")
-                    record[f"k1_speedup_{t}t"] = (_k1_tok_s(k1[t], board, k1_draft[t] if k1_draft else None) /
-                                                  _k1_tok_s(k1[t], runs[False]))
-                    record[f"k1_tokens_per_step_{t}t"] = board.tokens / max(1, sum(board.steps.values()))
-            records.append(record)
-            logging.info("%s, batch %d: %.1f -> %.1f tok/s, acceptance lengths %s", name, batch, plain, spec,
-                         record["acceptance_lengths"])
+        records += [_measure(path, model, tokenizer, draft, name, task, batch, k1, k1_draft)
+                    for name, task in tasks.items()]
     columns = [("task", "task", "s"), ("batch", "B", "d"), ("tok_s", "tok/s", ".1f"),
                ("spec_tok_s", f"{FLAGS.algorithm} tok/s", ".1f"), ("speedup", "speed-up", ".2f"),
                ("tokens_per_step", "tokens/step/seq", ".2f"), ("accept_rate", "accepted", ".1%")]
