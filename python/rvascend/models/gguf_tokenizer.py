@@ -81,15 +81,6 @@ def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
                           "normalized": False, "special": kind_of == _CONTROL})
 
     pre = typed(meta, "tokenizer.ggml.pre", "string", "(none)")
-    splits = PRE_TOKENIZER_SPLITS.get(pre)
-    if splits is None:
-        logging.warning("GGUF pre-tokenizer type %r is not known here: splitting text as GPT-2 does, "
-                        "which may tokenize some text differently from llama.cpp", pre)
-        splits = (_GPT2,)
-    steps: list[dict[str, Any]] = [{"type": "Split", "pattern": {"Regex": s}, "behavior": "Isolated",
-                                    "invert": False} for s in splits if s is not None]
-    steps.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                  "use_regex": _GPT2 in splits})
 
     def token_of(key: str) -> Optional[str]:
         i = typed(meta, f"tokenizer.ggml.{key}", "integer")
@@ -104,25 +95,10 @@ def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     llama3 = pre in _LLAMA3_DEFAULTS
     add_bos = typed(meta, "tokenizer.ggml.add_bos_token", "boolean", llama3) and bos is not None
     add_eos = typed(meta, "tokenizer.ggml.add_eos_token", "boolean", False) and eos is not None
-    post = None
-    if add_bos or add_eos:
-        def special(token: str, key: str) -> dict[str, Any]:
-            return {"id": token, "ids": [meta[f"tokenizer.ggml.{key}"]], "tokens": [token]}
-        head = [{"SpecialToken": {"id": bos, "type_id": 0}}] if add_bos else []
-        tail = [{"SpecialToken": {"id": eos, "type_id": 0}}] if add_eos else []
-        specials = {}
-        if add_bos:
-            specials[bos] = special(bos, "bos_token_id")
-        if add_eos:
-            specials[eos] = special(eos, "eos_token_id")
-        post = {"type": "TemplateProcessing",
-                "single": head + [{"Sequence": {"id": "A", "type_id": 0}}] + tail,
-                "pair": head + [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}]
-                + tail, "special_tokens": specials}
     tokenizer_json = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": steps},
-        "post_processor": post,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": _pre_tokenizer_steps(pre)},
+        "post_processor": _post_processor(meta, bos if add_bos else None, eos if add_eos else None),
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": llama3,
@@ -134,6 +110,40 @@ def tokenizer_files(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     if template:
         config["chat_template"] = template
     return tokenizer_json, config
+
+
+def _pre_tokenizer_steps(pre: str) -> list[dict[str, Any]]:
+    """The splits of GGUF pre-tokenizer type `pre` (GPT-2's where it is not known), then bytes."""
+    splits = PRE_TOKENIZER_SPLITS.get(pre)
+    if splits is None:
+        logging.warning("GGUF pre-tokenizer type %r is not known here: splitting text as GPT-2 does, "
+                        "which may tokenize some text differently from llama.cpp", pre)
+        splits = (_GPT2,)
+    steps: list[dict[str, Any]] = [{"type": "Split", "pattern": {"Regex": s}, "behavior": "Isolated",
+                                    "invert": False} for s in splits if s is not None]
+    steps.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": _GPT2 in splits})
+    return steps
+
+
+def _post_processor(meta: dict[str, Any], bos: Optional[str], eos: Optional[str]) -> Optional[dict[str, Any]]:
+    """The template adding `bos` before and `eos` after a text (None: the one not added)."""
+    if bos is None and eos is None:
+        return None
+
+    def special(token: str, key: str) -> dict[str, Any]:
+        return {"id": token, "ids": [meta[f"tokenizer.ggml.{key}"]], "tokens": [token]}
+    head = [{"SpecialToken": {"id": bos, "type_id": 0}}] if bos is not None else []
+    tail = [{"SpecialToken": {"id": eos, "type_id": 0}}] if eos is not None else []
+    specials = {}
+    if bos is not None:
+        specials[bos] = special(bos, "bos_token_id")
+    if eos is not None:
+        specials[eos] = special(eos, "eos_token_id")
+    return {"type": "TemplateProcessing",
+            "single": head + [{"Sequence": {"id": "A", "type_id": 0}}] + tail,
+            "pair": head + [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}] + tail,
+            "special_tokens": specials}
 
 
 def end_of_generation_ids(meta: dict[str, Any]) -> list[int]:

@@ -77,16 +77,7 @@ def validate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state:
     if not state.is_contiguous():
         raise ValueError("state must be contiguous: it is updated in place")
     S = state.shape[0]
-    if g is not None:
-        if g.dtype != torch.float32:
-            raise TypeError(f"g must be float32, got {g.dtype}")
-        if g.shape != (T, NV):
-            raise _shape_error("g", g, f"[{T}, {NV}]")
-    if gk is not None:
-        if gk.dtype != torch.float32:
-            raise TypeError(f"gk must be float32, got {gk.dtype}")
-        if gk.shape not in ((T, NV), (T, NV, Dk)):
-            raise _shape_error("gk", gk, f"[{T}, {NV}] or [{T}, {NV}, {Dk}]")
+    _check_gates(g, gk, T, NV, Dk)
     for name, t in (("actual_seq_lengths", actual_seq_lengths), ("ssm_state_indices", ssm_state_indices)):
         if t.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
@@ -100,7 +91,27 @@ def validate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state:
             raise TypeError(f"num_accepted_tokens must be int32, got {num_accepted_tokens.dtype}")
         if num_accepted_tokens.shape != (B,):
             raise _shape_error("num_accepted_tokens", num_accepted_tokens, f"[{B}]")
-    lengths = actual_seq_lengths.tolist()
+    _check_sequences(actual_seq_lengths.tolist(), ssm_state_indices, T, S, max_tokens)
+    return {"t": T, "b": B, "nk": NK, "nv": NV, "dk": Dk, "dv": Dv, "num_slots": S}
+
+
+def _check_gates(g: Optional[torch.Tensor], gk: Optional[torch.Tensor], T: int, NV: int, Dk: int) -> None:
+    """The decay gates: g per head, gk per head or per key channel, FP32."""
+    if g is not None:
+        if g.dtype != torch.float32:
+            raise TypeError(f"g must be float32, got {g.dtype}")
+        if g.shape != (T, NV):
+            raise _shape_error("g", g, f"[{T}, {NV}]")
+    if gk is not None:
+        if gk.dtype != torch.float32:
+            raise TypeError(f"gk must be float32, got {gk.dtype}")
+        if gk.shape not in ((T, NV), (T, NV, Dk)):
+            raise _shape_error("gk", gk, f"[{T}, {NV}] or [{T}, {NV}, {Dk}]")
+
+
+def _check_sequences(lengths: list[int], indices: torch.Tensor, T: int, S: int, max_tokens: Optional[int]) -> None:
+    """Each sequence's length within max_tokens, all of them T tokens, and every token's state
+    slot in the pool and owned by its sequence alone."""
     for b, n in enumerate(lengths):
         if max_tokens is not None and n > max_tokens:
             raise ValueError(f"actual_seq_lengths[{b}] = {n} exceeds MAX_MTP = {max_tokens} tokens per sequence")
@@ -108,7 +119,6 @@ def validate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state:
     if total != T:
         raise ValueError(f"actual_seq_lengths add up to {total} tokens but query has T = {T}")
     if T:
-        indices = ssm_state_indices
         bad = torch.nonzero((indices < 0) | (indices >= S)).flatten()
         if bad.numel():
             i = int(bad[0])
@@ -127,7 +137,6 @@ def validate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state:
                     raise ValueError(f"ssm_state_indices: slot {slot} belongs to sequence {owner[slot]} and to "
                                      f"sequence {b}; sequences of one call must use distinct state slots")
             seq0 += max(n, 0)
-    return {"t": T, "b": B, "nk": NK, "nv": NV, "dk": Dk, "dv": Dv, "num_slots": S}
 
 
 def _spec(shapes: dict[str, int], query, key, value, state, beta, scale, lengths, indices, accepted, g, gk,
