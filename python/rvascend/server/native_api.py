@@ -63,6 +63,13 @@ def native_routes(ctx: ServerContext) -> APIRouter:
         (state,), failure = await ctx.collect("generate", sub, request)
         return failure if failure is not None else body(sub.seqs[0])
 
+    _info_routes(router, ctx)
+    _token_routes(router, ctx)
+    return router
+
+
+def _info_routes(router: APIRouter, ctx: ServerContext) -> None:
+    """SGLang's model and server information and its load report (for sglang-router)."""
     async def model_info():
         return {"model_path": ctx.model_name, "tokenizer_path": _tokenizer_dir(ctx.server_args.get("model_path")),
                 "is_generation": True, "max_model_len": ctx.engine.context_length,
@@ -83,6 +90,9 @@ def native_routes(ctx: ServerContext) -> APIRouter:
         return [{"dp_rank": 0, "num_reqs": stats["running"] + stats["waiting"], "num_waiting_reqs": stats["waiting"],
                  "num_tokens": stats["kv_used_tokens"]}]
 
+
+def _token_routes(router: APIRouter, ctx: ServerContext) -> None:
+    """/tokenize and /detokenize."""
     @router.post("/tokenize")
     async def tokenize(request: Request):
         body = await _json_object(request)
@@ -109,8 +119,6 @@ def native_routes(ctx: ServerContext) -> APIRouter:
         if ctx.tokenizer is None:
             return error(400, "this server has no tokenizer")
         return {"prompt": ctx.tokenizer.decode(ids)}
-
-    return router
 
 
 def _tokenizer_dir(model_path: Optional[str]) -> Optional[str]:
