@@ -88,6 +88,36 @@ class GatedDeltaNet(nn.Module):
         self.split = [lin.conv_dim, value_dim, self.nv, self.nv]
         self.qkv_split = [key_dim, key_dim, value_dim]
 
+    def _conv(self, mixed: torch.Tensor, weight: torch.Tensor, batch: ForwardBatch, conv_pool: torch.Tensor):
+        """The causal conv of every sequence's new rows, its window left in its slot (and, in a
+        verify step, the window after each drafted token in that token's slot); returns the
+        conv's output, the decode rows and their slots, and the prompts as (rows, prefix,
+        slot, (token, slot) kept)."""
+        conv_out = torch.empty_like(mixed)
+        start = 0
+        decode_rows, decode_slots, prompts = [], [], []  # prompts: (rows, prefix, slot, token slots)
+        for n, prefix, slot in zip(batch.new_lens, batch.prefix_lens, batch.state_slots):
+            x = mixed[start:start + n].transpose(0, 1)                     # [C, n]
+            before = conv_pool[slot] if prefix > 0 else x.new_zeros(x.shape[0], self.kernel - 1)
+            window = torch.cat((before.to(x.dtype), x), dim=1)             # [C, K - 1 + n]
+            conv_pool[slot] = window[:, -(self.kernel - 1):]
+            kept = [] if batch.state_token_slots is None else \
+                [(j, s) for j, s in enumerate(batch.state_token_slots[start:start + n]) if s >= 0]
+            for j, s in kept:  # a verify step's drafted positions: the window after token j
+                conv_pool[s] = window[:, j + 1:j + self.kernel]
+            # The depthwise conv as one product and sum over [C, n, K] windows: F.conv1d with
+            # groups=C runs one small convolution per channel (on riscv64's scalar ATen about
+            # 200M instructions per layer and token).
+            taps = window.unfold(1, self.kernel, 1).float() * weight.float()[:, None, :]
+            conv_out[start:start + n] = F.silu(taps.sum(-1).transpose(0, 1)).to(x.dtype)
+            if n == 1 and prefix > 0:
+                decode_rows.append(start)
+                decode_slots.append(slot)
+            else:
+                prompts.append((slice(start, start + n), prefix, slot, kept))
+            start += n
+        return conv_out, decode_rows, decode_slots, prompts
+
     def forward(self, h: torch.Tensor, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         states = pool.states
         if states is None or batch.state_slots is None:
@@ -116,29 +146,7 @@ class GatedDeltaNet(nn.Module):
                     ssm_pool[w] = ssm_pool[r]
         beta = b.sigmoid().float()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        conv_out = torch.empty_like(mixed)
-        start = 0
-        decode_rows, decode_slots, prompts = [], [], []  # prompts: (rows, prefix, slot, token slots)
-        for n, prefix, slot in zip(batch.new_lens, batch.prefix_lens, batch.state_slots):
-            x = mixed[start:start + n].transpose(0, 1)                     # [C, n]
-            before = conv_pool[slot] if prefix > 0 else x.new_zeros(x.shape[0], self.kernel - 1)
-            window = torch.cat((before.to(x.dtype), x), dim=1)             # [C, K - 1 + n]
-            conv_pool[slot] = window[:, -(self.kernel - 1):]
-            kept = [] if batch.state_token_slots is None else \
-                [(j, s) for j, s in enumerate(batch.state_token_slots[start:start + n]) if s >= 0]
-            for j, s in kept:  # a verify step's drafted positions: the window after token j
-                conv_pool[s] = window[:, j + 1:j + self.kernel]
-            # The depthwise conv as one product and sum over [C, n, K] windows: F.conv1d with
-            # groups=C runs one small convolution per channel (on riscv64's scalar ATen about
-            # 200M instructions per layer and token).
-            taps = window.unfold(1, self.kernel, 1).float() * weight.float()[:, None, :]
-            conv_out[start:start + n] = F.silu(taps.sum(-1).transpose(0, 1)).to(x.dtype)
-            if n == 1 and prefix > 0:
-                decode_rows.append(start)
-                decode_slots.append(slot)
-            else:
-                prompts.append((slice(start, start + n), prefix, slot, kept))
-            start += n
+        conv_out, decode_rows, decode_slots, prompts = self._conv(mixed, weight, batch, conv_pool)
         q, k, v = conv_out.float().split(self.qkv_split, dim=-1)
         q = _l2norm(q.reshape(t, self.nk, self.dk)) * self.dk ** -0.5
         k = _l2norm(k.reshape(t, self.nk, self.dk))
