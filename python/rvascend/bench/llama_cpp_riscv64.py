@@ -265,6 +265,30 @@ def reusable_runs(path: str, build: dict[str, Any], vlen: int, generate: int) ->
     return runs
 
 
+def _record(model: str, kind: str, variant: str, layers: int, unit: int, base_prompt: int, gguf: str,
+            composed, full: dict[int, "CountedRun"], singles: list["CountedRun"], pairs: list["CountedRun"]) -> dict:
+    """One file's and variant's record: the composed prefill and decode counts and the runs."""
+    from rvascend.bench import llama_cpp_peer
+
+    decode_64 = composed.decode[min(composed.decode, key=lambda c: abs(c - 64))]
+    return {
+        "bench": "llama_cpp_riscv64", "model": model, "type": kind, "variant": variant,
+        "vlen": FLAGS.vlen, "layers": layers, "unit_layers": unit, "base_prompt": base_prompt,
+        "generate": FLAGS.generate,
+        "prefill": {str(p): list(v) for p, v in composed.prefill.items()},
+        "decode": {str(c): list(v) for c, v in composed.decode.items()},
+        "prefill_kinds": {str(p): v for p, v in composed.prefill_kinds.items()},
+        "decode_kinds": {str(c): v for c, v in composed.decode_kinds.items()},
+        "prefill_check": composed.prefill_check,
+        "file_bytes": os.path.getsize(gguf), "decode_weight_bytes": llama_cpp_peer.decode_step_bytes(gguf),
+        "prefill_per_token_64": composed.prefill[base_prompt][0] / base_prompt,
+        "decode_at_64": decode_64[0], "decode_vector_share": decode_64[1] / decode_64[0],
+        "full_runs": {str(t): dataclasses.asdict(r) for t, r in full.items()},
+        "one_layer_runs": [dataclasses.asdict(r) for r in singles],
+        "two_layer_runs": [dataclasses.asdict(r) for r in pairs],
+        "threads": {str(t): thread_split(full[1], r) for t, r in full.items() if t > 1}}
+
+
 def main(argv: list[str]) -> int:
     del argv
     from rvascend.bench import llama_cpp_peer
@@ -329,23 +353,8 @@ def main(argv: list[str]) -> int:
                 if abs(composed.prefill_check) > 0.01:
                     logging.warning("%s %s %s: the composed %d-token prompt is %+.2f%% off the whole model's count",
                                     model, kind, variant, base_prompt, 100 * composed.prefill_check)
-                decode_64 = composed.decode[min(composed.decode, key=lambda c: abs(c - 64))]
-                records.append({
-                    "bench": "llama_cpp_riscv64", "model": model, "type": kind, "variant": variant,
-                    "vlen": FLAGS.vlen, "layers": layers, "unit_layers": units[model], "base_prompt": base_prompt,
-                    "generate": FLAGS.generate,
-                    "prefill": {str(p): list(v) for p, v in composed.prefill.items()},
-                    "decode": {str(c): list(v) for c, v in composed.decode.items()},
-                    "prefill_kinds": {str(p): v for p, v in composed.prefill_kinds.items()},
-                    "decode_kinds": {str(c): v for c, v in composed.decode_kinds.items()},
-                    "prefill_check": composed.prefill_check,
-                    "file_bytes": os.path.getsize(gguf), "decode_weight_bytes": llama_cpp_peer.decode_step_bytes(gguf),
-                    "prefill_per_token_64": composed.prefill[base_prompt][0] / base_prompt,
-                    "decode_at_64": decode_64[0], "decode_vector_share": decode_64[1] / decode_64[0],
-                    "full_runs": {str(t): dataclasses.asdict(r) for t, r in full.items()},
-                    "one_layer_runs": [dataclasses.asdict(r) for r in singles],
-                    "two_layer_runs": [dataclasses.asdict(r) for r in pairs],
-                    "threads": {str(t): thread_split(full[1], r) for t, r in full.items() if t > 1}})
+                records.append(_record(model, kind, variant, layers, units[model], base_prompt, gguf, composed,
+                                       full, singles, pairs))
                 write_jsonl(FLAGS.output, records[-1:], captured)  # each as it is counted: hours of emulation
     print_table(records, [("model", "model", "s"), ("type", "type", "s"), ("variant", "variant", "s"),
                           ("prefill_per_token_64", "prefill insns/token (P=64)", ",.0f"),

@@ -325,6 +325,106 @@ def project_record(record: dict[str, Any], threads: int, board: k1_model.Board) 
                    record["weight_bytes_per_weight"], prefill=record["kind"] == "prefill", board=board)
 
 
+def _step_kinds(shape: dict[str, Any]):
+    """The steps to count from the flags: decode configs (context, rows, "decode"), per mode
+    the prefill, verify, MTP and turn steps, and the speculative kinds."""
+    configs = [(int(c), int(m), "decode") for c in FLAGS.contexts for m in FLAGS.rows]
+    full_prefills = [(int(p), 1, "prefill") for p in FLAGS.prefill_lens if p]
+    prefills = {"full": full_prefills, **{mode: full_prefills for mode in _QUANTIZED_MODES},
+                "stock": [(int(p), 1, "prefill") for p in FLAGS.stock_prefill_lens if p]}
+    spec_kinds = [f"verify{k}" for k in FLAGS.verify_drafts]
+    if shape.get("mtp_num_hidden_layers"):
+        spec_kinds += [f"nextn{k}" + (f"h{FLAGS.draft_vocab}" if FLAGS.draft_vocab else "")
+                       for k in FLAGS.verify_drafts]
+    for mode in ("full", *_QUANTIZED_MODES):
+        prefills[mode] = [(int(c), int(m), kind) for c in FLAGS.contexts for m in FLAGS.rows
+                          for kind in spec_kinds] + prefills[mode]
+    prefills["full"] = prefills["full"] + [(int(c), 1, f"turn{int(n)}") for c, n in
+                                           (t.split(":") for t in FLAGS.turns)]
+    return configs, prefills, spec_kinds
+
+
+def _record(step: dict[str, Any], vlen: int, mode: str, kind: str, context: int, rows: int, target: int,
+            config: dict[str, Any], layers: list[int], bpw: float) -> dict[str, Any]:
+    """One counted step's record: its instructions and regions, and its K1 projections."""
+    linear = sum(step["regions"].get(p, (0, 0))[0] for p in LINEARS)
+    marked = sum(n for n, _ in step["regions"].values())
+    record = {
+        "bench": "riscv64_step", "shape": FLAGS.shape, "vlen": vlen, "mode": mode, "kind": kind,
+        "context": context, "rows": rows,
+        "layers": target, "instructions": step["total"], "vector_instructions": step["vector"],
+        "regions": {k: v[0] for k, v in sorted(step["regions"].items())},
+        "region_vectors": {k: v[1] for k, v in sorted(step["regions"].items())},
+        "region_kinds": {k: dict(sorted(v.items())) for k, v in sorted(step["region_kinds"].items())
+                         if v},
+        "libraries": dict(sorted(step["libraries"].items())),
+        "region_libraries": {k: dict(sorted(v.items(), key=lambda kv: -kv[1]))
+                             for k, v in sorted(step["region_libraries"].items())},
+        "marker_overhead": step["marker_overhead"],
+        "share_outside_linears": 1 - linear / marked if marked else 0.0,
+        "k1_tok_s_1_thread": project(step, config, context, rows, target, 1, bpw,
+                                     prefill=kind == "prefill"),
+        "k1_tok_s_8_threads": project(step, config, context, rows, target, k1_model.CORES, bpw,
+                                      prefill=kind == "prefill"),
+        "k1_tok_s_8_threads_ipc_0.5": project(step, config, context, rows, target,
+                                              k1_model.CORES, bpw, ipc=0.5, prefill=kind == "prefill"),
+        "weight_bytes_per_weight": bpw,
+        "measured_layers": layers}
+    for t in (4, 8):  # the board model fitted to measured boards (bench/calibration)
+        record[f"k1_calibrated_tok_s_{t}_threads"] = project_record(record, t, k1_model.CALIBRATED)
+    return record
+
+
+def _print_tables(records: list[dict[str, Any]], speculative: bool, turns: list[dict[str, Any]]) -> None:
+    """The steps' table, the speculative and turn summaries, and each step's largest regions."""
+    print_table(records, [("vlen", "VLEN", "d"), ("mode", "mode", "s"), ("kind", "step", "s"),
+                          ("context", "ctx/prompt", "d"), ("rows", "M", "d"),
+                          ("instructions", "insns/step", ",.0f"), ("share_outside_linears", "outside Linear", ".1%"),
+                          ("k1_tok_s_1_thread", "K1 tok/s 1T", ".2f"), ("k1_tok_s_8_threads", "K1 tok/s 8T", ".2f"),
+                          ("k1_tok_s_8_threads_ipc_0.5", "8T, IPC 0.5", ".2f"),
+                          ("k1_calibrated_tok_s_4_threads", "calibrated 4T", ".2f"),
+                          ("k1_calibrated_tok_s_8_threads", "calibrated 8T", ".2f")])
+    if speculative:
+        print_table(speculative_summary(records, FLAGS.acceptance_length),
+                    [("vlen", "VLEN", "d"), ("mode", "mode", "s"), ("kind", "step", "s"), ("context", "ctx", "d"),
+                     ("rows", "M", "d"), ("insns_per_sequence_vs_decode", "insns / decode", ".3f"),
+                     ("k1_time_vs_decode_4t", "K1 time / decode 4T", ".3f"),
+                     ("k1_time_vs_decode_8t", "8T", ".3f"),
+                     ("net_at_acceptance_4t", f"net x at {FLAGS.acceptance_length} 4T", ".2f"),
+                     ("net_at_acceptance_8t", "8T", ".2f")])
+    if turns:
+        print_table(turns, [("vlen", "VLEN", "d"), ("cached", "cached", "d"), ("new", "new", "d"),
+                            ("chunk", "chunk", "d"), ("turn_s_4t", "K1 turn s 4T", ".3f"),
+                            ("whole_prompt_s_4t", "whole prompt s 4T", ".2f"), ("speedup_4t", "x 4T", ".1f"),
+                            ("turn_s_8t", "turn s 8T", ".3f"), ("whole_prompt_s_8t", "whole s 8T", ".2f"),
+                            ("speedup_8t", "x 8T", ".1f")])
+    for r in records:
+        top = sorted(r["regions"].items(), key=lambda kv: -kv[1])[:8]
+        print(f"VLEN {r['vlen']} {r['mode']:6s} {r['kind']:7s} ctx {r['context']:4d} M {r['rows']}: " +
+              ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in top))
+
+
+def _quantized_files(tmp: str, checkpoints: dict[int, str], layers: list[int], target_layers: int):
+    """(GGUF file by (mode, layers), bytes per weight by mode) of the quantized --modes: written
+    here from the checkpoints, or llama.cpp's quantizer's (--gguf_source=llama_cpp)."""
+    quantized, bytes_per_weight = {}, dict(_BYTES_PER_WEIGHT)
+    quantized_modes = [m for m in FLAGS.modes if m in _QUANTIZED_MODES]
+    recipes = [m for m in quantized_modes if m in _LLAMA_CPP_RECIPES]
+    if recipes and FLAGS.gguf_source != "llama_cpp":
+        raise app.UsageError(f"modes {', '.join(recipes)} are llama.cpp quantizer recipes: "
+                             "add --gguf_source=llama_cpp")
+    if FLAGS.gguf_source == "llama_cpp" and quantized_modes:
+        quantized, bytes_per_weight = _llama_cpp_files(FLAGS.shape, quantized_modes, layers, target_layers)
+    for mode in quantized_modes if FLAGS.gguf_source == "ours" else ():
+        from rvascend.models import gguf_export
+
+        for n in layers:  # the same weights, every projection and the embedding quantized
+            quantized[(mode, n)] = os.path.join(tmp, f"model-{n}l-{mode}.gguf")
+            logging.info("writing %s", quantized[(mode, n)])
+            gguf_export.export(checkpoints[n], quantized[(mode, n)], default_type=_gguf_type(mode))
+    return quantized, bytes_per_weight
+
+
 def main(argv: list[str]) -> int:
     del argv
     from rvascend.models import random_checkpoint
@@ -343,20 +443,10 @@ def main(argv: list[str]) -> int:
     unknown = [m for m in FLAGS.modes if m not in _MODE_ARG]
     if unknown:
         raise app.UsageError(f"unknown --modes {unknown}; known: {', '.join(_MODE_ARG)}")
+    if FLAGS.shape not in random_checkpoint.SHAPES:
+        raise app.UsageError(f"--shape must be one of {sorted(random_checkpoint.SHAPES)}, got {FLAGS.shape!r}")
     layers = [int(x) for x in FLAGS.layers]
-    configs = [(int(c), int(m), "decode") for c in FLAGS.contexts for m in FLAGS.rows]
-    full_prefills = [(int(p), 1, "prefill") for p in FLAGS.prefill_lens if p]
-    prefills = {"full": full_prefills, **{mode: full_prefills for mode in _QUANTIZED_MODES},
-                "stock": [(int(p), 1, "prefill") for p in FLAGS.stock_prefill_lens if p]}
-    spec_kinds = [f"verify{k}" for k in FLAGS.verify_drafts]
-    if random_checkpoint.SHAPES[FLAGS.shape].get("mtp_num_hidden_layers"):
-        spec_kinds += [f"nextn{k}" + (f"h{FLAGS.draft_vocab}" if FLAGS.draft_vocab else "")
-                       for k in FLAGS.verify_drafts]
-    for mode in ("full", *_QUANTIZED_MODES):
-        prefills[mode] = [(int(c), int(m), kind) for c in FLAGS.contexts for m in FLAGS.rows
-                          for kind in spec_kinds] + prefills[mode]
-    prefills["full"] = prefills["full"] + [(int(c), 1, f"turn{int(n)}") for c, n in
-                                           (t.split(":") for t in FLAGS.turns)]
+    configs, prefills, spec_kinds = _step_kinds(random_checkpoint.SHAPES[FLAGS.shape])
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         stage = os.path.join(tmp, "stage")
@@ -364,26 +454,10 @@ def main(argv: list[str]) -> int:
                         os.path.join(stage, "rvascend"), ignore=shutil.ignore_patterns("*.so", "_native", "__pycache__"))
         shutil.copy(extension, os.path.join(stage, "rvascend", "ops", "_rvv_kernels.so"))
         shutil.copy(rgdr, os.path.join(stage, "rvascend", "ops", "_rgdr.so"))
-        if FLAGS.shape not in random_checkpoint.SHAPES:
-            raise app.UsageError(f"--shape must be one of {sorted(random_checkpoint.SHAPES)}, got {FLAGS.shape!r}")
         target_layers = FLAGS.target_layers or random_checkpoint.SHAPES[FLAGS.shape]["num_hidden_layers"]
         checkpoints = {n: random_checkpoint.write(FLAGS.shape, os.path.join(tmp, f"model-{n}l"), layers=n)
                        for n in layers}
-        quantized, bytes_per_weight = {}, dict(_BYTES_PER_WEIGHT)
-        quantized_modes = [m for m in FLAGS.modes if m in _QUANTIZED_MODES]
-        recipes = [m for m in quantized_modes if m in _LLAMA_CPP_RECIPES]
-        if recipes and FLAGS.gguf_source != "llama_cpp":
-            raise app.UsageError(f"modes {', '.join(recipes)} are llama.cpp quantizer recipes: "
-                                 "add --gguf_source=llama_cpp")
-        if FLAGS.gguf_source == "llama_cpp" and quantized_modes:
-            quantized, bytes_per_weight = _llama_cpp_files(FLAGS.shape, quantized_modes, layers, target_layers)
-        for mode in quantized_modes if FLAGS.gguf_source == "ours" else ():
-            from rvascend.models import gguf_export
-
-            for n in layers:  # the same weights, every projection and the embedding quantized
-                quantized[(mode, n)] = os.path.join(tmp, f"model-{n}l-{mode}.gguf")
-                logging.info("writing %s", quantized[(mode, n)])
-                gguf_export.export(checkpoints[n], quantized[(mode, n)], default_type=_gguf_type(mode))
+        quantized, bytes_per_weight = _quantized_files(tmp, checkpoints, layers, target_layers)
         with open(os.path.join(checkpoints[layers[0]], "config.json")) as f:
             config = json.load(f)
         for vlen in (int(v) for v in FLAGS.vlens):
@@ -402,59 +476,10 @@ def main(argv: list[str]) -> int:
                         if len(runs) == 2 else runs[0]
                     target = target_layers if len(runs) == 2 else layers[0]
                     step["kind"] = kind
-                    linear = sum(step["regions"].get(p, (0, 0))[0] for p in LINEARS)
-                    bpw = bytes_per_weight.get(mode, 2.0)
-                    marked = sum(n for n, _ in step["regions"].values())
-                    records.append({
-                        "bench": "riscv64_step", "shape": FLAGS.shape, "vlen": vlen, "mode": mode, "kind": kind,
-                        "context": context, "rows": rows,
-                        "layers": target, "instructions": step["total"], "vector_instructions": step["vector"],
-                        "regions": {k: v[0] for k, v in sorted(step["regions"].items())},
-                        "region_vectors": {k: v[1] for k, v in sorted(step["regions"].items())},
-                        "region_kinds": {k: dict(sorted(v.items())) for k, v in sorted(step["region_kinds"].items())
-                                         if v},
-                        "libraries": dict(sorted(step["libraries"].items())),
-                        "region_libraries": {k: dict(sorted(v.items(), key=lambda kv: -kv[1]))
-                                             for k, v in sorted(step["region_libraries"].items())},
-                        "marker_overhead": step["marker_overhead"],
-                        "share_outside_linears": 1 - linear / marked if marked else 0.0,
-                        "k1_tok_s_1_thread": project(step, config, context, rows, target, 1, bpw,
-                                                     prefill=kind == "prefill"),
-                        "k1_tok_s_8_threads": project(step, config, context, rows, target, k1_model.CORES, bpw,
-                                                      prefill=kind == "prefill"),
-                        "k1_tok_s_8_threads_ipc_0.5": project(step, config, context, rows, target,
-                                                              k1_model.CORES, bpw, ipc=0.5, prefill=kind == "prefill"),
-                        "weight_bytes_per_weight": bpw,
-                        "measured_layers": layers})
-                    for t in (4, 8):  # the board model fitted to measured boards (bench/calibration)
-                        records[-1][f"k1_calibrated_tok_s_{t}_threads"] = project_record(records[-1], t,
-                                                                                         k1_model.CALIBRATED)
-    print_table(records, [("vlen", "VLEN", "d"), ("mode", "mode", "s"), ("kind", "step", "s"),
-                          ("context", "ctx/prompt", "d"), ("rows", "M", "d"),
-                          ("instructions", "insns/step", ",.0f"), ("share_outside_linears", "outside Linear", ".1%"),
-                          ("k1_tok_s_1_thread", "K1 tok/s 1T", ".2f"), ("k1_tok_s_8_threads", "K1 tok/s 8T", ".2f"),
-                          ("k1_tok_s_8_threads_ipc_0.5", "8T, IPC 0.5", ".2f"),
-                          ("k1_calibrated_tok_s_4_threads", "calibrated 4T", ".2f"),
-                          ("k1_calibrated_tok_s_8_threads", "calibrated 8T", ".2f")])
-    if spec_kinds:
-        print_table(speculative_summary(records, FLAGS.acceptance_length),
-                    [("vlen", "VLEN", "d"), ("mode", "mode", "s"), ("kind", "step", "s"), ("context", "ctx", "d"),
-                     ("rows", "M", "d"), ("insns_per_sequence_vs_decode", "insns / decode", ".3f"),
-                     ("k1_time_vs_decode_4t", "K1 time / decode 4T", ".3f"),
-                     ("k1_time_vs_decode_8t", "8T", ".3f"),
-                     ("net_at_acceptance_4t", f"net x at {FLAGS.acceptance_length} 4T", ".2f"),
-                     ("net_at_acceptance_8t", "8T", ".2f")])
+                    records.append(_record(step, vlen, mode, kind, context, rows, target, config, layers,
+                                           bytes_per_weight.get(mode, 2.0)))
     turns = turn_summary(records)
-    if turns:
-        print_table(turns, [("vlen", "VLEN", "d"), ("cached", "cached", "d"), ("new", "new", "d"),
-                            ("chunk", "chunk", "d"), ("turn_s_4t", "K1 turn s 4T", ".3f"),
-                            ("whole_prompt_s_4t", "whole prompt s 4T", ".2f"), ("speedup_4t", "x 4T", ".1f"),
-                            ("turn_s_8t", "turn s 8T", ".3f"), ("whole_prompt_s_8t", "whole s 8T", ".2f"),
-                            ("speedup_8t", "x 8T", ".1f")])
-    for r in records:
-        top = sorted(r["regions"].items(), key=lambda kv: -kv[1])[:8]
-        print(f"VLEN {r['vlen']} {r['mode']:6s} {r['kind']:7s} ctx {r['context']:4d} M {r['rows']}: " +
-              ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in top))
+    _print_tables(records, bool(spec_kinds), turns)
     write_jsonl(FLAGS.output, records + [{"bench": "riscv64_step", "shape": FLAGS.shape, "turn_summary": t}
                                          for t in turns], manifest.capture(
         qemu_cpu=f"{qemu_version}: -cpu {k1_model.qemu_cpu(int(FLAGS.vlens[0]))} (VLEN {'|'.join(FLAGS.vlens)})"))
