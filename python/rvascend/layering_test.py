@@ -6,7 +6,8 @@ server -> engine -> tokenizer -> policy (installs) -> models -> dispatch (what m
 at run time) -> ops (the kernels) -> runtime (allocator, cache, pinned files);
 the package's own modules (rvascend/*.py) import none of them. Imports under
 `if TYPE_CHECKING:` run never and are not counted. No exceptions list: a new
-upward import or cycle fails here with its file and line.
+upward import or cycle fails here with its file and line. So does a function of more
+than 80 lines.
 """
 
 from __future__ import annotations
@@ -133,3 +134,20 @@ def test_no_import_cycle():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_longer_than_80_lines():
+    """A function that long does several things: each gets a name of its own (tests aside)."""
+    long = []
+    for name, path in _modules().items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name} (line {node.lineno}): {lines} lines")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(sorted(long))
