@@ -21,7 +21,8 @@ def run(model, target, others=0, chunk=512, drafts=0):
     engine = Engine(model, None, EngineConfig(max_total_tokens=1024, chunked_prefill_size=chunk,
                                               disable_radix_cache=True,
                                               speculative_algorithm="NGRAM" if drafts else None,
-                                              speculative_num_draft_tokens=max(drafts, 1)))
+                                              speculative_num_draft_tokens=max(drafts, 1),
+                                              speculative_step_costs="none"))  # every step verifies them
     outputs = []
     engine.add_request(target, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=5),
                        on_output=lambda s, o: outputs.append((o.token_id, o.logprob, o.top_logprobs)))

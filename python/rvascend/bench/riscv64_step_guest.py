@@ -256,6 +256,7 @@ def main() -> int:
                                                   context_length=context + new + 4 + drafts,
                                                   disable_radix_cache=True, chunked_prefill_size=-1,
                                                   speculative_algorithm=algorithm,
+                                                  speculative_step_costs="none",  # the drafts are fixed below
                                                   speculative_num_draft_tokens=max(drafts, 1)))
         if drafts:
             # Drafts of random tokens: the target rejects them (the verify step's work does not

@@ -17,9 +17,12 @@ import transformers
 
 from rvascend.dispatch import kernel_routes
 from rvascend.engine import Engine, EngineConfig, SamplingParams, ngram_draft
+from rvascend.engine.testing import drafts_as_asked  # noqa: F401 - an autouse fixture
 from rvascend.models.loader import load_model
 from rvascend.models.testing import tiny_qwen3_5_config
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+
+
 
 COMMON = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=16,
               num_key_value_heads=4, vocab_size=2048, max_position_embeddings=1024, initializer_range=0.05)

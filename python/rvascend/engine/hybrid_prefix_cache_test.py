@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
-from rvascend.engine.testing import load_exact_or_fp32
+from rvascend.engine.testing import drafts_as_asked, load_exact_or_fp32  # noqa: F401 - drafts_as_asked: autouse
 from rvascend.models.testing import TINY_QWEN3_5, write_random_checkpoint
+
+
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
 

@@ -14,11 +14,14 @@ import torch
 from rvascend.engine import Engine, EngineConfig, Grammar, SamplingParams
 from rvascend.engine import engine as engine_module
 from rvascend.engine import model_runner
+from rvascend.engine.testing import drafts_as_asked  # noqa: F401 - an autouse fixture
 from rvascend.engine.ngram_draft import PAUSE_STEPS, DraftBudget, NgramIndex
 from rvascend.models.random_model import ensure_random_model
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 from rvascend.tokenizer.tokenizer import Tokenizer
+
+
 
 REPEATING = [5, 6, 7, 8, 9, 10] * 6
 

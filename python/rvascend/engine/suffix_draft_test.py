@@ -10,8 +10,10 @@ import torch
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models.random_model import ensure_random_model
 from rvascend.engine.suffix_draft import SuffixCorpus
+from rvascend.engine.testing import drafts_as_asked  # noqa: F401 - an autouse fixture
 from rvascend.models.loader import load_model
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+
 
 
 def test_the_corpus_proposes_within_a_key_and_stays_bounded():

@@ -7,14 +7,25 @@ from __future__ import annotations
 import contextlib
 from typing import Union
 
+import pytest
 import torch
 
 from rvascend.dispatch.fused_decoder import held_off
 from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine import engine as engine_module
 from rvascend.models.decoder import CausalLM
 from rvascend.models.loader import load_model
 from rvascend.models.testing import Runner
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+
+
+@pytest.fixture(autouse=True)
+def drafts_as_asked(monkeypatch):
+    """Imported by a test module: every sequence there drafts what its budget asks, whatever it
+    costs. Its tests are about what drafting does, and timing must not decide what they see
+    (draft_cost_test: how many tokens the cost lets a sequence draft)."""
+    monkeypatch.setattr(engine_module, "parse_cost_model", lambda spec: None)
+
 
 def load_exact_or_fp32(path: str, kind: str) -> CausalLM:
     """`kind` "float32": through ATen (a row's logits depend on how many rows its matmuls had:

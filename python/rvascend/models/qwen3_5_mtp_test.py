@@ -15,12 +15,15 @@ import transformers
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_qwen3_5
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
+from rvascend.engine.testing import drafts_as_asked  # noqa: F401 - an autouse fixture
 from rvascend.dispatch.route import ROUTE_ATTR
 from rvascend.models.random_model import ensure_random_model
 from rvascend.models.testing import wrong_in_most_steps
 from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
 from rvascend.models.testing import tiny_qwen3_5_config
+
+
 
 VOCAB = 256
 FULL = 2  # the tiny config's full-attention layer: the MTP layer has its shapes

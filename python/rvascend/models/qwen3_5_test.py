@@ -15,11 +15,13 @@ from rvascend.engine.sequence import Status
 from rvascend.models import qwen3_5
 from rvascend.models.loader import load_model
 from rvascend.models.state_pool import RecurrentStatePool
-from rvascend.engine.testing import assert_fused_decode_matches_op_by_op
+from rvascend.engine.testing import assert_fused_decode_matches_op_by_op, drafts_as_asked  # noqa: F401
 from rvascend.models.testing import wrong_in_most_steps
 from rvascend.models.testing import Runner, tiny_qwen3_5_config
 from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
 from rvascend.dispatch import shape_gate
+
+
 
 VOCAB = 256
 
