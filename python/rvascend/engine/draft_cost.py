@@ -42,6 +42,12 @@ _MAX_ROWS = 4096
 COST_MODELS = ("measured", "none")
 
 
+def _averaged(old: float, seconds: float) -> float:
+    """The moving average after a measurement, one held up by something else (another process,
+    a collection) counted as at most _OUTLIER times the average so far."""
+    return old + _SMOOTHING * (min(seconds, _OUTLIER * old) - old)
+
+
 def expected_tokens(acceptance: float, k: int) -> float:
     """Tokens a verify step of k drafts gives on average (its own sampled token included)."""
     a = min(max(acceptance, 0.0), 1.0)
@@ -66,13 +72,11 @@ class PassCosts:
     def add(self, rows: int, seconds: float) -> None:
         if self.fixed or not 1 <= rows <= _MAX_ROWS or not seconds >= 0:
             return
-        # A pass held up by something else (another process, a collection) moves the estimate
-        # only so far.
         old = self.table.get(rows)
         if old is None:
             self.set(rows, seconds)
         else:
-            self.table[rows] = old + _SMOOTHING * (min(seconds, _OUTLIER * old) - old)
+            self.table[rows] = _averaged(old, seconds)
             self._floor = None
 
     def set(self, rows: int, seconds: float) -> None:
@@ -145,10 +149,8 @@ class StepCosts:
     def add_overhead(self, seconds: float) -> None:
         if self.draft[1].fixed or not seconds >= 0:
             return
-        if self._overhead_seen:
-            self.overhead += _SMOOTHING * (min(seconds, _OUTLIER * self.overhead) - self.overhead)
-        else:
-            self.overhead, self._overhead_seen = seconds, True
+        self.overhead = _averaged(self.overhead, seconds) if self._overhead_seen else seconds
+        self._overhead_seen = True
 
     def known(self) -> bool:
         return any(t.known for t in self.target.values())

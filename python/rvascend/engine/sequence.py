@@ -155,6 +155,14 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Its tokens at positions start .. end - 1 (prompt, then output), without joining the
+        whole of them."""
+        if start >= end:
+            return []
+        n = len(self.prompt_ids)
+        return self.prompt_ids[start:min(end, n)] + self.output_ids[max(start - n, 0):max(end - n, 0)]
+
     @property
     def last_token(self) -> int:
         return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]

@@ -90,7 +90,7 @@ class Speculator:
                 n, seq.draft = seq.ngram.match(seq.prompt_ids, seq.output_ids, k)
                 if n < self._windows[1]:
                     # The longer match drafts: another request's text where it continues more of this one.
-                    m, other = self.corpus.match(seq.owner, _tail(seq, self._windows[1]), k)
+                    m, other = self.corpus.match(seq.owner, seq.tokens(max(0, seq.num_tokens - self._windows[1]), seq.num_tokens), k)
                     if m > n:
                         seq.draft = other
             if seq.matcher is not None and seq.draft:
@@ -217,9 +217,3 @@ class Speculator:
 
 def _ms(costs) -> str:
     return ", ".join(f"{rows}: {1000 * seconds:.2f}" for rows, seconds in sorted(costs.table.items())) or "none yet"
-
-
-def _tail(seq: Sequence, n: int) -> list[int]:
-    """The last n tokens of prompt + output, without joining the whole of them."""
-    out = seq.output_ids[-n:]
-    return (seq.prompt_ids[max(0, len(seq.prompt_ids) - (n - len(out))):] if len(out) < n else []) + out

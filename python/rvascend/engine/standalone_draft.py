@@ -136,7 +136,7 @@ class DraftModel:
         from the cache: those its writer ran through the draft), the first time it is seen."""
         if start == 0:
             return 0
-        tokens = np.asarray(_tokens(seq, 0, start), dtype=np.int64)
+        tokens = np.asarray(seq.tokens(0, start), dtype=np.int64)
         want = np.arange(start, dtype=np.int64) * self.vocab + tokens
         held = self.tags[np.asarray(seq.slots[:start], dtype=np.int64)] == want
         return start if held.all() else int(held.argmin())
@@ -152,7 +152,7 @@ class DraftModel:
             seq = item.row.seq
             # Positions it skipped while it drafted nothing (those it has not, from its cached
             # prefix's), then the step's own, as far as `upto`.
-            behind = _tokens(seq, item.synced, min(item.start, item.upto))
+            behind = seq.tokens(item.synced, min(item.start, item.upto))
             own = item.tokens[:max(0, item.upto - item.start)]
             kept = item.kept[:len(own)]
             extra = [item.drawn] if item.want > 0 else []  # only a drafting row runs the drawn token
@@ -223,14 +223,6 @@ class _Item:
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
-
-
-def _tokens(seq, start: int, end: int) -> list[int]:
-    """The sequence's tokens at positions start .. end - 1 (prompt, then output)."""
-    if start >= end:
-        return []
-    n = len(seq.prompt_ids)
-    return seq.prompt_ids[start:min(end, n)] + seq.output_ids[max(start - n, 0):max(end - n, 0)]
 
 
 def check_tokenizers(target, draft, draft_path: str) -> None:

@@ -94,10 +94,7 @@ _ROWS_AT_ONCE = 1024  # rows quantized together: FP32 temporaries of a few MiB, 
 def _packed(module: nn.Module, fmt: str, tile: int, name: str) -> torch.Tensor:
     """`module`'s matrix (a Linear's, an embedding table, or a quantized one's values) in
     `fmt`'s runtime layout, quantized a block of rows at a time."""
-    if isinstance(module, QuantizedLinear):
-        rows, k = module.out_features, module.in_features
-    else:
-        rows, k = module.weight.shape
+    rows, k = _shape(module)
     if k % _BLOCK:
         raise ValueError(f"--speculative-draft-model-quantization {fmt}: {name}'s rows of {k} values are not whole "
                          f"{_BLOCK}-value blocks; this model cannot draft in {fmt}")
@@ -107,22 +104,21 @@ def _packed(module: nn.Module, fmt: str, tile: int, name: str) -> torch.Tensor:
 
 
 def _rows_f32(module: nn.Module, start: int, end: int) -> np.ndarray:
-    if not isinstance(module, QuantizedLinear):
-        return module.weight.detach()[start:end].float().numpy()
-    out, first = [], 0
-    for i, p in enumerate(module.parts):  # the parts cover the rows in order
-        lo, hi = max(start, first), min(end, first + p.rows)
-        if lo < hi:
-            ids = torch.arange(lo - first, hi - first)
-            out.append(qops.dequantize_rows(module.qweight(i), p.fmt, p.rows, module.in_features, p.tile, ids))
-        first += p.rows
-    return torch.cat(out).float().numpy()
+    if isinstance(module, QuantizedLinear):
+        return module.dequantized_weight(torch.float32, start, end).numpy()
+    return module.weight.detach()[start:end].float().numpy()
+
+
+def _shape(module: nn.Module) -> tuple[int, int]:
+    """(rows, values a row) of a Linear's, an embedding's or a quantized module's matrix."""
+    if isinstance(module, QuantizedLinear):
+        return module.out_features, module.in_features
+    return tuple(module.weight.shape)
 
 
 def _quantized(module: nn.Module, fmt: str, tile: int, name: str) -> QuantizedLinear:
     """`module`'s matrix in `fmt` as a quantized projection, its bias kept."""
-    rows = module.out_features if isinstance(module, QuantizedLinear) else module.weight.shape[0]
-    k = module.in_features if isinstance(module, QuantizedLinear) else module.weight.shape[1]
+    rows, k = _shape(module)
     out = QuantizedLinear(k, [QuantPart(fmt.upper(), rows, tile)], bias=getattr(module, "bias", None) is not None)
     out.set_part(0, _packed(module, fmt, tile, name))
     if out.bias is not None:

@@ -15,7 +15,7 @@ from rvascend.models.random_model import ensure_random_model
 from rvascend.models.testing import IMAGE_LLAMA, TINY_QWEN3_5, write_random_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.models.quantized_copy import quantize_ggml, quantized_copy
-from rvascend.models.quantized_layers import QuantizedLinear
+from rvascend.models.quantized_layers import QuantizedLinear, QuantPart
 from rvascend.ops import quantized_linear as qops
 from rvascend.policy import RvvPolicyConfig, install_rvv_policy
 
@@ -126,3 +126,16 @@ def test_the_copy_runs_on_the_quantized_kernels(target):
     got = module(x).float()
     assert torch.allclose(got, want, rtol=0.02, atol=0.02 * want.abs().max().item())
     assert qops.FORMATS  # the kernels' registry knows the format
+
+
+def test_rows_of_a_projection_in_parts_are_its_whole_matrixs():
+    """A block of rows of a projection stored in two parts (a Q4_K_M file's Q4_K q beside its
+    Q6_K v): the same values as those rows of the whole matrix, across the parts' seam."""
+    tile = qops.quant_tile()
+    w = np.random.default_rng(5).standard_normal((96, 64)).astype(np.float32)
+    module = QuantizedLinear(64, [QuantPart("Q4_0", 40, tile), QuantPart("Q8_0", 56, tile)])
+    module.set_part(0, qops.repack_ggml(quantize_ggml(w[:40], "q4_0"), "Q4_0", 40, 64, tile))
+    module.set_part(1, qops.repack_ggml(quantize_ggml(w[40:], "q8_0"), "Q8_0", 56, 64, tile))
+    whole = module.dequantized_weight(torch.float32)
+    for start, end in ((0, 96), (10, 40), (35, 50), (40, 41), (60, 96)):
+        assert torch.equal(module.dequantized_weight(torch.float32, start, end), whole[start:end])

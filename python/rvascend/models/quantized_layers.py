@@ -77,12 +77,18 @@ class QuantizedLinear(nn.Module):
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
-    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """W [out_features, in_features] in `dtype` (the slow path: non-BF16 input, autograd)."""
-        parts = []
-        for i, p in enumerate(self.parts):
-            ids = torch.arange(p.rows)
-            parts.append(qops.dequantize_rows(self.qweight(i), p.fmt, p.rows, self.in_features, p.tile, ids))
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32, start: int = 0,
+                           end: Optional[int] = None) -> torch.Tensor:
+        """W [out_features, in_features] in `dtype` (the slow path: non-BF16 input, autograd), or
+        its rows start .. end - 1."""
+        end = self.out_features if end is None else end
+        parts, first = [], 0
+        for i, p in enumerate(self.parts):  # the parts cover the rows in order
+            lo, hi = max(start, first), min(end, first + p.rows)
+            if lo < hi:
+                ids = torch.arange(lo - first, hi - first)
+                parts.append(qops.dequantize_rows(self.qweight(i), p.fmt, p.rows, self.in_features, p.tile, ids))
+            first += p.rows
         return torch.cat(parts).to(dtype)
 
     def dequantized_linear(self, x: torch.Tensor) -> torch.Tensor:

@@ -212,11 +212,11 @@ def _draft_model(opts: ServerArgs, tokenizer: Tokenizer, model):
     path, quantization = opts.speculative_draft_model_path, opts.speculative_draft_model_quantization
     if quantization:
         from rvascend.models.quantized_copy import quantized_copy
-        from rvascend.models.quantized_layers import QuantizedEmbedding, quantized_modules
+        from rvascend.models.quantized_layers import quantized_modules
 
         draft = quantized_copy(model, quantization)
-        own = sum(m.packed_bytes for _, m in quantized_modules(draft) if not isinstance(m, QuantizedEmbedding))
-        logging.info("draft model: the target's weights in %s (%.1f MiB of quantized matrices; the rest shared)",
+        own = sum(m.packed_bytes for _, m in quantized_modules(draft))
+        logging.info("draft model: the target's weights in %s (%.1f MiB of quantized matrices; the norms shared)",
                      quantization, own / 2**20)
         return draft
     if not path:
