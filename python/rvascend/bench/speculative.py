@@ -77,6 +77,7 @@ def _define_flags() -> None:
                       "the format the target's weights draft in (--speculative-draft-model-quantization).")
     flags.DEFINE_string("k1_counts", None, "riscv64_step jsonl with this model's decode and verifyK steps (mode "
                         "q4_0 if present, else full; context 512, one sequence): the K1 projection.")
+    flags.DEFINE_list("tasks", None, "Only these tasks (default: every one).")
     flags.DEFINE_string("output", "bench_results/speculative.jsonl", "jsonl file to append to.")
 
 
@@ -346,6 +347,11 @@ def main(argv: list[str]) -> int:
             _token_tasks(model.config.vocab_size, batch, length)
         if FLAGS.algorithm == "SUFFIX" and "summarise" in tasks:
             tasks["summarise_again"] = dataclasses.replace(tasks["summarise"], again=True)
+        if FLAGS.tasks:
+            unknown = set(FLAGS.tasks) - set(tasks)
+            if unknown:
+                raise ValueError(f"--tasks: no task {sorted(unknown)} (there are {sorted(tasks)})")
+            tasks = {name: task for name, task in tasks.items() if name in FLAGS.tasks}
         records += [_measure(path, model, tokenizer, draft, name, task, batch, k1, k1_draft)
                     for name, task in tasks.items()]
     columns = [("task", "task", "s"), ("batch", "B", "d"), ("tok_s", "tok/s", ".1f"),

@@ -359,13 +359,11 @@ class Engine:
         return self.runner.prepare(work, fresh, snapshots)
 
     def _abandon(self, plan: Plan) -> None:
-        """Undoes `_prepare` (and whatever `_run` drew from the sequences' generators)."""
+        """Undoes `_prepare` (`_run` changes no sequence: each draw has a generator of its own)."""
         with self.scheduler.lock:
             for row in plan.rows:
                 self.scheduler.free_slots.extend(reversed(row.fresh))
                 self.scheduler.give_back_snapshots(row.snapshots)
-        for generator, state in plan.generator_states:
-            generator.set_state(state)
 
     def _run(self, plan: Plan) -> None:
         """The forward pass, every row's sampling and the MTP head's next drafts, into the

@@ -55,7 +55,6 @@ class Row:
 class Plan:
     rows: list[Row]
     batch: ForwardBatch
-    generator_states: list[tuple[torch.Generator, torch.Tensor]]
 
 
 # Buffers that hold no weights: a route's id (numbered per process) and the zero-stride
@@ -147,8 +146,7 @@ class ModelRunner:
                              state_read_slots=[r.seq.state_slot if r.seq.state_read_from is None
                                                else r.seq.state_read_from for r in rows] if hybrid else None,
                              state_token_slots=token_slots(rows) if hybrid else None, keep_hidden=self.keep_hidden)
-        states = [(r.seq.generator, r.seq.generator.get_state()) for r in rows if r.seq.generator is not None]
-        return Plan(rows, batch, states)
+        return Plan(rows, batch)
 
     def run(self, plan: Plan, grammars: Optional[GrammarBackend], eos_ids: set[int]) -> None:
         """The forward pass and every row's sampling, into the plan; nothing is committed.
@@ -176,8 +174,8 @@ class ModelRunner:
                 # position is drawn from the target's own distribution there (greedy: its
                 # argmax), and the draft survives while they agree. The first disagreement
                 # is kept as the target's token; so is the token after an all-accepted draft.
-                # Drafts are one token each, so this is exact rejection sampling: the output
-                # is distributed as without drafts, and a seeded generator draws the same.
+                # Each position draws with its own generator, drafts or not, so the output is
+                # the one decoding alone draws, token for token.
                 for i in range(row.drafts + 1):
                     if fast is not None:
                         if fast[first + i] < 0:
@@ -185,7 +183,8 @@ class ModelRunner:
                         drawn = sampler.Sampled(fast[first + i])
                     else:
                         mask = allowed.get(id(row))
-                        drawn = sampler.sample(logits[row.sample_row + i], seq.params, seq.generator,
+                        generator = None if seq.params.greedy else seq.generator_at(len(seq.output_ids) + i)
+                        drawn = sampler.sample(logits[row.sample_row + i], seq.params, generator,
                                                seq.prompt_ids, seq.output_ids + [t.token for t in row.sampled], eos,
                                                None if mask is None else mask[i])
                     row.sampled.append(drawn)

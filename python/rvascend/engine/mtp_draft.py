@@ -5,7 +5,8 @@ a position enters the head's K/V once its next token is known: a prompt chunk's 
 the step that prefills them (the prompt gives the next token, the step's sample the last
 one's), a verify step's kept positions once their acceptance is drawn (the accepted drafts
 and the target's own token). The head's output at a sequence's last kept position gives the
-first draft token (its argmax); each further draft feeds the head its own output and the
+first draft token (greedy, its argmax; sampled, drawn with the noise the target's draw there
+will use: sampler.propose); each further draft feeds the head its own output and the
 draft before, at the next position, in K/V slots lent for the step and given back at once
 (they are overwritten by the extend pass once the real tokens are known).
 
@@ -19,25 +20,28 @@ from typing import Callable, Optional, Sequence as Seq
 
 import torch
 
+from rvascend.engine import sampler
 from rvascend.models.decoder import ForwardBatch, KVPool
 
 
 class MtpRow:
     """One sequence's part of the extend pass."""
 
-    def __init__(self, seq, start: int, kept: int, next_tokens: list[int], fresh: list[int], drafts: bool) -> None:
+    def __init__(self, seq, start: int, kept: int, next_tokens: list[int], fresh: list[int], drafts: bool,
+                 first_output: int = 0) -> None:
         self.seq = seq
         self.start = start              # its first row in the target batch
         self.kept = kept                # positions entering the head's K/V
         self.next_tokens = next_tokens  # the token after each of them
         self.fresh = fresh              # their slots (this step's)
         self.drafts = drafts            # it decodes next: draft for it
+        self.first_output = first_output  # the output index its first draft stands for
 
 
 def draft(model, pool: KVPool, target: ForwardBatch, rows: Seq[MtpRow], k: int, context_length: int,
           lend: Callable[[int], list[int]], give_back: Callable[[list[int]], None]) -> list[Optional[list[int]]]:
-    """The extend pass over `rows`, then up to `k` greedy drafts for each row that drafts
-    (None for the others). `target` is the step's batch, its final hidden states kept."""
+    """The extend pass over `rows`, then up to `k` drafts for each row that drafts (None
+    for the others). `target` is the step's batch, its final hidden states kept."""
     if not rows:
         return []
     mtp, hidden = model.mtp, target.hidden
@@ -59,7 +63,7 @@ def draft(model, pool: KVPool, target: ForwardBatch, rows: Seq[MtpRow], k: int, 
     if not drafting:
         return out
     h = h[last[drafting]]
-    tokens = model.mtp.draft_tokens(model.lm_head, h)
+    tokens = _proposals(model, h, [rows[i] for i in drafting], 0)
     for i, t in zip(drafting, tokens):
         out[i] = [t]
     # Further drafts, one position a pass, in lent slots.
@@ -79,9 +83,15 @@ def draft(model, pool: KVPool, target: ForwardBatch, rows: Seq[MtpRow], k: int, 
                                  [r.seq.kv_slot_tensor(r.fresh + m) for r, m in zip(seqs, mine)],
                                  torch.tensor([m[-1] for m in mine], dtype=torch.long))
             h = mtp(model.model.embed_tokens(chain.input_ids), h, model.rotary, chain, pool)
-            for i, t in zip(drafting, model.mtp.draft_tokens(model.lm_head, h)):
+            for i, t in zip(drafting, _proposals(model, h, seqs, j + 1)):
                 out[i].append(t)
     finally:
         give_back(lent)
     return out
 
+
+def _proposals(model, h: torch.Tensor, rows: Seq[MtpRow], j: int) -> list[int]:
+    """Each row's draft j from the head's outputs `h` (one per row)."""
+    logits, ids = model.mtp.draft_logits(model.lm_head, h)
+    return sampler.proposals(logits, [r.seq for r in rows], [r.first_output + j for r in rows], ids,
+                             model.config.vocab_size)

@@ -105,6 +105,43 @@ def plain_greedy(params: SamplingParams, outputs_so_far: int) -> bool:
             and not params.presence_penalty and outputs_so_far >= params.min_tokens)
 
 
+def propose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """A draft's token for one position, from a drafting model's [vocab] logits there:
+    greedy, its argmax; sampled, the draw `sample` would make from them with the generator
+    the target's draw at that position will use (Sequence.generator_at). The draws are an
+    exponential race over the same noise, so where the two models' distributions are
+    close they pick the same token far more often than the draft's argmax would be the
+    target's draw. Penalties, grammars and min_tokens are left to the target's draw:
+    verification keeps the output exact whatever a proposal is."""
+    if params.greedy:
+        return int(torch.argmax(logits).item())
+    logits = logits.float()
+    if not torch.isfinite(logits).all():
+        return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"))).item())
+    if params.logit_bias:
+        logits = logits.clone()
+        for token, bias in params.logit_bias:
+            logits[token] += bias
+    return _draw(logits, params, generator)
+
+
+def proposals(logits: torch.Tensor, seqs: Sequence, indices: Sequence[int],
+              vocab_ids: Optional[torch.Tensor] = None, vocab_size: int = 0) -> list[int]:
+    """A drafting model's token for each row of `logits` [n, columns]: row i drafts output
+    token indices[i] of seqs[i] (propose). `vocab_ids`: the token id of each column, when
+    the logits cover part of a vocabulary of `vocab_size` tokens (a draft vocabulary)."""
+    best = logits.argmax(-1)
+    tokens = (best if vocab_ids is None else vocab_ids[best]).tolist()
+    for i, (seq, index) in enumerate(zip(seqs, indices)):
+        if seq.params.greedy:
+            continue
+        row = logits[i].float()
+        if vocab_ids is not None:  # the noise is indexed by token id: the row over the whole vocabulary
+            row = torch.full((vocab_size,), float("-inf")).index_copy_(0, vocab_ids, row)
+        tokens[i] = propose(row, seq.params, seq.generator_at(index))
+    return tokens
+
+
 def _draw(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator]) -> int:
     # Shifted so the best logit is 0: exp() of it is 1, so the weights sum to
     # at least 1 whatever the temperature (no overflow, no 0/0).
@@ -123,6 +160,10 @@ def _draw(logits: torch.Tensor, params: SamplingParams, generator: Optional[torc
         if params.min_p > 0.0:
             keep &= sorted_probs >= params.min_p * sorted_probs[0]
         keep[0] = True
-        kept = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
-        return int(order[torch.multinomial(kept, 1, generator=generator)].item())
-    return int(torch.multinomial(weights, 1, generator=generator).item())
+        weights = torch.where(torch.zeros_like(keep).scatter(0, order, keep), weights, torch.zeros_like(weights))
+    # The exponential race: token v wins with probability weights[v] / sum(weights). The noise
+    # is indexed by token id, never by rank, so a drafting model drawing with the same
+    # generator (propose) meets the same noise on every token.
+    noise = torch.empty_like(weights).exponential_(generator=generator)
+    race = torch.where(weights > 0, weights / noise, torch.full_like(weights, -1.0))
+    return int(torch.argmax(race).item())

@@ -102,9 +102,9 @@ class Sequence:
         self.owner: Optional[str] = None  # who sent it (a digest of its API key): SUFFIX drafts stay within it
         self.reservation = len(prompt_ids) + params.max_tokens  # KV tokens it may need
         self.reserved = 0     # of which the engine has reserved for it (from admission to release)
-        self.generator: Optional[torch.Generator] = None
-        if params.seed is not None:
-            self.generator = torch.Generator().manual_seed(params.seed)
+        # Output token i is drawn with generator_at(i): unseeded, the seed comes from torch's
+        # global generator (so torch.manual_seed still repeats a run).
+        self.sampling_seed = params.seed if params.seed is not None else int(torch.randint(2**62, ()).item())
         self.text = ""        # decoded output so far
         self.emitted = 0      # characters of self.text already handed out
         self.detokenizer = None  # set by the engine when it has a tokenizer
@@ -155,6 +155,13 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
+    def generator_at(self, index: int) -> torch.Generator:
+        """The generator that draws output token `index`, one per position: a step's draws
+        change nothing a failed step would have to undo, and a drafting model draws its
+        proposal for a position with the noise the target's draw will meet there
+        (sampler.propose)."""
+        return torch.Generator().manual_seed(_position_seed(self.sampling_seed, index))
+
     def tokens(self, start: int, end: int) -> list[int]:
         """Its tokens at positions start .. end - 1 (prompt, then output), without joining the
         whole of them."""
@@ -166,3 +173,15 @@ class Sequence:
     @property
     def last_token(self) -> int:
         return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+
+_MASK64 = 2**64 - 1
+
+
+def _position_seed(seed: int, index: int) -> int:
+    """splitmix64 of the seed stepped `index + 1` times: neighbouring positions and seeds
+    (n > 1 choices get seed + i) get unrelated streams."""
+    z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)

@@ -202,11 +202,12 @@ class Speculator:
                     if not row.sampled:
                         continue
                     after = after + [row.sampled[0].token]
-                mtp_rows.append(mtp_draft.MtpRow(seq, first, row.new, after, row.fresh, row.sample_row is not None))
+                mtp_rows.append(mtp_draft.MtpRow(seq, first, row.new, after, row.fresh, row.sample_row is not None,
+                                                 len(seq.output_ids) + len(row.sampled)))
             else:  # the input token and the accepted drafts; the next tokens are what was drawn
                 kept = len(row.sampled)
                 mtp_rows.append(mtp_draft.MtpRow(seq, first, kept, [s.token for s in row.sampled], row.fresh[:kept],
-                                                 True))
+                                                 True, len(seq.output_ids) + kept))
             rows.append(row)
         with torch.inference_mode():
             drafts = mtp_draft.draft(model, pool, plan.batch, mtp_rows, self.num_draft_tokens, context_length, lend,

@@ -9,8 +9,10 @@ position, the prefix cache's included, the draft's pool does too. In the same pa
 the token the step drew next, in a lent slot, and that position's logits give the first
 draft; each further draft feeds the one before, one position a pass, in lent slots. The
 lent slots go back within the step (the next step runs the drawn token again in its own
-slot, for both models). Drafts are the draft model's argmax: verification keeps the output
-exactly the target's whatever they are.
+slot, for both models). A greedy sequence's drafts are the draft model's argmax; a sampled
+one's are drawn from the draft's logits with the noise the target's draw at that position
+will use (sampler.propose), so they agree wherever the two distributions are close.
+Verification keeps the output exactly the target's whatever the drafts are.
 
 How many tokens a sequence drafts next is chosen by cost (draft_cost.py, through
 Speculator.lengths). A sequence given none is left out of the draft's passes, which are
@@ -35,6 +37,7 @@ import numpy as np
 import torch
 from absl import logging
 
+from rvascend.engine import sampler
 from rvascend.engine.draft_cost import StepCosts
 from rvascend.engine.ngram_draft import DraftBudget
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
@@ -95,7 +98,8 @@ class DraftModel:
             # The budget once this step's drafts are recorded (the commit records them).
             ahead = seq.draft_budget.after(row.drafts, len(row.sampled) - 1 if row.drafts else 0)
             synced = self._held(seq, start) if seq.draft_synced is None else seq.draft_synced
-            item = _Item(row, tokens, start, kept, drawn, synced, min(start + len(tokens), synced + self.max_catch_up))
+            item = _Item(row, tokens, start, kept, drawn, synced, min(start + len(tokens), synced + self.max_catch_up),
+                         first_output=len(seq.output_ids) + len(row.sampled))
             if drawn is not None:
                 row.next_draft = []  # whatever happens below, never the last step's draft again
                 # As many as the budget will ask next, at most k, none past the context's end.
@@ -177,7 +181,7 @@ class DraftModel:
                 item.row.draft_synced = item.upto
             if not drafting:
                 return
-            for item, t in zip(drafting, logits.argmax(-1).tolist()):
+            for item, t in zip(drafting, _proposals(logits, drafting, 0)):
                 item.out = [t]
             for j in range(1, max(item.want for item in drafting)):  # draft j + 1, after draft j
                 going = [item for item in drafting if item.want > j]
@@ -187,7 +191,7 @@ class DraftModel:
                     [1] * len(going), [item.end + j for item in going],
                     [item.row.seq.kv_slot_tensor(item.kept + item.lent[:j + 1]) for item in going],
                     torch.tensor([item.lent[j] for item in going], dtype=torch.long))
-                for item, t in zip(going, self._pass(chain).argmax(-1).tolist()):
+                for item, t in zip(going, _proposals(self._pass(chain), going, j)):
                     item.out.append(t)
         for item in drafting:
             item.row.next_draft = item.out
@@ -217,12 +221,18 @@ class _Item:
     asking: Optional[int] = None  # its index among the rows asking for drafts
     run: bool = False        # the cost gave it drafts: its positions run this step
     want: int = 0            # drafts it makes for its next step
+    first_output: int = 0    # the output index its first draft stands for
     lent: list[int] = dataclasses.field(default_factory=list)
     out: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+
+def _proposals(logits: torch.Tensor, items: list[_Item], j: int) -> list[int]:
+    """Each item's draft j from its row of the draft's logits."""
+    return sampler.proposals(logits, [item.row.seq for item in items], [item.first_output + j for item in items])
 
 
 def check_tokenizers(target, draft, draft_path: str) -> None:

@@ -79,9 +79,24 @@ def test_greedy_output_is_the_targets(target, twin, other, which):
     assert sorted(engine.scheduler.free_slots) == list(range(2048))
 
 
-def test_seeded_sampling_draws_the_same(target, twin):
-    params = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=1234, ignore_eos=True)
-    assert _run(target, twin, PROMPTS, params)[1] == _run(target, None, PROMPTS, params)[1]
+@pytest.mark.parametrize("which", ["twin", "other"])
+def test_seeded_sampling_draws_the_same(target, twin, other, which):
+    params = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
+    engine, spec = _run(target, twin if which == "twin" else other, PROMPTS, params)
+    assert spec == _run(target, None, PROMPTS, params)[1]
+    assert engine.speculator.drafted > 0
+    if which == "twin":
+        # Sampled drafts are drawn with the noise the target's draw meets at their position:
+        # the target's own weights propose exactly what it then draws (argmax drafts would
+        # be taken about as often as the argmax is drawn).
+        assert engine.speculator.accepted == engine.speculator.drafted
+
+
+def test_unseeded_sampling_drafts_are_taken_from_the_same_weights(target, twin):
+    params = SamplingParams(max_tokens=20, temperature=1.0, ignore_eos=True)
+    engine, spec = _run(target, twin, PROMPTS, params)
+    assert engine.speculator.drafted > 0 and engine.speculator.accepted == engine.speculator.drafted
+    assert len({tuple(s) for s in spec}) == len(PROMPTS)
 
 
 def test_a_cached_prefix_drafts_as_well_as_a_fresh_one(target, twin):

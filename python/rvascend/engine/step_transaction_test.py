@@ -39,8 +39,7 @@ def _snapshot(engine: Engine) -> dict:
         "free": sorted(engine.scheduler.free_slots), "reserved": engine.scheduler.reserved,
         "cache": (engine.cache.size, engine.cache.locked_size) if engine.cache else None,
         "seqs": [(s.id, list(s.slots), s.prefilled, list(s.output_ids), s.status, s.finish_reason, s.emitted,
-                  s.reserved, len(s.token_times), len(s.input_logprobs),
-                  None if s.generator is None else s.generator.get_state().tolist()) for s in seqs],
+                  s.reserved, len(s.token_times), len(s.input_logprobs), s.sampling_seed) for s in seqs],
     }
 
 

@@ -19,6 +19,7 @@ full one, so the output does not change; only how many drafts are taken.
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import torch
 from torch import nn
@@ -102,9 +103,9 @@ class MultiTokenPredictor(nn.Module):
         h, _ = self.norm.add_forward(h, residual)
         return h
 
-    def draft_tokens(self, lm_head: nn.Module, h: torch.Tensor) -> list[int]:
-        """The draft tokens of the head's outputs `h`: the lm_head's argmax, over the draft
-        vocabulary when there is one (restrict_draft_vocab)."""
+    def draft_logits(self, lm_head: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The logits of the head's outputs `h` and the token id of each column: over the
+        draft vocabulary when there is one (restrict_draft_vocab), else the whole (None)."""
         if self.draft_head is None:
-            return projection_linear(lm_head, h).argmax(-1).tolist()
-        return self.draft_ids[projection_linear(self.draft_head, h).argmax(-1)].tolist()
+            return projection_linear(lm_head, h), None
+        return projection_linear(self.draft_head, h), self.draft_ids

@@ -8,6 +8,7 @@ request never freezes the others or /health.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
@@ -35,6 +36,31 @@ def resolve_api_key(flag: Optional[str]) -> Optional[str]:
 # state), for what belongs to a key (stored responses): a request may carry a second,
 # different credential beside it.
 ADMITTED_KEY = "rvascend_api_key"
+
+# A request refused before its body is read has the rest of its body read and dropped, up
+# to this many bytes and seconds, before the answer: a server that closes a connection with
+# unread data makes the kernel reset it, and a client still sending then gets a connection
+# error in place of the answer (nginx's lingering close, bounded the same way).
+DRAIN_BYTES = 64 << 20
+DRAIN_SECONDS = 5.0
+
+
+async def drain_body(receive) -> None:
+    """Reads what is left of the request body and drops it, within DRAIN_BYTES and DRAIN_SECONDS."""
+    async def read() -> None:
+        left = DRAIN_BYTES
+        while left > 0:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            left -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+    try:
+        await asyncio.wait_for(read(), DRAIN_SECONDS)
+    except asyncio.TimeoutError:
+        pass
+
 
 # Paths open without the API key: probes and scrapers carry no credentials.
 UNGUARDED_PATHS = frozenset({"/health", "/metrics"})
@@ -68,6 +94,12 @@ async def send_json_error(send, status: int, message: str, kind: str, path: str 
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
                 + ([(b"connection", b"close")] if status >= 413 else [])})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse(receive, send, status: int, message: str, kind: str, path: str = "") -> None:
+    """An error answered before the body is read: the body is drained first (drain_body)."""
+    await drain_body(receive)
+    await send_json_error(send, status, message, kind, path)
 
 
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -168,8 +200,8 @@ class RequestGuard:
         if self.allowed_hosts is not None and guarded:
             host = host_name(headers.get(b"host", b"").decode("latin-1"))
             if host not in self.allowed_hosts:
-                await send_json_error(send, 421, f"Host {host!r} is not one this server answers to "
-                                      "(--allowed-hosts)", "invalid_request_error", path)
+                await _refuse(receive, send, 421, f"Host {host!r} is not one this server answers to "
+                                       "(--allowed-hosts)", "invalid_request_error", path)
                 return
         # Browsers send Origin with every POST and every cross-site fetch; SDKs and curl
         # send none, and are served.
@@ -177,24 +209,25 @@ class RequestGuard:
         if origin is not None and guarded:
             origin_text, host_text = origin.decode("latin-1"), headers.get(b"host", b"").decode("latin-1")
             if not same_origin(origin_text, host_text):
-                await send_json_error(send, 403, f"Origin {origin_text!r} is not this server ({host_text!r}): "
-                                      "requests from other sites' web pages are refused", "invalid_request_error",
-                                      path)
+                await _refuse(receive, send, 403, f"Origin {origin_text!r} is not this server ({host_text!r}): "
+                                       "requests from other sites' web pages are refused", "invalid_request_error",
+                                       path)
                 return
         if self.expected is not None and guarded:
             bearer = hmac.compare_digest(headers.get(b"authorization", b""), self.expected)
             if not (hmac.compare_digest(headers.get(b"x-api-key", b""), self.key) or bearer):
-                await send_json_error(send, 401, "missing or wrong API key (Authorization: Bearer KEY, or "
-                                      "x-api-key: KEY)", "authentication_error", path)
+                await _refuse(receive, send, 401, "missing or wrong API key (Authorization: Bearer KEY, or "
+                                       "x-api-key: KEY)", "authentication_error", path)
                 return
             scope.setdefault("state", {})[ADMITTED_KEY] = self.key.decode()
         if method not in _SAFE_METHODS and guarded:
             problem = _body_problem(headers, method, path)
             if problem is not None:
-                await send_json_error(send, 415, problem, "invalid_request_error", path)
+                await _refuse(receive, send, 415, problem, "invalid_request_error", path)
                 return
         announced = headers.get(b"content-length", b"")
         if announced.isdigit() and int(announced) > self.limit:
+            await drain_body(receive)
             await self._too_large(send, int(announced), path)
             return
         received = 0
@@ -233,6 +266,7 @@ class RequestGuard:
                 await send_json_error(send, 500, f"internal error: {type(e).__name__}: {e}", "server_error", path)
                 return
         if too_large and not started:
+            await drain_body(receive)
             await self._too_large(send, received, path)
 
     async def _too_large(self, send, size: int, path: str) -> None:

@@ -19,7 +19,7 @@ from rvascend.engine import SamplingParams, sampler
 from rvascend.models.random_model import ensure_random_model
 from rvascend.server import responses
 from rvascend.server.loopback import free_port
-from rvascend.server.testing import Server, slow_steps
+from rvascend.server.testing import API_KEY, Server, slow_steps
 
 
 @pytest.fixture(scope="module")
@@ -282,6 +282,30 @@ def test_huge_prompts_are_refused_fast_and_do_not_block_health(server):
     assert r.status_code in (400, 413) and elapsed < 3, (r.status_code, elapsed)
     assert mid.status_code == 400 and "bytes" in mid.json()["error"]["message"]
     assert max(health_times) < 1.0
+
+
+@pytest.mark.parametrize("key", ["right", "wrong"])
+def test_a_client_still_sending_a_refused_body_reads_the_answer(server, key):
+    """An announced 12 MB body, sent in pieces while the server has already refused it
+    (413, or 401 for a wrong key): the server reads the rest before it answers and
+    closes, so the client reads the answer instead of a reset connection."""
+    import socket
+
+    size, piece = 12 << 20, 1 << 16
+    token = API_KEY if key == "right" else "nope"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+        conn.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {size}\r\n\r\n".encode())
+        for i in range(size // piece):
+            conn.sendall(b"x" * piece)
+            if i % 32 == 0:
+                time.sleep(0.01)  # the server answers long before the last byte is sent
+        answer = b""
+        while chunk := conn.recv(1 << 16):
+            answer += chunk
+    status = int(answer.split(b" ", 2)[1])
+    assert status == (413 if key == "right" else 401), answer[:200]
+    assert (b"exceeds the limit" if key == "right" else b"API key") in answer
 
 
 def test_an_oversize_chunked_body_is_a_413(server):

@@ -1,0 +1,67 @@
+"""The sampler's draw and a draft's proposal: the draw is distributed as the filtered
+softmax, and a drafting model's proposal, drawn with the generator the target's draw
+uses, agrees with it far more often than the draft's argmax would."""
+
+from __future__ import annotations
+
+import torch
+
+from rvascend.engine import sampler
+from rvascend.engine.sequence import SamplingParams, Sequence
+
+
+def _counts(logits: torch.Tensor, params: SamplingParams, n: int) -> torch.Tensor:
+    drawn = [sampler.sample(logits, params, torch.Generator().manual_seed(s)).token for s in range(n)]
+    return torch.bincount(torch.tensor(drawn), minlength=logits.shape[0]).double()
+
+
+def _kept_softmax(logits: torch.Tensor, params: SamplingParams, kept: list[int]) -> torch.Tensor:
+    z = torch.full_like(logits, float("-inf"), dtype=torch.float64)
+    z[kept] = logits[kept].double() / params.temperature
+    return torch.softmax(z, -1)
+
+
+def test_the_draw_is_the_filtered_softmax():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, 3.0, -0.5, 1.5])
+    n = 12_000
+    cases = [(SamplingParams(temperature=0.7, top_k=4), [5, 0, 7, 1]),
+             # softmax at T = 1: 0.50, 0.18, 0.11, 0.07, ... top_p 0.75 keeps the first three
+             (SamplingParams(temperature=1.0, top_p=0.75), [5, 0, 7]),
+             (SamplingParams(temperature=1.3), list(range(8)))]
+    for params, kept in cases:
+        expected = _kept_softmax(logits, params, kept) * n
+        counts = _counts(logits, params, n)
+        assert set(counts.nonzero().flatten().tolist()) <= set(kept)
+        spread = (expected * (1 - expected / n)).sqrt()
+        assert ((counts - expected).abs() <= 5 * spread + 1).all(), (params, counts, expected)
+
+
+def test_a_close_draft_proposes_what_the_target_draws():
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(1000, generator=g) * 2.5
+    draft = target + 0.25 * torch.randn(1000, generator=g)
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+    n = 2000
+    agree = sum(sampler.propose(draft, params, torch.Generator().manual_seed(s))
+                == sampler.sample(target, params, torch.Generator().manual_seed(s)).token for s in range(n)) / n
+    p, q = torch.softmax(target.double(), -1), torch.softmax(draft.double(), -1)
+    tv = float(0.5 * (p - q).abs().sum())
+    # The exponential race's coupling keeps at least (1 - TV) / (1 + TV) of the draws the same.
+    assert agree >= (1 - tv) / (1 + tv) - 0.03
+    assert agree > float(p[draft.argmax()]) + 0.3  # what argmax drafts would get
+    same = sum(sampler.propose(target, params, torch.Generator().manual_seed(s))
+               == sampler.sample(target, params, torch.Generator().manual_seed(s)).token for s in range(200))
+    assert same == 200
+    assert sampler.propose(draft, SamplingParams(temperature=0), None) == int(draft.argmax())
+
+
+def test_each_output_position_has_its_own_stream():
+    seq = Sequence([1, 2, 3], SamplingParams(temperature=1.0, seed=5))
+    again = Sequence([9], SamplingParams(temperature=1.0, seed=5))
+    other = Sequence([1, 2, 3], SamplingParams(temperature=1.0, seed=6))
+    draws = [torch.rand(4, generator=seq.generator_at(i)) for i in range(3)]
+    assert torch.equal(draws[0], torch.rand(4, generator=again.generator_at(0)))
+    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
+    assert not torch.equal(draws[0], torch.rand(4, generator=other.generator_at(0)))
+    unseeded = [Sequence([1], SamplingParams(temperature=1.0)).sampling_seed for _ in range(3)]
+    assert len(set(unseeded)) == 3
