@@ -28,8 +28,8 @@ the bytes. The default model ships as Q4_1 only, so the target's weights are Q4_
 values in BF16 and the draft differs from them by Q4_0's rounding, as a BF16 model's own
 Q4_0 would.
 Its K1 projection prices a step with k drafts as the target's verify step (mode full) and
-each pass the draft model ran at its row count (a pass of k + 1 rows as a Q4_0 verify step
-of k): the counts need --modes=full,q4_0.
+each pass the draft model ran at its row count (a pass of k + 1 rows as a verify step of k
+in the draft's format): the counts need --modes=full and the draft's (q4_0 or q8_0).
 
 The draft lengths are chosen by cost (engine/draft_cost.py): the timed runs by the costs
 measured on this host, the K1 projection by a run given the board's counted costs (the
@@ -278,10 +278,11 @@ def _k1_prices():
         return None, None
     if FLAGS.algorithm != "STANDALONE":
         return _k1_step_seconds(FLAGS.k1_counts), None
-    if FLAGS["draft-model-path"].value or FLAGS["draft-model-quantization"].value != "q4_0":
-        raise ValueError("--k1_counts prices the draft model's passes with mode q4_0's counts: only the default "
-                         "draft (the target's weights in q4_0) is projected")
-    return _k1_step_seconds(FLAGS.k1_counts, "full"), _k1_step_seconds(FLAGS.k1_counts, "q4_0")
+    if FLAGS["draft-model-path"].value:
+        raise ValueError("--k1_counts prices the draft model's passes with the counts of the target's weights in "
+                         "--draft-model-quantization's format: a --draft-model-path draft is not projected")
+    quantization = FLAGS["draft-model-quantization"].value
+    return _k1_step_seconds(FLAGS.k1_counts, "full"), _k1_step_seconds(FLAGS.k1_counts, quantization)
 
 
 def _measure(path: str, model, tokenizer, draft, name: str, task: _Task, batch: int, k1, k1_draft) -> dict:

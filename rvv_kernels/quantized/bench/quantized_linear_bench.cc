@@ -1,5 +1,5 @@
 // One quantized GEMV/GEMM call per run, for instruction counting under QEMU
-// (bench/count_instructions.py) and timing on a board:
+// (python/rvascend/bench/quantized_peers.py) and timing on a board:
 //   quantized_linear_bench --format=Q4_0 --m=1 --n=2048 --k=2048 [--kernel_set=rvv] [--reps=1] [--threads=1]
 //                          [--copies=1]
 // --copies=N cycles through N copies of the weight: with more bytes than the

@@ -1,6 +1,6 @@
 // One decode token of recurrent_gated_delta_rule through the native CPU op: B sequences of one
 // token, NV value heads of Dv x Dk state each, FP32 or BF16 state. Timed on real hardware
-// (--reps > 1), or run once for instruction counting under QEMU (count_instructions.py).
+// (--reps > 1), or run once for instruction counting under QEMU (python/rvascend/bench/gated_delta_rule_kernel_counts.py).
 //
 //   rgdr_decode_bench [--elem=f32|bf16] [--b=1] [--nk=16] [--nv=16] [--dk=128] [--dv=128]
 //                     [--rows=NAME] [--reps=20] [--threads=1]
