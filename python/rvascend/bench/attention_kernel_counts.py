@@ -9,11 +9,10 @@ row (rows = 1) runs the row kernel either way.
 
 from __future__ import annotations
 
-import json
-
 from absl import app, flags
 
 from rvascend.bench import qemu_exec_count
+from rvascend.bench.results import write_jsonl
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("binary", None, "riscv64 kv_pool_attention_bench binary.")
@@ -59,9 +58,7 @@ def main(argv: list[str]) -> int:
                 ratio = f"{base / insns:10.2f}x" if base else ""
                 print(f"{shape:22s} {vlen:>5s} {kernel:9s} {insns:12d} {insns / macs:8.4f} {ratio:>11s}")
     if FLAGS.output:
-        with open(FLAGS.output, "a") as f:
-            for row in rows_out:
-                f.write(json.dumps(row) + "\n")
+        write_jsonl(FLAGS.output, rows_out)
     return 0
 
 

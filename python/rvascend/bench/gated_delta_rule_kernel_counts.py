@@ -13,11 +13,10 @@ overhead, so no kernel reaches it.
 
 from __future__ import annotations
 
-import json
-
 from absl import app, flags
 
 from rvascend.bench import qemu_exec_count
+from rvascend.bench.results import write_jsonl
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("binary", None, "riscv64 rgdr_decode_bench binary.")
@@ -65,9 +64,7 @@ def main(argv: list[str]) -> int:
                     print(f"{shape:18s} {vlen:>5s} {elem:5s} {rows:9s} {insns:10d} {per:9.4f} {floor:7.4f} "
                           f"{per / floor:8.2f}")
     if FLAGS.output:
-        with open(FLAGS.output, "a", encoding="utf-8") as f:
-            for row in out:
-                f.write(json.dumps(row) + "\n")
+        write_jsonl(FLAGS.output, out)
     return 0
 
 

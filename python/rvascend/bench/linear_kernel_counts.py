@@ -9,11 +9,10 @@ load, shift, AND and two FMAs (5) for the version-2 (rvv_wide) kernels.
 
 from __future__ import annotations
 
-import json
-
 from absl import app, flags
 
 from rvascend.bench import qemu_exec_count
+from rvascend.bench.results import write_jsonl
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("binary", None, "riscv64 bf16_packed_linear_bench binary.")
@@ -56,9 +55,7 @@ def main(argv: list[str]) -> int:
                       f"{insns / (n * k):11.4f} {minimum / (n * k):9.4f} {insns / (m * minimum):6.2f} "
                       f"{row['ratio_to_16_over_vlen']:9.2f}")
     if FLAGS.output:
-        with open(FLAGS.output, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+        write_jsonl(FLAGS.output, rows)
     return 0
 
 
