@@ -14,7 +14,7 @@ import torch
 from rvascend.engine import Engine, EngineConfig, SamplingParams, ngram_draft
 from rvascend.models.testing import IMAGE_LLAMA, IMAGE_QWEN3_5, write_random_checkpoint
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
 
 def run(model, target, others=0, chunk=512, drafts=0):
@@ -37,7 +37,7 @@ def run(model, target, others=0, chunk=512, drafts=0):
 
 def check(name, config, dtype=torch.bfloat16):
     model = load_model(write_random_checkpoint(config), dtype)
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", deterministic=True))
     target = [int(t) for t in torch.randint(3, 1024, (18,), generator=torch.Generator().manual_seed(5))]
     # Every decode step verifies three drafted tokens (rows of 1 + 3), whatever the model says.
     ngram_draft.NgramIndex.propose = lambda self, prompt, output, k: target[:k]

@@ -16,7 +16,7 @@ import torch
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models.testing import IMAGE_LLAMA as LLAMA, IMAGE_QWEN3_5 as QWEN3_5, write_random_checkpoint
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy
 
 QWEN3 = dict(LLAMA, architectures=["Qwen3ForCausalLM"], num_hidden_layers=2, rope_theta=1000000.0)
 KERNELS = ("kv_pool_attention", "rope", "silu_mul", "add_rms_norm", "argmax", "decoder_layers")
@@ -36,7 +36,7 @@ def check(name: str, config: dict, kernels_expected: tuple = KERNELS) -> bool:
     for mode in ("off", "on"):
         model = load_model(path)
         if mode == "on":
-            install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+            install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager"))
         engine = Engine(model, None, EngineConfig(max_total_tokens=64))
         tokens[mode] = [s.output_ids for s in engine.generate(prompts, params)]  # two sequences: M = 2
         if mode == "on":

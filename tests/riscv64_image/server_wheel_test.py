@@ -57,7 +57,7 @@ def host_greedy(model: str, requests: list[list[int]], policy: bool, near_tie: f
                 max_tokens: int = 4) -> list[list[str]]:
     """The host engine's greedy tokens (their texts) for each request, cut before the
     first token whose top-2 log-probability gap is below `near_tie`."""
-    engine, _, _ = build_engine(ServerArgs(model_path=model, enable_cpu_rvv_kernels=policy,
+    engine, _, _ = build_engine(ServerArgs(model_path=model, enable_cpu_kernels=policy,
                                              enable_deterministic_inference=None if policy else False,
                                              cpu_compile_mode="eager", max_total_tokens=512))
     from rvascend.engine import SamplingParams
@@ -196,7 +196,7 @@ def serve_default_quantized(args, site: str, tmp: str) -> int:
     finally:
         stop(proc)
     # (The policy also counts here why regional compile cannot run in the image: no C++ compiler.)
-    calls = [line for line in metrics.splitlines() if line.startswith("rvascend_rvv_projection_calls_total")
+    calls = [line for line in metrics.splitlines() if line.startswith("rvascend_projection_calls_total")
              and 'projection="regional_compile"' not in line]
     checks = {
         "the default model answers": "Paris" in answer,
@@ -220,13 +220,13 @@ _LOGITS_GUEST = r"""
 import importlib.util, json, sys, torch
 from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 ids = torch.tensor(json.loads(sys.argv[1]))
 n = ids.shape[0]
 out = {"gguf_package": importlib.util.find_spec("gguf") is not None}
 for path in sys.argv[2:]:
     model = load_model(path, torch.bfloat16, keep_quantized=True)
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+    install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager"))
     batch = ForwardBatch(ids, torch.arange(n), [n], [0], [torch.arange(n)], torch.arange(n))
     with torch.inference_mode():
         logits = model(batch, KVPool(model.config, n, torch.bfloat16), all_logits=True).float()
@@ -246,7 +246,7 @@ def board_loads_gguf_formats(args, site: str, tmp: str) -> int:
     from rvascend.models import gguf_export
     from rvascend.models.loader import load_model
     from rvascend.models.testing import all_logits
-    from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+    from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
     # A Llama of width 256 (whole K-quant super-blocks), random weights, written F32 then
     # quantized by llama.cpp into each recipe.
@@ -275,7 +275,7 @@ def board_loads_gguf_formats(args, site: str, tmp: str) -> int:
     checks = {"the image has no gguf package": not guest["gguf_package"]}
     for recipe, path in zip(RECIPES, files):
         model = load_model(path, torch.bfloat16, keep_quantized=True)
-        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+        install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager"))
         want = all_logits(model, torch.tensor(prompt))
         got = torch.tensor(guest[path]["logits"])
         # Both run the quantized kernels (bit-identical across sets); the rest of the step

@@ -37,7 +37,7 @@ WATCHDOG_SECONDS = 5.0
 # The seed's shape gate: every worker routes alike (the measured gate times each worker's host
 # on its own, and workers that differ in speed make the router balance load instead of prefixes).
 WORKER_ARGS = [f"--model-path={ensure_random_model()}", "--enable-cpu-rvv-inductor", "--cpu-compile-mode=eager",
-               "--cpu-rvv-shape-gate=bucketed", f"--max-total-tokens={POOL_TOKENS}", "--max-running-requests=8"]
+               "--cpu-kernels-shape-gate=bucketed", f"--max-total-tokens={POOL_TOKENS}", "--max-running-requests=8"]
 # (The key reaches the workers and the router through the environment: Cluster(api_key=...).)
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 TIMEOUT = 120.0

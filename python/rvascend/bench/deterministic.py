@@ -3,7 +3,7 @@
 Four ways to serve one model, timed side by side in one process, alternating
 --rounds times, each with the weights as `./dev serve` loads them under its flags:
 `off` (--noenable-deterministic-inference: no policy, ATen, a GGUF file's weights
-dequantized), `kernels` (--enable-cpu-rvv-kernels alone: the measured shape gate,
+dequantized), `kernels` (--enable-cpu-kernels alone: the measured shape gate,
 regional compile off here, GGUF weights kept quantized), `deterministic`
 (--enable-deterministic-inference: the invariant gate on the dequantized weights;
 what `./dev serve` runs by default where it costs nothing, server/launch.py) and
@@ -28,7 +28,7 @@ from rvascend.bench.results import print_table, write_jsonl
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models.random_model import ensure_random_model
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
 FLAGS = flags.FLAGS
 MODES = {"bfloat16": ("off", "kernels", "deterministic", "deterministic_quantized"),
@@ -48,7 +48,7 @@ def _define_flags() -> None:
 def _model(path: str, mode: str, dtype: str):
     model = load_model(path, getattr(torch, dtype), keep_quantized=mode in ("kernels", "deterministic_quantized"))
     if mode != "off":
-        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=mode.startswith("deterministic")))
+        install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", deterministic=mode.startswith("deterministic")))
     return model
 
 

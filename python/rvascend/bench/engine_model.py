@@ -27,9 +27,9 @@ def load() -> tuple[str, CausalLM]:
     path = flag_values["model-path"].value or ensure_random_model()
     model = load_model(path)
     if flag_values.policy == "on":
-        from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+        from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
-        install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode="eager"))
+        install_kernel_policy(model, KernelPolicyConfig.from_flag(compile_mode="eager"))
     return path, model
 
 

@@ -61,7 +61,7 @@ def _define_flags() -> None:
                          "the largest. Two runs of one engine minutes apart on a shared host differ by up to 10 %.",
                          lower_bound=1)
     flags.DEFINE_list("policy", ["off", "on", "drop"],
-                      "This engine's runs: RVV policy off, on, and on with --cpu-rvv-drop-unpacked (drop).")
+                      "This engine's runs: RVV policy off, on, and on with --cpu-kernels-drop-unpacked (drop).")
     flags.DEFINE_enum("isa", "native", ["native", "avx2"],
                       "x86 code both engines may run: native, or avx2 (an AVX2-only host's, on an AVX-512 one: "
                       "llama.cpp built for AVX2, and this engine with RVASCEND_MAX_ISA, ATEN_CPU_CAPABILITY and "

@@ -55,9 +55,9 @@ def _model():
     if path == "default":
         path = ensure_default_model()
     model = load_model(path, torch.bfloat16)
-    from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+    from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", deterministic=True))
     return path, model
 
 

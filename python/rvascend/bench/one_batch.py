@@ -35,7 +35,7 @@ from rvascend.models import random_checkpoint
 from rvascend.runtime import allocator
 from rvascend.models.loader import load_model
 from rvascend.models.quantized_layers import QuantizedLinear
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 from rvascend.dispatch.route import PACKED_BUFFER
 
 FLAGS = flags.FLAGS
@@ -51,7 +51,7 @@ def _define_flags() -> None:
     flags.DEFINE_integer("input-len", 64, "Prompt tokens per sequence.")
     flags.DEFINE_integer("output-len", 8, "Generated tokens per sequence.")
     flags.DEFINE_list("policy", ["off", "on"], "Runs: RVV policy off, on, and/or drop (on, with the packed copies as "
-                      "the weights and eager routes: --cpu-rvv-drop-unpacked --cpu-compile-mode eager).")
+                      "the weights and eager routes: --cpu-kernels-drop-unpacked --cpu-compile-mode eager).")
     flags.DEFINE_enum("cpu-compile-mode", "regional", ["regional", "eager"], "Policy compile mode.")
     flags.DEFINE_bool("hf", False, "Also time transformers' generate on the same checkpoint.")
     flags.DEFINE_integer("threads", None, "torch threads (default: torch's).")
@@ -159,7 +159,7 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
     def matrices(module: torch.nn.Module) -> int:
         # A quantized projection's weight is its uint8 buffers (models/quantized_layers.py).
         quantized = sum(b.numel() for n, b in module.named_buffers() if n.rpartition(".")[2].startswith("qweight"))
-        # With --cpu-rvv-drop-unpacked a packed buffer is the weight (padded rows included).
+        # With --cpu-kernels-drop-unpacked a packed buffer is the weight (padded rows included).
         owned = sum(b.numel() * b.element_size() for m in module.modules() if "weight" not in m._parameters
                     for n, b in m._buffers.items() if n == PACKED_BUFFER)
         return quantized + owned + sum(p.numel() * p.element_size() for p in module.parameters() if p.dim() == 2)
@@ -246,7 +246,7 @@ def _load(path: str, mode: str) -> torch.nn.Module:
     if mode != "off":
         # "drop" is the smallest footprint: the packed copies are the weights, and nothing
         # compiles (torch._dynamo and Inductor alone are about 70 MiB of RSS).
-        install_rvv_policy(model, RvvPolicyConfig.from_flag(
+        install_kernel_policy(model, KernelPolicyConfig.from_flag(
             compile_mode="eager" if mode == "drop" else FLAGS["cpu-compile-mode"].value,
             drop_unpacked=mode == "drop"))
     return model

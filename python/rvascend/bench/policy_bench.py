@@ -24,7 +24,7 @@ from rvascend.models.random_model import random_weights
 from rvascend.models.config import ModelConfig
 from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
 from rvascend.ops import packed_weight_bytes
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
 FLAGS = flags.FLAGS
 
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     for pct in (int(b) for b in FLAGS.budgets):
         routed = copy.deepcopy(base)
         rss0, peak0 = current_rss_mib(), peak_rss_mib()
-        report = install_rvv_policy(routed, RvvPolicyConfig.from_flag(
+        report = install_kernel_policy(routed, KernelPolicyConfig.from_flag(
             memory_budget_mib=int(need * pct / 100), compile_mode=FLAGS["cpu-compile-mode"].value))
         extra_rss = current_rss_mib() - rss0
         for m in rows:

@@ -49,11 +49,11 @@ def child(mode: str) -> dict[str, Any]:
     """Load, install, first request, then concurrent batches; seconds and graph count."""
     from rvascend.engine import Engine, EngineConfig, SamplingParams
     from rvascend.models.loader import load_model
-    from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+    from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy
 
     t0 = time.perf_counter()
     model = load_model(random_checkpoint.ensure(FLAGS.shape))
-    report = install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode=mode))
+    report = install_kernel_policy(model, KernelPolicyConfig.from_flag(compile_mode=mode))
     engine = Engine(model, None, EngineConfig(max_total_tokens=4096, max_running_requests=FLAGS["max-concurrency"].value))
     loaded = time.perf_counter()
     vocab = model.config.vocab_size
@@ -74,11 +74,11 @@ def child(mode: str) -> dict[str, Any]:
 def staleness_check_costs(path: str) -> dict[str, float]:
     from rvascend.models.decoder import KVPool
     from rvascend.models.loader import load_model
-    from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+    from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy
     from rvascend.dispatch import fused_decoder
 
     model = load_model(path)
-    install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode="eager"))
+    install_kernel_policy(model, KernelPolicyConfig.from_flag(compile_mode="eager"))
     policy = get_policy(model)
     route = next(r for r in policy.routes.values() if r.projection == "qkv_proj")
     weight = route._module().weight

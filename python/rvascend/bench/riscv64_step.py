@@ -13,7 +13,7 @@ with M = 1 and 4 sequences, and prefill of one 16-, 64- and 256-token prompt
 (full and the quantized modes; stock: 16, its rate per token does not depend on the
 length). Modes: stock (no policy), linear (the policy with packed Linears
 only), op_by_op (every kernel, each called from Python as the modules call
-it), full (the policy as --enable-cpu-rvv-kernels installs it: a decode
+it), full (the policy as --enable-cpu-kernels installs it: a decode
 step's layers in one native call), q4_0, q4_1 and q8_0 (full, on the same
 weights exported to a GGUF of that type and kept quantized). All code is
 counted: the interpreter, libtorch, libc, our extension. Output: a table per
@@ -66,7 +66,7 @@ def _define_flags() -> None:
     flags.DEFINE_list("layers", ["1", "2"], "Model depths to run (two, to separate per-layer and fixed costs).")
     flags.DEFINE_list("modes", ["stock", "linear", "op_by_op", "full", "q4_0", "q8_0"],
                       "stock: no policy; linear: packed Linears only; op_by_op: every kernel, called module by "
-                      "module; full: the policy as --enable-cpu-rvv-kernels installs it (fused decode step); "
+                      "module; full: the policy as --enable-cpu-kernels installs it (fused decode step); "
                       "q4_0, q4_1, q8_0: full, on the same weights as a GGUF of that type kept quantized; "
                       "q4_k_m, q5_k_m, q3_k_m, q2_k, iq4_xs: full, on llama.cpp's file of that recipe "
                       "(--gguf_source=llama_cpp).")

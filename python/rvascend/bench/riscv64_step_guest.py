@@ -34,7 +34,7 @@ from rvascend.models import decoder, layers  # noqa: E402
 from rvascend.models import qwen3_5_mtp  # noqa: E402
 from rvascend.models.loader import load_model  # noqa: E402
 from rvascend.ops.packed_linear import _native  # noqa: E402
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy  # noqa: E402
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy  # noqa: E402
 from rvascend.dispatch import fused_decoder  # noqa: E402
 from rvascend.dispatch.fused_decoder import FusedDecoder  # noqa: E402
 
@@ -238,7 +238,7 @@ def main() -> int:
         qwen3_5_mtp.restrict_draft_vocab(model, list(range(hot.pop())))
     mode = args["mode"]  # off | linear | op_by_op | full
     if mode != "off":
-        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", kernels=(mode in ("full", "op_by_op")),
+        install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", kernels=(mode in ("full", "op_by_op")),
                                                   memory_budget_mib=1 << 20))
     if mode == "op_by_op":
         fused_decoder.detach(model)

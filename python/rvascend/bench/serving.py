@@ -88,7 +88,7 @@ def _level(url: str, concurrency: int, n: int, warmup: int, input_len: int, outp
 
 
 def run_server(policy: str, model_path: str, extra: list[str]) -> list[dict[str, Any]]:
-    flags_ = (["--enable-cpu-rvv-kernels"] if policy == "on" else []) + extra
+    flags_ = (["--enable-cpu-kernels"] if policy == "on" else []) + extra
     logging.info("starting a server on %s with %s", model_path, " ".join(flags_))
     with server_process(model_path, flags_) as (proc, url):
         vocab = _vocab(model_path)

@@ -47,7 +47,7 @@ from rvascend.server.loopback import server_process
 FLAGS = flags.FLAGS
 API_KEY = "soak-key"
 # N-gram drafts on: every request is verified in runs, and the draft cases below need them.
-SERVER_ARGS = ("--enable-cpu-rvv-kernels", "--speculative-algorithm=NGRAM", "--speculative-num-draft-tokens=4")
+SERVER_ARGS = ("--enable-cpu-kernels", "--speculative-algorithm=NGRAM", "--speculative-num-draft-tokens=4")
 
 
 def _define_flags() -> None:

@@ -55,7 +55,7 @@ from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.engine.draft_cost import PassCosts, StepCosts
 from rvascend.models.default_model import ensure_default_model
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 from rvascend.tokenizer.tokenizer import Tokenizer
 
 FLAGS = flags.FLAGS
@@ -267,7 +267,7 @@ def _standalone_models(path: str, draft_path: str | None, quantization: str):
     draft = load_model(draft_path, torch.bfloat16, keep_quantized=True) if draft_path else \
         quantized_copy(target, quantization)
     for m in (target, draft):
-        install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+        install_kernel_policy(m, KernelPolicyConfig(compile_mode="eager", deterministic=True))
     return target, draft
 
 
@@ -333,7 +333,7 @@ def main(argv: list[str]) -> int:
                                           FLAGS["draft-model-quantization"].value)
     else:
         model = load_model(path, torch.bfloat16, keep_quantized=True)
-        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+        install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", deterministic=True))
     try:
         tokenizer = Tokenizer(path)
     except (OSError, ValueError):

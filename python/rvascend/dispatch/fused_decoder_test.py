@@ -14,7 +14,7 @@ from rvascend.models.decoder import KVPool
 from rvascend.models.loader import load_model
 from rvascend.models.testing import decode_batch, decode_logits, random_pool, step_batch
 from rvascend.ops import attention_kernel_has_block_form
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, repack
+from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy, repack
 from rvascend.dispatch import fused_decoder, kernel_routes
 from rvascend.dispatch import weights_generation
 from rvascend.dispatch.fused_decoder import FUSED_ATTR
@@ -40,7 +40,7 @@ def _model(family: str, tmp_path_factory):
         # The seed's gate packs these 1024-wide projections at every row count, so the op-by-op
         # path routes each call packed on any host (a host's timed gate may prefer F.linear for a
         # lone row, where the fused step, one call for all layers, still wins).
-        install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed"))
+        install_kernel_policy(m, KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed"))
         _MODELS[family] = m
     return family, _MODELS[family]
 
@@ -382,9 +382,9 @@ def test_smollm2_shaped_fused_step_under_the_measured_gate(tmp_path, monkeypatch
                                       max_position_embeddings=256, tie_word_embeddings=True, initializer_range=0.05)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path))
     seed = load_model(str(tmp_path), torch.bfloat16)
-    assert not install_rvv_policy(seed, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed")).packed
+    assert not install_kernel_policy(seed, KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed")).packed
     m = load_model(str(tmp_path), torch.bfloat16)
-    report = install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", shape_gate="measured"))
+    report = install_kernel_policy(m, KernelPolicyConfig(compile_mode="eager", shape_gate="measured"))
     assert len(report.packed) == 4 * 2 + 1 and report.shape_gate == "measured"
     batch, pool = decode_batch([17, 40]), random_pool(m)
     ops_pool, fused_pool = _clone(pool), _clone(pool)
@@ -406,14 +406,14 @@ def test_smollm2_shaped_fused_step_under_the_measured_gate(tmp_path, monkeypatch
 
 
 def test_fused_step_with_the_packed_copy_as_the_weight(tmp_path):
-    """--cpu-rvv-drop-unpacked: the fused step reads the packed weights of record, bit-identical
+    """--cpu-kernels-drop-unpacked: the fused step reads the packed weights of record, bit-identical
     to the mode that keeps both copies, and a reload reaches the next step."""
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(
         transformers.LlamaConfig(**COMMON, tie_word_embeddings=False)).save_pretrained(tmp_path / "b")
     keep, drop = load_model(str(tmp_path / "b"), torch.bfloat16), load_model(str(tmp_path / "b"), torch.bfloat16)
-    install_rvv_policy(keep, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed"))
-    install_rvv_policy(drop, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed", drop_unpacked=True))
+    install_kernel_policy(keep, KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed"))
+    install_kernel_policy(drop, KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed", drop_unpacked=True))
     assert "weight" not in drop.model.layers[0].mlp.down_proj._parameters
     pool = random_pool(keep)
     batch = decode_batch([9, 57, 23])

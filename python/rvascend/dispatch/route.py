@@ -113,7 +113,7 @@ class ProjectionRoute:
         packed = self._module()._buffers[PACKED_BUFFER]
         return packed.numel() * packed.element_size()
 
-    # -- the packed copy as the weight (RvvPolicyConfig.drop_unpacked) ------------
+    # -- the packed copy as the weight (KernelPolicyConfig.drop_unpacked) ------------
     def take_weight(self) -> None:
         """Frees the module's row-major weight: the fresh packed buffer becomes the weight of
         record. `module.weight` is gone (reading it raises, writing through it cannot
@@ -389,7 +389,7 @@ def _routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         # compiled graph still runs): the plain product of what it was given.
         if weight.dim() == 2 and weight.numel() > 1 and weight.stride() == (0, 0):
             raise RuntimeError("rvascend::routed_linear was handed the shape buffer of a weight the packed copy "
-                               "replaced (--cpu-rvv-drop-unpacked), but its route no longer holds it: recompile")
+                               "replaced (--cpu-kernels-drop-unpacked), but its route no longer holds it: recompile")
         return F.linear(x, weight, bias)
     return route(x)
 

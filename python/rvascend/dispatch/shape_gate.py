@@ -1,6 +1,6 @@
 """The shape gates and the row buckets.
 
-Three gates, chosen by `--cpu-rvv-shape-gate` (default: `measured`), and shown
+Three gates, chosen by `--cpu-kernels-shape-gate` (default: `measured`), and shown
 in the start-up log and the route counters (every call records which gate let
 it through or not):
 
@@ -65,7 +65,7 @@ def default_gate() -> str:
 def resolve(gate: Optional[str]) -> str:
     gate = _ALIASES.get(gate, gate) or default_gate()
     if gate not in GATES:
-        raise ValueError(f"--cpu-rvv-shape-gate must be one of {', '.join(GATES)}, got {gate!r}")
+        raise ValueError(f"--cpu-kernels-shape-gate must be one of {', '.join(GATES)}, got {gate!r}")
     return gate
 
 

@@ -84,7 +84,7 @@ def test_default_gate_per_machine(monkeypatch):
     assert shape_gate.resolve(None) == "measured"
     assert shape_gate.resolve("measured") == "measured"
     assert shape_gate.resolve("seed") == "bucketed"  # the gate's earlier name, still accepted
-    with pytest.raises(ValueError, match="--cpu-rvv-shape-gate must be one of bucketed, measured"):
+    with pytest.raises(ValueError, match="--cpu-kernels-shape-gate must be one of bucketed, measured"):
         shape_gate.resolve("fast")
 
 

@@ -20,7 +20,7 @@ from rvascend.engine import Engine, EngineConfig, SamplingParams, ngram_draft
 from rvascend.engine.testing import drafts_as_asked  # noqa: F401 - an autouse fixture
 from rvascend.models.loader import load_model
 from rvascend.models.testing import tiny_qwen3_5_config
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy
 
 
 
@@ -45,7 +45,7 @@ def model(request, tmp_path_factory):
     cls = transformers.Qwen3_5ForCausalLM if family == "qwen3.5" else transformers.AutoModelForCausalLM
     (cls(config) if family == "qwen3.5" else cls.from_config(config)).save_pretrained(path)
     m = load_model(path, getattr(torch, dtype))
-    install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    install_kernel_policy(m, KernelPolicyConfig(compile_mode="eager", deterministic=True))
     assert get_policy(m).shape_gate == "invariant"
     return m
 

@@ -21,7 +21,7 @@ from rvascend.engine import Engine, EngineConfig, QueueFullError, RequestError, 
 from rvascend.models.loader import load_model
 from rvascend.engine.testing import greedy
 from rvascend.models.testing import all_logits
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy
 from rvascend.dispatch import kernel_routes
 
 COMMON = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
@@ -33,7 +33,7 @@ FAMILIES = {
     "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=128, tie_word_embeddings=True),
     "qwen2": lambda: transformers.Qwen2Config(**COMMON, tie_word_embeddings=False),
 }
-EAGER = RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed")  # its routes on any host (M = 2 packed)
+EAGER = KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed")  # its routes on any host (M = 2 packed)
 PROMPT = 20
 
 
@@ -52,7 +52,7 @@ def _hf(path: str, dtype: torch.dtype):
 def _ours(path: str, dtype: torch.dtype, policy: bool):
     model = load_model(path, dtype)
     if policy:
-        install_rvv_policy(model, EAGER)
+        install_kernel_policy(model, EAGER)
     return model
 
 

@@ -18,7 +18,7 @@ from rvascend.engine.testing import drafts_as_asked  # noqa: F401 - an autouse f
 from rvascend.engine.ngram_draft import PAUSE_STEPS, DraftBudget, NgramIndex
 from rvascend.models.random_model import ensure_random_model
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 from rvascend.tokenizer.tokenizer import Tokenizer
 
 
@@ -68,7 +68,7 @@ def test_the_budget_shrinks_pauses_and_probes_again():
 @pytest.fixture(scope="module")
 def model():
     m = load_model(ensure_random_model(), torch.bfloat16)
-    install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    install_kernel_policy(m, KernelPolicyConfig(compile_mode="eager", deterministic=True))
     return m
 
 

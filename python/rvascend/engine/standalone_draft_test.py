@@ -19,7 +19,7 @@ from rvascend.models.random_model import ensure_random_model
 from rvascend.engine.standalone_draft import check_tokenizers
 from rvascend.models.testing import TINY_QWEN3_5, write_random_checkpoint
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 from rvascend.tokenizer.tokenizer import Tokenizer
 
 PROMPTS = [[3, 17, 99, 250, 4, 8], [7] * 5 + [300, 301, 302], list(range(40, 90))]
@@ -35,7 +35,7 @@ AS_ASKED = {"speculative_step_costs": "none"}
 
 def _deterministic(path: str):
     model = load_model(path, torch.bfloat16)
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", deterministic=True))
     return model
 
 

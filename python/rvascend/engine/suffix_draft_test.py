@@ -12,7 +12,7 @@ from rvascend.models.random_model import ensure_random_model
 from rvascend.engine.suffix_draft import SuffixCorpus
 from rvascend.engine.testing import drafts_as_asked  # noqa: F401 - an autouse fixture
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
 
 
@@ -35,7 +35,7 @@ def test_the_corpus_proposes_within_a_key_and_stays_bounded():
 
 def _model():
     model = load_model(ensure_random_model(), torch.bfloat16)
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", deterministic=True))
     return model
 
 

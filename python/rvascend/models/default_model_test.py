@@ -113,7 +113,7 @@ def test_chat_template_renders_as_transformers(ours, reference):
 def test_default_answers_from_its_gguf(tmp_path, monkeypatch, quantized):
     """Served straight from its GGUF: dequantized to BF16 (policy off) or kept quantized
     (Q4_1 projections, Q8_0 embedding and tied lm_head) with the policy on."""
-    from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+    from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
     monkeypatch.setenv("RVASCEND_CACHE_DIR", str(tmp_path))
     path = default_model.ensure_default_model()
@@ -125,7 +125,7 @@ def test_default_answers_from_its_gguf(tmp_path, monkeypatch, quantized):
         assert isinstance(model.model.embed_tokens, QuantizedEmbedding) and model.lm_head is model.model.embed_tokens
         assert len(quantized_modules(model)) == 4 * model.config.num_hidden_layers + 1
         assert not any(p.dtype == torch.bfloat16 and p.dim() == 2 for p in model.parameters())  # no BF16 copy
-        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+        install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager"))
     engine = Engine(model, tok, EngineConfig(max_total_tokens=512))
     # (The bare question is a near tie for this model: llama.cpp, on this file, answers it
     # "L'Étoile, la Marseillaise, ..." as the quantized path does.)

@@ -136,7 +136,7 @@ def test_a_q8_0_file_serves_kept_quantized_with_the_policy(tmp_path, monkeypatch
     the dequantized file gives; the logits are the dequantized file's within the error of
     quantizing the activations to 8 bits; the fused decode step is bit-identical to op by op."""
     from rvascend.models.quantized_layers import quantized_modules
-    from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+    from rvascend.policy import KernelPolicyConfig, install_kernel_policy
     from rvascend.dispatch import shape_gate
 
     _, hf_dir = _checkpoint(tmp_path, linear_value_head_dim=32)
@@ -151,7 +151,7 @@ def test_a_q8_0_file_serves_kept_quantized_with_the_policy(tmp_path, monkeypatch
     for name, module in kept.items():
         if name != "model.embed_tokens":
             assert torch.equal(module.dequantized_weight(), dequantized.get_submodule(name).weight), name
-    install_rvv_policy(model, RvvPolicyConfig.from_flag())
+    install_kernel_policy(model, KernelPolicyConfig.from_flag())
     prompt = list(range(100, 130))
     logits, reference = Runner(model, 1, 0).step([(0, prompt, 0)]), Runner(dequantized, 1, 0).step([(0, prompt, 0)])
     err = ((logits - reference).norm() / reference.norm()).item()
@@ -161,7 +161,7 @@ def test_a_q8_0_file_serves_kept_quantized_with_the_policy(tmp_path, monkeypatch
     assert err < 0.15
     monkeypatch.setattr(shape_gate, "measured_packed_wins", lambda m, n, k: True)
     served = load_model(path, torch.bfloat16, keep_quantized=True)
-    install_rvv_policy(served, RvvPolicyConfig(compile_mode="eager", shape_gate="measured"))
+    install_kernel_policy(served, KernelPolicyConfig(compile_mode="eager", shape_gate="measured"))
     assert_fused_decode_matches_op_by_op(served, [prompt[:9], prompt[:4]], 4, 1000)
 
 

@@ -17,7 +17,7 @@ from rvascend.models.loader import load_model
 from rvascend.models.quantized_copy import quantize_ggml, quantized_copy
 from rvascend.models.quantized_layers import QuantizedLinear, QuantPart
 from rvascend.ops import quantized_linear as qops
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
 GGML = {"q4_0": GGMLQuantizationType.Q4_0, "q8_0": GGMLQuantizationType.Q8_0}
 SMALL_LLAMA = dict(IMAGE_LLAMA, hidden_size=256, intermediate_size=256, num_attention_heads=4, head_dim=64)
@@ -113,7 +113,7 @@ def test_what_cannot_be_copied_is_refused(target):
     with pytest.raises(ValueError, match="recurrent layers"):
         quantized_copy(hybrid, "q4_0")
     routed = load_model(ensure_random_model(), torch.bfloat16)
-    install_rvv_policy(routed, RvvPolicyConfig(compile_mode="eager"))
+    install_kernel_policy(routed, KernelPolicyConfig(compile_mode="eager"))
     with pytest.raises(ValueError, match="before the kernels' policy"):
         quantized_copy(routed, "q4_0")
 

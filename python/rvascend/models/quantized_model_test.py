@@ -39,7 +39,7 @@ from rvascend.models import gguf_checkpoint, gguf_export
 from rvascend.models.loader import load_model
 from rvascend.models.quantized_layers import QuantizedEmbedding, quantized_modules
 from rvascend.models.testing import all_logits, decode_batch, decode_logits, random_pool
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy
 from rvascend.dispatch.fused_decoder import FUSED_ATTR
 
 Q = gguf.GGMLQuantizationType
@@ -90,7 +90,7 @@ def test_kept_quantized_matches_transformers_on_the_same_file(family, kind, tmp_
     assert not any(p.dim() == 2 for p in model.parameters())  # no dequantized copy of any matrix
     if family != "qwen2":  # tied: one quantized table serves the lookup and the logits
         assert isinstance(model.model.embed_tokens, QuantizedEmbedding) and model.lm_head is model.model.embed_tokens
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+    install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager"))
     got = all_logits(model, PROMPT)
     assert get_policy(model).counters.calls(route="fallback") == 0
     directory, name = os.path.split(path)
@@ -136,7 +136,7 @@ def test_the_fused_step_reads_a_replaced_quantized_weight_or_norm(tmp_path):
     """The fused decode step keeps its native model between steps: a part
     replaced through set_part, or a new norm weight, reaches the very next step."""
     model = load_model(_write("llama", "Q8_0", tmp_path), keep_quantized=True)
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed"))
+    install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed"))
     kernels = get_policy(model).kernels.counters
     batch, pool = decode_batch([30]), random_pool(model)  # one pool: the plan is kept
     fresh = decode_logits(model, batch, pool, fused=True)
@@ -230,7 +230,7 @@ def test_default_model_greedy_and_perplexity_match_llama_cpp():
                            json.dumps(ppl_ids)], capture_output=True, text=True, check=True, timeout=900)
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
     model = load_model(path, torch.bfloat16, keep_quantized=True)
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+    install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager"))
     engine = Engine(model, tok, EngineConfig(max_total_tokens=4096, max_running_requests=16))
     seqs = engine.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
     identical, tie_parted, mismatches = 0, 0, []
@@ -289,7 +289,7 @@ def test_default_model_requantized_perplexity_matches_llama_cpp(kind, tmp_path):
     model = load_model(path, torch.bfloat16, keep_quantized=True)
     kept = {p.fmt for _, m in quantized_modules(model) for p in m.parts}
     assert not any(p.dim() == 2 for p in model.parameters()), kept  # every matrix stayed quantized
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager"))
+    install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager"))
     logits = all_logits(model, torch.tensor(ppl_ids)).double()
     ids = torch.tensor(ppl_ids)
     ours = (torch.logsumexp(logits[:-1], -1) - logits[:-1].gather(1, ids[1:, None])[:, 0]).mean().item()

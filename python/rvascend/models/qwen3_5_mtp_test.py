@@ -233,7 +233,7 @@ def test_a_draft_vocabulary_drafts_among_its_tokens_and_leaves_the_output(checkp
     refused by name."""
     from rvascend.engine import mtp_draft
     from rvascend.models import qwen3_5_mtp
-    from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+    from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
     _, _, path = checkpoint
     model = load_model(path, torch.bfloat16, mtp=True)
@@ -241,7 +241,7 @@ def test_a_draft_vocabulary_drafts_among_its_tokens_and_leaves_the_output(checkp
     token_map = tmp_path / "hot.json"
     token_map.write_text(json.dumps(hot))
     qwen3_5_mtp.restrict_draft_vocab(model, qwen3_5_mtp.read_token_map(str(token_map)))
-    install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", deterministic=True))
+    install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", deterministic=True))
     assert ROUTE_ATTR in model.mtp.draft_head.__dict__  # routed to the packed kernels like any projection
     h = torch.randn(5, model.config.hidden_size, dtype=torch.bfloat16)
     with torch.inference_mode():

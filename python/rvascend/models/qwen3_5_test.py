@@ -18,7 +18,7 @@ from rvascend.models.state_pool import RecurrentStatePool
 from rvascend.engine.testing import assert_fused_decode_matches_op_by_op, drafts_as_asked  # noqa: F401
 from rvascend.models.testing import wrong_in_most_steps
 from rvascend.models.testing import Runner, tiny_qwen3_5_config
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy
 from rvascend.dispatch import shape_gate
 
 
@@ -419,11 +419,11 @@ def test_the_policy_packs_the_deltanet_projections_too(pair, monkeypatch):
     _, _, path = pair
     monkeypatch.setattr(shape_gate, "measured_packed_wins", lambda m, n, k: True)
     off, on, drop = (load_model(path, torch.bfloat16) for _ in range(3))
-    report = install_rvv_policy(on, RvvPolicyConfig(compile_mode="eager", shape_gate="measured"))
+    report = install_kernel_policy(on, KernelPolicyConfig(compile_mode="eager", shape_gate="measured"))
     kinds = sorted({kind for _, kind, _ in report.packed})
     assert kinds == ["down_proj", "gate_up_proj", "in_proj", "lm_head", "o_proj", "out_proj", "qkv_proj"]
-    # --cpu-rvv-drop-unpacked: the packed copies alone, the same logits bit for bit.
-    install_rvv_policy(drop, RvvPolicyConfig(compile_mode="eager", shape_gate="measured", drop_unpacked=True))
+    # --cpu-kernels-drop-unpacked: the packed copies alone, the same logits bit for bit.
+    install_kernel_policy(drop, KernelPolicyConfig(compile_mode="eager", shape_gate="measured", drop_unpacked=True))
     assert not any(n.endswith(("proj.weight", "in_proj_qkv.weight", "in_proj_z.weight")) for n, _ in
                    drop.named_parameters())
     g = torch.Generator().manual_seed(3)
@@ -455,7 +455,7 @@ def _policy_model(path: str, monkeypatch):
     """A BF16 Qwen3.5 with every projection packed (the measured gate told to pack all)."""
     monkeypatch.setattr(shape_gate, "measured_packed_wins", lambda m, n, k: True)
     m = load_model(path, torch.bfloat16)
-    install_rvv_policy(m, RvvPolicyConfig(compile_mode="eager", shape_gate="measured"))
+    install_kernel_policy(m, KernelPolicyConfig(compile_mode="eager", shape_gate="measured"))
     return m
 
 

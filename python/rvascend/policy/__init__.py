@@ -1,4 +1,5 @@
-"""The RVV policy layer (P4 + P5): installs the packed BF16 kernels into a loaded model.
+"""The kernel policy layer (P4 + P5): installs the packed kernels (RVV, or AVX2 / AVX-512
+on x86) into a loaded model.
 
 Owns installing: packed-weight ownership (a non-persistent buffer per module),
 reload invalidation, the tied lm_head check, the memory budget, the regional
@@ -9,23 +10,28 @@ the models call. Engine-agnostic: a model family is described by an adapter.
 
 from rvascend.dispatch.counters import RouteCounters
 from rvascend.dispatch.route import projection_linear
-from rvascend.policy.config import RvvPolicyConfig
+from rvascend.policy.config import KernelPolicyConfig
 from rvascend.policy.install import (
+    KernelPolicy,
     PolicyReport,
-    RvvPolicy,
     get_policy,
-    install_rvv_policy,
+    install_kernel_policy,
     invalidate_packed_weights,
     repack,
 )
 
+# The names from when the kernels were RVV's only, for code written against them.
+RvvPolicy = KernelPolicy
+RvvPolicyConfig = KernelPolicyConfig
+install_rvv_policy = install_kernel_policy
+
 __all__ = [
+    "KernelPolicy",
+    "KernelPolicyConfig",
     "PolicyReport",
     "RouteCounters",
-    "RvvPolicy",
-    "RvvPolicyConfig",
     "get_policy",
-    "install_rvv_policy",
+    "install_kernel_policy",
     "invalidate_packed_weights",
     "projection_linear",
     "repack",

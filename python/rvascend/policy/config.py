@@ -10,10 +10,10 @@ ShapeGate = Literal["bucketed", "measured", "invariant", "seed"]  # "seed": buck
 
 
 @dataclasses.dataclass(frozen=True)
-class RvvPolicyConfig:
-    """What `install_rvv_policy` turns on.
+class KernelPolicyConfig:
+    """What `install_kernel_policy` turns on.
 
-    `--enable-cpu-rvv-kernels` is `RvvPolicyConfig.from_flag()`: regional
+    `--enable-cpu-kernels` is `KernelPolicyConfig.from_flag()`: regional
     compile, explicit packed weights, small-batch buckets and the kernels
     beyond Linear together; full-graph capture stays off.
     """
@@ -30,7 +30,7 @@ class RvvPolicyConfig:
     # --enable-deterministic-inference: a row's result never depends on its batch (the
     # invariant gate, and the attention kernel at every prompt length).
     deterministic: bool = False
-    # --cpu-rvv-drop-unpacked: a packed projection's row-major weight is freed and the packed
+    # --cpu-kernels-drop-unpacked: a packed projection's row-major weight is freed and the packed
     # copy is the weight (route.py, ProjectionRoute.take_weight); a tied lm_head keeps both.
     drop_unpacked: bool = False
 
@@ -42,7 +42,7 @@ class RvvPolicyConfig:
         """What in this config routes or compiles by row count, which deterministic inference
         cannot have; None when nothing does."""
         if self.shape_gate not in (None, "invariant"):
-            return f"--cpu-rvv-shape-gate {self.shape_gate} routes by row count"
+            return f"--cpu-kernels-shape-gate {self.shape_gate} routes by row count"
         if self.compile_mode == "regional":
             return "--cpu-compile-mode regional contradicts it"
         return None
@@ -50,7 +50,7 @@ class RvvPolicyConfig:
     @classmethod
     def from_flag(cls, memory_budget_mib: Optional[int] = None, compile_mode: Optional[CompileMode] = None,
                   shape_gate: Optional[ShapeGate] = None, drop_unpacked: bool = False,
-                  deterministic: bool = False) -> "RvvPolicyConfig":
+                  deterministic: bool = False) -> "KernelPolicyConfig":
         return cls(packed_weights=True, small_batch=True, compile_mode=compile_mode,
                    memory_budget_mib=memory_budget_mib, shape_gate=shape_gate, drop_unpacked=drop_unpacked,
                    deterministic=deterministic)

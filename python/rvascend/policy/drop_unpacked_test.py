@@ -1,4 +1,4 @@
-"""--cpu-rvv-drop-unpacked: the packed copy is the weight (route.py, ProjectionRoute.take_weight)."""
+"""--cpu-kernels-drop-unpacked: the packed copy is the weight (route.py, ProjectionRoute.take_weight)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, invalidate_packed_weights, repack
+from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy, invalidate_packed_weights, repack
 from rvascend.dispatch import weights_generation
 from rvascend.policy.testing import make, pack_reference, transformers_llama
 from rvascend.dispatch.route import PACKED_BUFFER
 
-KEEP = RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed")
-DROP = RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed", drop_unpacked=True)
+KEEP = KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed")
+DROP = KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed", drop_unpacked=True)
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def _pair(tie: bool):
     keep = make(tie=tie)
     drop = copy.deepcopy(keep)
-    install_rvv_policy(keep, KEEP)
-    install_rvv_policy(drop, DROP)
+    install_kernel_policy(keep, KEEP)
+    install_kernel_policy(drop, DROP)
     return keep, drop
 
 
@@ -105,8 +105,8 @@ def test_packed_rows_reads_every_layout_and_checks_ids_and_extents():
 def test_a_transformers_lm_head_tied_by_weight_keeps_both_copies():
     keep = transformers_llama()
     drop = copy.deepcopy(keep)
-    install_rvv_policy(keep, KEEP)
-    install_rvv_policy(drop, DROP)
+    install_kernel_policy(keep, KEEP)
+    install_kernel_policy(drop, DROP)
     assert drop.lm_head.weight is drop.model.embed_tokens.weight
     assert get_policy(drop).routes["lm_head"].owned is None
     assert "weight" not in drop.model.layers[0].mlp.down_proj._parameters
@@ -227,7 +227,7 @@ def test_a_failed_install_gives_every_weight_back(monkeypatch):
         own(self, *args)
     monkeypatch.setattr(route_module.ProjectionRoute, "_own", fail_third)
     with pytest.raises(MemoryError):
-        install_rvv_policy(model, DROP)
+        install_kernel_policy(model, DROP)
     assert get_policy(model) is None
     after = model.state_dict()
     assert set(after) == set(before) and all(torch.equal(after[k], v) for k, v in before.items())
@@ -237,7 +237,7 @@ def test_a_failed_install_gives_every_weight_back(monkeypatch):
 
 def test_drop_unpacked_needs_packed_weights():
     with pytest.raises(ValueError, match="drop_unpacked .* needs packed_weights"):
-        install_rvv_policy(make(layers=1), RvvPolicyConfig(compile_mode="eager", packed_weights=False,
+        install_kernel_policy(make(layers=1), KernelPolicyConfig(compile_mode="eager", packed_weights=False,
                                                            drop_unpacked=True))
 
 
@@ -266,7 +266,7 @@ def test_weights_are_packed_in_their_own_storage_unless_someone_else_holds_them(
     ptrs = {n: m.weight.data_ptr() for n, m in model.named_modules() if n.endswith(PROJECTIONS)}
     ptrs["model.embed_tokens"] = model.model.embed_tokens.weight.data_ptr()
     held = model.model.layers[0].mlp.down_proj.weight  # a reference someone kept: it must stay intact
-    install_rvv_policy(model, DROP)
+    install_kernel_policy(model, DROP)
     modules = dict(model.named_modules())
     for name, ptr in ptrs.items():
         same = modules[name]._buffers[PACKED_BUFFER].data_ptr() == ptr
@@ -274,7 +274,7 @@ def test_weights_are_packed_in_their_own_storage_unless_someone_else_holds_them(
     assert torch.equal(held, reference.model.layers[0].mlp.down_proj.weight)
     assert "weight" not in modules["model.layers.0.mlp.down_proj"]._parameters
     ids = torch.arange(3)
-    install_rvv_policy(reference, KEEP)
+    install_kernel_policy(reference, KEEP)
     with torch.no_grad():
         assert torch.equal(model(ids), reference(ids))
 
@@ -285,7 +285,7 @@ from rvascend.bench.rss import current_rss_mib, peak_rss_mib, reset_peak_rss
 from rvascend.runtime import allocator
 from rvascend.models import gguf_checkpoint
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 allocator.pin_mmap_threshold()  # as the server does
 path, mode = sys.argv[1], sys.argv[2]
 base = current_rss_mib()
@@ -293,7 +293,7 @@ reset_peak_rss()
 model = load_model(path, torch.bfloat16, keep_quantized=True)
 dense = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
 loaded, loaded_peak = current_rss_mib(), peak_rss_mib()
-report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed",
+report = install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed",
                                                    drop_unpacked=mode == "drop"))
 print(json.dumps({"base": base, "loaded": loaded, "loaded_peak": loaded_peak, "after": current_rss_mib(), "peak": peak_rss_mib(),
                   "dense": dense, "packed": report.packed_bytes / 2**20}))

@@ -1,4 +1,4 @@
-"""`install_rvv_policy`, `repack`, `invalidate_packed_weights` and the policy object."""
+"""`install_kernel_policy`, `repack`, `invalidate_packed_weights` and the policy object."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from rvascend.dispatch.quantized_route import QuantizedRoute
 from rvascend.dispatch.route import PACKED_BUFFER, ProjectionRoute, invariant_bias
 from rvascend.dispatch.route_context import RouteContext
 from rvascend.policy import adapters, budget, regional_compile
-from rvascend.policy.config import RvvPolicyConfig
+from rvascend.policy.config import KernelPolicyConfig
 from rvascend.runtime import allocator
 
 _POLICY_ATTR = "_rvv_policy"
@@ -43,10 +43,10 @@ class PolicyReport:
                 f"{len(self.not_packed)} row-major; {self.compile_mode}")
 
 
-class RvvPolicy:
+class KernelPolicy:
     """The installed policy of one model: routes, the regional compile, counters."""
 
-    def __init__(self, config: RvvPolicyConfig, adapter: adapters.ModelAdapter) -> None:
+    def __init__(self, config: KernelPolicyConfig, adapter: adapters.ModelAdapter) -> None:
         self.config = config
         self.adapter = adapter
         self.counters = RouteCounters()
@@ -64,7 +64,7 @@ class RvvPolicy:
         # Under the invariant gate no kernel route looks at a call's size either.
         self.kernels = kernel_routes.KernelRoutes(config.kernels, batch_invariant=self.shape_gate == "invariant")
         self.kernel_modules: list[nn.Module] = []
-        self.model_ref: Optional[weakref.ReferenceType] = None  # set by install_rvv_policy
+        self.model_ref: Optional[weakref.ReferenceType] = None  # set by install_kernel_policy
 
     def route_context(self, model: nn.Module) -> RouteContext:
         """What the routes of `model` read of this policy (they never hold the policy)."""
@@ -140,11 +140,11 @@ def _check_tied_lm_head(model: nn.Module) -> None:
             "or one weight object: the tie was broken before the RVV policy was installed")
 
 
-def get_policy(model: nn.Module) -> Optional[RvvPolicy]:
+def get_policy(model: nn.Module) -> Optional[KernelPolicy]:
     return model.__dict__.get(_POLICY_ATTR)
 
 
-def _validate_config(config: RvvPolicyConfig) -> None:
+def _validate_config(config: KernelPolicyConfig) -> None:
     if config.compile_mode not in (None, "regional", "eager"):
         raise ValueError(f"compile_mode must be 'regional' or 'eager', got {config.compile_mode!r}")
     shape_gate.resolve(config.shape_gate)  # raises on an unknown gate
@@ -154,7 +154,7 @@ def _validate_config(config: RvvPolicyConfig) -> None:
                          "packed_weights")
 
 
-def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = None,
+def install_kernel_policy(model: nn.Module, config: Optional[KernelPolicyConfig] = None,
                        adapter: Optional[str] = None) -> PolicyReport:
     """Installs the RVV policy into a model loaded as usual; returns what was packed.
 
@@ -165,14 +165,14 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
     """
     if get_policy(model) is not None:
         raise RuntimeError("the RVV policy is already installed on this model")
-    config = config or RvvPolicyConfig.from_flag()
+    config = config or KernelPolicyConfig.from_flag()
     _validate_config(config)
     if adapter is not None and adapter not in adapters.ADAPTERS:
         raise ValueError(f"unknown adapter {adapter!r}; known: {sorted(adapters.ADAPTERS)}")
     chosen = adapters.ADAPTERS[adapter] if adapter else adapters.select_adapter(model)
     _check_tied_lm_head(model)
     projections = list(chosen.projections(model))
-    policy = RvvPolicy(config, chosen)
+    policy = KernelPolicy(config, chosen)
     policy.model_ref = weakref.ref(model)
     context = policy.route_context(model)
     try:
@@ -201,8 +201,8 @@ def install_rvv_policy(model: nn.Module, config: Optional[RvvPolicyConfig] = Non
     return report
 
 
-def _uninstall(model: nn.Module, policy: RvvPolicy) -> None:
-    """Undoes install_rvv_policy: forwards, routes, buffers, hook, policy attribute."""
+def _uninstall(model: nn.Module, policy: KernelPolicy) -> None:
+    """Undoes install_kernel_policy: forwards, routes, buffers, hook, policy attribute."""
     for route in policy.routes.values():
         route.detach()
     kernel_routes.detach(policy.kernel_modules)
@@ -215,7 +215,7 @@ def _uninstall(model: nn.Module, policy: RvvPolicy) -> None:
         del model.__dict__[_POLICY_ATTR]
 
 
-def _attach_regional_compile(model: nn.Module, policy: RvvPolicy) -> None:
+def _attach_regional_compile(model: nn.Module, policy: KernelPolicy) -> None:
     """Compiles the model's repeated block (lazily, at its first call) when asked and possible."""
     if not policy.config.compiles_regionally:
         return

@@ -1,4 +1,4 @@
-"""What installing the policy leaves resident: with --cpu-rvv-drop-unpacked every
+"""What installing the policy leaves resident: with --cpu-kernels-drop-unpacked every
 weight is packed in its own storage, so nothing the install allocated on the way (the
 shape gate's timing weights, the packers' scratch) may stay, even in a process that
 never pinned glibc's thresholds (a library caller's, not the server's)."""
@@ -15,7 +15,7 @@ import pytest
 _INSTALL = """
 from rvascend.models import default_model
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicyConfig, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
 def anon_mib():
     with open("/proc/self/status") as f:
@@ -23,7 +23,7 @@ def anon_mib():
 
 model = load_model(default_model.ensure_default_model())  # dequantized to BF16: packed in place
 loaded = anon_mib()
-install_rvv_policy(model, RvvPolicyConfig.from_flag(compile_mode="eager", drop_unpacked=True))
+install_kernel_policy(model, KernelPolicyConfig.from_flag(compile_mode="eager", drop_unpacked=True))
 print(loaded, anon_mib())
 """
 

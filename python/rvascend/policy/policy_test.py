@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rvascend import ops
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy, invalidate_packed_weights, repack
+from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy, invalidate_packed_weights, repack
 from rvascend.dispatch import weights_generation
 from rvascend.policy.install import packed_buffer_names
 from rvascend.policy.testing import make, transformers_llama
@@ -21,7 +21,7 @@ from rvascend.policy.testing import make, transformers_llama
 MIB = 1 << 20
 # The seed's gate: its contract (N, K >= 1024, buckets, lm_head prefill rows) routes alike
 # on every host; the measured gate's routes are tested in shape_gate_test.py.
-EAGER = RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed")
+EAGER = KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed")
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -32,7 +32,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def pair():
     base = make()
     routed = copy.deepcopy(base)
-    report = install_rvv_policy(routed, EAGER)
+    report = install_kernel_policy(routed, EAGER)
     return base, routed, report
 
 
@@ -96,12 +96,12 @@ def test_broken_tie_is_rejected():
     model = make()
     model.lm_head = nn.Linear(1024, 2048, bias=False).to(torch.bfloat16)
     with pytest.raises(RuntimeError, match="tie_word_embeddings"):
-        install_rvv_policy(model, EAGER)
+        install_kernel_policy(model, EAGER)
 
 
 def test_deleting_the_model_frees_packed_memory():
     model = make(layers=1)
-    install_rvv_policy(model, EAGER)
+    install_kernel_policy(model, EAGER)
     buffers = [weakref.ref(m._buffers["_rvv_packed_weight"]) for m in model.modules()
                if "_rvv_packed_weight" in m._buffers]
     assert buffers and all(b() is not None for b in buffers)
@@ -146,7 +146,7 @@ def test_each_fallback_reason_is_reached_and_counted(reason, setup, inputs):
     else:
         model = make(layers=1)
     reference = copy.deepcopy(model)
-    install_rvv_policy(model, EAGER)
+    install_kernel_policy(model, EAGER)
     if setup is not None:
         before = _qkv(reference).weight.detach().clone()
         setup(model)
@@ -177,7 +177,7 @@ def _qkv_out(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 ])
 def test_writes_that_bypass_the_version_counter_are_never_served_stale(write):
     model = make(layers=1)
-    install_rvv_policy(model, EAGER)
+    install_kernel_policy(model, EAGER)
     qkv = _qkv(model)
     x = torch.randn(1, qkv.in_features, dtype=torch.bfloat16)
     _qkv_out(model, x)
@@ -210,7 +210,7 @@ def test_writes_that_bypass_the_version_counter_are_never_served_stale(write):
 
 def test_staleness_check_costs_little_per_call():
     model = make(layers=1)
-    install_rvv_policy(model, EAGER)
+    install_kernel_policy(model, EAGER)
     route = get_policy(model).routes["model.layers.0.self_attn.qkv_proj"]
     weight = _qkv(model).weight
     assert route.packed_weight(weight)[1] is None
@@ -227,13 +227,13 @@ def test_bad_budget_leaves_the_model_untouched():
     model = make(layers=1)
     before = {n: m.__dict__.copy() for n, m in model.named_modules()}
     with pytest.raises(ValueError, match="memory budget"):
-        install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed", memory_budget_mib=-1))
+        install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed", memory_budget_mib=-1))
     assert get_policy(model) is None and not packed_buffer_names(model)
     assert not model._load_state_dict_post_hooks
     for n, m in model.named_modules():
         assert "forward" not in m.__dict__ and "_rvv_route" not in m.__dict__, n
         assert m.__dict__.keys() == before[n].keys(), n
-    install_rvv_policy(model, EAGER)  # a retry with a good config works
+    install_kernel_policy(model, EAGER)  # a retry with a good config works
     assert len(packed_buffer_names(model)) == 5
 
 
@@ -245,7 +245,7 @@ def test_failure_while_packing_undoes_the_install(monkeypatch):
         raise MemoryError("simulated")
     monkeypatch.setattr(route_module.ProjectionRoute, "pack", fail)
     with pytest.raises(MemoryError):
-        install_rvv_policy(model, EAGER)
+        install_kernel_policy(model, EAGER)
     assert get_policy(model) is None and not model._load_state_dict_post_hooks
     assert all("forward" not in m.__dict__ for m in model.modules())
 
@@ -254,7 +254,7 @@ def test_outer_torch_compile_never_serves_stale_and_still_packs():
     torch._dynamo.reset()
     model = make(layers=1)
     reference = copy.deepcopy(model)
-    install_rvv_policy(model, EAGER)
+    install_kernel_policy(model, EAGER)
     compiled = torch.compile(model, backend="eager")
     ids = torch.arange(1)
     counters = get_policy(model).counters
@@ -275,7 +275,7 @@ def test_outer_torch_compile_never_serves_stale_and_still_packs():
 
 def test_autograd_falls_back_and_gives_the_gradient():
     model = make(layers=1)
-    install_rvv_policy(model, EAGER)
+    install_kernel_policy(model, EAGER)
     qkv = _qkv(model)
     x = torch.randn(1, qkv.in_features, dtype=torch.bfloat16, requires_grad=True)
     qkv(x).float().sum().backward()
@@ -290,11 +290,11 @@ def test_invariant_gate_packs_a_biased_projection_and_adds_its_bias():
     # Qwen2's q/k/v biases: under deterministic inference the projection is packed and its
     # bias added to each output after the product (a row alone and within three rows give the
     # same bits); the measured and bucketed gates leave a biased projection to F.linear.
-    for config, route in ((RvvPolicyConfig(deterministic=True), "packed"), (EAGER, "fallback")):
+    for config, route in ((KernelPolicyConfig(deterministic=True), "packed"), (EAGER, "fallback")):
         model = make(layers=1, qkv_bias=True)
         qkv = _qkv(model)
         weight, bias = qkv.weight.detach().clone(), qkv.bias.detach().clone()
-        install_rvv_policy(model, config)
+        install_kernel_policy(model, config)
         x = torch.randn(3, qkv.in_features, dtype=torch.bfloat16)
         with torch.inference_mode():
             got, first = qkv(x), qkv(x[:1])
@@ -304,7 +304,7 @@ def test_invariant_gate_packs_a_biased_projection_and_adds_its_bias():
 
 def test_fp32_model_falls_back_on_input_dtype():
     model = make(layers=1)
-    install_rvv_policy(model, EAGER)
+    install_kernel_policy(model, EAGER)
     model.float()
     reference = make(layers=1).float()
     with torch.no_grad():
@@ -315,7 +315,7 @@ def test_fp32_model_falls_back_on_input_dtype():
 def test_weight_dtype_change_is_never_served_from_the_stale_copy():
     model = make(layers=1)
     reference = copy.deepcopy(model)
-    install_rvv_policy(model, EAGER)
+    install_kernel_policy(model, EAGER)
     qkv = _qkv(model)
     qkv.float()
     with pytest.raises(RuntimeError):  # exactly what F.linear does with mixed dtypes
@@ -342,7 +342,7 @@ def _in_place(weight: torch.Tensor) -> None:
 def test_in_place_mutation_result_follows_the_new_weight():
     model = make(layers=1)
     reference = copy.deepcopy(model)
-    install_rvv_policy(model, EAGER)
+    install_kernel_policy(model, EAGER)
     for m in (model, reference):
         _in_place(_qkv(m).weight)
     with torch.no_grad():
@@ -352,7 +352,7 @@ def test_in_place_mutation_result_follows_the_new_weight():
 
 def test_repack_restores_the_packed_route():
     model = make(layers=1)
-    install_rvv_policy(model, EAGER)
+    install_kernel_policy(model, EAGER)
     invalidate_packed_weights(model)
     assert not packed_buffer_names(model)
     report = repack(model)
@@ -368,7 +368,7 @@ def test_budget_packs_exactly_the_modules_that_fit():
     model = make(layers=1)
     reference = copy.deepcopy(model)
     # qkv 6 MiB, o 2 MiB, gate_up 8 MiB, down 4 MiB, lm_head 4 MiB (in order).
-    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed",
+    report = install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed",
                                                        memory_budget_mib=12))
     assert [p for _, p, _ in report.packed] == ["qkv_proj", "o_proj", "down_proj"]
     assert [(p, why) for _, p, why in report.not_packed] == [("gate_up_proj", "not_packed_budget"),
@@ -382,7 +382,7 @@ def test_budget_packs_exactly_the_modules_that_fit():
 
 def test_zero_budget_still_serves_row_major():
     model = make(layers=1)
-    report = install_rvv_policy(model, RvvPolicyConfig(compile_mode="eager", shape_gate="bucketed",
+    report = install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed",
                                                        memory_budget_mib=0))
     assert not report.packed and report.packed_bytes == 0
     with torch.no_grad():
@@ -392,15 +392,15 @@ def test_zero_budget_still_serves_row_major():
 
 def test_installing_twice_is_an_error():
     model = make(layers=1)
-    install_rvv_policy(model, EAGER)
+    install_kernel_policy(model, EAGER)
     with pytest.raises(RuntimeError, match="already installed"):
-        install_rvv_policy(model, EAGER)
+        install_kernel_policy(model, EAGER)
 
 
 def test_regional_compile_without_a_repeated_block_runs_eagerly_and_says_so():
     base = make(layers=1)
     routed = copy.deepcopy(base)
-    report = install_rvv_policy(routed, RvvPolicyConfig.from_flag(memory_budget_mib=None, shape_gate="bucketed"))
+    report = install_kernel_policy(routed, KernelPolicyConfig.from_flag(memory_budget_mib=None, shape_gate="bucketed"))
     assert report.compile_mode == "eager"
     assert get_policy(routed).counters.calls("regional_compile", "fallback", "no_repeated_block") == 1
     with torch.no_grad():
@@ -411,7 +411,7 @@ def test_regional_compile_without_a_repeated_block_runs_eagerly_and_says_so():
 def test_transformers_llama_with_and_without_policy():
     base = transformers_llama()
     routed = copy.deepcopy(base)
-    report = install_rvv_policy(routed, EAGER)
+    report = install_kernel_policy(routed, EAGER)
     assert report.adapter == "transformers"
     assert routed.lm_head.weight is routed.model.embed_tokens.weight
     ids = torch.randint(0, 2048, (1, 12), generator=torch.Generator().manual_seed(1))

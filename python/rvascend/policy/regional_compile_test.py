@@ -13,7 +13,7 @@ import transformers
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models.loader import load_model
 from rvascend.models.testing import all_logits
-from rvascend.policy import RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy
 from rvascend.policy import regional_compile
 
 # Qwen3: q/k norms, RoPE, SiLU-and-multiply and the residual adds are all in the compiled halves.
@@ -21,7 +21,7 @@ CONFIG = transformers.Qwen3Config(hidden_size=1024, intermediate_size=2048, num_
                                   num_attention_heads=8, num_key_value_heads=4, head_dim=128, vocab_size=2048,
                                   max_position_embeddings=512, initializer_range=0.05, tie_word_embeddings=True)
 # kernels=False: no fused decode step, so decode steps run the compiled layer too.
-REGIONAL = RvvPolicyConfig(compile_mode="regional", kernels=False, shape_gate="bucketed")  # its buckets
+REGIONAL = KernelPolicyConfig(compile_mode="regional", kernels=False, shape_gate="bucketed")  # its buckets
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def _serve(model, prompts: list[list[int]], max_tokens: int) -> None:
 def test_one_graph_set_serves_every_layer_and_row_count(checkpoint):
     reference = load_model(checkpoint, torch.bfloat16)
     model = load_model(checkpoint, torch.bfloat16)
-    report = install_rvv_policy(model, REGIONAL)
+    report = install_kernel_policy(model, REGIONAL)
     assert report.compile_mode == "regional"
     ids = torch.arange(40) * 7 % 2048
     assert close(all_logits(model, ids), all_logits(reference, ids))
@@ -65,7 +65,7 @@ def test_one_graph_set_serves_every_layer_and_row_count(checkpoint):
 def test_compiled_layer_follows_a_weight_written_through_data(checkpoint):
     reference = load_model(checkpoint, torch.bfloat16)
     model = load_model(checkpoint, torch.bfloat16)
-    install_rvv_policy(model, REGIONAL)
+    install_kernel_policy(model, REGIONAL)
     ids = torch.arange(24) * 5 % 2048
     all_logits(model, ids)  # compiles with the packed copy of the original weights
     for m in (model, reference):
@@ -80,7 +80,7 @@ def test_compiled_layer_follows_a_weight_written_through_data(checkpoint):
 def test_without_a_compiler_the_routes_run_eagerly_and_say_so(checkpoint, monkeypatch):
     monkeypatch.setattr(regional_compile, "cxx_compiler", lambda: None)
     model = load_model(checkpoint, torch.bfloat16)
-    report = install_rvv_policy(model, REGIONAL)
+    report = install_kernel_policy(model, REGIONAL)
     policy = get_policy(model)
     assert report.compile_mode == "eager" and policy.regional is None
     assert policy.counters.calls("regional_compile", "fallback", "no_cxx_compiler") == 1
@@ -94,9 +94,9 @@ def test_uninstall_on_failure_removes_the_compiled_methods(checkpoint, monkeypat
 
     def fail(self):
         raise MemoryError("simulated")
-    monkeypatch.setattr(install.RvvPolicy, "pack_all", fail)
+    monkeypatch.setattr(install.KernelPolicy, "pack_all", fail)
     with pytest.raises(MemoryError):
-        install_rvv_policy(model, REGIONAL)
+        install_kernel_policy(model, REGIONAL)
     assert all("before_attention" not in layer.__dict__ for layer in model.model.layers)
     assert all("forward" not in m.__dict__ for m in model.modules())
 
@@ -106,7 +106,7 @@ def test_server_compiles_before_it_serves():
     from rvascend.server.launch import build_engine
     from rvascend.server.server_args import ServerArgs
 
-    engine, _, policy = build_engine(ServerArgs(model_path=ensure_random_model(), enable_cpu_rvv_kernels=True,
+    engine, _, policy = build_engine(ServerArgs(model_path=ensure_random_model(), enable_cpu_kernels=True,
                                                   cpu_compile_mode="regional", max_total_tokens=512))
     assert policy.compile_mode == "regional" and policy.regional.graphs
     # The warm-up request leaves nothing behind: no counts, no cached prefix.
@@ -121,9 +121,9 @@ def test_deterministic_inference_runs_eagerly_and_refuses_regional_compile(check
     # A graph compiled per row bucket could fuse differently: under deterministic inference the
     # policy runs eagerly unless told otherwise, and refuses to be told regional.
     model = load_model(checkpoint, torch.bfloat16)
-    install_rvv_policy(model, RvvPolicyConfig(deterministic=True, kernels=False))
+    install_kernel_policy(model, KernelPolicyConfig(deterministic=True, kernels=False))
     assert get_policy(model).compile_mode == "eager" and get_policy(model).regional is None
-    assert RvvPolicyConfig().compiles_regionally and not RvvPolicyConfig(deterministic=True).compiles_regionally
+    assert KernelPolicyConfig().compiles_regionally and not KernelPolicyConfig(deterministic=True).compiles_regionally
     with pytest.raises(ValueError, match="--cpu-compile-mode regional contradicts it"):
-        install_rvv_policy(load_model(checkpoint, torch.bfloat16),
-                           RvvPolicyConfig(deterministic=True, compile_mode="regional"))
+        install_kernel_policy(load_model(checkpoint, torch.bfloat16),
+                           KernelPolicyConfig(deterministic=True, compile_mode="regional"))

@@ -7,7 +7,7 @@ its trim threshold.
 Loading (`pin_mmap_threshold`): the threshold starts at 128 KiB but rises to the
 size of any mapped block freed (up to 32 MiB), so once the loader frees its first
 tensor in flight, weights of a few MiB come from the heap: when the policy's
-packed copies replace them (--cpu-rvv-drop-unpacked) or a GGUF tensor is
+packed copies replace them (--cpu-kernels-drop-unpacked) or a GGUF tensor is
 converted, the old bytes stay resident and the new ones are added (SmolLM2-135M
 BF16: 722 MiB peak against 681 with the threshold pinned). Pinned at 256 KiB,
 every weight matrix is mapped and its pages leave with it.

@@ -1,6 +1,6 @@
 """`serve`: an OpenAI-compatible server (flags follow SGLang's names).
 
-  bazel run //python:serve -- [--model-path DIR|FILE.gguf] [--enable-cpu-rvv-kernels] [--port 30000]
+  bazel run //python:serve -- [--model-path DIR|FILE.gguf] [--enable-cpu-kernels] [--port 30000]
 
 Without --model-path it serves SmolLM2-135M-Instruct (models/default_model.py), converted
 from its pinned GGUF into the cache at first use.
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     logging.info("serving %s on http://%s:%d", name, opts.host, opts.port)
     info = {"model_path": opts.model_path, "served_model_name": name, "dtype": opts.dtype,
             "device": opts.device, "attention_backend": opts.attention_backend,
-            "enable_cpu_rvv_kernels": policy is not None,
+            "enable_cpu_kernels": policy is not None,
             "enable_deterministic_inference": policy is not None and policy.config.deterministic,
             "max_running_requests": opts.max_running_requests,
             "max_total_tokens": engine.config.max_total_tokens}

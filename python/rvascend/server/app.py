@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rvascend.engine import Engine
-from rvascend.policy import RvvPolicy
+from rvascend.policy import KernelPolicy
 from rvascend.server import limits, tool_calls
 from rvascend.server.admin_api import admin_routes
 from rvascend.server.anthropic_api import anthropic_routes
@@ -28,7 +28,7 @@ from rvascend.server.responses_api import responses_routes
 DEFAULT_WATCHDOG_SECONDS = 300.0
 
 
-def create_app(engine: Engine, model_name: str, policy: Optional[RvvPolicy] = None,
+def create_app(engine: Engine, model_name: str, policy: Optional[KernelPolicy] = None,
                api_key: Optional[str] = None, watchdog_timeout: float = DEFAULT_WATCHDOG_SECONDS,
                server_args: Optional[dict[str, Any]] = None,
                allowed_hosts: Optional[frozenset[str]] = None, tool_call_parser: Optional[str] = None,

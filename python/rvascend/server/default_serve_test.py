@@ -49,9 +49,9 @@ def test_policy_serves_the_default_quantized_and_metrics_show_it():
             messages=[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])
         assert "Paris" in reply.choices[0].message.content
         metrics = server.http.get("/metrics").text
-        routes = [line for line in metrics.splitlines() if line.startswith("rvascend_rvv_projection_calls_total")]
+        routes = [line for line in metrics.splitlines() if line.startswith("rvascend_projection_calls_total")]
         assert routes and all('route="packed"' in line for line in routes), routes
-        kernels = [line for line in metrics.splitlines() if line.startswith("rvascend_rvv_kernel_calls_total")
+        kernels = [line for line in metrics.splitlines() if line.startswith("rvascend_kernel_calls_total")
                    and 'kernel="decoder_layers"' in line]
         assert any('route="kernel"' in line and not line.endswith(" 0.0") for line in kernels), kernels
     finally:

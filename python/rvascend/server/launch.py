@@ -19,7 +19,7 @@ from rvascend.tokenizer.chat_template import ChatTemplateError
 from rvascend.tokenizer.tokenizer import Tokenizer
 from rvascend.models.decoder import KVPool
 from rvascend.models.loader import load_model
-from rvascend.policy import RvvPolicy, RvvPolicyConfig, get_policy, install_rvv_policy
+from rvascend.policy import KernelPolicy, KernelPolicyConfig, get_policy, install_kernel_policy
 from rvascend.dispatch import fused_decoder, shape_gate
 from rvascend.server import server_args
 from rvascend.server.server_args import ServerArgs
@@ -85,15 +85,15 @@ def _log_cpu() -> None:
                         "path, and F.linear serves where the policy would pack")
 
 
-def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
+def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[KernelPolicy]]:
     """(engine, served model name, installed policy or None)."""
     if opts.device != "cpu":
         raise ValueError(f"--device {opts.device!r} is not supported: this engine serves on the CPU")
     if opts.attention_backend != "torch_native":
         raise ValueError(f"--attention-backend {opts.attention_backend!r} is not supported (torch_native only)")
-    if opts.cpu_rvv_drop_unpacked and not opts.enable_cpu_rvv_kernels:
-        raise ValueError("--cpu-rvv-drop-unpacked frees the weights the policy's packed copies replace: it needs "
-                         "--enable-cpu-rvv-kernels")
+    if opts.cpu_kernels_drop_unpacked and not opts.enable_cpu_kernels:
+        raise ValueError("--cpu-kernels-drop-unpacked frees the weights the policy's packed copies replace: it needs "
+                         "--enable-cpu-kernels")
     if opts.dtype not in _DTYPES:
         raise ValueError(f"--dtype {opts.dtype!r} is not supported ({', '.join(_DTYPES)})")
     _check_draft_flags(opts)  # before any weight is read
@@ -101,14 +101,14 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
         from rvascend import ops
 
         on, why = deterministic_by_default(opts.dtype, ops.cpu_features(), ops.available_kernel_sets())
-        conflict = RvvPolicyConfig(shape_gate=opts.cpu_rvv_shape_gate,
+        conflict = KernelPolicyConfig(shape_gate=opts.cpu_kernels_shape_gate,
                                    compile_mode=opts.cpu_compile_mode).determinism_conflict()
         if on and conflict:
             on, why = False, conflict
         logging.info("deterministic inference %s by default: %s", "on" if on else "off", why)
         opts = dataclasses.replace(opts, enable_deterministic_inference=on)
     # Deterministic inference installs the policy: its kernels give a row the same result in any batch.
-    kernels = opts.enable_cpu_rvv_kernels or opts.enable_deterministic_inference
+    kernels = opts.enable_cpu_kernels or opts.enable_deterministic_inference
     _log_cpu()
     allocator.pin_mmap_threshold()  # before any weight is allocated
     path = opts.model_path or default_model.ensure_default_model()
@@ -117,7 +117,7 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
     logging.info("model: %s (%s)", name, path)
     # With the RVV policy, a GGUF file's quantized projections stay quantized (every format
     # of ops/quantized_linear.FORMATS); without it the stock path serves them dequantized.
-    model = load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_kernels,
+    model = load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_kernels,
                        mtp=opts.speculative_algorithm == "NEXTN")
     if opts.speculative_token_map:
         if opts.speculative_algorithm != "NEXTN":
@@ -152,29 +152,29 @@ def build_engine(opts: ServerArgs) -> tuple[Engine, str, Optional[RvvPolicy]]:
     return engine, name, policy
 
 
-def _install_kernels(opts: ServerArgs, name: str, model, draft) -> RvvPolicy:
+def _install_kernels(opts: ServerArgs, name: str, model, draft) -> KernelPolicy:
     """The kernels' policy, installed on the model (and a STANDALONE draft model) as the flags
     ask; the log says what it packed and, under deterministic inference, what it could not."""
     # Without a C++ compiler for Inductor (a board, the riscv64 image) the
     # policy itself falls back to eager routes, logged and counted. Deterministic
-    # inference runs eagerly (RvvPolicyConfig.compiles_regionally).
+    # inference runs eagerly (KernelPolicyConfig.compiles_regionally).
     deterministic = opts.enable_deterministic_inference
     # Under deterministic inference every packed projection runs its packed copy at every
     # row count, so the row-major weight beside it would only double the weights' memory
     # (and shrink the KV pool sized after them): the packed copy becomes the weight.
-    config = RvvPolicyConfig.from_flag(memory_budget_mib=opts.cpu_rvv_memory_budget_mib,
+    config = KernelPolicyConfig.from_flag(memory_budget_mib=opts.cpu_kernels_memory_budget_mib,
                                        compile_mode=opts.cpu_compile_mode,
-                                       shape_gate=opts.cpu_rvv_shape_gate,
-                                       drop_unpacked=opts.cpu_rvv_drop_unpacked or deterministic,
+                                       shape_gate=opts.cpu_kernels_shape_gate,
+                                       drop_unpacked=opts.cpu_kernels_drop_unpacked or deterministic,
                                        deterministic=deterministic)
     if deterministic:
         logging.info("deterministic inference: every projection on an invariant kernel at every row count "
                      "(%s), attention on the kernel at every length, eager routes",
                      "the FP32 Linear" if opts.dtype == "float32" else "packed, the invariant shape gate")
-    report = install_rvv_policy(model, config)
+    report = install_kernel_policy(model, config)
     policy = get_policy(model)
     if draft is not None:
-        install_rvv_policy(draft, config)
+        install_kernel_policy(draft, config)
     if config.drop_unpacked:
         logging.info("weights: the packed copies (%.1f MiB) replace the row-major weights, which were freed",
                      report.packed_bytes / 2**20)
@@ -182,13 +182,13 @@ def _install_kernels(opts: ServerArgs, name: str, model, draft) -> RvvPolicy:
     if deterministic and row_major:
         logging.warning("deterministic inference: %d projection(s) left unpacked (%s) run F.linear, whose sums "
                         "depend on the row count: their rows are not batch-invariant (a larger "
-                        "--cpu-rvv-memory-budget-mib packs them)", len(row_major),
+                        "--cpu-kernels-memory-budget-mib packs them)", len(row_major),
                         ", ".join(sorted({reason for _, _, reason in row_major})))
     if row_major and not report.packed and not any(getattr(r, "quantized", False) for r in policy.routes.values()):
         reasons = sorted({reason for _, _, reason in row_major})
         logging.warning(
             "the RVV policy packed none of %s's Linears (%s; the %s shape gate: %s): they run through F.linear; "
-            "the attention and elementwise kernels still apply. /metrics' rvascend_rvv_projection_calls_total "
+            "the attention and elementwise kernels still apply. /metrics' rvascend_projection_calls_total "
             "shows the route of every call", name, ", ".join(reasons), policy.shape_gate,
             "N, K >= %d, BF16" % shape_gate.MIN_FEATURES if policy.shape_gate == "bucketed"
             else "where the packed kernel measured cheaper")
@@ -225,7 +225,7 @@ def _draft_model(opts: ServerArgs, tokenizer: Tokenizer, model):
 
     check_tokenizers(tokenizer, Tokenizer(path), path)
     logging.info("draft model: %s", path)
-    return load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_rvv_kernels)
+    return load_model(path, _DTYPES[opts.dtype], keep_quantized=opts.enable_cpu_kernels)
 
 
 def _check_host_tier(gib: float, pool_bytes: int) -> None:
@@ -237,7 +237,7 @@ def _check_host_tier(gib: float, pool_bytes: int) -> None:
                          f"{max(free, 0) / 2**30:.1f} GiB free beside the weights and the KV pool; give less")
 
 
-def _compile_before_serving(engine: Engine, policy: RvvPolicy) -> None:
+def _compile_before_serving(engine: Engine, policy: KernelPolicy) -> None:
     """One short request before the port opens, so the first client does not wait
     for regional compile (seconds with a warm compile cache, more when cold). It runs
     op by op: the fused step, which most steps take, compiles nothing, and a step it

@@ -29,17 +29,17 @@ def test_the_engine_gets_the_flag_or_the_machine_default(monkeypatch, given, wan
 
 
 def test_drop_unpacked_serves_the_same_tokens_from_the_packed_weights_alone():
-    opts = dict(model_path=ensure_random_model(), enable_cpu_rvv_kernels=True, cpu_compile_mode="eager",
-                cpu_rvv_shape_gate="bucketed", max_total_tokens=256)
+    opts = dict(model_path=ensure_random_model(), enable_cpu_kernels=True, cpu_compile_mode="eager",
+                cpu_kernels_shape_gate="bucketed", max_total_tokens=256)
     keep, _, _ = launch.build_engine(ServerArgs(**opts))
-    drop, _, policy = launch.build_engine(ServerArgs(**opts, cpu_rvv_drop_unpacked=True))
+    drop, _, policy = launch.build_engine(ServerArgs(**opts, cpu_kernels_drop_unpacked=True))
     assert policy.config.drop_unpacked
     layer = drop.model.model.layers[0]
     assert "weight" not in layer.mlp.down_proj._parameters and "weight" not in layer.self_attn.qkv_proj._parameters
     prompt = list(range(5, 40))
     assert greedy(drop.model, prompt, 8) == greedy(keep.model, prompt, 8)
-    with pytest.raises(ValueError, match="--cpu-rvv-drop-unpacked .* needs --enable-cpu-rvv-kernels"):
-        launch.build_engine(ServerArgs(model_path=ensure_random_model(), cpu_rvv_drop_unpacked=True))
+    with pytest.raises(ValueError, match="--cpu-kernels-drop-unpacked .* needs --enable-cpu-kernels"):
+        launch.build_engine(ServerArgs(model_path=ensure_random_model(), cpu_kernels_drop_unpacked=True))
 
 
 def test_a_model_whose_chat_template_cannot_render_is_refused_at_start(tmp_path):
@@ -56,7 +56,7 @@ def test_a_model_whose_chat_template_cannot_render_is_refused_at_start(tmp_path)
 
 
 
-@pytest.mark.parametrize("flag", ["--enable-cpu-rvv-kernels", "--enable-cpu-rvv-inductor"])
+@pytest.mark.parametrize("flag", ["--enable-cpu-kernels", "--enable-cpu-rvv-inductor"])
 def test_the_kernels_flag_and_its_sglang_name_turn_on_the_same_option(flag):
     from absl import flags
 
@@ -64,8 +64,8 @@ def test_the_kernels_flag_and_its_sglang_name_turn_on_the_same_option(flag):
 
     try:
         flags.FLAGS(["serve", flag])
-        assert flags.FLAGS["enable-cpu-rvv-kernels"].value is True
-        assert "--enable-cpu-rvv-kernels" in serve.__doc__
+        assert flags.FLAGS["enable-cpu-kernels"].value is True
+        assert "--enable-cpu-kernels" in serve.__doc__
     finally:
         flags.FLAGS.unparse_flags()
 
@@ -82,7 +82,7 @@ def test_deterministic_inference_installs_the_invariant_policy():
     assert {reason for _, _, reason in policy.report.not_packed} == {"fp32_kernel"}
     with pytest.raises(ValueError, match="routes by row count"):
         launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
-                                                cpu_rvv_shape_gate="bucketed", enable_deterministic_inference=True))
+                                                cpu_kernels_shape_gate="bucketed", enable_deterministic_inference=True))
     with pytest.raises(ValueError, match="--cpu-compile-mode regional contradicts it"):
         launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                                 cpu_compile_mode="regional", enable_deterministic_inference=True))
@@ -117,8 +117,8 @@ def test_deterministic_inference_is_the_default_where_it_costs_nothing():
         _, _, policy = launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                                                dtype=dtype))
         assert (policy is not None and policy.config.deterministic) == expected, dtype
-    for opts in (dict(cpu_rvv_shape_gate="bucketed", enable_cpu_rvv_kernels=True),
-                 dict(cpu_compile_mode="regional", enable_cpu_rvv_kernels=True)):
+    for opts in (dict(cpu_kernels_shape_gate="bucketed", enable_cpu_kernels=True),
+                 dict(cpu_compile_mode="regional", enable_cpu_kernels=True)):
         _, _, policy = launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                                                **opts))
         assert policy is None or not policy.config.deterministic, opts

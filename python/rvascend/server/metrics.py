@@ -7,7 +7,7 @@ from typing import Callable, Iterator, Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from rvascend.policy import RvvPolicy
+from rvascend.policy import KernelPolicy
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -28,7 +28,7 @@ class _Twin:
 
 
 class ServerMetrics:
-    def __init__(self, engine_stats: Callable[[], dict[str, int]], policy: Optional[RvvPolicy]) -> None:
+    def __init__(self, engine_stats: Callable[[], dict[str, int]], policy: Optional[KernelPolicy]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("rvascend_requests", "Finished requests by endpoint and status",
@@ -62,7 +62,7 @@ class ServerMetrics:
 
 
 class _EngineCollector:
-    def __init__(self, engine_stats: Callable[[], dict[str, int]], policy: Optional[RvvPolicy]) -> None:
+    def __init__(self, engine_stats: Callable[[], dict[str, int]], policy: Optional[KernelPolicy]) -> None:
         self._stats = engine_stats
         self._policy = policy
 
@@ -117,20 +117,20 @@ class _EngineCollector:
             g.add_metric([], value)
             yield g
         if self._policy is not None:
-            gate = GaugeMetricFamily("rvascend_rvv_shape_gate", "The shape gate in force (1)", labels=["gate"])
+            gate = GaugeMetricFamily("rvascend_shape_gate", "The shape gate in force (1)", labels=["gate"])
             gate.add_metric([self._policy.shape_gate], 1)
             yield gate
-            c = CounterMetricFamily("rvascend_rvv_projection_calls", "Linear calls per projection and route",
+            c = CounterMetricFamily("rvascend_projection_calls", "Linear calls per projection and route",
                                     labels=["projection", "route", "reason"])
             for row in self._policy.counters.snapshot():
                 c.add_metric([row["projection"], row["route"], row["reason"]], row["calls"])
             yield c
-            k = CounterMetricFamily("rvascend_rvv_kernel_calls", "Calls of the kernels beyond Linear per route",
+            k = CounterMetricFamily("rvascend_kernel_calls", "Calls of the kernels beyond Linear per route",
                                     labels=["kernel", "route", "reason"])
             for row in self._policy.kernels.counters.snapshot():
                 k.add_metric([row["projection"], row["route"], row["reason"]], row["calls"])
             yield k
-            rows = CounterMetricFamily("rvascend_rvv_packed_calls_by_rows", "Packed-kernel calls per M",
+            rows = CounterMetricFamily("rvascend_packed_calls_by_rows", "Packed-kernel calls per M",
                                        labels=["rows"])
             for m, n in sorted(self._policy.counters.rows_seen(route="packed").items()):
                 rows.add_metric([str(m)], n)

@@ -19,8 +19,11 @@ from absl import flags
 from rvascend.engine import EngineConfig
 from rvascend.server.limits import API_KEY_ENV
 
-# SGLang's name for the kernels switch, which users of this project already type.
-ALIASES = {"enable-cpu-rvv-inductor": "enable-cpu-rvv-kernels"}
+# SGLang's name for the kernels switch, and the names the kernels' flags had when they
+# were RVV's only (they run AVX2 / AVX-512 kernels on x86 as well): old command lines run.
+ALIASES = {"enable-cpu-rvv-inductor": "enable-cpu-kernels", "enable-cpu-rvv-kernels": "enable-cpu-kernels",
+           "cpu-rvv-memory-budget-mib": "cpu-kernels-memory-budget-mib", "cpu-rvv-shape-gate": "cpu-kernels-shape-gate",
+           "cpu-rvv-drop-unpacked": "cpu-kernels-drop-unpacked"}
 _ENGINE = EngineConfig()
 
 
@@ -40,22 +43,22 @@ class ServerArgs:
     device: str = _arg("cpu", "Device (cpu).")
     dtype: str = _arg("bfloat16", "Weights and activations: bfloat16 or float32.")
     attention_backend: str = _arg("torch_native", "Attention backend (torch_native).")
-    enable_cpu_rvv_kernels: bool = _arg(
+    enable_cpu_kernels: bool = _arg(
         False, "The project's kernels (RVV, or AVX2 / AVX-512 on x86) for Linears, quantized weights kept "
         "quantized, attention and elementwise ops, and on a decode step the whole model in one native call (the "
         "fused step); routed projections compiled regionally, small batches bucketed. "
-        "--enable-cpu-rvv-inductor (SGLang's name) is the same flag.")
-    cpu_rvv_memory_budget_mib: Optional[int] = _arg(None, "Memory budget for packed weights in MiB "
+        "--enable-cpu-rvv-inductor (SGLang's name) and --enable-cpu-rvv-kernels are the same flag.")
+    cpu_kernels_memory_budget_mib: Optional[int] = _arg(None, "Memory budget for packed weights in MiB "
                                                           "(default: derived from free memory).")
     cpu_compile_mode: Optional[str] = _arg(
         None, "How routed projections run: regional (Inductor compiles the repeated block) or eager; default: "
         "regional, eager under deterministic inference.", ("regional", "eager"))
-    cpu_rvv_shape_gate: Optional[str] = _arg(
+    cpu_kernels_shape_gate: Optional[str] = _arg(
         None, "Which Linears the policy packs: bucketed, the seed's contract (BF16, N and K >= 1024, rows padded "
         "to buckets; 'seed' is its earlier name), measured, where the packed kernel measured faster than ATen "
         "(default), or invariant, every BF16 Linear at every row count (deterministic inference).",
         ("bucketed", "measured", "invariant", "seed"))
-    cpu_rvv_drop_unpacked: bool = _arg(
+    cpu_kernels_drop_unpacked: bool = _arg(
         False, "Free each packed projection's row-major weight: the packed copy is the weight (a tied lm_head "
         "keeps both; state_dict() unpacks). Deterministic inference always does.")
     host: str = _arg("127.0.0.1", "Address to bind.")

@@ -26,14 +26,21 @@ def test_flags_parse_into_the_arguments_with_their_types_and_defaults():
     assert _parsed([]) == ServerArgs()
     args = _parsed(["--model-path=/m", "--port=31000", "--enable-cpu-rvv-inductor", "--allowed-hosts=a,b",
                     "--speculative-algorithm=NGRAM", "--watchdog-timeout=2.5", "--noenable-deterministic-inference",
-                    "--cpu-rvv-shape-gate=invariant"])
-    assert (args.model_path, args.port, args.enable_cpu_rvv_kernels, args.allowed_hosts) == ("/m", 31000, True, ["a", "b"])
+                    "--cpu-kernels-shape-gate=invariant"])
+    assert (args.model_path, args.port, args.enable_cpu_kernels, args.allowed_hosts) == ("/m", 31000, True, ["a", "b"])
     assert (args.speculative_algorithm, args.watchdog_timeout, args.enable_deterministic_inference) == ("NGRAM", 2.5, False)
-    assert args.cpu_rvv_shape_gate == "invariant"
+    assert args.cpu_kernels_shape_gate == "invariant"
     with pytest.raises(flags.IllegalFlagValueError):
         _parsed(["--speculative-algorithm=EAGLE"])
     with pytest.raises(flags.IllegalFlagValueError):
         _parsed(["--port=many"])
+
+
+def test_the_kernels_flags_earlier_names_still_parse():
+    args = _parsed(["--enable-cpu-rvv-kernels", "--cpu-rvv-shape-gate=bucketed", "--cpu-rvv-drop-unpacked",
+                    "--cpu-rvv-memory-budget-mib=512"])
+    assert (args.enable_cpu_kernels, args.cpu_kernels_shape_gate, args.cpu_kernels_drop_unpacked,
+            args.cpu_kernels_memory_budget_mib) == (True, "bucketed", True, 512)
 
 
 def test_the_engine_config_takes_every_shared_field_and_its_defaults_come_from_the_engine():

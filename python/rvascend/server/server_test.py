@@ -85,8 +85,8 @@ def test_models_health_and_metrics(server):
     assert server.http.get("/health").json() == {"status": "ok"}
     metrics = server.http.get("/metrics").text
     assert "rvascend_time_to_first_token_seconds_bucket" in metrics
-    assert 'rvascend_rvv_projection_calls_total{projection="qkv_proj",reason="",route="packed"}' in metrics
-    assert 'rvascend_rvv_kernel_calls_total{kernel="kv_pool_attention",reason="",route="kernel"}' in metrics
+    assert 'rvascend_projection_calls_total{projection="qkv_proj",reason="",route="packed"}' in metrics
+    assert 'rvascend_kernel_calls_total{kernel="kv_pool_attention",reason="",route="kernel"}' in metrics
 
 
 def test_api_key_is_required(server):
@@ -229,7 +229,7 @@ def test_a_restarted_server_loads_its_prompts_from_the_hierarchical_caches_files
     same answer: deterministic inference), and /metrics and /flush_cache cover the tiers."""
     tiers = dict(enable_hierarchical_cache=True, hicache_size=0.05, hicache_storage_backend="file",
                  hicache_storage_dir=str(tmp_path / "hicache"), hicache_storage_size=0.1,
-                 enable_deterministic_inference=True, cpu_rvv_shape_gate=None)
+                 enable_deterministic_inference=True, cpu_kernels_shape_gate=None)
     prompt = [(7 * i) % 200 + 3 for i in range(600)]  # two whole pages of 256 tokens
     answers = []
     for _ in range(2):

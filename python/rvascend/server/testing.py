@@ -39,8 +39,8 @@ class Server:
 
     def __init__(self, app_options: dict[str, Any] | None = None, **options: Any) -> None:
         # The seed's shape gate: its routes are the same on every host (the measured one times this host).
-        opts = dict(model_path=ensure_random_model(), enable_cpu_rvv_kernels=True, cpu_compile_mode="eager",
-                    cpu_rvv_shape_gate="bucketed", max_total_tokens=4096, max_running_requests=8)
+        opts = dict(model_path=ensure_random_model(), enable_cpu_kernels=True, cpu_compile_mode="eager",
+                    cpu_kernels_shape_gate="bucketed", max_total_tokens=4096, max_running_requests=8)
         opts.update(options)
         self.engine, self.name, self.policy = build_engine(ServerArgs(**opts))
         # Bound here and handed to uvicorn: a port picked free and bound later can be taken
