@@ -116,12 +116,15 @@ def propose(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     if params.greedy:
         return int(torch.argmax(logits).item())
     logits = logits.float()
-    if not torch.isfinite(logits).all():
+    if torch.isnan(logits).any() or not torch.isfinite(logits).any():  # any token will do as a proposal
         return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"))).item())
     if params.logit_bias:
         logits = logits.clone()
         for token, bias in params.logit_bias:
             logits[token] += bias
+    infinite = torch.isposinf(logits).nonzero().flatten()
+    if len(infinite):
+        return int(infinite[0])
     return _draw(logits, params, generator)
 
 

@@ -65,3 +65,19 @@ def test_each_output_position_has_its_own_stream():
     assert not torch.equal(draws[0], torch.rand(4, generator=other.generator_at(0)))
     unseeded = [Sequence([1], SamplingParams(temperature=1.0)).sampling_seed for _ in range(3)]
     assert len(set(unseeded)) == 3
+
+
+def test_a_draft_vocabulary_meets_the_noise_of_its_token_ids():
+    """Logits over part of the vocabulary (a NEXTN draft vocabulary): each column meets the
+    noise of its token id, so where the target's distribution lives on that part the
+    proposal is the target's draw."""
+    g = torch.Generator().manual_seed(1)
+    vocab, part = 300, torch.tensor([3, 40, 41, 77, 150, 299])
+    target = torch.full((vocab,), float("-inf"))
+    target[part] = torch.randn(len(part), generator=g)
+    seqs = [Sequence([1], SamplingParams(temperature=1.0, seed=s)) for s in range(60)]
+    drawn = [sampler.sample(target, seq.params, seq.generator_at(4)).token for seq in seqs]
+    proposed = sampler.proposals(target[part].repeat(len(seqs), 1), seqs, [4] * len(seqs), part, vocab)
+    assert proposed == drawn and len(set(drawn)) > 2
+    greedy = Sequence([1], SamplingParams(temperature=0))
+    assert sampler.proposals(target[part][None], [greedy], [0], part, vocab) == [int(target.argmax())]
