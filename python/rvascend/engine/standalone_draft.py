@@ -132,7 +132,7 @@ class DraftModel:
             self._run(items, lent)
         finally:
             give_back(lent)
-        if wanted and self.costs is not None:  # what drafting costs beside the passes: batches, slots, argmax
+        if wanted and self.costs is not None:  # what drafting costs beside the passes: batches, slots, proposals
             self.costs.add_overhead(time.perf_counter() - started - (self.seconds - in_passes))
 
     def _held(self, seq, start: int) -> int:

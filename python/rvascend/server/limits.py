@@ -45,8 +45,15 @@ DRAIN_BYTES = 64 << 20
 DRAIN_SECONDS = 5.0
 
 
-async def drain_body(receive) -> None:
-    """Reads what is left of the request body and drops it, within DRAIN_BYTES and DRAIN_SECONDS."""
+async def drain_body(receive, headers: dict) -> None:
+    """Reads what is left of the request body and drops it, within DRAIN_BYTES and DRAIN_SECONDS.
+    Not when the client waits for `100 Continue` before it sends (the first read would ask
+    it for the body), nor when the request announces no body."""
+    if headers.get(b"expect", b"").lower() == b"100-continue":
+        return
+    if b"content-length" not in headers and b"transfer-encoding" not in headers:
+        return
+
     async def read() -> None:
         left = DRAIN_BYTES
         while left > 0:
@@ -96,9 +103,9 @@ async def send_json_error(send, status: int, message: str, kind: str, path: str 
     await send({"type": "http.response.body", "body": body})
 
 
-async def _refuse(receive, send, status: int, message: str, kind: str, path: str = "") -> None:
+async def _refuse(receive, send, headers: dict, status: int, message: str, kind: str, path: str = "") -> None:
     """An error answered before the body is read: the body is drained first (drain_body)."""
-    await drain_body(receive)
+    await drain_body(receive, headers)
     await send_json_error(send, status, message, kind, path)
 
 
@@ -200,8 +207,8 @@ class RequestGuard:
         if self.allowed_hosts is not None and guarded:
             host = host_name(headers.get(b"host", b"").decode("latin-1"))
             if host not in self.allowed_hosts:
-                await _refuse(receive, send, 421, f"Host {host!r} is not one this server answers to "
-                                       "(--allowed-hosts)", "invalid_request_error", path)
+                await _refuse(receive, send, headers, 421, f"Host {host!r} is not one this server answers to "
+                              "(--allowed-hosts)", "invalid_request_error", path)
                 return
         # Browsers send Origin with every POST and every cross-site fetch; SDKs and curl
         # send none, and are served.
@@ -209,25 +216,25 @@ class RequestGuard:
         if origin is not None and guarded:
             origin_text, host_text = origin.decode("latin-1"), headers.get(b"host", b"").decode("latin-1")
             if not same_origin(origin_text, host_text):
-                await _refuse(receive, send, 403, f"Origin {origin_text!r} is not this server ({host_text!r}): "
-                                       "requests from other sites' web pages are refused", "invalid_request_error",
-                                       path)
+                await _refuse(receive, send, headers, 403,
+                              f"Origin {origin_text!r} is not this server ({host_text!r}): requests from other sites' "
+                              "web pages are refused", "invalid_request_error", path)
                 return
         if self.expected is not None and guarded:
             bearer = hmac.compare_digest(headers.get(b"authorization", b""), self.expected)
             if not (hmac.compare_digest(headers.get(b"x-api-key", b""), self.key) or bearer):
-                await _refuse(receive, send, 401, "missing or wrong API key (Authorization: Bearer KEY, or "
-                                       "x-api-key: KEY)", "authentication_error", path)
+                await _refuse(receive, send, headers, 401, "missing or wrong API key (Authorization: Bearer KEY, "
+                              "or x-api-key: KEY)", "authentication_error", path)
                 return
             scope.setdefault("state", {})[ADMITTED_KEY] = self.key.decode()
         if method not in _SAFE_METHODS and guarded:
             problem = _body_problem(headers, method, path)
             if problem is not None:
-                await _refuse(receive, send, 415, problem, "invalid_request_error", path)
+                await _refuse(receive, send, headers, 415, problem, "invalid_request_error", path)
                 return
         announced = headers.get(b"content-length", b"")
         if announced.isdigit() and int(announced) > self.limit:
-            await drain_body(receive)
+            await drain_body(receive, headers)
             await self._too_large(send, int(announced), path)
             return
         received = 0
@@ -266,7 +273,7 @@ class RequestGuard:
                 await send_json_error(send, 500, f"internal error: {type(e).__name__}: {e}", "server_error", path)
                 return
         if too_large and not started:
-            await drain_body(receive)
+            await drain_body(receive, headers)
             await self._too_large(send, received, path)
 
     async def _too_large(self, send, size: int, path: str) -> None:

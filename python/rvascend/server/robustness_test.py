@@ -308,6 +308,24 @@ def test_a_client_still_sending_a_refused_body_reads_the_answer(server, key):
     assert (b"exceeds the limit" if key == "right" else b"API key") in answer
 
 
+@pytest.mark.parametrize("key", ["right", "wrong"])
+def test_a_client_waiting_for_100_continue_is_refused_before_it_sends(server, key):
+    """curl sends `Expect: 100-continue` with a large body and waits: a refused request
+    (413 on its announced length, 401) is answered at once, never asked for its body."""
+    import socket
+
+    token = API_KEY if key == "right" else "nope"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+        conn.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {50 << 20}\r\n"
+                     "Expect: 100-continue\r\n\r\n".encode())
+        start = time.time()
+        conn.settimeout(3)
+        answer = conn.recv(1 << 16)
+    assert time.time() - start < 2 and not answer.startswith(b"HTTP/1.1 100"), answer[:100]
+    assert int(answer.split(b" ", 2)[1]) == (413 if key == "right" else 401)
+
+
 def test_an_oversize_chunked_body_is_a_413(server):
     """No content-length: the body is counted as it arrives, and the answer is the same
     413 as for an announced one (it was the framework's 400 for a body cut short)."""
