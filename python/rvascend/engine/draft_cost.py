@@ -129,7 +129,7 @@ class StepCosts:
     def __init__(self, target: Optional[dict[int, float]] = None, draft: Optional[dict[int, float]] = None) -> None:
         self.target: dict[int, PassCosts] = {1: PassCosts(target)}
         self.draft: dict[int, PassCosts] = {1: PassCosts(draft)}
-        # A drafting step's draft-model work beside its passes (batches, slots, proposals; measured only).
+        # A drafting step's draft-model work beside its passes (batches, slots; measured only).
         self.overhead = 0.0
         self._overhead_seen = False
 

@@ -132,7 +132,7 @@ class DraftModel:
             self._run(items, lent)
         finally:
             give_back(lent)
-        if wanted and self.costs is not None:  # what drafting costs beside the passes: batches, slots, proposals
+        if wanted and self.costs is not None:  # what drafting costs beside the passes: batches, slots
             self.costs.add_overhead(time.perf_counter() - started - (self.seconds - in_passes))
 
     def _held(self, seq, start: int) -> int:
@@ -175,13 +175,13 @@ class DraftModel:
                              new_lens, prefix_lens, kv_slots, torch.tensor(write, dtype=torch.long),
                              logit_rows=torch.tensor(logit_rows, dtype=torch.long))
         with torch.inference_mode():
-            logits = self._pass(batch)
+            first = self._pass(batch, drafting, 0)
             self.tags[held_slots] = held_tags
             for item in items:
                 item.row.draft_synced = item.upto
             if not drafting:
                 return
-            for item, t in zip(drafting, _proposals(logits, drafting, 0)):
+            for item, t in zip(drafting, first):
                 item.out = [t]
             for j in range(1, max(item.want for item in drafting)):  # draft j + 1, after draft j
                 going = [item for item in drafting if item.want > j]
@@ -191,21 +191,24 @@ class DraftModel:
                     [1] * len(going), [item.end + j for item in going],
                     [item.row.seq.kv_slot_tensor(item.kept + item.lent[:j + 1]) for item in going],
                     torch.tensor([item.lent[j] for item in going], dtype=torch.long))
-                for item, t in zip(going, _proposals(self._pass(chain), going, j)):
+                for item, t in zip(going, self._pass(chain, going, j)):
                     item.out.append(t)
         for item in drafting:
             item.row.next_draft = item.out
 
-    def _pass(self, batch: ForwardBatch) -> torch.Tensor:
-        """One forward pass of the draft model; its time joins the measured costs."""
+    def _pass(self, batch: ForwardBatch, drafting: list["_Item"], j: int) -> list[int]:
+        """One forward pass of the draft model and the `drafting` items' draft j from its logits
+        (none: a pass that drafts nothing); their time joins the measured costs (a sampled
+        proposal is a draw over the vocabulary, one per row, as the pass's rows are)."""
         started = time.perf_counter()
         logits = self.model(batch, self.pool)
+        tokens = _proposals(logits, drafting, j) if drafting else []
         seconds, rows = time.perf_counter() - started, int(batch.input_ids.shape[0])
         self.passes[rows] += 1
         self.seconds += seconds
         if self.costs is not None:
             self.costs.add(self.costs.draft, len(batch.new_lens), rows, seconds)
-        return logits
+        return tokens
 
 
 @dataclasses.dataclass(eq=False)

@@ -200,7 +200,7 @@ def _count_passes(engine):
     """Row counts of the draft model's passes, as they run."""
     model, passes = engine.speculator.draft_model, []
     run = model._pass
-    model._pass = lambda batch: passes.append(int(batch.input_ids.shape[0])) or run(batch)
+    model._pass = lambda batch, *rest: passes.append(int(batch.input_ids.shape[0])) or run(batch, *rest)
     return passes
 
 
@@ -273,11 +273,11 @@ def test_a_prompt_whose_draft_pass_failed_is_caught_up(target, twin):
     model, calls = engine.speculator.draft_model, []
     run = model._pass
 
-    def fails_first(batch):
+    def fails_first(batch, *rest):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("injected")
-        return run(batch)
+        return run(batch, *rest)
     model._pass = fails_first
     seq = engine.generate([list(range(100, 180))], params)[0]
     assert seq.output_ids == _run(target, None, [list(range(100, 180))], params)[1][0]
