@@ -15,15 +15,17 @@ from rvascend.bench import qemu_exec_count
 from rvascend.bench.results import write_jsonl
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("binary", None, "riscv64 kv_pool_attention_bench binary.")
-flags.DEFINE_string("qemu", None, "qemu-riscv64 to run it with.")
-flags.DEFINE_string("nm", "llvm-nm-19", "nm that reads riscv64 ELF files.")
-flags.DEFINE_list("vlens", ["256"], "VLENs to count at.")
-flags.DEFINE_list("shapes", ["qwen3-0.6b:0:64", "qwen3-0.6b:448:64", "smollm2-135m:0:64", "smollm2-135m:0:256",
-                             "qwen3-0.6b:511:1"],
-                  "MODEL:PREFIX:ROWS: ROWS new query rows after PREFIX cached tokens.")
-flags.DEFINE_list("kernels", ["rvv", "rvv_rows"], "Attention kernels to count.")
-flags.DEFINE_string("output", None, "Append one JSON line per count to this file.")
+
+def _define_flags() -> None:
+    flags.DEFINE_string("binary", None, "riscv64 kv_pool_attention_bench binary.")
+    flags.DEFINE_string("qemu", None, "qemu-riscv64 to run it with.")
+    flags.DEFINE_string("nm", "llvm-nm-19", "nm that reads riscv64 ELF files.")
+    flags.DEFINE_list("vlens", ["256"], "VLENs to count at.")
+    flags.DEFINE_list("shapes", ["qwen3-0.6b:0:64", "qwen3-0.6b:448:64", "smollm2-135m:0:64", "smollm2-135m:0:256",
+                                 "qwen3-0.6b:511:1"],
+                      "MODEL:PREFIX:ROWS: ROWS new query rows after PREFIX cached tokens.")
+    flags.DEFINE_list("kernels", ["rvv", "rvv_rows"], "Attention kernels to count.")
+    flags.DEFINE_string("output", None, "Append one JSON line per count to this file.")
 
 # heads, kv_heads, head_dim
 _MODELS = {"qwen3-0.6b": (16, 8, 128), "smollm2-135m": (9, 3, 64), "llama-3.2-1b": (32, 8, 64)}
@@ -63,5 +65,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     flags.mark_flags_as_required(["binary", "qemu"])
     app.run(main)

@@ -19,15 +19,17 @@ from rvascend.bench import qemu_exec_count
 from rvascend.bench.results import write_jsonl
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("binary", None, "riscv64 rgdr_decode_bench binary.")
-flags.DEFINE_string("qemu", None, "qemu-riscv64 to run it with.")
-flags.DEFINE_string("nm", "llvm-nm-19", "nm that reads riscv64 ELF files.")
-flags.DEFINE_list("vlens", ["128", "256", "512"], "VLENs to count at.")
-flags.DEFINE_list("shapes", ["qwen3.5-0.8b:1", "qwen3.5-0.8b:4", "qwen3-next:1"],
-                  "MODEL:B: B sequences of one token each.")
-flags.DEFINE_list("elems", ["f32", "bf16"], "State element types.")
-flags.DEFINE_list("rows", ["rvv", "portable"], "Row kernels to count.")
-flags.DEFINE_string("output", None, "Append one JSON line per count to this file.")
+
+def _define_flags() -> None:
+    flags.DEFINE_string("binary", None, "riscv64 rgdr_decode_bench binary.")
+    flags.DEFINE_string("qemu", None, "qemu-riscv64 to run it with.")
+    flags.DEFINE_string("nm", "llvm-nm-19", "nm that reads riscv64 ELF files.")
+    flags.DEFINE_list("vlens", ["128", "256", "512"], "VLENs to count at.")
+    flags.DEFINE_list("shapes", ["qwen3.5-0.8b:1", "qwen3.5-0.8b:4", "qwen3-next:1"],
+                      "MODEL:B: B sequences of one token each.")
+    flags.DEFINE_list("elems", ["f32", "bf16"], "State element types.")
+    flags.DEFINE_list("rows", ["rvv", "portable"], "Row kernels to count.")
+    flags.DEFINE_string("output", None, "Append one JSON line per count to this file.")
 
 _LMUL = 4
 _FLOOR_PER_VL = 5  # state load + store, rank-one FMA, two dot-product FMAs
@@ -69,5 +71,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     flags.mark_flags_as_required(["binary", "qemu"])
     app.run(main)

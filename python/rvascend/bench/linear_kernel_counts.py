@@ -15,13 +15,15 @@ from rvascend.bench import qemu_exec_count
 from rvascend.bench.results import write_jsonl
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("binary", None, "riscv64 bf16_packed_linear_bench binary.")
-flags.DEFINE_string("qemu", None, "qemu-riscv64 to run it with.")
-flags.DEFINE_string("nm", "llvm-nm-19", "nm that reads riscv64 ELF files.")
-flags.DEFINE_list("vlens", ["256"], "VLENs to count at.")
-flags.DEFINE_list("shapes", ["1x2048x2048", "4x2048x2048"], "MxNxK shapes.")
-flags.DEFINE_list("kernel_sets", ["rvv_wide", "rvv", "zvfbfwma"], "Kernel sets to count.")
-flags.DEFINE_string("output", None, "Append one JSON line per count to this file.")
+
+def _define_flags() -> None:
+    flags.DEFINE_string("binary", None, "riscv64 bf16_packed_linear_bench binary.")
+    flags.DEFINE_string("qemu", None, "qemu-riscv64 to run it with.")
+    flags.DEFINE_string("nm", "llvm-nm-19", "nm that reads riscv64 ELF files.")
+    flags.DEFINE_list("vlens", ["256"], "VLENs to count at.")
+    flags.DEFINE_list("shapes", ["1x2048x2048", "4x2048x2048"], "MxNxK shapes.")
+    flags.DEFINE_list("kernel_sets", ["rvv_wide", "rvv", "zvfbfwma"], "Kernel sets to count.")
+    flags.DEFINE_string("output", None, "Append one JSON line per count to this file.")
 
 def minimal_per_weight(kernel_set: str, vlen: int) -> float:
     """Vector instructions per weight element of the shortest sequence the set's layout allows."""
@@ -60,5 +62,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     flags.mark_flags_as_required(["binary", "qemu"])
     app.run(main)

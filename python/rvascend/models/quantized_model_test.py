@@ -176,14 +176,11 @@ out = []
 for ids in prompts:
     llm.reset()
     llm.eval(ids)
-    tokens, gaps = [], []
+    tokens = []
     for _ in range(n_new):
-        logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-        order = np.argsort(logits)[::-1]
-        tokens.append(int(order[0]))
-        gaps.append(float(logits[order[0]] - logits[order[1]]))
+        tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         llm.eval([tokens[-1]])
-    out.append({"tokens": tokens, "gaps": gaps})
+    out.append({"tokens": tokens})
 llm.reset()
 llm.eval(ppl_tokens)
 scores = np.array(llm.scores[:len(ppl_tokens)], dtype=np.float64)
@@ -199,13 +196,13 @@ QUESTIONS = ["What is the capital of France? Answer in one sentence.", "Write a 
              "Explain photosynthesis in one sentence.", "List the days of the week.",
              "What is the largest ocean?", "Tell me a short joke.", "What does CPU stand for?",
              "Describe a cat in five words."]
-# Where llama.cpp's own two best logits are closer than this, either choice is right.
-# Its logits are not exact either: on this file they differ from an exact FP32 product of
-# the same dequantized weights by 0.63 at the median position (the largest difference
-# over the vocabulary, measured on 512 tokens of the GPL-3); this engine, with BF16
-# activations, by 0.79. They also move with the host: llama.cpp runs other kernels on an
-# AVX-512 VNNI host than on an AVX2 one, and there one choice with a gap of 0.503 parted
-# (this engine's answer was the same with its AVX2 and its VNNI kernels, which give the same bits).
+# Where the exact product's two best logits (FP32 over the file's dequantized weights) are
+# closer than this, either choice is right. Neither engine computes it: on these prompts this
+# engine's gap between those two tokens is off by 0.12 at the median, 0.79 at the 99th
+# percentile (BF16 activations and logits), and llama.cpp's own gaps are off too (at one
+# position 0.88 where the exact gap was 0.22), and move with the host's kernels. Measured over
+# 512 positions: every choice where either engine left the exact argmax had an exact gap
+# under 0.24.
 NEAR_TIE = 0.75
 
 
@@ -233,27 +230,35 @@ def test_default_model_greedy_and_perplexity_match_llama_cpp():
     install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager"))
     engine = Engine(model, tok, EngineConfig(max_total_tokens=4096, max_running_requests=16))
     seqs = engine.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
+    exact_model = load_model(path, torch.float32, keep_quantized=False)
+    with torch.no_grad():
+        exact = [all_logits(exact_model, torch.tensor(prompt + ref["tokens"]))[len(prompt) - 1:-1].topk(2)
+                 for prompt, ref in zip(prompts, theirs["greedy"])]
+    del exact_model
+    exact_gaps = [(top.values[:, 0] - top.values[:, 1]).tolist() for top in exact]
     identical, tie_parted, mismatches = 0, 0, []
-    for seq, ref in zip(seqs, theirs["greedy"]):
+    for seq, ref, gaps in zip(seqs, theirs["greedy"], exact_gaps):
         ours = seq.output_ids
         first = next((i for i, (a, b) in enumerate(zip(ours, ref["tokens"])) if a != b), None)
         if first is None:
             identical += 1
-        elif ref["gaps"][first] < NEAR_TIE:
+        elif gaps[first] < NEAR_TIE:  # the texts agree up to `first`: the exact gaps there hold for both
             tie_parted += 1
         else:
-            mismatches.append((first, ours[first], ref["tokens"][first], ref["gaps"][first]))
+            mismatches.append((first, ours[first], ref["tokens"][first], gaps[first]))
     # Past a parting the two continue different texts; teacher-forced on llama.cpp's own
-    # continuation, every one of its clear choices (gap >= NEAR_TIE) must be ours too.
-    clear, agreed = 0, 0
-    for prompt, ref in zip(prompts, theirs["greedy"]):
+    # continuation, every clear choice (exact gap >= NEAR_TIE) must be the same in both.
+    clear, agreed, peer_off = 0, 0, 0
+    for prompt, ref, gaps, top in zip(prompts, theirs["greedy"], exact_gaps, exact):
         logits = all_logits(model, torch.tensor(prompt + ref["tokens"]))[len(prompt) - 1:-1]
-        for row, token, gap in zip(logits, ref["tokens"], ref["gaps"]):
+        for row, token, gap, best in zip(logits, ref["tokens"], gaps, top.indices[:, 0].tolist()):
             if gap >= NEAR_TIE:
                 clear += 1
                 agreed += int(row.argmax()) == token
-    print(f"greedy: {identical} of {len(prompts)} identical for 32 tokens, {tie_parted} parted at a llama.cpp near "
-          f"tie, {len(mismatches)} elsewhere; teacher-forced: {agreed} of {clear} clear choices agree")
+                peer_off += token != best
+    print(f"greedy: {identical} of {len(prompts)} identical for 32 tokens, {tie_parted} parted at a near tie, "
+          f"{len(mismatches)} elsewhere; teacher-forced: {agreed} of {clear} clear choices agree "
+          f"({peer_off} where llama.cpp left the exact argmax)")
     assert not mismatches, mismatches
     assert agreed == clear
     logits = all_logits(model, torch.tensor(ppl_ids)).double()

@@ -83,7 +83,10 @@ def test_logits_match_transformers_through_prefill_and_32_decode_steps(pair, chu
             last[i] = int(want.argmax())
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+# FP32: the native call and the torch ops sum in other orders; after four steps the logits
+# (magnitude about 6) part by up to 2e-5, some 40 ulps: 5e-5 is that roundoff with headroom,
+# while a wrong gate, norm or state slot moves them by 1e-2 or more.
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-5), (torch.bfloat16, 3e-2)])
 def test_the_one_call_decode_step_equals_the_torch_layer(pair, dtype, tol, monkeypatch):
     from rvascend.models import qwen3_5
     from rvascend.ops import gated_delta_rule
