@@ -269,8 +269,22 @@ def test_default_model_greedy_and_perplexity_match_llama_cpp():
     assert abs(ours_ppl / theirs_ppl - 1) <= 0.01
 
 
+@pytest.fixture(scope="module")
+def requantized(tmp_path_factory):
+    """recipe -> the default model written into it by llama.cpp's quantizer, once per module
+    (IQ4_XS's search costs about a minute)."""
+    files: dict[str, str] = {}
+
+    def get(kind: str) -> str:
+        if kind not in files:
+            files[kind] = llama_cpp.quantize(default_model.ensure_default_model(),
+                                             str(tmp_path_factory.mktemp("requantized") / f"{kind}.gguf"), kind)
+        return files[kind]
+    return get
+
+
 @pytest.mark.parametrize("kind", ["Q5_K_M", "Q3_K_M", "Q2_K", "IQ4_XS", "Q4_K_M"])
-def test_default_model_requantized_perplexity_matches_llama_cpp(kind, tmp_path):
+def test_default_model_requantized_perplexity_matches_llama_cpp(kind, requantized):
     """The default model written by llama.cpp's quantizer into each recipe people download
     (from its Q4_1 file: SmolLM2's 576-wide matrices are not whole super-blocks, so the
     recipes fall back to Q5_0, Q5_1, IQ4_NL and Q8_0 there, K-quants elsewhere): perplexity
@@ -284,8 +298,7 @@ def test_default_model_requantized_perplexity_matches_llama_cpp(kind, tmp_path):
     llama.cpp runs other kernels on other hosts. A format read wrongly moves perplexity by far
     more."""
     source = default_model.ensure_default_model()
-    path = str(tmp_path / f"{kind}.gguf")
-    llama_cpp.quantize(source, path, kind)
+    path = requantized(kind)
     with open("/usr/share/common-licenses/GPL-3", encoding="utf-8") as f:
         ppl_ids = Tokenizer(source).encode(f.read())[:1024]
     done = subprocess.run([llama_cpp.python_path(), "-c", _LLAMA_GUEST, path, "[]", "0", json.dumps(ppl_ids)],
@@ -320,13 +333,11 @@ print(json.dumps({"base": base, "after": after, "peak": peak, "packed": packed, 
 
 
 @pytest.mark.parametrize("recipe", [None, "Q5_K_M", "IQ4_XS"])
-def test_default_model_memory_holds_the_quantized_weights_once(recipe, tmp_path):
+def test_default_model_memory_holds_the_quantized_weights_once(recipe, requantized):
     """RSS after loading the default model kept quantized (its own Q4_1 file, and requantized
     by llama.cpp into Q5_K_M and IQ4_XS): its quantized weights once (no dequantized copy,
     the file's pages released as each tensor is repacked), at most 1.2x the file's bytes."""
-    path = default_model.ensure_default_model()
-    if recipe:
-        path = llama_cpp.quantize(path, str(tmp_path / f"{recipe}.gguf"), recipe)
+    path = requantized(recipe) if recipe else default_model.ensure_default_model()
     size = os.path.getsize(path)
     runs = {keep: fresh_process_json(_MEMORY_GUEST, path, keep) for keep in ("1", "0")}
     q, d = runs["1"], runs["0"]
