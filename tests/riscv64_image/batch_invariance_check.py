@@ -28,7 +28,7 @@ def run(model, target, others=0, chunk=512, drafts=0):
                        on_output=lambda s, o: outputs.append((o.token_id, o.logprob, o.top_logprobs)))
     rng = random.Random(others)
     for i in range(others):
-        prompt = [rng.randrange(3, 1024) for _ in range(rng.randrange(4, 20))]
+        prompt = [rng.randrange(3, 1024) for _ in range(rng.randrange(4, 12))]
         engine.add_request(prompt, SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True))
     while engine.has_work():
         engine.step()

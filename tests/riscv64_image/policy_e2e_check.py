@@ -3,7 +3,8 @@ models generate the same greedy tokens with the RVV policy on and off, and
 every RVV kernel ran (packed Linears, pool attention, RMSNorm with the
 residual add, q/k norm + RoPE, SiLU*mul, argmax, and the decode steps' layers
 in one native call; for the Qwen3.5 hybrid its zero-centred norms, and its
-DeltaNet layers' one native call, prompts included) with no fallback.
+DeltaNet layers' one native call, prompts included) with no fallback; and none of it
+imports sympy.
 
 Runs with the image's python3.13 and torch 2.6 (no tokenizers there: token ids
 in, token ids out). The checkpoint is written here with random weights.
@@ -82,8 +83,17 @@ def check_hybrid() -> bool:
     return ok
 
 
+def check_no_sympy() -> bool:
+    """Building a model on the meta device must not reach PyTorch's Python reference kernels
+    (torch 2.6's ones() and zeros() there import sympy: 43 s of a board process's start)."""
+    if "sympy" in sys.modules:
+        print("FAILED: loading, installing the policy or generating imported sympy")
+        return False
+    return True
+
+
 def main() -> int:
-    results = [check("llama", LLAMA), check("qwen3", QWEN3), check_hybrid()]
+    results = [check("llama", LLAMA), check("qwen3", QWEN3), check_hybrid(), check_no_sympy()]
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 

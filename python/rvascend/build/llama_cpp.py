@@ -69,6 +69,9 @@ ISA_CMAKE_ARGS = {
 # before its first token. GCC lets explicit -mno-* flags win over -march=native whatever their
 # order, so every build leaves AMX out and runs on every x86 host class.
 NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+# The multimodal library (mtmd: vision and audio encoders) is a third of the build and no
+# test or bench loads it; llama_cpp imports it only for a multimodal chat handler.
+BUILD_CMAKE_ARGS = "-DLLAVA_BUILD=OFF"
 
 
 def ensure_python(work: str, isa: str = "native") -> str:
@@ -84,23 +87,20 @@ def ensure_python(work: str, isa: str = "native") -> str:
     stamp = os.path.join(venv, "INSTALLED")
     pinned = {k: spec[k] for k in ("package", "version", "sdist_sha256", "dependencies")}
     pinned["cflags"] = NO_AMX_FLAGS
-    if ISA_CMAKE_ARGS[isa]:
-        pinned["cmake_args"] = ISA_CMAKE_ARGS[isa]
+    pinned["cmake_args"] = " ".join(filter(None, (BUILD_CMAKE_ARGS, ISA_CMAKE_ARGS[isa])))
     if os.path.exists(stamp):
         with open(stamp, encoding="utf-8") as f:
             if {k: v for k, v in json.load(f).items() if k in pinned} == pinned:
                 logging.info("llama-cpp-python %s: already built in %s", spec["version"], venv)
                 return python
-    logging.info("llama-cpp-python %s: building llama.cpp (%s) from source into %s (about 5 minutes on 2 cores)",
+    logging.info("llama-cpp-python %s: building llama.cpp (%s) from source into %s (about 8 minutes on 2 cores)",
                  spec["version"], isa, venv)
     subprocess.run([sys.executable, "-m", "venv", "--clear", venv], check=True)
     pip = [python, "-m", "pip", "install", "--progress-bar", "off"]
     subprocess.run(pip + ["--no-deps", *spec["dependencies"]], check=True)
     # One compile job per core (CMake defaults to one job).
     env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(len(os.sched_getaffinity(0))),
-           "CFLAGS": NO_AMX_FLAGS, "CXXFLAGS": NO_AMX_FLAGS}
-    if ISA_CMAKE_ARGS[isa]:
-        env["CMAKE_ARGS"] = ISA_CMAKE_ARGS[isa]
+           "CFLAGS": NO_AMX_FLAGS, "CXXFLAGS": NO_AMX_FLAGS, "CMAKE_ARGS": pinned["cmake_args"]}
     subprocess.run(pip + ["--no-deps", sdist], check=True, env=env)
     with open(stamp, "w", encoding="utf-8") as f:
         json.dump(pinned, f)

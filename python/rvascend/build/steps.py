@@ -153,9 +153,12 @@ def fix_up_image(root: str) -> str:
 
 
 # What the server, the tests and the benchmarks import inside the image.
-IMAGE_IMPORTS = ("torch", "torch.nn.functional", "numpy", "safetensors", "absl.flags", "psutil", "jinja2.sandbox",
-                 "fastapi", "fastapi.responses", "uvicorn", "uvicorn.loops.auto", "uvicorn.protocols.http.auto",
-                 "uvicorn.lifespan.on", "prometheus_client", "regex", "pytest", "pip")
+# (A module left out is compiled again by every emulated process that imports it.)
+IMAGE_IMPORTS = ("torch", "torch.nn.functional", "torch.utils._device", "numpy", "numpy.ctypeslib", "safetensors",
+                 "safetensors.torch", "absl.app", "absl.flags", "absl.logging", "psutil", "jinja2.sandbox",
+                 "jinja2.ext", "fastapi", "fastapi.responses", "uvicorn", "uvicorn.loops.auto",
+                 "uvicorn.protocols.http.auto", "uvicorn.lifespan.on", "prometheus_client", "prometheus_client.core",
+                 "regex", "pytest", "pip")
 BYTECODE_STAMP = "BYTECODE"
 
 

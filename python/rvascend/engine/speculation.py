@@ -176,19 +176,27 @@ class Speculator:
                      lend: Callable[[int], list[int]], give_back: Callable[[list[int]], None]) -> None:
         """NEXTN and STANDALONE: the drafting model's pass over this step's kept positions and
         its drafts for the sequences' next steps, into the rows; nothing is committed."""
-        if self.algorithm == "STANDALONE":
-            try:
+        if self.algorithm not in ("STANDALONE", "NEXTN"):
+            return
+        try:
+            if self.algorithm == "STANDALONE":
                 self.draft_model.draft(plan.rows, self.num_draft_tokens, context_length, lend, give_back,
                                        self.lengths)
-            except Exception as e:  # noqa: BLE001 - drafts are proposals: the step goes on without them
-                logging.log_every_n_seconds(logging.WARNING, "the draft model's pass failed (%s: %s): this step "
-                                            "drafts nothing", 60, type(e).__name__, e)
-                for row in plan.rows:
-                    if row.next_draft is not None:
-                        row.next_draft = []
-            return
-        if self.algorithm != "NEXTN":
-            return
+            else:
+                self._nextn_drafts(model, pool, plan, context_length, lend, give_back)
+        except Exception as e:  # noqa: BLE001 - drafts are proposals: the step goes on without them
+            # The target's pass and its samples stand; what the drafting pass wrote (the MTP
+            # layer's K/V at this step's positions, or the draft model's own cache) feeds only
+            # later proposals, which verification keeps out of the output.
+            logging.log_every_n_seconds(logging.WARNING, "the %s drafting pass failed (%s: %s): this step drafts "
+                                        "nothing", 60, self.algorithm, type(e).__name__, e)
+            for row in plan.rows:
+                if row.error is None:
+                    row.next_draft = []  # never the last step's draft again: its positions have moved on
+
+    def _nextn_drafts(self, model, pool, plan: Plan, context_length: int,
+                      lend: Callable[[int], list[int]], give_back: Callable[[list[int]], None]) -> None:
+        """NEXTN: the MTP head over this step's kept positions, its drafts into the rows."""
         rows, mtp_rows, start = [], [], 0
         for row in plan.rows:
             seq, first = row.seq, start

@@ -15,13 +15,21 @@ from rvascend.models.config import ModelConfig
 from rvascend.dispatch.kernel_routes import routes_of
 
 
+def constant_parameter(size: int, value: float) -> nn.Parameter:
+    """A parameter of `size` elements all equal to `value`. Models are built on the meta device
+    (models/loader.py), where torch 2.6's ones() and zeros() run PyTorch's Python reference
+    kernels, whose size check imports sympy: 43 s of each board process's start under QEMU.
+    empty() and fill_() have native meta kernels."""
+    return nn.Parameter(torch.empty(size).fill_(value))
+
+
 class RMSNorm(nn.Module):
     rvv_kernels = ("rms_norm", "add_rms_norm")
     zero_centred = False  # the kernels' scale: weight, or 1 + weight (ZeroCenteredRMSNorm)
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = constant_parameter(dim, 1.0)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

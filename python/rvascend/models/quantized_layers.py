@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rvascend.ops import quantized_linear as qops
+from rvascend.models.layers import constant_parameter
 
 ROUTE_ATTR = "_rvv_route"  # the policy's route, as for nn.Linear projections (dispatch/route.py)
 
@@ -43,7 +44,7 @@ class QuantizedLinear(nn.Module):
         self.out_features = sum(p.rows for p in parts)
         for i in range(len(parts)):
             self.register_buffer(self.qweight_key(i), torch.empty(0, dtype=torch.uint8), persistent=False)
-        self.bias = nn.Parameter(torch.zeros(self.out_features)) if bias else None
+        self.bias = constant_parameter(self.out_features, 0.0) if bias else None
 
     @staticmethod
     def qweight_key(i: int) -> str:

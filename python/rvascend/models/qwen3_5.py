@@ -25,7 +25,7 @@ from rvascend import ops
 from rvascend.models.chunked_delta_rule import chunked_gated_delta_rule
 from rvascend.models.config import ModelConfig
 from rvascend.models.decoder import MLP, Attention, CausalLM, DecoderModel, ForwardBatch, KVPool
-from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, apply_rotary
+from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, apply_rotary, constant_parameter
 from rvascend.dispatch.kernel_routes import routes_of
 
 # Prompts through the one native call (the conv, norms and the delta rule's rows token by
@@ -57,7 +57,7 @@ class GatedRMSNorm(nn.Module):
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = constant_parameter(dim, 1.0)
         self.eps = eps
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -81,8 +81,8 @@ class GatedDeltaNet(nn.Module):
         self.in_proj = FusedLinear(config.hidden_size, {"qkv": lin.conv_dim, "z": value_dim, "b": self.nv,
                                                         "a": self.nv}, bias=False)
         self.conv1d = nn.Conv1d(lin.conv_dim, lin.conv_dim, self.kernel, groups=lin.conv_dim, bias=False)
-        self.dt_bias = nn.Parameter(torch.ones(self.nv))
-        self.A_log = nn.Parameter(torch.zeros(self.nv))
+        self.dt_bias = constant_parameter(self.nv, 1.0)
+        self.A_log = constant_parameter(self.nv, 0.0)
         self.norm = GatedRMSNorm(self.dv, config.rms_norm_eps)
         self.out_proj = nn.Linear(value_dim, config.hidden_size, bias=False)
         self.split = [lin.conv_dim, value_dim, self.nv, self.nv]

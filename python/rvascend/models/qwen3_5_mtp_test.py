@@ -298,8 +298,8 @@ def test_the_server_flags_load_the_head_and_its_draft_vocabulary(checkpoint, tmp
 
 def test_a_draft_pass_that_fails_gives_its_lent_slots_back(checkpoint, monkeypatch):
     """The head's further drafts run in K/V slots lent for the step: when the pass fails
-    there, the step fails like any other, every slot (fresh and lent) is back, and the
-    request then finishes with decoding's output."""
+    there, the step goes on without drafts (they are only proposals), every lent slot is
+    back, and the request finishes with decoding's output."""
     from rvascend.models import qwen3_5_mtp
 
     _, _, path = checkpoint
@@ -322,10 +322,11 @@ def test_a_draft_pass_that_fails_gives_its_lent_slots_back(checkpoint, monkeypat
 
     monkeypatch.setattr(qwen3_5_mtp.MultiTokenPredictor, "forward", failing_in_the_chain)
     plan = engine._prepare([(seq, 1 + len(engine.speculator.draft(seq, engine._room(seq), engine.eos_ids)))])
-    with pytest.raises(RuntimeError, match="injected"):
-        engine._run(plan)
-    engine._abandon(plan)
-    assert sorted(engine.scheduler.free_slots) == free and len(calls) == 2
+    fresh = [slot for row in plan.rows for slot in row.fresh]
+    engine._run(plan)  # the injected failure is logged, not raised
+    assert len(calls) == 2 and all(row.next_draft == [] for row in plan.rows)  # not the last step's
+    assert sorted(engine.scheduler.free_slots + fresh) == free  # the lent slots are back
+    engine._commit(plan)
     monkeypatch.undo()
     while engine.has_work():
         engine.step()

@@ -19,13 +19,15 @@ from rvascend.dispatch.fused_decoder import held_off
 from rvascend.models import random_checkpoint
 from rvascend.models.random_model import random_weights
 
-# Llama and Qwen3.5 (three Gated DeltaNet layers, then gated full attention) at 1024 wide,
-# so every projection is packed, and one period deep, so emulation stays short. No MTP head.
+# Llama at 1024 wide and Qwen3.5 (three Gated DeltaNet layers, then gated full attention)
+# one period deep, with the real head dimensions (128) and 256 wide: every projection is
+# packed (riscv64's gate is invariant) and emulation stays short (at 1024 wide, a Qwen3.5
+# prompt of 18 tokens took 48 s under QEMU). No MTP head.
 IMAGE_LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermediate_size": 1024,
                "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
                "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 256,
                "tie_word_embeddings": True, "eos_token_id": 1}
-IMAGE_QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=1024, intermediate_size=1024,
+IMAGE_QWEN3_5 = dict(random_checkpoint.SHAPES["qwen3.5-0.8b"], hidden_size=256, intermediate_size=512,
                      num_hidden_layers=4, head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
                      vocab_size=1024, max_position_embeddings=256, mtp_num_hidden_layers=0,
                      layer_types=random_checkpoint.SHAPES["qwen3.5-0.8b"]["layer_types"][:4])

@@ -206,14 +206,19 @@ void TestShapes(const std::vector<const Bf16PackedKernelSet*>& sets) {
 #endif
     heavy.push_back(ks);
   }
-  for (size_t n : {1024, 3072}) {
-    for (size_t m : {1, 2, 3, 4, 5, 17}) {
-      const Problem p = MakeProblem(m, n, 2048, false, seed++);
-      for (const auto* ks : heavy) Check(*ks, p, false, 2);
-    }
+  // The FP64 reference, scalar under emulation, is most of this test's time: every tile of
+  // the GEMV and GEMM paths at N = 1024, and N = 3072 (more blocks than threads split
+  // evenly) at decode only.
+  for (size_t m : {1, 2, 3, 4, 5, 17}) {
+    const Problem p = MakeProblem(m, 1024, 2048, false, seed++);
+    for (const auto* ks : heavy) Check(*ks, p, false, 2);
+  }
+  {
+    const Problem p = MakeProblem(1, 3072, 2048, false, seed++);
+    for (const auto* ks : heavy) Check(*ks, p, false, 2);
   }
   // K = 2048 with a ragged N at bucket-boundary M.
-  for (size_t m : {1, 2, 8, 9, 16, 17, 64}) {
+  for (size_t m : {1, 2, 8, 9, 16, 17}) {
     const Problem p = MakeProblem(m, 100, 2048, true, seed++);
     for (const auto* ks : heavy) Check(*ks, p, true, 3);
   }
