@@ -3,7 +3,7 @@ from its PyPI source distribution (llama.cpp vendored), pinned with its sha256 i
 llama_cpp.lock.json.
 
 `./dev setup` downloads the source distribution into `.deps/llama_cpp` and builds
-it into its own venv there (about five minutes on two cores, once). The tests
+it into its own venv there (about eight minutes on two cores, once). The tests
 read llama.cpp's tokenizer and logits through that venv's interpreter, and the
 chat templates of the model families from the source distribution; the
 benchmarks build ggml's RVV kernels from it. None of its code enters this
@@ -77,7 +77,8 @@ BUILD_CMAKE_ARGS = "-DLLAVA_BUILD=OFF"
 def ensure_python(work: str, isa: str = "native") -> str:
     """The interpreter of a venv with the pinned llama-cpp-python, built from source once
     per `isa` (ISA_CMAKE_ARGS; its source distribution, which the tests read too, stays
-    in `work`)."""
+    in `work`). The build's CMake options are these alone: a CMAKE_ARGS of the caller's
+    environment is replaced (the stamp records what was built)."""
     if isa not in ISA_CMAKE_ARGS:
         raise ValueError(f"llama.cpp build {isa!r}: expected one of {', '.join(ISA_CMAKE_ARGS)}")
     spec = lock()

@@ -249,10 +249,12 @@ class Engine:
         state_slots_total: recurrent-state slots (hybrid models; 0 otherwise);
         cache_retirements: times the cache was emptied because the weights changed;
         spec_drafted_tokens / spec_accepted_tokens: draft tokens verified, and accepted;
+        spec_failed_draft_passes: drafting passes that raised (their steps drafted nothing);
         hicache_*: the hierarchical cache's pages and tiers, when it is on."""
         with self.scheduler.lock:
             stats = {**self.scheduler.stats(), "spec_drafted_tokens": self.speculator.drafted,
-                     "spec_accepted_tokens": self.speculator.accepted}
+                     "spec_accepted_tokens": self.speculator.accepted,
+                     "spec_failed_draft_passes": self.speculator.failed_passes}
         if self.hicache is not None:  # outside the lock: the disk tier's counts list its directory
             stats.update(self.hicache.stats())
         return stats

@@ -10,8 +10,10 @@ will use: sampler.propose); each further draft feeds the head its own output and
 draft before, at the next position, in K/V slots lent for the step and given back at once
 (they are overwritten by the extend pass once the real tokens are known).
 
-Everything the pass writes is in this step's fresh slots or the lent ones, so a failed step
-is dropped as any other: the slots go back and nothing committed changed.
+Everything the pass writes is in this step's fresh slots or the lent ones, and the lent ones
+go back whatever happens. A pass that raises costs its step's drafts only (Speculator.
+model_drafts): the target's step stands, and the head's K/V at that step's positions stays
+what the slots held, which later drafts read; verification keeps them out of the output.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ class Speculator:
         self.corpus = SuffixCorpus(suffix_tokens, ngram_min_window, ngram_max_window) \
             if algorithm == "SUFFIX" else None
         self.drafted = self.accepted = 0  # draft tokens verified, and accepted
+        self.failed_passes = 0  # drafting passes (NEXTN, STANDALONE) that raised: their steps drafted nothing
         # Verify steps by (drafts, accepted) per sequence: the acceptance-length distribution.
         self.outcomes: collections.Counter[tuple[int, int]] = collections.Counter()
 
@@ -188,8 +189,14 @@ class Speculator:
             # The target's pass and its samples stand; what the drafting pass wrote (the MTP
             # layer's K/V at this step's positions, or the draft model's own cache) feeds only
             # later proposals, which verification keeps out of the output.
-            logging.log_every_n_seconds(logging.WARNING, "the %s drafting pass failed (%s: %s): this step drafts "
-                                        "nothing", 60, self.algorithm, type(e).__name__, e)
+            self.failed_passes += 1
+            if self.failed_passes == 1:  # the first with its traceback; a repeated one is counted (stats)
+                logging.warning("the %s drafting pass failed: this step drafts nothing", self.algorithm,
+                                exc_info=True)
+            else:
+                logging.log_every_n_seconds(logging.WARNING, "the %s drafting pass failed (%s: %s): this step "
+                                            "drafts nothing (%d failed passes)", 60, self.algorithm,
+                                            type(e).__name__, e, self.failed_passes)
             for row in plan.rows:
                 if row.error is None:
                     row.next_draft = []  # never the last step's draft again: its positions have moved on

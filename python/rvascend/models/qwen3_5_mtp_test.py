@@ -326,6 +326,7 @@ def test_a_draft_pass_that_fails_gives_its_lent_slots_back(checkpoint, monkeypat
     engine._run(plan)  # the injected failure is logged, not raised
     assert len(calls) == 2 and all(row.next_draft == [] for row in plan.rows)  # not the last step's
     assert sorted(engine.scheduler.free_slots + fresh) == free  # the lent slots are back
+    assert engine.stats()["spec_failed_draft_passes"] == 1
     engine._commit(plan)
     monkeypatch.undo()
     while engine.has_work():

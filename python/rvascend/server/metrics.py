@@ -82,6 +82,8 @@ class _EngineCollector:
             yield g
         for key, help_text in (("spec_drafted_tokens", "Draft tokens verified (speculative decoding)"),
                                ("spec_accepted_tokens", "Draft tokens accepted (speculative decoding)"),
+                               ("spec_failed_draft_passes", "Drafting passes that raised; their steps drafted "
+                                                            "nothing (speculative decoding)"),
                                ("mamba_cache_evictions", "Recurrent-state snapshots evicted for newer ones")):
             c = CounterMetricFamily(f"rvascend_{key}", help_text)
             c.add_metric([], stats[key])
