@@ -3,11 +3,13 @@ subpackages below it, and no two modules import each other, however indirectly.
 
 From the top: the tooling (bench, which drives build, and repro), then the request path
 server -> engine -> tokenizer -> policy (installs) -> models -> dispatch (what models call
-at run time) -> ops (the kernels) -> runtime (allocator, cache, pinned files);
-the package's own modules (rvascend/*.py) import none of them. Imports under
-`if TYPE_CHECKING:` run never and are not counted. No exceptions list: a new
+at run time) -> ops (the kernels) -> runtime (allocator, cache, pinned files) ->
+testing (what tests and benchmarks share); the package's own modules (rvascend/*.py)
+import none of them. Tests are held to the same order: a test that drives a layer lives
+in that layer (or above), and each layer's fixtures are in its own testing.py. Imports
+under `if TYPE_CHECKING:` run never and are not counted. No exceptions list: a new
 upward import or cycle fails here with its file and line. So does a function of more
-than 80 lines.
+than 80 lines outside the tests.
 """
 
 from __future__ import annotations
@@ -18,16 +20,17 @@ import sys
 
 import pytest
 
-LAYERS = ("bench", "build", "repro", "server", "engine", "tokenizer", "policy", "models", "dispatch", "ops", "runtime")
+LAYERS = ("bench", "build", "repro", "server", "engine", "tokenizer", "policy", "models", "dispatch", "ops", "runtime",
+          "testing")
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-def _modules() -> dict[str, str]:
-    """Dotted name -> path of every module of the package but the tests."""
+def _modules(tests: bool = True) -> dict[str, str]:
+    """Dotted name -> path of every module of the package, its tests too unless `tests` is False."""
     out = {}
     for directory, _, files in os.walk(ROOT):
         for f in files:
-            if f.endswith(".py") and not f.endswith("_test.py"):
+            if f.endswith(".py") and (tests or not f.endswith("_test.py")):
                 rel = os.path.relpath(os.path.join(directory, f), os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
                 out[rel.removesuffix(".__init__")] = os.path.join(directory, f)
     return out
@@ -83,10 +86,10 @@ def test_no_module_imports_a_layer_above_its_own():
 
 def test_in_the_engine_only_the_model_runner_touches_dispatch():
     """The engine's scheduling, speculation and outputs see the model through the model
-    runner alone (engine/testing.py holds test fixtures, which set kernels up themselves)."""
+    runner alone. Its tests and fixtures (engine/testing.py) set kernels up themselves."""
     reaching = [f"{name} (line {line}) imports {target}" for name, edges in _graph().items()
-                if name.startswith("rvascend.engine.") and name not in ("rvascend.engine.model_runner",
-                                                                         "rvascend.engine.testing")
+                if name.startswith("rvascend.engine.") and name != "rvascend.engine.model_runner"
+                and not name.endswith(("_test", ".testing"))
                 for target, line in edges if target.startswith("rvascend.dispatch")]
     assert not reaching, "engine modules past the model runner into dispatch:\n" + "\n".join(sorted(reaching))
 
@@ -142,7 +145,7 @@ MAX_FUNCTION_LINES = 80
 def test_no_function_is_longer_than_80_lines():
     """A function that long does several things: each gets a name of its own (tests aside)."""
     long = []
-    for name, path in _modules().items():
+    for name, path in _modules(tests=False).items():
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
         for node in ast.walk(tree):

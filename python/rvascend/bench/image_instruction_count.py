@@ -24,6 +24,7 @@ from absl import app, flags, logging
 
 from rvascend.bench.plugin_intervals import read_intervals
 from rvascend.bench.results import print_table, write_jsonl
+from rvascend.dispatch import shape_gate
 
 FLAGS = flags.FLAGS
 
@@ -39,17 +40,10 @@ def _define_flags() -> None:
     flags.DEFINE_list("rows", ["1", "4"], "M values.")
     flags.DEFINE_integer("vlen", 256, "VLEN of the emulated CPU.")
     flags.DEFINE_string("output", "bench_results/image_instruction_count.jsonl", "jsonl file to append to.")
-    flags.DEFINE_bool("grid", False, "Count the shape gate's grid (GRID_N x GRID_K x GRID_M) instead of the "
+    flags.DEFINE_bool("grid", False, "Count the shape gate's grid (dispatch/shape_gate.RISCV64_GRID_*) instead of the "
                       "Llama-3.2-1B projections, and write the table the measured gate reads (--table).")
     flags.DEFINE_string("table", None, "With --grid: the gate table to write (dispatch/gate_riscv64.json).")
 
-
-# The measured gate's grid: the widths of the small models people run on boards
-# (SmolLM2-135M: 576, 192 for its K/V, 1536), powers of two around them, and the
-# rows of decode steps, small batches and prefill chunks.
-GRID_N = (64, 192, 576, 1024, 1536)
-GRID_K = (64, 576, 1024, 1536)
-GRID_M = (1, 4, 16)
 
 SHAPES = {"qkv_proj": (3072, 2048), "o_proj": (2048, 2048), "gate_up_proj": (16384, 2048),
           "down_proj": (2048, 8192), "lm_head": (128256, 2048)}
@@ -97,7 +91,8 @@ def main(argv: list[str]) -> int:
         with open(script, "w") as f:
             f.write(GUEST)
         if FLAGS.grid:
-            cases = [("grid", n, kk, m) for n in GRID_N for kk in GRID_K for m in GRID_M]
+            cases = [("grid", n, kk, m) for n in shape_gate.RISCV64_GRID_N for kk in shape_gate.RISCV64_GRID_K
+                     for m in shape_gate.RISCV64_GRID_M]
         else:
             cases = [(p, *SHAPES[p], int(m)) for p in FLAGS.projections for m in FLAGS.rows]
         cpu = f"rv64,v=true,vext_spec=v1.0,vlen={FLAGS.vlen}"

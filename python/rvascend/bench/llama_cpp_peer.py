@@ -32,6 +32,7 @@ from absl import app, flags, logging
 
 from rvascend import checkout
 from rvascend.build import llama_cpp
+from rvascend.testing import llama_cpp as peer
 from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import print_table, write_jsonl
 
@@ -112,7 +113,7 @@ def prepare_models(work: str, names: list[str], types: list[str], python: str, t
             for name, content in (("tokenizer.json", tokenizer_json), ("tokenizer_config.json", tokenizer_config)):
                 with open(os.path.join(checkpoint, name), "w", encoding="utf-8") as f:
                     json.dump(content, f)
-            script = llama_cpp.converter_script(os.path.join(tmp, "llama.cpp"))
+            script = peer.converter_script(os.path.join(tmp, "llama.cpp"))
             subprocess.run([sys.executable, script, checkpoint, "--outfile", out, "--outtype", "bf16", "--no-mtp"],
                            check=True, capture_output=True)
         return write

@@ -292,7 +292,8 @@ def _record(model: str, kind: str, variant: str, layers: int, unit: int, base_pr
 def main(argv: list[str]) -> int:
     del argv
     from rvascend.bench import llama_cpp_peer
-    from rvascend.build import llama_cpp, llama_cpp_riscv64, qemu_plugins
+    from rvascend.build import llama_cpp_riscv64, qemu_plugins
+    from rvascend.testing import llama_cpp
     from rvascend.repro import manifest
 
     work = FLAGS["work-dir"].value or llama_cpp.work_dir()

@@ -183,7 +183,7 @@ def test_driver_count_is_stable_and_sees_attention_grow():
         pytest.fail("the plugin-capable QEMU, the count plugin ($RVASCEND_COUNT_PLUGIN) and the riscv64 llama.cpp "
                     "driver are built by `./dev setup`; run the test through Bazel")
     qemu, plugin, driver = built
-    from rvascend.build import llama_cpp
+    from rvascend.testing import llama_cpp
     from rvascend.models.random_model import ensure_random_model
     from rvascend.models import gguf_export
 

@@ -28,7 +28,7 @@ from absl import app, flags, logging
 
 from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import print_table, write_jsonl
-from rvascend.bench.rss import peak_rss_mib, reset_peak_rss
+from rvascend.testing.rss import peak_rss_mib, reset_peak_rss
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.bench.timing import copy_bandwidth
 from rvascend.models import random_checkpoint

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def _run(tmp_path, *flags: str) -> tuple[list[dict], str]:
     out = tmp_path / "one_batch.jsonl"
@@ -21,7 +23,10 @@ def _run(tmp_path, *flags: str) -> tuple[list[dict], str]:
 
 
 def test_interleaved_runs_take_turns_and_report_each_policy(tmp_path):
+    from rvascend.repro import manifest
+
     records, log = _run(tmp_path, "--policy=off,drop", "--interleave")
+    assert manifest.load(str(tmp_path / "one_batch.jsonl")) == records[0]["manifest"]  # what repro verifies
     assert [r["run_name"] for r in records] == ["rvascend-policy-off", "rvascend-policy-drop"]
     for r in records:
         assert r["interleaved"] is True and r["timed_runs"] == 2
@@ -41,3 +46,20 @@ if __name__ == "__main__":
     import pytest
 
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_bytes_a_step_reads_of_a_model_kept_quantized_are_its_quantized_buffers(tmp_path):
+    """one_batch's bytes per step (its GB/s and roofline) of a model kept quantized are
+    its quantized buffers, not the BF16 matrices it no longer has."""
+    from rvascend.bench.one_batch import weight_bytes_per_step
+    from rvascend.models.loader import load_model
+    from rvascend.models.quantized_layers import quantized_modules
+    from rvascend.models.testing import write_tiny_gguf
+
+    path = write_tiny_gguf("llama", "Q8_0", tmp_path)
+    dense, kept = load_model(path), load_model(path, keep_quantized=True)
+    buffers = sum(b.numel() for _, module in quantized_modules(kept) for n, b in module.named_buffers()
+                  if n.startswith("qweight"))
+    assert weight_bytes_per_step(kept) == buffers
+    # Q8_0: 34 bytes per 32 weights (the runtime layout's tiles pad nothing at these widths).
+    assert weight_bytes_per_step(kept) == pytest.approx(weight_bytes_per_step(dense) * 34 / 64, rel=0.01)

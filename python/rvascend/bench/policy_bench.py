@@ -18,7 +18,7 @@ import torch
 from absl import app, flags, logging
 
 from rvascend.bench.results import print_table, write_jsonl
-from rvascend.bench.rss import current_rss_mib, peak_rss_mib
+from rvascend.testing.rss import current_rss_mib, peak_rss_mib
 from rvascend.bench.timing import time_calls
 from rvascend.models.random_model import random_weights
 from rvascend.models.config import ModelConfig

@@ -26,6 +26,7 @@ from rvascend import checkout
 from rvascend.bench.qemu_exec_count import count, function_ranges
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.build import llama_cpp, toolchain_root
+from rvascend.testing import llama_cpp as peer
 
 FLAGS = flags.FLAGS
 
@@ -68,14 +69,15 @@ def build_peer(work: str) -> str:
     repo = checkout.root()
     root = os.path.join(repo, ".deps", "toolchain_root")
     src = os.path.join(work, "src")
-    llama_cpp.extract_vendored(src, _GGML_SOURCES)
+    sdist = llama_cpp.fetched_sdist()
+    peer.extract_vendored(src, _GGML_SOURCES, sdist)
     harness = os.path.join(work, "ggml_peer_gemv.cc")
     with open(os.path.join(repo, "rvv_kernels", "quantized", "bench", "ggml_peer_gemv.cc"), "rb") as f, \
             open(harness, "wb") as out:
         out.write(f.read())
     inc = [f"-I{src}/ggml/include", f"-I{src}/ggml/src", f"-I{src}/ggml/src/ggml-cpu"]
     march, cpu = "-march=rv64gcv_zvfh", f"{src}/ggml/src/ggml-cpu/arch/riscv"
-    logging.info("building ggml's RVV kernels from %s", llama_cpp.sdist_path())
+    logging.info("building ggml's RVV kernels from %s", sdist)
     _root_tool(root, work, "/usr/bin/clang++-19", ["--target=riscv64-linux-gnu", march, "-O3", "-DNDEBUG",
                                                    "-std=c++17", *inc, "-c", f"{cpu}/repack.cpp", "-o", "repack.o"])
     _root_tool(root, work, "/usr/bin/riscv64-linux-gnu-gcc-14", [march, "-O3", "-DNDEBUG", *inc, "-c",

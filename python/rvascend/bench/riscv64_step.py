@@ -179,7 +179,7 @@ def _llama_cpp_files(shape: str, modes: list[str], layers: list[int], target_lay
     weight as a decode step of the full-depth file streams them (its recipe mixes types:
     the output matrix stays in Q6_K for Q4_0)."""
     from rvascend.bench import llama_cpp_peer
-    from rvascend.build import llama_cpp
+    from rvascend.testing import llama_cpp
     from rvascend.models import random_checkpoint
 
     work, python, threads = llama_cpp.work_dir(), llama_cpp.python_path(), len(os.sched_getaffinity(0))

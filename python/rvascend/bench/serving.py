@@ -24,7 +24,7 @@ from absl import app, flags, logging
 
 from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import percentile, print_table, write_jsonl
-from rvascend.bench.rss import peak_rss_mib
+from rvascend.testing.rss import peak_rss_mib
 from rvascend.server.loopback import server_process
 
 FLAGS = flags.FLAGS

@@ -22,6 +22,7 @@ from absl import logging
 
 from rvascend import checkout
 from rvascend.build import debian, llama_cpp, toolchain_root
+from rvascend.testing import llama_cpp as peer
 from rvascend.build.debian import SetupError
 
 CMAKE_OPTIONS = (
@@ -56,7 +57,7 @@ def _libraries(work: str) -> tuple[str, list[str], dict[str, str]]:
     libs = [os.path.join(build, p) for p in ("src/libllama.a", "ggml/src/libggml.a", "ggml/src/libggml-cpu.a",
                                                "ggml/src/libggml-base.a")]
     compilers = {name: os.path.join(tools, name) for name in ("cc", "c++")}
-    stamp_path, stamp = os.path.join(work, "LIBRARIES"), {"sdist_sha256": llama_cpp.lock()["sdist_sha256"],
+    stamp_path, stamp = os.path.join(work, "LIBRARIES"), {"sdist_sha256": peer.lock()["sdist_sha256"],
                                                           "cmake": list(CMAKE_OPTIONS)}
     if _read_stamp(stamp_path) == stamp and all(os.path.exists(p) for p in libs):
         return src, libs, compilers
@@ -65,7 +66,7 @@ def _libraries(work: str) -> tuple[str, list[str], dict[str, str]]:
     shutil.rmtree(work, ignore_errors=True)
     for d in (src, build, tools):
         os.makedirs(d)
-    llama_cpp.extract_vendored(src, SOURCES)
+    peer.extract_vendored(src, SOURCES, llama_cpp.fetched_sdist())
     for name, tool in (("cc", GCC), ("c++", GXX)):
         with open(compilers[name], "w") as f:
             f.write(toolchain_root.wrapper_script(tool, [work, "/tmp"]))
@@ -85,7 +86,7 @@ def _libraries(work: str) -> tuple[str, list[str], dict[str, str]]:
 
 def driver(work: str | None = None) -> str:
     """The riscv64 driver binary (dynamically linked: it runs inside the riscv64 image), built once."""
-    work = work or os.path.join(llama_cpp.work_dir(), "riscv64")
+    work = work or os.path.join(peer.work_dir(), "riscv64")
     src, libs, compilers = _libraries(work)
     with open(DRIVER, "rb") as f:
         source = f.read()

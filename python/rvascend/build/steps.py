@@ -205,7 +205,7 @@ def _venv_python(code: str, failure: str, dry_run: bool) -> None:
 def ensure_llama_cpp(dry_run: bool) -> None:
     """The llama.cpp peer (rvascend/build/llama_cpp.py): its pinned source distribution
     and llama-cpp-python built from it into .deps/llama_cpp."""
-    _venv_python("from rvascend.build import llama_cpp; llama_cpp.ensure_python(llama_cpp.work_dir())",
+    _venv_python("from rvascend.build import llama_cpp; llama_cpp.ensure_python()",
                  "could not build the llama.cpp peer", dry_run)
 
 

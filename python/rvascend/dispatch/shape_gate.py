@@ -47,6 +47,13 @@ GATES = ("bucketed", "measured", "invariant")
 # The gate's earlier name (it restates the seed document's contract), still accepted.
 _ALIASES = {"seed": "bucketed"}
 RISCV64_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate_riscv64.json")
+# The riscv64 table's grid (bench/image_instruction_count.py --grid counts it): the
+# widths of the small models people run on boards (SmolLM2-135M: 576, 192 for its K/V,
+# 1536), powers of two around them, and the rows of decode steps, small batches and
+# prefill chunks.
+RISCV64_GRID_N = (64, 192, 576, 1024, 1536)
+RISCV64_GRID_K = (64, 576, 1024, 1536)
+RISCV64_GRID_M = (1, 4, 16)
 # The measured gate's table file; None: this host's timed table (host_gate.py).
 _TABLE: Optional[str] = RISCV64_TABLE if platform.machine() == "riscv64" else None
 

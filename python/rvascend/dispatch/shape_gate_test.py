@@ -10,7 +10,6 @@ import platform
 import pytest
 import torch
 
-from rvascend.bench import image_instruction_count
 from rvascend.dispatch import host_gate, shape_gate
 
 
@@ -104,8 +103,8 @@ def test_committed_table_covers_the_grid():
         table = json.load(f)
     assert table["vlen"] == 256
     got = {(p["m"], p["n"], p["k"]) for p in table["points"]}
-    want = {(m, n, k) for m in image_instruction_count.GRID_M for n in image_instruction_count.GRID_N
-            for k in image_instruction_count.GRID_K}
+    want = {(m, n, k) for m in shape_gate.RISCV64_GRID_M for n in shape_gate.RISCV64_GRID_N
+            for k in shape_gate.RISCV64_GRID_K}
     assert got == want
     for p in table["points"]:
         assert p["f_linear_instructions"] > 0 and p["packed_instructions"] > 0, p

@@ -2,7 +2,7 @@
 drafts gives (greedy and seeded sampling, penalties, logprobs, stop strings, EOS and
 max_tokens inside an accepted run), in fewer steps where the text repeats; rejected
 drafts' slots go back; a failed step changes nothing; constrained requests draft within
-their grammar. Hybrid models' verify steps: models/qwen3_5_test.py."""
+their grammar. Hybrid models' verify steps: engine/qwen3_5_test.py."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 
 import torch
@@ -17,7 +18,7 @@ from rvascend.models.decoder import CausalLM, ForwardBatch, KVPool
 from rvascend.models.state_pool import RecurrentStatePool
 from rvascend.dispatch.fused_decoder import held_off
 from rvascend.models import random_checkpoint
-from rvascend.models.random_model import random_weights
+from rvascend.models.random_model import ensure_random_model, random_weights
 
 # Llama at 1024 wide and Qwen3.5 (three Gated DeltaNet layers, then gated full attention)
 # one period deep, with the real head dimensions (128) and 256 wide: every projection is
@@ -156,3 +157,78 @@ def wrong_in_most_steps(answer: list[int], done: int, k: int, vocab: int) -> lis
     if wrong < len(draft):
         draft[wrong] = (draft[wrong] + 1) % vocab
     return draft
+
+
+MTP_FULL_LAYER = 2  # tiny_qwen3_5_config's full-attention layer: an MTP layer has its shapes
+
+
+def write_qwen3_5_mtp_checkpoint(path: str, vocab_size: int, tie: bool):
+    """A random FP32 Qwen3.5 (tiny_qwen3_5_config) with an MTP head saved into `path` as a
+    checkpoint names it (mtp.*: one full-attention layer, the two pre-fc norms, fc and the
+    head's final norm); (transformers' model, the MTP tensors)."""
+    import transformers
+
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5ForCausalLM(tiny_qwen3_5_config(vocab_size, tie=tie)).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.2))
+    hf.save_pretrained(path)
+    generator, h = torch.Generator().manual_seed(1), hf.config.hidden_size
+
+    def rand(*shape, scale=0.2):
+        return torch.randn(*shape, generator=generator) * scale
+
+    mtp = {f"mtp.layers.0.{name}": rand(*p.shape, scale=0.5 if p.dim() == 1 else 0.2)
+           for name, p in hf.model.layers[MTP_FULL_LAYER].named_parameters()}
+    mtp.update({"mtp.pre_fc_norm_embedding.weight": rand(h, scale=0.5), "mtp.pre_fc_norm_hidden.weight": rand(h, scale=0.5),
+                "mtp.fc.weight": rand(h, 2 * h), "mtp.norm.weight": rand(h, scale=0.5)})
+    save_file(mtp, os.path.join(path, "mtp.safetensors"))
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config["mtp_num_hidden_layers"] = 1
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return hf, mtp
+
+
+# Tiny random checkpoints of the dense families, written as GGUF (write_tiny_gguf).
+_TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=2048, max_position_embeddings=512, initializer_range=0.05, rms_norm_eps=1e-5)
+GGUF_FAMILIES = {
+    "llama": lambda t: t.LlamaConfig(**_TINY, tie_word_embeddings=True, rope_theta=10000.0),
+    "qwen2": lambda t: t.Qwen2Config(**_TINY, tie_word_embeddings=False, rope_theta=1000000.0),
+    # head_dim 128: transformers reads no key_length from a qwen3 GGUF and takes its default.
+    "qwen3": lambda t: t.Qwen3Config(**_TINY, head_dim=128, tie_word_embeddings=True),
+}
+_GGUF_MATRICES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# The file types llama.cpp's quantizer writes (llama_cpp.LLAMA_FTYPE_MOSTLY_<kind>).
+LLAMA_CPP_FTYPES = ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q2_K", "Q6_K", "IQ4_XS", "IQ4_NL")
+
+
+def write_tiny_gguf(family: str, kind: str, tmp) -> str:
+    """A tiny random `family` checkpoint (seed 0, the test tokenizer) as a GGUF file in the
+    directory `tmp` (a pathlib.Path): every matrix in `kind`, by the gguf package's
+    quantizer, or by llama.cpp's for its file types (LLAMA_CPP_FTYPES); its path."""
+    import gguf
+    import transformers
+
+    from rvascend.models import gguf_export
+    from rvascend.testing import llama_cpp
+
+    types = gguf.GGMLQuantizationType
+    hf_dir = str(tmp / "hf")
+    if not os.path.exists(hf_dir):
+        torch.manual_seed(0)
+        transformers.AutoModelForCausalLM.from_config(GGUF_FAMILIES[family](transformers)).save_pretrained(hf_dir)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(ensure_random_model(), name), os.path.join(hf_dir, name))
+    path = str(tmp / f"{kind}.gguf")
+    if kind in LLAMA_CPP_FTYPES:
+        f32 = str(tmp / "f32.gguf")
+        if not os.path.exists(f32):
+            gguf_export.export(hf_dir, f32, default_type=types.F32)
+        llama_cpp.quantize(f32, path, kind)
+    else:
+        gguf_export.export(hf_dir, path, {role: types[kind] for role in _GGUF_MATRICES}, default_type=types.F32)
+    return path

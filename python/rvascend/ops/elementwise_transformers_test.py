@@ -1,5 +1,5 @@
 """The elementwise kernels' Qwen3.5 forms against transformers' own Qwen3.5 code (host only:
-the riscv64 image has no transformers; elementwise_test covers the same kernels there)."""
+the riscv64 image has no transformers; models/elementwise_test covers the same kernels there)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 import sys
 
@@ -12,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rvascend import ops
-from rvascend.policy.testing import pack_reference
+from rvascend.ops.testing import pack_reference, thp_advice_recorded, vm_flags
 
 
 def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
@@ -306,49 +304,25 @@ def test_packed_weight_bytes():
         assert ops.packed_weight_bytes(33, 10, layout_version=2) == ops.WIDE_BLOCK_N * 10 * 2
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of this process's mapping that holds `address`."""
-    with open("/proc/self/smaps", encoding="ascii") as f:
-        inside = False
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(v, 16) for v in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
-def test_weights_are_packed_and_loaded_into_huge_page_advised_memory():
-    """The packers (BF16 and GGML repack) and the loader's weights ask for huge pages before
-    they write; a buffer with no whole 2 MiB page is left alone."""
+def test_weights_are_packed_into_huge_page_advised_memory():
+    """The packers (BF16 and GGML repack) ask for huge pages before they write; a buffer
+    with no whole 2 MiB page is left alone."""
     from rvascend.runtime import allocator
-    from rvascend.models.loader import _materialize
     from rvascend.ops import quantized_linear as q
 
     allocator.pin_mmap_threshold()  # each buffer its own mapping, with its own flags (as while loading)
-    # Whether this process's madvise reaches a kernel that records the advice: a mapping of
-    # Python's own, advised the same way (QEMU's user mode, where the riscv64 image runs
-    # this, answers the call and does nothing).
-    with mmap.mmap(-1, 8 << 20) as probe:
-        probe.madvise(mmap.MADV_HUGEPAGE)
-        view = (ctypes.c_char * len(probe)).from_buffer(probe)
-        thp = "hg" in _vm_flags(ctypes.addressof(view) + (4 << 20))
-        del view
+    thp = thp_advice_recorded()
     w = torch.randn(4096, 1024).to(torch.bfloat16)  # 8 MiB: whole huge pages inside
     packed = ops.pack_bf16_weight(w)
     raw = torch.zeros(4096, 1024 // 32 * 34, dtype=torch.uint8).numpy()
     repacked = q.repack_ggml(raw, "Q8_0", 4096, 1024)
-    model = torch.nn.Linear(1024, 4096, bias=False, device="meta")
-    _materialize(model, torch.bfloat16)
-    for buffer in (packed, repacked, model.weight):
+    for buffer in (packed, repacked):
         middle = buffer.data_ptr() + buffer.numel() * buffer.element_size() // 2
-        assert ("hg" in _vm_flags(middle)) == thp
+        assert ("hg" in vm_flags(middle)) == thp
     small = torch.empty(1 << 20, dtype=torch.uint8)
     assert not ops.packed_linear.advise_huge_pages(small)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -18,7 +18,7 @@ from rvascend.ops import quantized_linear as q
 
 Q = gguf.GGMLQuantizationType
 # The formats the gguf package can quantize; the others are random blocks with finite scales
-# (files from llama.cpp's quantizer: models/quantized_model_test.py).
+# (files from llama.cpp's quantizer: engine/quantized_model_test.py).
 WRITABLE = {"Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q4_1": Q.Q4_1, "Q5_0": Q.Q5_0, "Q5_1": Q.Q5_1}
 # Byte offsets of each format's f16 scales in a GGML block (GGML's block structs).
 SCALE_OFFSETS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,), "Q5_K": (0, 2),

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy, invalidate_packed_weights, repack
 from rvascend.dispatch import weights_generation
-from rvascend.policy.testing import make, pack_reference, transformers_llama
+from rvascend.ops.testing import pack_reference
+from rvascend.policy.testing import make, transformers_llama
 from rvascend.dispatch.route import PACKED_BUFFER
 
 KEEP = KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed")
@@ -281,7 +282,7 @@ def test_weights_are_packed_in_their_own_storage_unless_someone_else_holds_them(
 
 _MEMORY_GUEST = r"""
 import json, sys, torch
-from rvascend.bench.rss import current_rss_mib, peak_rss_mib, reset_peak_rss
+from rvascend.testing.rss import current_rss_mib, peak_rss_mib, reset_peak_rss
 from rvascend.runtime import allocator
 from rvascend.models import gguf_checkpoint
 from rvascend.models.loader import load_model
@@ -306,7 +307,7 @@ def test_a_served_gguf_holds_each_weight_once_with_drop_unpacked(tmp_path):
     packed copies come on top of the model; dropped, RSS stays the model's: every weight,
     the embedding included, is packed over its own storage. The load's peak is the model
     plus 16 MiB (it was the model plus the embedding twice, file pages and copy)."""
-    from rvascend.bench.rss import fresh_process_json
+    from rvascend.testing.rss import fresh_process_json
     from rvascend.models import random_checkpoint
     from rvascend.models import gguf_export
 

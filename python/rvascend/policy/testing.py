@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rvascend import ops
 from rvascend.dispatch.route import projection_linear
 
 
@@ -67,15 +66,3 @@ def transformers_llama() -> nn.Module:
                                       tie_word_embeddings=True, max_position_embeddings=256)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
-
-
-def pack_reference(w: torch.Tensor, layout_version: int = 1, b: int = 0) -> torch.Tensor:
-    """W [N, K] packed as the layout's definition says (packed_linear.py), written without
-    the kernels: block b (default: this machine's for the version)."""
-    n, k = w.shape
-    b = b or (32 if layout_version == 1 else ops.WIDE_BLOCK_N)
-    padded = -(-n // b) * b
-    blocks = F.pad(w, (0, 0, 0, padded - n)).reshape(padded // b, b, k)
-    if layout_version == 2:  # lanes 2t, 2t+1 hold columns t and B/2 + t
-        blocks = torch.stack([blocks[:, : b // 2], blocks[:, b // 2:]], dim=2).reshape(padded // b, b, k)
-    return blocks.permute(0, 2, 1).contiguous()

@@ -11,7 +11,6 @@ import sys
 import pytest
 import torch
 
-from rvascend.bench.results import write_jsonl
 from rvascend.repro import manifest
 
 
@@ -59,8 +58,11 @@ def test_changed_threads_and_packages_are_reported(checkpoint):
 
 
 def test_verify_command_on_a_bench_jsonl(tmp_path, checkpoint):
+    """A benchmark's records carry the manifest they ran under (bench/results.write_jsonl;
+    one_batch_test checks its records load here)."""
     jsonl = str(tmp_path / "bench.jsonl")
-    write_jsonl(jsonl, [{"bench": "x", "value": 1}], manifest.capture(checkpoint))
+    record = {"bench": "x", "value": 1, "manifest": manifest.capture(checkpoint)}
+    (tmp_path / "bench.jsonl").write_text(json.dumps(record) + "\n")
     env = dict(os.environ)
     cmd = [sys.executable, "-m", "rvascend.repro", "verify", jsonl]
     ok = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 
 import pytest
 
 from rvascend.models.random_model import ensure_random_model
+from rvascend.models.testing import write_qwen3_5_mtp_checkpoint
 from rvascend.engine.testing import greedy
 from rvascend.server import launch
 from rvascend.server.server_args import ServerArgs
@@ -131,3 +133,37 @@ def test_a_host_tier_larger_than_free_memory_is_refused_by_flag_name(tmp_path):
     with pytest.raises(ValueError, match="--hicache-size 100000.0 GiB is more than 50% of the"):
         launch.build_engine(ServerArgs(model_path=ensure_random_model(), max_total_tokens=256,
                                        enable_hierarchical_cache=True, hicache_size=100000.0))
+
+
+def test_the_server_compiles_before_it_serves():
+    """--cpu-compile-mode regional compiles the routes' graphs at start; the warm-up request
+    leaves nothing behind: no counts, no cached prefix."""
+    import torch
+
+    torch._dynamo.reset()  # a server starts in a fresh process: the other tests' graphs are not its own
+    engine, _, policy = launch.build_engine(ServerArgs(model_path=ensure_random_model(), enable_cpu_kernels=True,
+                                                       cpu_compile_mode="regional", max_total_tokens=512))
+    assert policy.compile_mode == "regional" and policy.regional.graphs
+    assert policy.counters.snapshot() == [] and engine.stats()["kv_cached_tokens"] == 0
+
+
+def test_the_server_flags_load_the_mtp_head_and_its_draft_vocabulary(tmp_path):
+    """--speculative-algorithm NEXTN loads a Qwen3.5 checkpoint's MTP head;
+    --speculative-token-map restricts its drafts (and is refused without NEXTN, or with ids
+    the model does not have)."""
+    vocab, served = 256, tmp_path / "served"
+    served.mkdir()
+    write_qwen3_5_mtp_checkpoint(str(served), vocab, tie=False)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(ensure_random_model(), name), served / name)
+    token_map = tmp_path / "hot.txt"
+    token_map.write_text(" ".join(str(t) for t in range(40)))
+    opts = dict(model_path=str(served), max_total_tokens=256, speculative_algorithm="NEXTN",
+                speculative_num_draft_tokens=2, speculative_token_map=str(token_map))
+    engine, _, _ = launch.build_engine(ServerArgs(**opts))
+    assert engine.config.speculative_algorithm == "NEXTN" and engine.model.mtp.draft_ids.tolist() == list(range(40))
+    with pytest.raises(ValueError, match="needs --speculative-algorithm NEXTN"):
+        launch.build_engine(ServerArgs(**{**opts, "speculative_algorithm": "NGRAM"}))
+    token_map.write_text(f"1 2 {vocab + 5}")
+    with pytest.raises(ValueError, match=f"token {vocab + 5} is outside"):
+        launch.build_engine(ServerArgs(**opts))

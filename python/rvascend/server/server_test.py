@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import shutil
 import sys
 import time
 
@@ -12,8 +13,11 @@ import httpx
 import openai
 import psutil
 import pytest
+import torch
+import transformers
 
 from rvascend.models.random_model import ensure_random_model
+from rvascend.models.testing import tiny_qwen3_5_config
 from rvascend.engine.standalone_draft_test import copy_tokenizer
 from rvascend.policy import get_policy
 from rvascend.server.launch import build_engine
@@ -318,3 +322,28 @@ def test_a_draft_model_drafts_for_the_target(tmp_path):
     with pytest.raises(ValueError, match="tokenizer is not the target's"):
         build_engine(ServerArgs(model_path=ensure_random_model(), speculative_algorithm="STANDALONE",
                                 speculative_draft_model_path=other))
+
+
+def test_a_qwen3_5_checkpoint_served_through_the_openai_client(tmp_path):
+    """A random-weight Qwen3.5 checkpoint (the test tokenizer) behind the server, policy on."""
+    torch.manual_seed(0)
+    config = tiny_qwen3_5_config(2048, tie=True)  # the test tokenizer's vocabulary
+    transformers.Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(tmp_path))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{ensure_random_model()}/{name}", tmp_path / name)
+    server = Server(model_path=str(tmp_path))
+    try:
+        chat = server.client.chat.completions.create(
+            model=server.name, messages=[{"role": "user", "content": "hello there"}], max_tokens=8, temperature=0)
+        assert chat.usage.completion_tokens == 8 or chat.choices[0].finish_reason == "stop"
+        stream = server.client.completions.create(model=server.name, prompt="once upon a time", max_tokens=6,
+                                                  temperature=0, stream=True)
+        text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+        again = server.client.completions.create(model=server.name, prompt="once upon a time", max_tokens=6,
+                                                 temperature=0)
+        assert again.choices[0].text == text  # greedy: the stream and the plain answer agree
+        server.wait_idle()
+        assert server.engine.states_free == server.engine.config.max_running_requests
+        assert server.engine.cache.hybrid and server.engine.cache.snapshots > 0
+    finally:
+        server.stop()

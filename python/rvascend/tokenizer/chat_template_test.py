@@ -16,7 +16,7 @@ import time
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from rvascend.build import llama_cpp
+from rvascend.testing import llama_cpp
 from rvascend.models import default_model
 from rvascend.tokenizer import template_budget
 from rvascend.tokenizer.chat_template import ChatTemplate, ChatTemplateError
@@ -34,7 +34,7 @@ _SDIST_TEMPLATES = {
 @pytest.fixture(scope="module")
 def templates(tmp_path_factory) -> dict[str, tuple[str, dict[str, str]]]:
     out = {}
-    with tarfile.open(llama_cpp.sdist_path(fetch=False)) as tar:
+    with tarfile.open(llama_cpp.sdist_path()) as tar:
         for family, (name, specials) in _SDIST_TEMPLATES.items():
             member = next(m for m in tar.getmembers() if m.name.endswith(f"/models/templates/{name}"))
             out[family] = (tar.extractfile(member).read().decode("utf-8"), specials)

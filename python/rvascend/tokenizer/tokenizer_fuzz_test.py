@@ -16,7 +16,7 @@ import subprocess
 import pytest
 from tokenizers import Tokenizer as HfTokenizer
 
-from rvascend.build import llama_cpp
+from rvascend.testing import llama_cpp
 from rvascend.models import default_model
 from rvascend.tokenizer.bpe_tokenizer import BpeTokenizer
 from rvascend.models.random_model import ensure_random_model

@@ -543,33 +543,3 @@ def test_an_image_text_config_without_a_text_config_is_refused(tmp_path):
         json.dump({"architectures": ["Qwen3_5ForConditionalGeneration"], "vision_config": {}}, f)
     with pytest.raises(ValueError, match="has no text_config object"):
         load_model(str(tmp_path))
-
-
-def test_served_through_the_openai_client(tmp_path):
-    """A random-weight Qwen3.5 checkpoint (the test tokenizer) behind the server, policy on."""
-    import shutil
-
-    from rvascend.models.random_model import ensure_random_model
-    from rvascend.server.testing import Server
-
-    torch.manual_seed(0)
-    config = tiny_qwen3_5_config(2048, tie=True)  # the test tokenizer's vocabulary
-    transformers.Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(tmp_path))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(f"{ensure_random_model()}/{name}", tmp_path / name)
-    server = Server(model_path=str(tmp_path))
-    try:
-        chat = server.client.chat.completions.create(
-            model=server.name, messages=[{"role": "user", "content": "hello there"}], max_tokens=8, temperature=0)
-        assert chat.usage.completion_tokens == 8 or chat.choices[0].finish_reason == "stop"
-        stream = server.client.completions.create(model=server.name, prompt="once upon a time", max_tokens=6,
-                                                  temperature=0, stream=True)
-        text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
-        again = server.client.completions.create(model=server.name, prompt="once upon a time", max_tokens=6,
-                                                 temperature=0)
-        assert again.choices[0].text == text  # greedy: the stream and the plain answer agree
-        server.wait_idle()
-        assert server.engine.states_free == server.engine.config.max_running_requests
-        assert server.engine.cache.hybrid and server.engine.cache.snapshots > 0
-    finally:
-        server.stop()

@@ -21,7 +21,6 @@ from rvascend.models import gguf_checkpoint, gguf_export
 from rvascend.models.loader import load_model
 from rvascend.engine.testing import greedy
 from rvascend.models.testing import all_logits
-from rvascend.ops import quantized_linear
 
 Q = gguf.GGMLQuantizationType
 COMMON = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,

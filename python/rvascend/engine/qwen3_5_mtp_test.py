@@ -9,9 +9,7 @@ import json
 import os
 
 import pytest
-import safetensors.torch
 import torch
-import transformers
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_qwen3_5
 
 from rvascend.engine import Engine, EngineConfig, SamplingParams
@@ -21,46 +19,19 @@ from rvascend.models.random_model import ensure_random_model
 from rvascend.models.testing import wrong_in_most_steps
 from rvascend.models.decoder import ForwardBatch, KVPool
 from rvascend.models.loader import load_model
-from rvascend.models.testing import tiny_qwen3_5_config
+from rvascend.models.testing import MTP_FULL_LAYER, write_qwen3_5_mtp_checkpoint
 
 
 
 VOCAB = 256
-FULL = 2  # the tiny config's full-attention layer: the MTP layer has its shapes
-
-
-def _mtp_tensors(hf, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """mtp.* tensors as a checkpoint names them: one full-attention layer, the two pre-fc
-    norms, fc and the head's final norm."""
-    h = hf.config.hidden_size
-
-    def rand(*shape, scale=0.2):
-        return torch.randn(*shape, generator=generator) * scale
-
-    out = {f"mtp.layers.0.{name}": rand(*p.shape, scale=0.5 if p.dim() == 1 else 0.2)
-           for name, p in hf.model.layers[FULL].named_parameters()}
-    out.update({"mtp.pre_fc_norm_embedding.weight": rand(h, scale=0.5), "mtp.pre_fc_norm_hidden.weight": rand(h, scale=0.5),
-                "mtp.fc.weight": rand(h, 2 * h), "mtp.norm.weight": rand(h, scale=0.5)})
-    return out
+FULL = MTP_FULL_LAYER
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
 def checkpoint(request, tmp_path_factory):
     """(transformers' model, the MTP tensors, a checkpoint directory holding both), FP32."""
-    torch.manual_seed(0)
-    hf = transformers.Qwen3_5ForCausalLM(tiny_qwen3_5_config(VOCAB, tie=request.param)).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.2))
     path = str(tmp_path_factory.mktemp("qwen3_5_mtp"))
-    hf.save_pretrained(path)
-    mtp = _mtp_tensors(hf, torch.Generator().manual_seed(1))
-    safetensors.torch.save_file(mtp, os.path.join(path, "mtp.safetensors"))
-    with open(os.path.join(path, "config.json")) as f:
-        config = json.load(f)
-    config["mtp_num_hidden_layers"] = 1
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f)
+    hf, mtp = write_qwen3_5_mtp_checkpoint(path, VOCAB, tie=request.param)
     return hf, mtp, path
 
 
@@ -231,7 +202,6 @@ def test_a_draft_vocabulary_drafts_among_its_tokens_and_leaves_the_output(checkp
     subset (within the BF16 rounding of the logits: the same rows, another GEMM), the
     policy packs the subset's projection, and the output is decoding's. Bad token maps are
     refused by name."""
-    from rvascend.engine import mtp_draft
     from rvascend.models import qwen3_5_mtp
     from rvascend.policy import KernelPolicyConfig, install_kernel_policy
 
@@ -268,32 +238,6 @@ def test_a_draft_vocabulary_drafts_among_its_tokens_and_leaves_the_output(checkp
     token_map.write_text('[1, 2.5]')
     with pytest.raises(ValueError, match="integer token ids"):
         qwen3_5_mtp.read_token_map(str(token_map))
-
-
-def test_the_server_flags_load_the_head_and_its_draft_vocabulary(checkpoint, tmp_path):
-    """--speculative-algorithm NEXTN loads the head; --speculative-token-map restricts its
-    drafts (and is refused without NEXTN, or with ids the model does not have)."""
-    import shutil
-
-    from rvascend.server import launch
-    from rvascend.server.server_args import ServerArgs
-
-    _, _, path = checkpoint
-    served = tmp_path / "served"
-    shutil.copytree(path, served)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(ensure_random_model(), name), served / name)
-    token_map = tmp_path / "hot.txt"
-    token_map.write_text(" ".join(str(t) for t in range(40)))
-    opts = dict(model_path=str(served), max_total_tokens=256, speculative_algorithm="NEXTN",
-                speculative_num_draft_tokens=2, speculative_token_map=str(token_map))
-    engine, _, _ = launch.build_engine(ServerArgs(**opts))
-    assert engine.config.speculative_algorithm == "NEXTN" and engine.model.mtp.draft_ids.tolist() == list(range(40))
-    with pytest.raises(ValueError, match="needs --speculative-algorithm NEXTN"):
-        launch.build_engine(ServerArgs(**{**opts, "speculative_algorithm": "NGRAM"}))
-    token_map.write_text(f"1 2 {VOCAB + 5}")
-    with pytest.raises(ValueError, match=f"token {VOCAB + 5} is outside"):
-        launch.build_engine(ServerArgs(**opts))
 
 
 def test_a_draft_pass_that_fails_gives_its_lent_slots_back(checkpoint, monkeypatch):

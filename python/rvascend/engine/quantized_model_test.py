@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import subprocess
 
 import gguf
@@ -29,59 +28,28 @@ import pytest
 import torch
 import transformers
 
-from rvascend.bench.rss import fresh_process_json
-from rvascend.build import llama_cpp
+from rvascend.testing.rss import fresh_process_json
+from rvascend.testing import llama_cpp
 from rvascend.engine import Engine, EngineConfig, SamplingParams
 from rvascend.models import default_model
-from rvascend.models.random_model import ensure_random_model
 from rvascend.tokenizer.tokenizer import Tokenizer
-from rvascend.models import gguf_checkpoint, gguf_export
+from rvascend.models import gguf_checkpoint
 from rvascend.models.loader import load_model
 from rvascend.models.quantized_layers import QuantizedEmbedding, quantized_modules
-from rvascend.models.testing import all_logits, decode_batch, decode_logits, random_pool
+from rvascend.models.testing import (GGUF_FAMILIES, LLAMA_CPP_FTYPES, all_logits, decode_batch, decode_logits,
+                                     random_pool, write_tiny_gguf)
 from rvascend.policy import KernelPolicyConfig, get_policy, install_kernel_policy
 from rvascend.dispatch.fused_decoder import FUSED_ATTR
 
-Q = gguf.GGMLQuantizationType
-COMMON = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, vocab_size=2048, max_position_embeddings=512, initializer_range=0.05,
-              rms_norm_eps=1e-5)
-FAMILIES = {
-    "llama": lambda: transformers.LlamaConfig(**COMMON, tie_word_embeddings=True, rope_theta=10000.0),
-    "qwen2": lambda: transformers.Qwen2Config(**COMMON, tie_word_embeddings=False, rope_theta=1000000.0),
-    # head_dim 128: transformers reads no key_length from a qwen3 GGUF and takes its default.
-    "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=128, tie_word_embeddings=True),
-}
-_MATRICES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-# The file types llama.cpp's quantizer writes (llama_cpp.LLAMA_FTYPE_MOSTLY_<kind>).
-_LLAMA_FTYPES = ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q2_K", "Q6_K", "IQ4_XS", "IQ4_NL")
 PROMPT = torch.randint(0, 2048, (24,), generator=torch.Generator().manual_seed(3))
 
 
 
-def _write(family: str, kind: str, tmp) -> str:
-    hf_dir = str(tmp / "hf")
-    if not os.path.exists(hf_dir):
-        torch.manual_seed(0)
-        transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).save_pretrained(hf_dir)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(os.path.join(ensure_random_model(), name), os.path.join(hf_dir, name))
-    path = str(tmp / f"{kind}.gguf")
-    if kind in _LLAMA_FTYPES:
-        f32 = str(tmp / "f32.gguf")
-        if not os.path.exists(f32):
-            gguf_export.export(hf_dir, f32, default_type=Q.F32)
-        llama_cpp.quantize(f32, path, kind)
-    else:
-        gguf_export.export(hf_dir, path, {role: Q[kind] for role in _MATRICES}, default_type=Q.F32)
-    return path
-
-
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", *_LLAMA_FTYPES])
+@pytest.mark.parametrize("family", sorted(GGUF_FAMILIES))
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", *LLAMA_CPP_FTYPES])
 def test_kept_quantized_matches_transformers_on_the_same_file(family, kind, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"{family}-{kind}")
-    path = _write(family, kind, tmp)
+    path = write_tiny_gguf(family, kind, tmp)
     reader = gguf.GGUFReader(path)
     want_types = {t.name: t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
     model = load_model(path, torch.bfloat16, keep_quantized=True)
@@ -116,7 +84,7 @@ def test_a_corrupt_scale_is_named_with_its_file_and_tensor(tmp_path, caplog):
     """A NaN scale in a kept tensor is refused naming the file and the GGUF tensor (the row
     the native check names is the fused part's); a type the engine does not keep is logged
     with what dequantizing it costs."""
-    path = _write("llama", "Q5_1", tmp_path)
+    path = write_tiny_gguf("llama", "Q5_1", tmp_path)
     info = gguf_checkpoint.GgufCheckpoint(path)
     offset = info._tensors["blk.1.attn_k.weight"].offset
     info.close()
@@ -127,7 +95,7 @@ def test_a_corrupt_scale_is_named_with_its_file_and_tensor(tmp_path, caplog):
                        r"blk\.1\.attn_k\.weight \+ blk\.1\.attn_v\.weight: Q5_1 weight row \d+, block 0 has a NaN"):
         load_model(path, torch.bfloat16, keep_quantized=True)
     with caplog.at_level(logging.INFO):
-        load_model(_write("llama", "Q8_0", tmp_path), torch.bfloat16, keep_quantized=False)
+        load_model(write_tiny_gguf("llama", "Q8_0", tmp_path), torch.bfloat16, keep_quantized=False)
     assert any(re.fullmatch(r"15 Q8_0 tensors dequantized to bfloat16: [\d.]+ MiB in the file, [\d.]+ MiB in memory "
                             r"\(1\.9x\)", r.getMessage()) for r in caplog.records), [r.getMessage() for r in caplog.records]
 
@@ -135,7 +103,7 @@ def test_a_corrupt_scale_is_named_with_its_file_and_tensor(tmp_path, caplog):
 def test_the_fused_step_reads_a_replaced_quantized_weight_or_norm(tmp_path):
     """The fused decode step keeps its native model between steps: a part
     replaced through set_part, or a new norm weight, reaches the very next step."""
-    model = load_model(_write("llama", "Q8_0", tmp_path), keep_quantized=True)
+    model = load_model(write_tiny_gguf("llama", "Q8_0", tmp_path), keep_quantized=True)
     install_kernel_policy(model, KernelPolicyConfig(compile_mode="eager", shape_gate="bucketed"))
     kernels = get_policy(model).kernels.counters
     batch, pool = decode_batch([30]), random_pool(model)  # one pool: the plan is kept
@@ -357,17 +325,3 @@ def test_default_model_memory_holds_the_quantized_weights_once(recipe, requantiz
     # at a time, never an FP32 copy of a whole tensor (1.59 x the BF16 model now, 1.71 when
     # the embedding went through FP32 whole; for Qwen3-0.6B Q8_0: 1.48 against 1.81).
     assert d["peak"] - d["base"] <= 1.65 * d["dense"]
-
-
-def test_bench_counts_the_quantized_bytes_a_step_reads(tmp_path):
-    """one_batch's bytes per step (its GB/s and roofline) of a model kept quantized are
-    its quantized buffers, not the BF16 matrices it no longer has."""
-    from rvascend.bench.one_batch import weight_bytes_per_step
-
-    path = _write("llama", "Q8_0", tmp_path)
-    dense, kept = load_model(path), load_model(path, keep_quantized=True)
-    buffers = sum(b.numel() for _, module in quantized_modules(kept) for n, b in module.named_buffers()
-                  if n.startswith("qweight"))
-    assert weight_bytes_per_step(kept) == buffers
-    # Q8_0: 34 bytes per 32 weights (the runtime layout's tiles pad nothing at these widths).
-    assert weight_bytes_per_step(kept) == pytest.approx(weight_bytes_per_step(dense) * 34 / 64, rel=0.01)

@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 
-from rvascend.build import llama_cpp
+from rvascend.testing import llama_cpp
 from rvascend.models import default_model
 from rvascend.tokenizer.tokenizer import Tokenizer
 from rvascend.models import gguf_checkpoint
