@@ -34,13 +34,13 @@
 
       # The package sources plus the host extensions, built without Bazel from the one
       # source list Bazel's own compile actions make (toolchains/nix/host_extensions.json),
-      # by the builder the test suite runs too (rvascend/build/host_extensions.py).
+      # by the builder the test suite runs too (rvascend/setup/host_extensions.py).
       kernels = pkgs.stdenv.mkDerivation {
         name = "rvascend-kernels";
         src = self;
         nativeBuildInputs = [ python pkgs.llvmPackages_19.clang ];
         buildPhase = ''
-          PYTHONPATH=python python -m rvascend.build.host_extensions --root . --out . --cxx clang++
+          PYTHONPATH=python python -m rvascend.setup.host_extensions --root . --out . --cxx clang++
         '';
         installPhase = ''
           mkdir -p $out/python/rvascend/_native

@@ -1,7 +1,7 @@
 """The package's layers, enforced: a module imports only its own subpackage and the
 subpackages below it, and no two modules import each other, however indirectly.
 
-From the top: the tooling (bench, which drives build, and repro), then the request path
+From the top: the tooling (bench, which drives setup, and repro), then the request path
 server -> engine -> tokenizer -> policy (installs) -> models -> dispatch (what models call
 at run time) -> ops (the kernels) -> runtime (allocator, cache, pinned files) ->
 testing (what tests and benchmarks share); the package's own modules (rvascend/*.py)
@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-LAYERS = ("bench", "build", "repro", "server", "engine", "tokenizer", "policy", "models", "dispatch", "ops", "runtime",
+LAYERS = ("bench", "setup", "repro", "server", "engine", "tokenizer", "policy", "models", "dispatch", "ops", "runtime",
           "testing")
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

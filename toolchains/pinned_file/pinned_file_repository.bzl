@@ -2,7 +2,7 @@
 `.deps/<deps_dir>` (named by a field of its lock file) as `@<name>//:<target>`.
 
 Serves the default model's wheel (python/rvascend/models/default_model.lock.json)
-and the llama.cpp peer's source distribution (python/rvascend/build/llama_cpp.lock.json).
+and the llama.cpp peer's source distribution (python/rvascend/setup/llama_cpp.lock.json).
 If the file is missing, building the target fails with the set-up command to run.
 """
 

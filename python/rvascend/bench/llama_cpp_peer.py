@@ -1,7 +1,7 @@
 """llama.cpp as the measured peer (`./dev bench --parts=llama_cpp`).
 
 The same GGUF files go to llama.cpp (llama-cpp-python built from its PyPI source by
-`./dev setup`, rvascend/build/llama_cpp.py) and to this engine, each in a fresh process with
+`./dev setup`, rvascend/setup/llama_cpp.py) and to this engine, each in a fresh process with
 the same thread count: SmolLM2-135M-Instruct (the default model, written back as BF16
 GGUF), a random-weight Qwen3-0.6B-shaped checkpoint and a random-weight Qwen3.5-0.8B-shaped
 one (the Gated DeltaNet hybrid, written by llama.cpp's own converter), each in BF16 and in Q8_0,
@@ -31,7 +31,7 @@ from typing import Any
 from absl import app, flags, logging
 
 from rvascend import checkout
-from rvascend.build import llama_cpp
+from rvascend.setup import llama_cpp
 from rvascend.testing import llama_cpp as peer
 from rvascend.bench.plots import bar_plot
 from rvascend.bench.results import print_table, write_jsonl

@@ -1,8 +1,8 @@
 """llama.cpp counted on the emulated board (`./dev bench --parts=llama_cpp_riscv64`).
 
-llama.cpp's own riscv64 build (build/llama_cpp_riscv64.py: RVV with Zfh and Zvfh,
+llama.cpp's own riscv64 build (setup/llama_cpp_riscv64.py: RVV with Zfh and Zvfh,
 GCC 14, runtime repacking built in) runs inside the riscv64 image under QEMU 10 with
-the counting plugin (build/qemu_plugins.py, qemu_count_plugin.cc) at VLEN 256, on
+the counting plugin (setup/qemu_plugins.py, qemu_count_plugin.cc) at VLEN 256, on
 random-weight GGUF files of the shapes in llama.cpp's public BPI-F3 tables, written
 as bench/llama_cpp_peer.py writes them (this project's exporter, then llama.cpp's
 own quantizer with its default recipe).
@@ -292,7 +292,7 @@ def _record(model: str, kind: str, variant: str, layers: int, unit: int, base_pr
 def main(argv: list[str]) -> int:
     del argv
     from rvascend.bench import llama_cpp_peer
-    from rvascend.build import llama_cpp_riscv64, qemu_plugins
+    from rvascend.setup import llama_cpp_riscv64, qemu_plugins
     from rvascend.testing import llama_cpp
     from rvascend.repro import manifest
 

@@ -25,7 +25,7 @@ from absl import app, flags, logging
 from rvascend import checkout
 from rvascend.bench.qemu_exec_count import count, function_ranges
 from rvascend.bench.results import print_table, write_jsonl
-from rvascend.build import llama_cpp, toolchain_root
+from rvascend.setup import llama_cpp, toolchain_root
 from rvascend.testing import llama_cpp as peer
 
 FLAGS = flags.FLAGS

@@ -21,7 +21,7 @@ step (instructions by region, share outside the Linears, projected K1 tok/s
 at 1 and 8 threads, and at 8 threads with IPC 0.5; prefill: prompt tokens
 per second), jsonl records with the manifest, and a stacked-bar plot per region.
 
-QEMU: 10, built with TCG plugins from the pinned source (build/qemu_plugins.py), with
+QEMU: 10, built with TCG plugins from the pinned source (setup/qemu_plugins.py), with
 the K1's extensions (k1_model.qemu_cpu: Zfh, Zvfh, no Zvfbf*, so the shift-widening
 BF16 kernels run, as on the K1). The quantized files are this project's export or,
 with --gguf_source=llama_cpp, the very files llama.cpp is counted on.
@@ -55,7 +55,7 @@ FLAGS = flags.FLAGS
 def _define_flags() -> None:
     """This program's flags, defined when it runs (tests import several bench modules at once)."""
     flags.DEFINE_string("qemu", None, "A qemu-riscv64 that loads TCG plugins (default: QEMU 10 built with them, "
-                        "build/qemu_plugins.py).")
+                        "setup/qemu_plugins.py).")
     flags.DEFINE_string("image", None, "riscv64 image root (default: .deps/riscv64_image).")
     flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image (default: built with Bazel).")
     flags.DEFINE_string("rgdr_extension", None, "_rgdr.so (the gated-delta-rule op, for hybrid models) built for the "
@@ -126,7 +126,7 @@ def library_of(path: str) -> str:
 def _bazel_outputs() -> tuple[str, str, str]:
     targets = ["//python:rvv_kernels_extension_riscv64_image", "//python:qemu_count_plugin.so",
                "//python:rgdr_extension_riscv64_image"]
-    from rvascend.build import steps
+    from rvascend.setup import steps
 
     bin_dir = steps.bazel_bin(targets)
     return (os.path.join(bin_dir, "python", "rvv_kernels_extension_riscv64_image", "_rvv_kernels.so"),
@@ -435,7 +435,7 @@ def main(argv: list[str]) -> int:
     if extension is None or plugin is None or rgdr is None:
         built_ext, built_plugin, built_rgdr = _bazel_outputs()
         extension, plugin, rgdr = extension or built_ext, plugin or built_plugin, rgdr or built_rgdr
-    from rvascend.build import qemu_plugins
+    from rvascend.setup import qemu_plugins
 
     qemu = FLAGS.qemu or qemu_plugins.emulator(os.path.join(checkout.root(), ".deps"))
     qemu_version = _check_qemu(qemu)

@@ -177,7 +177,7 @@ NEAR_TIE = 0.75
 def test_the_peer_is_built_without_amx():
     """The peer's AMX buffer type segfaulted on the default model's Q4_1 tensors on an Intel
     host with AMX (the whole comparison below died with it): the build leaves AMX out on every
-    host (build/llama_cpp.NO_AMX_FLAGS). On a host without AMX this holds either way."""
+    host (setup/llama_cpp.NO_AMX_FLAGS). On a host without AMX this holds either way."""
     done = subprocess.run([llama_cpp.python_path(), "-c", "import llama_cpp; "
                            "print(llama_cpp.llama_print_system_info().decode())"],
                           capture_output=True, text=True, check=True, timeout=300)

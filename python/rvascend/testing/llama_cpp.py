@@ -1,4 +1,4 @@
-"""The llama.cpp peer as `./dev setup` left it in `.deps/llama_cpp` (rvascend/build/
+"""The llama.cpp peer as `./dev setup` left it in `.deps/llama_cpp` (rvascend/setup/
 llama_cpp.py builds it): llama-cpp-python's interpreter, its quantizer, and the pinned
 source distribution with the vendored llama.cpp (chat templates, the Hugging Face ->
 GGUF converter, ggml's sources). Tests and benches read the peer through here; nothing
@@ -17,7 +17,7 @@ from rvascend import checkout
 
 PYTHON_ENV = "RVASCEND_LLAMA_CPP_PYTHON"
 SDIST_ENV = "RVASCEND_LLAMA_CPP_SDIST"
-LOCK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "llama_cpp.lock.json")
+LOCK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup", "llama_cpp.lock.json")
 
 
 def lock() -> dict[str, Any]:

@@ -21,9 +21,9 @@ import shutil
 from absl import logging
 
 from rvascend import checkout
-from rvascend.build import debian, llama_cpp, toolchain_root
+from rvascend.setup import debian, llama_cpp, toolchain_root
 from rvascend.testing import llama_cpp as peer
-from rvascend.build.debian import SetupError
+from rvascend.setup.debian import SetupError
 
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_SYSTEM_NAME=Linux", "-DCMAKE_SYSTEM_PROCESSOR=riscv64",

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from rvascend.build import steps
+from rvascend.setup import steps
 
 
 def _tree(root: str) -> None:
@@ -55,7 +55,7 @@ def test_bytecode_step_failure_is_a_setup_error(tmp_path, monkeypatch):
 
 
 def test_a_failed_build_command_is_a_setup_error_with_its_output(tmp_path):
-    from rvascend.build import debian
+    from rvascend.setup import debian
 
     debian.run_step(["true"], cwd=str(tmp_path))
     with pytest.raises(debian.SetupError, match=r"(?s)sh -c .* failed \(3\):\n.*out-line.*err-line"):

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from rvascend import checkout
-from rvascend.build import host_extensions
+from rvascend.setup import host_extensions
 
 _PROBE = """
 import importlib.util, sys

@@ -18,7 +18,7 @@ import tarfile
 from absl import logging
 
 from rvascend import checkout
-from rvascend.build import debian, debian_lock
+from rvascend.setup import debian, debian_lock
 
 LOCK = os.path.join(checkout.root(), "toolchains", "qemu", "qemu_source.lock.json")
 # Host packages the build needs (Debian 12): glib's headers and the build tools.
@@ -70,6 +70,6 @@ def emulator(deps_dir: str) -> str:
 
 def count_plugin() -> str:
     """The counting plugin (bench/qemu_count_plugin.cc), built with Bazel."""
-    from rvascend.build import steps
+    from rvascend.setup import steps
 
     return os.path.join(steps.bazel_bin(["//python:qemu_count_plugin.so"]), "python", "qemu_count_plugin.so")

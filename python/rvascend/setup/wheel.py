@@ -25,8 +25,9 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 # What a board does not run: the benchmarks, the set-up and build tooling, the
 # reproducibility manifests (all import the serving layers, never the reverse:
-# rvascend/layering_test.py), and the test helpers. They stay in the source tree.
-DEV_SUBPACKAGES = ("bench", "build", "repro")
+# rvascend/layering_test.py), what tests and benchmarks share (testing/, which no
+# serving layer imports) and each layer's test helpers. They stay in the source tree.
+DEV_SUBPACKAGES = ("bench", "setup", "repro", "testing")
 TEST_HELPERS = ("testing.py",)
 
 
@@ -68,7 +69,7 @@ def build_wheel(package_dir: str, extensions: list[str], version: str, python_ta
         "Requires-Dist: fastapi\nRequires-Dist: uvicorn\nRequires-Dist: prometheus-client\n"
         "Requires-Dist: jinja2\nRequires-Dist: psutil\nRequires-Dist: regex\nRequires-Dist: llguidance==1.9.1\n").encode()
     files[f"{dist_info}/WHEEL"] = (
-        "Wheel-Version: 1.0\nGenerator: rvascend.build.wheel\nRoot-Is-Purelib: false\n"
+        "Wheel-Version: 1.0\nGenerator: rvascend.setup.wheel\nRoot-Is-Purelib: false\n"
         f"Tag: {python_tag}-{python_tag}-{platform}\n").encode()
     files[f"{dist_info}/top_level.txt"] = b"rvascend\n"
     record = "".join(f"{arc},{_digest(data)},{len(data)}\n" for arc, data in sorted(files.items()))

@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from rvascend.build.wheel import build_wheel
+from rvascend.setup.wheel import build_wheel
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,7 +42,7 @@ def test_record_matches_and_tests_are_left_out(tmp_path):
     assert {"rvascend/models/default_model.lock.json", "rvascend/dispatch/gate_riscv64.json"} <= set(names)
     assert not [n for n in names if n.endswith(("_test.py", "/testing.py"))]
     # Dev tooling stays in the source tree: a board serves without it.
-    assert not [n for n in names if n.split("/")[1] in ("bench", "build", "repro")]
+    assert not [n for n in names if n.split("/")[1] in ("bench", "setup", "repro", "testing")]
     assert "Tag: cp313-cp313-linux_riscv64" in zipfile.ZipFile(path).read("rvascend-0.1.0.dist-info/WHEEL").decode()
 
 

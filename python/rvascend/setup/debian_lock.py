@@ -19,7 +19,7 @@ from typing import Iterable, Optional
 
 from absl import logging
 
-from rvascend.build.debian import SetupError, apt_mirror_uri
+from rvascend.setup.debian import SetupError, apt_mirror_uri
 from rvascend.runtime.pinned_download import sha256_file
 
 

@@ -8,8 +8,8 @@ library builds it with), and one builder compiles and links it: the flake calls 
 clang++, and host_extensions_test builds it with the host's compiler and imports both
 modules, so a source the list lacks fails the suite (an undefined symbol at import).
 
-  python -m rvascend.build.host_extensions --write            # refresh the list (Bazel)
-  python -m rvascend.build.host_extensions --out DIR [--cxx clang++]
+  python -m rvascend.setup.host_extensions --write            # refresh the list (Bazel)
+  python -m rvascend.setup.host_extensions --out DIR [--cxx clang++]
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def manifest_from_bazel(root: str) -> dict[str, Any]:
             link += [a for a in action["arguments"] if a.startswith("-l") or a == "-Wl,--no-as-needed"]
         extensions[name] = {"objects": sorted(objects.values(), key=lambda o: (o["src"], o["flags"])),
                             "link": list(dict.fromkeys(link))}
-    return {"generated_by": "python -m rvascend.build.host_extensions --write", "extensions": extensions}
+    return {"generated_by": "python -m rvascend.setup.host_extensions --write", "extensions": extensions}
 
 
 def _python_includes() -> list[str]:

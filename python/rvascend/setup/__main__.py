@@ -15,8 +15,8 @@ import sys
 
 from absl import app, flags, logging
 
-from rvascend.build import steps
-from rvascend.build.debian import SetupError
+from rvascend.setup import steps
+from rvascend.setup.debian import SetupError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("dry_run", False, "Print the steps instead of running them.")

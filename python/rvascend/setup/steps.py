@@ -15,8 +15,8 @@ from absl import logging
 
 from rvascend import checkout
 
-from rvascend.build import debian, debian_lock
-from rvascend.build.debian import SetupError
+from rvascend.setup import debian, debian_lock
+from rvascend.setup.debian import SetupError
 from rvascend.runtime.pinned_download import sha256_file
 
 REPO_ROOT = checkout.root()
@@ -203,17 +203,17 @@ def _venv_python(code: str, failure: str, dry_run: bool) -> None:
 
 
 def ensure_llama_cpp(dry_run: bool) -> None:
-    """The llama.cpp peer (rvascend/build/llama_cpp.py): its pinned source distribution
+    """The llama.cpp peer (rvascend/setup/llama_cpp.py): its pinned source distribution
     and llama-cpp-python built from it into .deps/llama_cpp."""
-    _venv_python("from rvascend.build import llama_cpp; llama_cpp.ensure_python()",
+    _venv_python("from rvascend.setup import llama_cpp; llama_cpp.ensure_python()",
                  "could not build the llama.cpp peer", dry_run)
 
 
 def ensure_board_counting(dry_run: bool) -> None:
     """What counts llama.cpp on the emulated board: QEMU 10 with TCG plugins, built from
-    its pinned source (rvascend/build/qemu_plugins.py), and llama.cpp built for riscv64
-    with its driver (rvascend/build/llama_cpp_riscv64.py)."""
-    _venv_python("from rvascend.build import llama_cpp_riscv64, qemu_plugins, steps; "
+    its pinned source (rvascend/setup/qemu_plugins.py), and llama.cpp built for riscv64
+    with its driver (rvascend/setup/llama_cpp_riscv64.py)."""
+    _venv_python("from rvascend.setup import llama_cpp_riscv64, qemu_plugins, steps; "
                  "qemu_plugins.emulator(steps.DEPS_DIR); llama_cpp_riscv64.driver()",
                  "could not build the board-counting tools", dry_run)
 
