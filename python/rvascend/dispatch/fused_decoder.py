@@ -37,6 +37,8 @@ Layers come in three kinds (decoder_layers.h's LayerKind): attention
 (models/decoder.py), and in the hybrid models (models/qwen3_5.py) gated
 attention and Gated DeltaNet, whose conv + delta-rule step runs on the
 sequence's recurrent-state slot as the op-by-op path's deltanet_decode does.
+Each layer class says which kind it is and hands over its parts (its
+`describe()`, a LayerParts).
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ PROJECTIONS = {ATTENTION: ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
                DELTANET: ("in_proj", "out_proj", "gate_up_proj", "down_proj")}
 
 
-class _Layer(NamedTuple):
+class LayerParts(NamedTuple):
+    """A decoder layer as the fused step reads it: each layer class of a fused model says
+    what it is made of (its `describe()`), nothing is guessed from its attributes."""
     kind: "_native.LayerKind"
     input_norm: torch.nn.Module
     post_norm: torch.nn.Module
@@ -94,19 +98,7 @@ class _Layer(NamedTuple):
     q_norm: Optional[torch.nn.Module]
     k_norm: Optional[torch.nn.Module]
     index: int                # its K/V layer in the pool, or its recurrent-state layer
-    deltanet: Optional[torch.nn.Module]
-
-
-def _layer(layer: torch.nn.Module) -> _Layer:
-    mlp = (layer.mlp.gate_up_proj, layer.mlp.down_proj)
-    mixer = getattr(layer, "linear_attn", None)
-    if mixer is not None:
-        return _Layer(DELTANET, layer.input_layernorm, layer.post_attention_layernorm,
-                      (mixer.in_proj, mixer.out_proj) + mlp, None, None, mixer.index, mixer)
-    attn = layer.self_attn
-    kind = GATED_ATTENTION if getattr(attn, "output_gate", False) else ATTENTION
-    return _Layer(kind, layer.input_layernorm, layer.post_attention_layernorm, (attn.qkv_proj, attn.o_proj) + mlp,
-                  attn.q_norm, attn.k_norm, attn.layer, None)
+    mixer: torch.nn.Module    # the attention or the Gated DeltaNet module
 
 
 class FusedDecoder:
@@ -122,16 +114,16 @@ class FusedDecoder:
         self.norm_eps = float(config.rms_norm_eps)
         self.head = model.lm_head
         self.vocab = int(config.vocab_size)
-        self.layers = [_layer(layer) for layer in model.model.layers]
-        attention = [layer for layer in model.model.layers if hasattr(layer, "self_attn")]
-        self.scale = float(attention[0].self_attn.scale) if attention else 1.0
+        self.layers: list[LayerParts] = [layer.describe() for layer in model.model.layers]
+        attention = [layer.mixer for layer in self.layers if layer.kind != DELTANET]
+        self.scale = float(attention[0].scale) if attention else 1.0
         self.zero_centred = bool(self.layers) and bool(getattr(self.layers[0].input_norm, "zero_centred", False))
         # The final add + norm runs in the call with the layers' eps and scale; a model
         # whose last norm differs runs op by op.
         norm = model.model.norm
         self.final_norm = norm if (float(norm.eps) == self.norm_eps and
                                    bool(getattr(norm, "zero_centred", False)) == self.zero_centred) else None
-        recurrent = [layer.deltanet for layer in self.layers if layer.kind == DELTANET]
+        recurrent = [layer.mixer for layer in self.layers if layer.kind == DELTANET]
         self.deltanet = recurrent[0] if recurrent else None  # the first DeltaNet mixer: the layers' shape
         self.kinds = [layer.kind for layer in self.layers]
         # What one step adds to the counters, as the op-by-op path would: calls per
@@ -354,7 +346,7 @@ class _Plan:
                 projections.append(projection)
             d.qkv, d.o, d.gate_up, d.down = projections
             if layer.kind == DELTANET:
-                mixer = layer.deltanet
+                mixer = layer.mixer
                 weights = [plan._param(module, name) for module, name in (
                     (mixer.conv1d, "weight"), (mixer, "A_log"), (mixer, "dt_bias"), (mixer.norm, "weight"))]
                 if any(w is None for w in weights):

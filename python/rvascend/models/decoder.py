@@ -20,7 +20,7 @@ from rvascend.models.config import ModelConfig
 from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, SiluAndMul, apply_rotary, maybe_norm
 from rvascend import ops
 from rvascend.dispatch.route import projection_linear
-from rvascend.dispatch.fused_decoder import fused_decoder_of
+from rvascend.dispatch.fused_decoder import ATTENTION, LayerParts, fused_decoder_of
 from rvascend.dispatch.kernel_routes import routes_of
 
 
@@ -233,6 +233,13 @@ class DecoderLayer(nn.Module):
     def after_attention(self, attended: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, residual = self.post_attention_layernorm.add_forward(self.self_attn.o_proj(attended), residual)
         return self.mlp(x), residual
+
+    def describe(self) -> LayerParts:
+        """Its parts for the fused step (dispatch/fused_decoder.py): an attention layer."""
+        attn = self.self_attn
+        return LayerParts(ATTENTION, self.input_layernorm, self.post_attention_layernorm,
+                          (attn.qkv_proj, attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj),
+                          attn.q_norm, attn.k_norm, attn.layer, attn)
 
 
 class DecoderModel(nn.Module):

@@ -26,6 +26,7 @@ from rvascend.models.chunked_delta_rule import chunked_gated_delta_rule
 from rvascend.models.config import ModelConfig
 from rvascend.models.decoder import MLP, Attention, CausalLM, DecoderModel, ForwardBatch, KVPool
 from rvascend.models.layers import FusedLinear, RMSNorm, RotaryEmbedding, apply_rotary, constant_parameter
+from rvascend.dispatch.fused_decoder import DELTANET, GATED_ATTENTION, LayerParts
 from rvascend.dispatch.kernel_routes import routes_of
 
 # Prompts through the one native call (the conv, norms and the delta rule's rows token by
@@ -194,7 +195,6 @@ class GatedAttention(Attention):
     """Full attention with an output gate and partial RoPE; K/V in the pool's layer `index`."""
 
     rvv_kernels = ("kv_pool_attention", "rope", "sigmoid_mul")
-    output_gate = True  # the fused decode step's gated-attention layer kind
 
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__(config, index)
@@ -250,6 +250,18 @@ class HybridDecoderLayer(nn.Module):
             self.self_attn(x, cos, sin, batch, pool)
         x, residual = self.post_attention_layernorm.add_forward(mixed, residual)
         return self.mlp(x), residual
+
+    def describe(self) -> LayerParts:
+        """Its parts for the fused step (dispatch/fused_decoder.py): a Gated DeltaNet layer
+        (its conv and delta-rule state in the state pool's layer `index`) or gated attention."""
+        mlp = (self.mlp.gate_up_proj, self.mlp.down_proj)
+        if self.kind == "linear_attention":
+            mixer = self.linear_attn
+            return LayerParts(DELTANET, self.input_layernorm, self.post_attention_layernorm,
+                              (mixer.in_proj, mixer.out_proj) + mlp, None, None, mixer.index, mixer)
+        attn = self.self_attn
+        return LayerParts(GATED_ATTENTION, self.input_layernorm, self.post_attention_layernorm,
+                          (attn.qkv_proj, attn.o_proj) + mlp, attn.q_norm, attn.k_norm, attn.layer, attn)
 
 
 class Qwen3_5CausalLM(CausalLM):
