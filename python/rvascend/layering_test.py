@@ -112,6 +112,20 @@ def test_every_subpackage_has_a_layer():
     assert subpackages - {"_native"} == set(LAYERS)  # _native: the extensions ./dev setup installs
 
 
+def test_every_import_of_the_package_names_a_module_it_has():
+    """An import of a module that moved away fails here, not when its function first runs
+    (the graph above drops what it cannot resolve)."""
+    modules = _modules()
+    dangling = []
+    for name, path in modules.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for (full, base), line in _runtime_imports(tree):
+            if full not in modules and base not in modules and not base.startswith("rvascend._native"):
+                dangling.append(f"{name} (line {line}) imports {full}")
+    assert not dangling, "imports of modules the package does not have:\n" + "\n".join(sorted(dangling))
+
+
 def test_no_import_cycle():
     graph = _graph()
     state: dict[str, int] = {}  # 1: on the path, 2: done

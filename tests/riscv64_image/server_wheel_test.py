@@ -242,7 +242,7 @@ def board_loads_gguf_formats(args, site: str, tmp: str) -> int:
     import torch
     import transformers
 
-    from rvascend.setup import llama_cpp
+    from rvascend.testing import llama_cpp
     from rvascend.models import gguf_export
     from rvascend.models.loader import load_model
     from rvascend.models.testing import all_logits

@@ -147,13 +147,14 @@ def test_the_server_compiles_before_it_serves():
     assert policy.counters.snapshot() == [] and engine.stats()["kv_cached_tokens"] == 0
 
 
-def test_the_server_flags_load_the_mtp_head_and_its_draft_vocabulary(tmp_path):
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_the_server_flags_load_the_mtp_head_and_its_draft_vocabulary(tmp_path, tie):
     """--speculative-algorithm NEXTN loads a Qwen3.5 checkpoint's MTP head;
     --speculative-token-map restricts its drafts (and is refused without NEXTN, or with ids
     the model does not have)."""
     vocab, served = 256, tmp_path / "served"
     served.mkdir()
-    write_qwen3_5_mtp_checkpoint(str(served), vocab, tie=False)
+    write_qwen3_5_mtp_checkpoint(str(served), vocab, tie=tie)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(ensure_random_model(), name), served / name)
     token_map = tmp_path / "hot.txt"
