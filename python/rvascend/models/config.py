@@ -7,6 +7,8 @@ import json
 import os
 from typing import Any, Optional
 
+from rvascend.models.families import family_of
+
 
 @dataclasses.dataclass(frozen=True)
 class LinearAttentionConfig:
@@ -24,7 +26,6 @@ class LinearAttentionConfig:
         return 2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
 
 
-_HYBRID = ("Qwen3_5ForCausalLM",)
 # Image-text checkpoints served as their text model (architecture, then the text model's):
 # the vision tower's and the multi-token-prediction head's tensors are not loaded.
 TEXT_OF_MULTIMODAL = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM"}
@@ -94,7 +95,8 @@ class ModelConfig:
         scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         if scaling is not None and scaling.get("rope_type", scaling.get("type")) not in ("llama3", "default"):
             raise ValueError(f"unsupported rope scaling {scaling.get('rope_type', scaling.get('type'))!r}")
-        hybrid = _hybrid_fields(arch, raw, rope)
+        family = family_of(arch)
+        hybrid = _hybrid_fields(raw, rope) if family.hybrid else {}
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -111,8 +113,8 @@ class ModelConfig:
             rope_scaling=scaling if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3" else None,
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
-            qk_norm=arch in ("Qwen3ForCausalLM", *_HYBRID),
+            attention_bias=family.attention_bias or bool(raw.get("attention_bias", False)),
+            qk_norm=family.qk_norm,
             eos_token_ids=eos_ids,
             bos_token_id=raw.get("bos_token_id"),
             rope_freq_factors=tuple(raw["rope_freq_factors"]) if raw.get("rope_freq_factors") else None,
@@ -153,10 +155,8 @@ def _text_config(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _hybrid_fields(arch: str, raw: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
-    """Qwen3.5's layer pattern, Gated DeltaNet dimensions and partial RoPE; {} for other families."""
-    if arch not in _HYBRID:
-        return {}
+def _hybrid_fields(raw: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5's layer pattern, Gated DeltaNet dimensions and partial RoPE."""
     layers = int(raw["num_hidden_layers"])
     types = raw.get("layer_types")
     if types is None:

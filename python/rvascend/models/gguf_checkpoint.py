@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from rvascend.models import gguf_file, gguf_qwen35, gguf_tokenizer
+from rvascend.models.families import FAMILIES, family_of_gguf
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "qwen35": gguf_qwen35.ARCHITECTURE}
+ARCHITECTURES = {f.gguf_architecture: f.architecture for f in FAMILIES}
 
 # GGUF tensor name -> Hugging Face name ({} is the layer index).
 GLOBAL_NAMES = {
@@ -88,10 +88,12 @@ class GgufCheckpoint:
         except gguf_file.GgufFormatError as e:
             self._file.close()
             raise GgufError(str(e)) from None
-        if arch not in ARCHITECTURES:
+        family = family_of_gguf(arch)
+        if family is None:
             raise GgufError(f"{path}: architecture {arch!r} is not supported; supported: "
                             f"{', '.join(sorted(ARCHITECTURES))}")
         self.arch: str = arch
+        self.family = family
         self._tensors = self._file.tensors
         self.config = self._config()
         self._check_tensors()
@@ -148,7 +150,7 @@ class GgufCheckpoint:
         if self._int("attention.value_length", head_dim, high=4096) != head_dim:
             raise GgufError(f"{self.path}: attention.value_length differs from attention.key_length (not supported)")
         rope_dim = self._int("rope.dimension_count", head_dim, high=4096)
-        if rope_dim != head_dim and self.arch != "qwen35":  # Qwen3.5's partial rotary: gguf_qwen35.py
+        if rope_dim != head_dim and not self.family.hybrid:  # Qwen3.5's partial rotary: gguf_qwen35.py
             raise GgufError(f"{self.path}: partial rotary ({rope_dim} of {head_dim} dims) is not supported")
         scaling = self._typed("rope.scaling.type", "string")
         if scaling not in (None, "none"):
@@ -166,7 +168,7 @@ class GgufCheckpoint:
             raise GgufError(f"{self.path}: {self.arch}.block_count = {layers} but the file has no tensors of "
                             f"layer {absent[0]} (blk.{absent[0]}.*)")
         config: dict[str, Any] = {
-            "architectures": [ARCHITECTURES[self.arch]],
+            "architectures": [self.family.architecture],
             "model_type": self.arch,
             "hidden_size": hidden,
             "intermediate_size": self._int("feed_forward_length"),
@@ -184,7 +186,7 @@ class GgufCheckpoint:
             "attention_bias": "blk.0.attn_q.bias" in self._tensors,
             "torch_dtype": "bfloat16",
         }
-        if self.arch == "qwen35":
+        if self.family.hybrid:
             config.update(gguf_qwen35.config_fields(self, layers, head_dim))
         if _ROPE_FREQS in self._tensors:
             # Llama 3.1+ files carry the per-frequency rope scaling factors as a tensor.
@@ -208,7 +210,7 @@ class GgufCheckpoint:
             "ffn_gate.weight": (ff, hidden), "ffn_up.weight": (ff, hidden), "ffn_down.weight": (hidden, ff),
         }
         m = _LAYER_TENSOR.match(name)
-        if self.arch == "qwen35":
+        if self.family.hybrid:
             return gguf_qwen35.expected_shape(c, m.group(2) if m else name, int(m.group(1)) if m else None)
         return shapes.get(m.group(2) if m else name)
 
@@ -291,7 +293,7 @@ class GgufCheckpoint:
         if name in GLOBAL_NAMES:
             return GLOBAL_NAMES[name]
         m = _LAYER_TENSOR.match(name)
-        names = gguf_qwen35.LAYER_NAMES if self.arch == "qwen35" else LAYER_NAMES
+        names = gguf_qwen35.LAYER_NAMES if self.family.hybrid else LAYER_NAMES
         if m and m.group(2) in names:
             return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
         raise GgufError(f"{self.path}: tensor {name!r} has no place in a {self.arch} model")
@@ -308,7 +310,7 @@ class GgufCheckpoint:
                 continue
             m = _LAYER_TENSOR.match(name)
             leaf = m.group(2) if m else name
-            if self.arch == "qwen35" and gguf_qwen35.needs_fp32(leaf):
+            if self.family.hybrid and gguf_qwen35.needs_fp32(leaf):
                 try:
                     tensor = gguf_qwen35.to_hf(self.config, leaf, self._converted(name, torch.float32)).to(dtype)
                 except ValueError as e:
@@ -329,7 +331,7 @@ class GgufCheckpoint:
 
         t = self._tensors[name]
         fmt = GGML_TYPES.get(t.type_id) if len(t.dims) == 2 else None
-        if fmt is not None and self.arch == "qwen35":
+        if fmt is not None and self.family.hybrid:
             m = _LAYER_TENSOR.match(name)
             if m and not gguf_qwen35.keeps_quantized(self.config, m.group(2), BLOCK_K[fmt]):
                 return None
@@ -344,14 +346,14 @@ class GgufCheckpoint:
         order (a view of the file unless rows had to be reordered)."""
         rows = self._file.raw(name)
         m = _LAYER_TENSOR.match(name)
-        if self.arch == "qwen35" and m:
+        if self.family.hybrid and m:
             return gguf_qwen35.quantized_in_hf_order(self.config, m.group(2), rows)
         return self._in_hf_row_order(name, rows)
 
     def _in_hf_row_order(self, name: str, rows):
-        if self.arch == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):
+        if self.family.gguf_rotary_rows_permuted and name.endswith(("attn_q.weight", "attn_q.bias")):
             return _unpermute_rotary_rows(rows, self.config["num_attention_heads"])
-        if self.arch == "llama" and name.endswith(("attn_k.weight", "attn_k.bias")):
+        if self.family.gguf_rotary_rows_permuted and name.endswith(("attn_k.weight", "attn_k.bias")):
             return _unpermute_rotary_rows(rows, self.config["num_key_value_heads"])
         return rows
 

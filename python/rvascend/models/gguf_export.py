@@ -22,10 +22,10 @@ from safetensors import safe_open
 
 from rvascend.models import gguf_checkpoint, gguf_tokenizer
 from rvascend.models.config import ModelConfig
+from rvascend.models.families import family_of
 from rvascend.models.layers import RotaryEmbedding
 from rvascend.models.loader import weight_files
 
-_FAMILIES = {v: k for k, v in gguf_checkpoint.ARCHITECTURES.items()}
 # Hugging Face name (layer index as {}) -> GGUF name.
 _TO_GGUF = {hf: g for g, hf in gguf_checkpoint.GLOBAL_NAMES.items()}
 _TO_GGUF.update({f"model.layers.{{}}.{hf}": f"blk.{{}}.{g}" for g, hf in gguf_checkpoint.LAYER_NAMES.items()})
@@ -113,11 +113,8 @@ def export(checkpoint_dir: str, output: str, types: Optional[dict[str, Any]] = N
     with open(os.path.join(checkpoint_dir, "config.json"), encoding="utf-8") as f:
         raw = json.load(f)
     config = ModelConfig.from_dict(raw)
-    family = _FAMILIES.get(config.architecture)
-    if family is None:
-        raise ValueError(f"architecture {config.architecture!r} cannot be exported; "
-                         f"supported: {', '.join(sorted(_FAMILIES))}")
-    w = gguf.GGUFWriter(output, family)
+    family = family_of(config.architecture)
+    w = gguf.GGUFWriter(output, family.gguf_architecture)
     for add, value in ((w.add_block_count, config.num_hidden_layers),
                        (w.add_context_length, config.max_position_embeddings),
                        (w.add_embedding_length, config.hidden_size),
@@ -141,9 +138,9 @@ def export(checkpoint_dir: str, output: str, types: Optional[dict[str, Any]] = N
                     continue
                 name = gguf_name(hf)
                 array = f.get_tensor(hf).to(torch.float32).numpy()
-                if family == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):
+                if family.gguf_rotary_rows_permuted and name.endswith(("attn_q.weight", "attn_q.bias")):
                     array = permute_for_llama_cpp(array, config.num_attention_heads)
-                elif family == "llama" and name.endswith(("attn_k.weight", "attn_k.bias")):
+                elif family.gguf_rotary_rows_permuted and name.endswith(("attn_k.weight", "attn_k.bias")):
                     array = permute_for_llama_cpp(array, config.num_key_value_heads)
                 qtype = (types or {}).get(name.split(".")[-2], default_type) if array.ndim == 2 else Q.F32
                 if qtype == Q.F32:

@@ -26,8 +26,6 @@ import torch
 if TYPE_CHECKING:
     from rvascend.models.gguf_checkpoint import GgufCheckpoint
 
-ARCHITECTURE = "Qwen3_5ForCausalLM"
-
 LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "post_attention_norm.weight": "post_attention_layernorm.weight",

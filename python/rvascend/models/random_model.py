@@ -16,6 +16,7 @@ import pydoc
 import torch
 from safetensors.torch import save_file
 
+from rvascend.models.families import family_of
 from rvascend.runtime import model_cache
 
 VERSION = 2
@@ -106,8 +107,8 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     def normal(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
 
-    arch = config.get("architectures", [""])[0]
-    hybrid = arch == "Qwen3_5ForCausalLM"
+    family = family_of(config.get("architectures", [""])[0])
+    hybrid = family.hybrid
     # Qwen3.5's norms scale by (1 + w): its identity is w = 0.
     unit = (torch.zeros if hybrid else torch.ones)(h, dtype=torch.bfloat16)
     tensors = {"model.embed_tokens.weight": normal(v, h), "model.norm.weight": unit.clone()}
@@ -126,10 +127,10 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
         if hybrid:
             out[p + "self_attn.q_norm.weight"] = torch.zeros(d, dtype=torch.bfloat16)
             out[p + "self_attn.k_norm.weight"] = torch.zeros(d, dtype=torch.bfloat16)
-        if arch == "Qwen2ForCausalLM":
+        if family.attention_bias:
             for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
                 out[p + f"self_attn.{name}.bias"] = normal(rows)
-        if arch == "Qwen3ForCausalLM":
+        if family.qk_norm and not hybrid:
             out[p + "self_attn.q_norm.weight"] = torch.ones(d, dtype=torch.bfloat16)
             out[p + "self_attn.k_norm.weight"] = torch.ones(d, dtype=torch.bfloat16)
         return out

@@ -24,6 +24,7 @@ from typing import Any, Optional, Union
 
 from rvascend.engine import Grammar
 from rvascend.engine.grammar import JSON_LAYOUT
+from rvascend.models.families import family_of
 from rvascend.server.json_stream import canonical
 from rvascend.server.protocol import UnsupportedField, check_nesting
 
@@ -33,7 +34,7 @@ MAX_TOOLS = 128
 
 def parser_for(architecture: str) -> str:
     """The tool-call format of a model family when --tool-call-parser names none."""
-    return "llama3" if "llama" in architecture.lower() else "qwen25"
+    return family_of(architecture).tool_call_parser
 
 
 @dataclasses.dataclass(frozen=True)
