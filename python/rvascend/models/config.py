@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any, Optional
 
-from rvascend.models.families import family_of
+from rvascend.models.families import FAMILIES, family_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +28,7 @@ class LinearAttentionConfig:
 
 # Image-text checkpoints served as their text model (architecture, then the text model's):
 # the vision tower's and the multi-token-prediction head's tensors are not loaded.
-TEXT_OF_MULTIMODAL = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM"}
+TEXT_OF_MULTIMODAL = {f.multimodal_architecture: f.architecture for f in FAMILIES if f.multimodal_architecture}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +96,7 @@ class ModelConfig:
         if scaling is not None and scaling.get("rope_type", scaling.get("type")) not in ("llama3", "default"):
             raise ValueError(f"unsupported rope scaling {scaling.get('rope_type', scaling.get('type'))!r}")
         family = family_of(arch)
-        hybrid = _hybrid_fields(raw, rope) if family.hybrid else {}
+        hybrid = _hybrid_fields(arch, raw, rope) if family.hybrid else {}
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -155,7 +155,7 @@ def _text_config(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _hybrid_fields(raw: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
+def _hybrid_fields(arch: str, raw: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
     """Qwen3.5's layer pattern, Gated DeltaNet dimensions and partial RoPE."""
     layers = int(raw["num_hidden_layers"])
     types = raw.get("layer_types")

@@ -24,13 +24,17 @@ class Family:
     # How its chat templates write a tool call when --tool-call-parser names none
     # (server/tool_calls.py): Qwen2.5's <tool_call> JSON or Llama 3's bare JSON object.
     tool_call_parser: str = "qwen25"
+    # The image-text checkpoints of the family, served as their text model
+    # (models/config.py reads their text_config; the vision tower is not loaded).
+    multimodal_architecture: Optional[str] = None
 
 
 FAMILIES = (
     Family("LlamaForCausalLM", "llama", gguf_rotary_rows_permuted=True, tool_call_parser="llama3"),
     Family("Qwen2ForCausalLM", "qwen2", attention_bias=True),
     Family("Qwen3ForCausalLM", "qwen3", qk_norm=True),
-    Family("Qwen3_5ForCausalLM", "qwen35", qk_norm=True, hybrid=True),
+    Family("Qwen3_5ForCausalLM", "qwen35", qk_norm=True, hybrid=True,
+           multimodal_architecture="Qwen3_5ForConditionalGeneration"),
 )
 _BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES}
 _BY_GGUF = {f.gguf_architecture: f for f in FAMILIES}

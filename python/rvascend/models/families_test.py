@@ -59,6 +59,14 @@ def test_every_family_is_served_and_its_switches_reach_the_config(family):
     assert family.tool_call_parser in ("qwen25", "llama3")  # server/tool_calls.PARSERS (a layer above)
 
 
+@pytest.mark.parametrize("family", [f for f in families.FAMILIES if f.hybrid], ids=lambda f: f.architecture)
+def test_a_hybrid_config_without_its_deltanet_dimensions_is_refused_by_name(family):
+    raw = {"architectures": [family.architecture], "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256}
+    with pytest.raises(ValueError, match=f"config.json of {family.architecture} lacks linear_num_key_heads"):
+        ModelConfig.from_dict(raw)
+
+
 def test_an_unknown_architecture_is_refused_by_name():
     with pytest.raises(ValueError, match="unsupported architecture 'MistralForCausalLM'; supported: Llama"):
         ModelConfig.from_dict({"architectures": ["MistralForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
