@@ -1,6 +1,7 @@
-"""The allocator's two phases, observed through the process's page faults: while
-loading, a freed buffer above 256 KiB leaves the process (the next one faults its
-pages in afresh); while serving, a step's buffers of a few MiB are reused."""
+"""The allocator's two phases (runtime/allocator.py) in a server's process, observed
+through its page faults: while loading, a freed buffer above 256 KiB leaves the process
+(the next one faults its pages in afresh); while serving, a step's buffers of a few MiB
+are reused. It lives with the server because it measures on a server's heap."""
 
 from __future__ import annotations
 
