@@ -25,8 +25,6 @@ import torch
 from rvascend.models import gguf_file, gguf_qwen35, gguf_tokenizer
 from rvascend.models.families import FAMILIES, family_of_gguf
 
-ARCHITECTURES = {f.gguf_architecture: f.architecture for f in FAMILIES}
-
 # GGUF tensor name -> Hugging Face name ({} is the layer index).
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -91,7 +89,7 @@ class GgufCheckpoint:
         family = family_of_gguf(arch)
         if family is None:
             raise GgufError(f"{path}: architecture {arch!r} is not supported; supported: "
-                            f"{', '.join(sorted(ARCHITECTURES))}")
+                            f"{', '.join(sorted(f.gguf_architecture for f in FAMILIES))}")
         self.arch: str = arch
         self.family = family
         self._tensors = self._file.tensors

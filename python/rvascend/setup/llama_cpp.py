@@ -59,8 +59,8 @@ BUILD_CMAKE_ARGS = "-DLLAVA_BUILD=OFF"
 def ensure_python(work: str | None = None, isa: str = "native") -> str:
     """The interpreter of a venv with the pinned llama-cpp-python, built from source once
     per `isa` (ISA_CMAKE_ARGS; its source distribution, which the tests read too, stays
-    in `work`, by default .deps/llama_cpp). The build's CMake options are these alone: a CMAKE_ARGS of the caller's
-    environment is replaced (the stamp records what was built)."""
+    in `work`, by default .deps/llama_cpp). The build's CMake options are these alone: a
+    CMAKE_ARGS of the caller's environment is replaced (the stamp records what was built)."""
     if isa not in ISA_CMAKE_ARGS:
         raise ValueError(f"llama.cpp build {isa!r}: expected one of {', '.join(ISA_CMAKE_ARGS)}")
     work = work or peer.work_dir()
