@@ -149,9 +149,6 @@ def test_no_import_cycle():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
 
 MAX_FUNCTION_LINES = 80
 
@@ -168,3 +165,7 @@ def test_no_function_is_longer_than_80_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{name}.{node.name} (line {node.lineno}): {lines} lines")
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(sorted(long))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

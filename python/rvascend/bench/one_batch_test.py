@@ -42,12 +42,6 @@ def test_separate_runs_report_their_own_peak_rss(tmp_path):
     assert all(r["peak_rss_mib"] > 0 and "interleaved" not in r for r in records)
 
 
-if __name__ == "__main__":
-    import pytest
-
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_bytes_a_step_reads_of_a_model_kept_quantized_are_its_quantized_buffers(tmp_path):
     """one_batch's bytes per step (its GB/s and roofline) of a model kept quantized are
     its quantized buffers, not the BF16 matrices it no longer has."""
@@ -63,3 +57,7 @@ def test_bytes_a_step_reads_of_a_model_kept_quantized_are_its_quantized_buffers(
     assert weight_bytes_per_step(kept) == buffers
     # Q8_0: 34 bytes per 32 weights (the runtime layout's tiles pad nothing at these widths).
     assert weight_bytes_per_step(kept) == pytest.approx(weight_bytes_per_step(dense) * 34 / 64, rel=0.01)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -101,9 +101,6 @@ def test_uninstall_on_failure_removes_the_compiled_methods(checkpoint, monkeypat
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
 
 def test_deterministic_inference_runs_eagerly_and_refuses_regional_compile(checkpoint):
     # A graph compiled per row bucket could fuse differently: under deterministic inference the
@@ -115,3 +112,7 @@ def test_deterministic_inference_runs_eagerly_and_refuses_regional_compile(check
     with pytest.raises(ValueError, match="--cpu-compile-mode regional contradicts it"):
         install_kernel_policy(load_model(checkpoint, torch.bfloat16),
                            KernelPolicyConfig(deterministic=True, compile_mode="regional"))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

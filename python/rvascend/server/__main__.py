@@ -15,7 +15,7 @@ from absl import app, logging
 
 from rvascend.server import limits, server_args
 from rvascend.server.app import create_app
-from rvascend.server.launch import build_engine
+from rvascend.server.launch import build_engine, uvicorn_options
 
 server_args.define_flags()
 
@@ -39,8 +39,7 @@ def main(argv: list[str]) -> int:
     app_ = create_app(engine, name, policy, limits.resolve_api_key(opts.api_key), opts.watchdog_timeout, info,
                       limits.allowed_hosts(opts.host, opts.allowed_hosts),
                       tool_call_parser=opts.tool_call_parser, reasoning_parser=opts.reasoning_parser)
-    uvicorn.run(app_, host=opts.host, port=opts.port, log_level="warning",
-                timeout_graceful_shutdown=opts.graceful_shutdown_timeout)
+    uvicorn.run(app_, host=opts.host, port=opts.port, **uvicorn_options(opts))
     return 0
 
 

@@ -44,6 +44,12 @@ def default_chunked_prefill_size() -> int:
     return 64 if platform.machine() == "riscv64" else 512
 
 
+def uvicorn_options(opts: ServerArgs) -> dict:
+    """What uvicorn runs with, for `serve` and the tests' server alike."""
+    return dict(log_level="warning", timeout_keep_alive=opts.timeout_keep_alive,
+                timeout_graceful_shutdown=opts.graceful_shutdown_timeout)
+
+
 def deterministic_by_default(dtype: str, cpu_features: str, kernel_sets: list[str]) -> tuple[bool, str]:
     """Whether deterministic inference is on when the command line does not say, and why:
     where its kernels cost nothing against the stock path. Measured by `./dev bench

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import os
 import signal
@@ -218,6 +219,24 @@ def test_internal_errors_are_json_and_keep_alive_survives(server, monkeypatch):
     assert r.status_code == 500 and r.json()["error"]["message"].endswith("tokenizer exploded")
     monkeypatch.undo()
     assert server.http.post("/v1/completions", json={"prompt": "fine", "max_tokens": 1}).status_code == 200
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_pool_expiry(server):
+    """uvicorn's default closes an idle connection after 5 s, the moment httpx (the
+    openai and anthropic SDKs' transport) still counts it as reusable: a request sent
+    then met a closing socket ("Server disconnected without sending a response"), as
+    the soak test's clients saw one run in a few. The server now waits longer than the
+    clients' pools do."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        for pause in (0.0, 5.5, 5.5):
+            time.sleep(pause)
+            connection.request("GET", "/health")  # raises RemoteDisconnected on a closed connection
+            reply = connection.getresponse()
+            assert reply.status == 200 and reply.read() == b'{"status":"ok"}'
+            assert reply.getheader("connection") != "close"
+    finally:
+        connection.close()
 
 
 @pytest.mark.parametrize("method,path,status", [("GET", "/nope", 404), ("GET", "/v1/completions", 405),

@@ -145,6 +145,9 @@ class ServerArgs:
     watchdog_timeout: float = _arg(300.0, "/health reports unhealthy when one engine step runs longer (s).")
     graceful_shutdown_timeout: float = _arg(5.0, "On SIGTERM/SIGINT, seconds open requests get before the "
                                                  "server exits anyway.")
+    timeout_keep_alive: float = _arg(
+        75.0, "Seconds an idle keep-alive connection stays open. Above the clients' own pool expiry (httpx: 5 s, "
+        "Node: 4 s), so a client never sends a request on a connection the server is closing.")
 
 
 def flag_name(field: dataclasses.Field) -> str:

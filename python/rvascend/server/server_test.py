@@ -223,9 +223,6 @@ def test_soak_sixteen_hostile_clients_for_a_minute():
         server.stop()
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
 
 def test_a_restarted_server_loads_its_prompts_from_the_hierarchical_caches_files(tmp_path):
     """--enable-hierarchical-cache with the file backend: a server's pages land in the
@@ -347,3 +344,7 @@ def test_a_qwen3_5_checkpoint_served_through_the_openai_client(tmp_path):
         assert server.engine.cache.hybrid and server.engine.cache.snapshots > 0
     finally:
         server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -13,7 +13,7 @@ import uvicorn
 from rvascend.models.random_model import ensure_random_model
 from rvascend.server import limits
 from rvascend.server.app import create_app
-from rvascend.server.launch import build_engine
+from rvascend.server.launch import build_engine, uvicorn_options
 from rvascend.server.server_args import ServerArgs
 from rvascend.server.loopback import bound_loopback_socket
 
@@ -42,7 +42,8 @@ class Server:
         opts = dict(model_path=ensure_random_model(), enable_cpu_kernels=True, cpu_compile_mode="eager",
                     cpu_kernels_shape_gate="bucketed", max_total_tokens=4096, max_running_requests=8)
         opts.update(options)
-        self.engine, self.name, self.policy = build_engine(ServerArgs(**opts))
+        args = ServerArgs(**opts)
+        self.engine, self.name, self.policy = build_engine(args)
         # Bound here and handed to uvicorn: a port picked free and bound later can be taken
         # in between by another test's server.
         self.socket = bound_loopback_socket()
@@ -51,7 +52,7 @@ class Server:
                        **(app_options or {})}
         app_options.setdefault("allowed_hosts", limits.allowed_hosts("127.0.0.1"))
         self.app = create_app(self.engine, self.name, self.policy, api_key=API_KEY, **app_options)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, **uvicorn_options(args))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
         self.thread.start()
