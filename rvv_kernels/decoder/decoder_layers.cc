@@ -1,5 +1,6 @@
 #include "rvv_kernels/decoder/decoder_layers.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -13,23 +14,6 @@
 #include "rvv_kernels/quantized/quantized_linear.h"
 
 namespace rvascend {
-
-const std::vector<std::string>& DecoderStageNames(LayerKind kind) {
-  static const std::vector<std::string> kAttention = {
-      "rms_norm", "qkv_proj", "qk_norm_rope", "attention", "o_proj", "rms_norm", "gate_up_proj", "silu_mul",
-      "down_proj"};
-  static const std::vector<std::string> kGated = {
-      "rms_norm", "qkv_proj", "qk_norm_rope", "attention", "output_gate", "o_proj", "rms_norm", "gate_up_proj",
-      "silu_mul", "down_proj"};
-  static const std::vector<std::string> kDeltaNet = {
-      "rms_norm", "in_proj", "deltanet", "out_proj", "rms_norm", "gate_up_proj", "silu_mul", "down_proj"};
-  switch (kind) {
-    case LayerKind::kAttention: return kAttention;
-    case LayerKind::kGatedAttention: return kGated;
-    case LayerKind::kDeltaNet: return kDeltaNet;
-  }
-  throw std::invalid_argument("unknown decoder layer kind " + std::to_string(static_cast<int>(kind)));
-}
 
 namespace {
 
@@ -109,7 +93,7 @@ void ValidateDecoderBatch(const DecoderShape& shape, const DecoderBatch& batch) 
 
 // The conv + delta-rule step's arguments for one DeltaNet layer, from its in_proj
 // rows [qkv | z | b | a] (in_n apart) to the out_proj input [tokens, NV Dv].
-rgdr::DeltaNetDecodeArgs DeltaNetArgs(const DecoderShape& s, const DecoderBatch& batch, const DeltaNetLayerWeights& w,
+rgdr::DeltaNetDecodeArgs DeltaNetArgs(const DecoderShape& s, const DecoderBatch& batch, const DecoderLayerWeights& w,
                                       const uint16_t* in, uint16_t* out) {
   const DeltaNetShape& g = s.deltanet;
   const size_t c = g.conv_dim(), in_n = g.in_proj_n(), value = g.nv * g.dv;
@@ -130,7 +114,7 @@ rgdr::DeltaNetDecodeArgs DeltaNetArgs(const DecoderShape& s, const DecoderBatch&
   a.b = in + c + value;
   a.a = in + c + value + g.nv;
   a.gate_stride = in_n;
-  a.norm_weight = w.norm_weight;
+  a.norm_weight = w.deltanet_norm;
   a.norm_eps = g.norm_eps;
   a.conv_state = w.conv_state;
   a.conv_weight = w.conv_weight;
@@ -143,10 +127,81 @@ rgdr::DeltaNetDecodeArgs DeltaNetArgs(const DecoderShape& s, const DecoderBatch&
   return a;
 }
 
+}  // namespace
+
+// A step's state of the layers loop that the mixers share: the batch, the scratch
+// rows, and the stage marker.
+struct MixerStep {
+  const DecoderKernels& kernels;
+  const DecoderShape& s;
+  const DecoderBatch& batch;
+  size_t t, num_threads;
+  const uint16_t* x;  // the normed layer input [t, hidden]
+  uint16_t *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *mixed = nullptr;
+  KvPoolAttentionArgs attention = {};  // per layer only the pools change
+  RopeHeads q_heads = {}, k_heads = {};  // per layer only the norm weights and the query's stride change
+  int stage = 0;
+
+  void Mark() {
+    if (kernels.stage_marker != nullptr) kernels.stage_marker(stage);
+    ++stage;
+  }
+};
+
+namespace {
+
+const uint16_t* AttentionMix(MixerStep& m, const DecoderLayerWeights& w, bool gate) {
+  const DecoderShape& s = m.s;
+  const size_t d = s.head_dim, q_n = s.heads * d, kv_n = s.kv_heads * d, t = m.t;
+  const size_t n = (gate ? 2 * q_n : q_n) + 2 * kv_n;
+  const ElementwiseKernels& ew = *m.kernels.elementwise;
+  Project(m.kernels, w.qkv, n, s.hidden, m.x, t, m.qkv, m.num_threads);
+  m.Mark();
+  m.q_heads.norm_weight = w.q_norm;
+  m.q_heads.stride = gate ? 2 * d : d;
+  m.k_heads.norm_weight = w.k_norm;
+  const uint16_t* k_in = m.qkv + n - 2 * kv_n;
+  RopeRows(ew, t, m.q_heads, m.qkv, n, m.batch.cos, m.batch.sin, m.q, m.num_threads);
+  RopeRows(ew, t, m.k_heads, k_in, n, m.batch.cos, m.batch.sin, m.k, m.num_threads);
+  m.Mark();
+  for (size_t i = 0; i < t; ++i) std::memcpy(m.v + i * kv_n, k_in + i * n + kv_n, kv_n * sizeof(uint16_t));
+  WriteKvPool(w.k_pool, s.num_slots, kv_n, m.k, m.batch.write_slots, t);
+  WriteKvPool(w.v_pool, s.num_slots, kv_n, m.v, m.batch.write_slots, t);
+  m.attention.k_pool = w.k_pool;
+  m.attention.v_pool = w.v_pool;
+  KvPoolAttention(m.attention, m.num_threads, m.kernels.attention);
+  if (!gate) return m.attn;
+  m.Mark();
+  SigmoidMulRows(ew, t, s.heads, d, m.attn, q_n, m.qkv + d, n, 2 * d, m.mixed, m.num_threads);
+  return m.mixed;
+}
+
+const uint16_t* DeltaNetMix(MixerStep& m, const DecoderLayerWeights& w) {
+  Project(m.kernels, w.qkv, m.s.deltanet.in_proj_n(), m.s.hidden, m.x, m.t, m.qkv, m.num_threads);
+  m.Mark();
+  rgdr::DeltaNetDecodeCpu(DeltaNetArgs(m.s, m.batch, w, m.qkv, m.mixed), m.num_threads);
+  return m.mixed;
+}
+
+size_t AttentionInputWidth(const DecoderShape& s) { return (s.heads + 2 * s.kv_heads) * s.head_dim; }
+size_t GatedAttentionInputWidth(const DecoderShape& s) { return 2 * (s.heads + s.kv_heads) * s.head_dim; }
+size_t AttentionOutputWidth(const DecoderShape& s) { return s.heads * s.head_dim; }
+size_t DeltaNetInputWidth(const DecoderShape& s) { return s.deltanet.in_proj_n(); }
+size_t DeltaNetOutputWidth(const DecoderShape& s) { return s.deltanet.nv * s.deltanet.dv; }
+
+void NoShapeCheck(const DecoderShape&) {}
+void NoBatchCheck(const DecoderShape&, const DecoderBatch&, const DecoderLayerWeights&) {}
+
+void CheckDeltaNetShape(const DecoderShape& s) {
+  const DeltaNetShape& dn = s.deltanet;
+  if (dn.nk == 0 || dn.nv % dn.nk || dn.dk == 0 || dn.dv == 0 || dn.kernel < 2) {
+    throw std::invalid_argument("shape.deltanet: NV must be a multiple of NK >= 1, Dk and Dv positive, 2+ conv taps");
+  }
+}
+
 // A DeltaNet layer's step decodes one token per sequence from its state slot;
-// checked here (the slots as the step itself checks them) so that a bad one stops
-// the step before the first layer writes.
-void ValidateStateSlots(const DecoderShape& shape, const DecoderBatch& batch, const DeltaNetLayerWeights& w) {
+// checked before the first layer writes (the slots as the step itself checks them).
+void CheckDeltaNetBatch(const DecoderShape& shape, const DecoderBatch& batch, const DecoderLayerWeights& w) {
   for (size_t b = 0; b < batch.batch; ++b) {
     if (batch.q_starts[b + 1] - batch.q_starts[b] != 1) {
       throw std::invalid_argument("sequence " + std::to_string(b) + " has " +
@@ -156,6 +211,21 @@ void ValidateStateSlots(const DecoderShape& shape, const DecoderBatch& batch, co
   }
   rgdr::ValidateDeltaNetDecode(DeltaNetArgs(shape, batch, w, nullptr, nullptr));
 }
+
+// LayerKind's entries, in its order.
+const LayerKindInfo kLayerKinds[] = {
+    {{"rms_norm", "qkv_proj", "qk_norm_rope", "attention", "o_proj", "rms_norm", "gate_up_proj", "silu_mul",
+      "down_proj"},
+     AttentionInputWidth, AttentionOutputWidth, NoShapeCheck, NoBatchCheck,
+     [](MixerStep& m, const DecoderLayerWeights& w) { return AttentionMix(m, w, false); }},
+    {{"rms_norm", "qkv_proj", "qk_norm_rope", "attention", "output_gate", "o_proj", "rms_norm", "gate_up_proj",
+      "silu_mul", "down_proj"},
+     GatedAttentionInputWidth, AttentionOutputWidth, NoShapeCheck, NoBatchCheck,
+     [](MixerStep& m, const DecoderLayerWeights& w) { return AttentionMix(m, w, true); }},
+    {{"rms_norm", "in_proj", "deltanet", "out_proj", "rms_norm", "gate_up_proj", "silu_mul", "down_proj"},
+     DeltaNetInputWidth, DeltaNetOutputWidth, CheckDeltaNetShape, CheckDeltaNetBatch, DeltaNetMix},
+};
+static_assert(sizeof(kLayerKinds) / sizeof(kLayerKinds[0]) == kNumLayerKinds, "one entry per LayerKind");
 
 void ValidateHead(const DecoderHead& head, const uint16_t* final_norm, size_t tokens) {
   if (final_norm == nullptr) throw std::invalid_argument("the head projects the final norm's rows: no final_norm");
@@ -170,6 +240,22 @@ void ValidateHead(const DecoderHead& head, const uint16_t* final_norm, size_t to
 
 }  // namespace
 
+const LayerKindInfo& LayerKindOf(LayerKind kind) {
+  const int i = static_cast<int>(kind);
+  if (i < 0 || i >= kNumLayerKinds) throw std::invalid_argument("unknown decoder layer kind " + std::to_string(i));
+  return kLayerKinds[i];
+}
+
+const char* LayerKindName(LayerKind kind) {
+  static const char* const kNames[] = {
+#define RVASCEND_KIND_NAME(enumerator, name) #name,
+      RVASCEND_LAYER_KINDS(RVASCEND_KIND_NAME)
+#undef RVASCEND_KIND_NAME
+  };
+  LayerKindOf(kind);  // the range check
+  return kNames[static_cast<int>(kind)];
+}
+
 void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* layers, size_t n_layers,
                    const DecoderShape& s, const DecoderBatch& batch, const uint16_t* h, uint16_t* h_out,
                    uint16_t* residual_out, const uint16_t* final_norm, const DecoderHead* head,
@@ -177,30 +263,33 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
   if (n_layers == 0) throw std::invalid_argument("decoder_layers: no layers");
   ValidateDecoderBatch(s, batch);
   if (head != nullptr) ValidateHead(*head, final_norm, batch.tokens);
-  const DecoderLayerWeights* a_deltanet = nullptr;  // any one: the check reads the batch's slots
-  bool gated = false;
+  // Each kind present checks the batch once (any one layer: the checks read the batch's slots),
+  // and sizes the scratch its mixer reads and writes.
+  const DecoderLayerWeights* first_of_kind[kNumLayerKinds] = {};
+  size_t in_n = 0, mixed_n = 0;
   for (size_t l = 0; l < n_layers; ++l) {
-    if (layers[l].kind == LayerKind::kDeltaNet) a_deltanet = &layers[l];
-    gated |= layers[l].kind == LayerKind::kGatedAttention;
+    const LayerKindInfo& info = LayerKindOf(layers[l].kind);
+    const DecoderLayerWeights*& first = first_of_kind[static_cast<int>(layers[l].kind)];
+    if (first != nullptr) continue;
+    first = &layers[l];
+    info.check_batch(s, batch, layers[l]);
+    in_n = std::max(in_n, info.input_width(s));
+    mixed_n = std::max(mixed_n, info.output_width(s));
   }
-  const bool deltanet = a_deltanet != nullptr;
-  if (deltanet) ValidateStateSlots(s, batch, a_deltanet->deltanet);
   const size_t t = batch.tokens;
   if (t == 0) return;
   const ElementwiseKernels& ew = *kernels.elementwise;
   const size_t d = s.head_dim, q_n = s.heads * d, kv_n = s.kv_heads * d;
-  // With an output gate the projection's query part holds each head's query and gate.
-  const size_t q_part = gated ? 2 * q_n : q_n, qkv_n = q_part + 2 * kv_n;
-  const size_t in_n = deltanet ? s.deltanet.in_proj_n() : 0, value_n = s.deltanet.nv * s.deltanet.dv;
   Scratch& sc = Scratch::ThisThread();
   uint16_t* x = Rows(sc.x, t, s.hidden);
   uint16_t* res_tmp = Rows(sc.residual, t, s.hidden);
-  uint16_t* qkv = Rows(sc.qkv, t, qkv_n > in_n ? qkv_n : in_n);
-  uint16_t* q = Rows(sc.q, t, q_n);
-  uint16_t* k = Rows(sc.k, t, kv_n);
-  uint16_t* v = Rows(sc.v, t, kv_n);
-  uint16_t* attn = Rows(sc.attn, t, q_n);
-  uint16_t* mixed = Rows(sc.mixed, t, q_n > value_n ? q_n : value_n);  // the o/out_proj input
+  MixerStep m{kernels, s, batch, t, num_threads, x};
+  m.qkv = Rows(sc.qkv, t, in_n);
+  m.q = Rows(sc.q, t, q_n);
+  m.k = Rows(sc.k, t, kv_n);
+  m.v = Rows(sc.v, t, kv_n);
+  m.attn = Rows(sc.attn, t, q_n);
+  m.mixed = Rows(sc.mixed, t, mixed_n);  // the o/out_proj input
   uint16_t* o = Rows(sc.o, t, s.hidden);
   uint16_t* gate_up = Rows(sc.gate_up, t, 2 * s.intermediate);
   uint16_t* act = Rows(sc.act, t, s.intermediate);
@@ -209,29 +298,24 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
   uint16_t* res = residual_out;
   const size_t bytes = t * s.hidden * sizeof(uint16_t);
   const uint16_t* layer_in = h;
-  KvPoolAttentionArgs attention = AttentionArgs(s, batch);
-  attention.q = q;
-  attention.q_stride = q_n;
-  attention.out = attn;
-  attention.out_stride = q_n;
-  RopeHeads q_heads, k_heads;  // per layer only the norm weights and the query's stride change
-  q_heads.heads = s.heads;
-  k_heads.heads = s.kv_heads;
-  for (RopeHeads* r : {&q_heads, &k_heads}) {
+  m.attention = AttentionArgs(s, batch);
+  m.attention.q = m.q;
+  m.attention.q_stride = q_n;
+  m.attention.out = m.attn;
+  m.attention.out_stride = q_n;
+  m.q_heads.heads = s.heads;
+  m.k_heads.heads = s.kv_heads;
+  for (RopeHeads* r : {&m.q_heads, &m.k_heads}) {
     r->d = r->stride = d;
     r->rotary_dim = s.rotary_dim ? s.rotary_dim : d;
     r->eps = s.qk_norm_eps;
     r->zero_centred = s.zero_centred;
   }
-  int stage = 0;
-  auto mark = [&]() {
-    if (kernels.stage_marker != nullptr) kernels.stage_marker(stage);
-    ++stage;
-  };
   for (size_t l = 0; l < n_layers; ++l) {
     const DecoderLayerWeights& w = layers[l];
-    stage = 0;
-    mark();
+    const LayerKindInfo& info = LayerKindOf(w.kind);
+    m.stage = 0;
+    m.Mark();
     if (l == 0) {  // the stream starts as the first layer's input
       RmsNormRows(ew, t, s.hidden, layer_in, s.hidden, nullptr, 0, w.input_norm, s.norm_eps, s.zero_centred, x,
                   nullptr, num_threads);
@@ -241,65 +325,34 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
                   res_tmp, num_threads);
       std::swap(res, res_tmp);
     }
-    mark();
-    const uint16_t* o_in = attn;
-    size_t o_k = q_n;
-    if (w.kind == LayerKind::kDeltaNet) {
-      Project(kernels, w.qkv, in_n, s.hidden, x, t, qkv, num_threads);
-      mark();
-      rgdr::DeltaNetDecodeCpu(DeltaNetArgs(s, batch, w.deltanet, qkv, mixed), num_threads);
-      o_in = mixed;
-      o_k = value_n;
-    } else {
-      const bool gate = w.kind == LayerKind::kGatedAttention;
-      const size_t n = (gate ? 2 * q_n : q_n) + 2 * kv_n;
-      Project(kernels, w.qkv, n, s.hidden, x, t, qkv, num_threads);
-      mark();
-      q_heads.norm_weight = w.q_norm;
-      q_heads.stride = gate ? 2 * d : d;
-      k_heads.norm_weight = w.k_norm;
-      const uint16_t* k_in = qkv + n - 2 * kv_n;
-      RopeRows(ew, t, q_heads, qkv, n, batch.cos, batch.sin, q, num_threads);
-      RopeRows(ew, t, k_heads, k_in, n, batch.cos, batch.sin, k, num_threads);
-      mark();
-      for (size_t i = 0; i < t; ++i) std::memcpy(v + i * kv_n, k_in + i * n + kv_n, kv_n * sizeof(uint16_t));
-      WriteKvPool(w.k_pool, s.num_slots, kv_n, k, batch.write_slots, t);
-      WriteKvPool(w.v_pool, s.num_slots, kv_n, v, batch.write_slots, t);
-      attention.k_pool = w.k_pool;
-      attention.v_pool = w.v_pool;
-      KvPoolAttention(attention, num_threads, kernels.attention);
-      if (gate) {
-        mark();
-        SigmoidMulRows(ew, t, s.heads, d, attn, q_n, qkv + d, n, 2 * d, mixed, num_threads);
-        o_in = mixed;
-      }
-    }
-    mark();
-    Project(kernels, w.o, s.hidden, o_k, o_in, t, o, num_threads);
-    mark();
+    m.Mark();
+    const uint16_t* o_in = info.mix(m, w);
+    m.Mark();
+    Project(kernels, w.o, s.hidden, info.output_width(s), o_in, t, o, num_threads);
+    m.Mark();
     RmsNormRows(ew, t, s.hidden, o, s.hidden, res, s.hidden, w.post_attention_norm, s.norm_eps, s.zero_centred, x,
                 res_tmp, num_threads);
     std::swap(res, res_tmp);
-    mark();
+    m.Mark();
     Project(kernels, w.gate_up, 2 * s.intermediate, s.hidden, x, t, gate_up, num_threads);
-    mark();
+    m.Mark();
     SiluMulRows(ew, t, s.intermediate, gate_up, 2 * s.intermediate, act, num_threads);
-    mark();
+    m.Mark();
     Project(kernels, w.down, s.hidden, s.intermediate, act, t, h_out, num_threads);
     layer_in = h_out;
   }
-  stage = 0;
-  mark();
+  m.stage = 0;
+  m.Mark();
   if (final_norm != nullptr) {
     // Into scratch, then back: the norm's input and output may not alias.
     RmsNormRows(ew, t, s.hidden, h_out, s.hidden, res, s.hidden, final_norm, s.norm_eps, s.zero_centred, x,
                 res_tmp, num_threads);
     std::swap(res, res_tmp);
     std::memcpy(h_out, x, bytes);
-    mark();
+    m.Mark();
     if (head != nullptr) {
       const uint16_t* in = x;
-      size_t m = t;
+      size_t rows = t;
       if (head->rows != nullptr) {  // gathered into the attention scratch, free by now
         uint16_t* gathered = Rows(sc.attn, head->n_rows, s.hidden);
         for (size_t i = 0; i < head->n_rows; ++i) {
@@ -307,10 +360,10 @@ void DecoderLayers(const DecoderKernels& kernels, const DecoderLayerWeights* lay
                       s.hidden * sizeof(uint16_t));
         }
         in = gathered;
-        m = head->n_rows;
+        rows = head->n_rows;
       }
-      if (m != 0) Project(kernels, head->weight, head->vocab, s.hidden, in, m, head->logits, num_threads);
-      mark();
+      if (rows != 0) Project(kernels, head->weight, head->vocab, s.hidden, in, rows, head->logits, num_threads);
+      m.Mark();
     }
   }
   if (res != residual_out) std::memcpy(residual_out, res, bytes);

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "rvv_kernels/decoder/decoder_layer_table.h"
 #include "rvv_kernels/elementwise/elementwise_ukernels.h"
 #include "rvv_kernels/linear/microkernel.h"
 #include "rvv_kernels/quantized/quant_kernel_sets.h"
@@ -43,35 +44,34 @@ struct ProjectionWeight {
   size_t n_parts = 0;
 };
 
-enum class LayerKind : int { kAttention = 0, kGatedAttention = 1, kDeltaNet = 2 };
-
-// A Gated DeltaNet layer's own weights and recurrent state (BF16 but the FP32
-// delta-rule state), indexed by DecoderBatch::state_slots.
-struct DeltaNetLayerWeights {
-  const uint16_t* conv_weight = nullptr;  // [C, K], C = 2 NK Dk + NV Dv
-  const uint16_t* a_log = nullptr;        // [NV]
-  const uint16_t* dt_bias = nullptr;      // [NV]
-  const uint16_t* norm_weight = nullptr;  // [Dv], the gated RMSNorm's (plain) weight
-  uint16_t* conv_state = nullptr;         // [state slots, C, K - 1]
-  float* ssm_state = nullptr;             // [state slots, NV, Dv, Dk]
+enum class LayerKind : int {
+#define RVASCEND_KIND_ENUMERATOR(enumerator, name) enumerator,
+  RVASCEND_LAYER_KINDS(RVASCEND_KIND_ENUMERATOR)
+#undef RVASCEND_KIND_ENUMERATOR
 };
 
-// One layer's weights and KV pool or recurrent state: gate_up [gate | up]; qkv
-// [q | k | v] rows ([q0 g0 q1 g1 ... | k | v], head by head, with an output gate),
-// or a DeltaNet layer's in_proj [qkv | z | b | a], and o its o_proj or out_proj.
+#define RVASCEND_KIND_COUNT(enumerator, name) +1
+constexpr int kNumLayerKinds = 0 RVASCEND_LAYER_KINDS(RVASCEND_KIND_COUNT);
+#undef RVASCEND_KIND_COUNT
+
+// The kind masks of decoder_layer_table.h's buffers.
+constexpr unsigned KindBit(LayerKind kind) { return 1u << static_cast<int>(kind); }
+constexpr unsigned kAnyLayer = (1u << kNumLayerKinds) - 1;
+constexpr unsigned kAttentionLayers = KindBit(LayerKind::kAttention) | KindBit(LayerKind::kGatedAttention);
+constexpr unsigned kDeltaNetLayers = KindBit(LayerKind::kDeltaNet);
+enum LayerBufferNeed { kRequired, kOptional };
+
+// One layer's weights and its KV pool or recurrent state, every field of
+// decoder_layer_table.h (null: the layer's kind has no such buffer, or an optional
+// one is absent).
 struct DecoderLayerWeights {
   LayerKind kind = LayerKind::kAttention;
-  const uint16_t* input_norm = nullptr;           // [hidden], BF16
-  const uint16_t* post_attention_norm = nullptr;  // [hidden]
-  ProjectionWeight qkv;                           // N = (heads (2 with a gate) + 2 kv_heads) head_dim, K = hidden
-  ProjectionWeight o;                             // N = hidden, K = heads head_dim (DeltaNet: NV Dv)
-  ProjectionWeight gate_up;                       // N = 2 intermediate, K = hidden
-  ProjectionWeight down;                          // N = hidden, K = intermediate
-  const uint16_t* q_norm = nullptr;               // [head_dim] or null (no q/k norm)
-  const uint16_t* k_norm = nullptr;
-  uint16_t* k_pool = nullptr;  // [num_slots, kv_heads, head_dim]
-  uint16_t* v_pool = nullptr;
-  DeltaNetLayerWeights deltanet;  // kDeltaNet only
+#define RVASCEND_WEIGHT_PROJECTION(field, n, k) ProjectionWeight field;
+  RVASCEND_LAYER_PROJECTIONS(RVASCEND_WEIGHT_PROJECTION)
+#undef RVASCEND_WEIGHT_PROJECTION
+#define RVASCEND_WEIGHT_BUFFER(field, type, kinds, need, elements) type* field = nullptr;
+  RVASCEND_LAYER_BUFFERS(RVASCEND_WEIGHT_BUFFER)
+#undef RVASCEND_WEIGHT_BUFFER
 };
 
 struct DeltaNetShape {
@@ -115,7 +115,7 @@ struct DecoderKernels {
   const ElementwiseKernels* elementwise = nullptr;
   std::string attention;  // "" = the best this CPU runs
   // Called at every stage boundary when set (instruction counting under QEMU):
-  // before each of a layer's stages (DecoderStageNames), once after the last layer and,
+  // before each of a layer's stages (LayerKindInfo::stages), once after the last layer and,
   // with a final norm, once after it, and with a head once after that.
   void (*stage_marker)(int) = nullptr;
 };
@@ -130,9 +130,26 @@ struct DecoderHead {
   uint16_t* logits = nullptr;     // [rows (or tokens), vocab]
 };
 
-// The stages a layer of `kind` runs, in order (the names the step profiler
-// reports); the stage marker gets each one's index into this list.
-const std::vector<std::string>& DecoderStageNames(LayerKind kind);
+struct MixerStep;  // decoder_layers.cc's
+
+// What the step knows of each layer kind, in one table (decoder_layers.cc).
+struct LayerKindInfo {
+  // The stages a layer of this kind runs, in order (the names the step profiler
+  // reports); the stage marker gets each one's index into this list.
+  std::vector<std::string> stages;
+  size_t (*input_width)(const DecoderShape& s);   // its qkv (in_proj) rows
+  size_t (*output_width)(const DecoderShape& s);  // its o (out_proj) input width
+  // Throws std::invalid_argument when the shape cannot hold such a layer, or when a
+  // step's batch cannot run through it (before the first layer writes).
+  void (*check_shape)(const DecoderShape& s);
+  void (*check_batch)(const DecoderShape& s, const DecoderBatch& batch, const DecoderLayerWeights& w);
+  // The mixer: from the normed input to o's input (returned), through its stages.
+  const uint16_t* (*mix)(MixerStep& step, const DecoderLayerWeights& w);
+};
+
+// A kind's entry and its name; both throw std::invalid_argument for a value outside LayerKind.
+const LayerKindInfo& LayerKindOf(LayerKind kind);
+const char* LayerKindName(LayerKind kind);
 
 // h: [tokens, hidden], the first layer's input, which is also where the
 // residual stream starts (the embedding output). On return h_out holds the

@@ -62,12 +62,6 @@ ProjectionWeight ResolveProjection(const ProjectionDesc& desc, const ProjectionS
   return w;
 }
 
-void CheckDeltaNetShape(const DeltaNetShape& dn) {
-  if (dn.nk == 0 || dn.nv % dn.nk || dn.dk == 0 || dn.dv == 0 || dn.kernel < 2) {
-    throw std::invalid_argument("shape.deltanet: NV must be a multiple of NK >= 1, Dk and Dv positive, 2+ conv taps");
-  }
-}
-
 }  // namespace
 
 DecoderModel::DecoderModel(const DecoderModelDesc& desc)
@@ -75,54 +69,40 @@ DecoderModel::DecoderModel(const DecoderModelDesc& desc)
   if (desc.layers.empty()) throw std::invalid_argument("decoder model: no layers");
   const DecoderShape& s = shape_;
   const DeltaNetShape& dn = s.deltanet;
-  bool recurrent_shape_checked = false;
-  const size_t q_n = s.heads * s.head_dim, kv_n = s.kv_heads * s.head_dim;
+  bool shape_checked[kNumLayerKinds] = {};
   layers_.resize(desc.layers.size());
   for (size_t l = 0; l < desc.layers.size(); ++l) {
     const LayerDesc& d = desc.layers[l];
     DecoderLayerWeights& w = layers_[l];
     const auto field = [l](const char* name) { return [l, name] { return "layer " + std::to_string(l) + " " + name; }; };
-    const int kind = static_cast<int>(d.kind);
-    if (kind < 0 || kind > 2) throw std::invalid_argument(field("kind")() + ": unknown layer kind");
-    w.kind = d.kind;
-    const bool recurrent = d.kind == LayerKind::kDeltaNet;
-    if (recurrent && !recurrent_shape_checked) {
-      CheckDeltaNetShape(dn);
-      recurrent_shape_checked = true;
+    const LayerKind kind = d.kind;
+    const int kind_index = static_cast<int>(kind);
+    if (kind_index < 0 || kind_index >= kNumLayerKinds) {
+      throw std::invalid_argument(field("kind")() + ": unknown layer kind " + std::to_string(kind_index));
     }
-    const size_t qkv_n = recurrent ? dn.in_proj_n() : (d.kind == LayerKind::kGatedAttention ? 2 * q_n : q_n) + 2 * kv_n;
-    const auto projection = [&](const ProjectionDesc& p, size_t n, size_t k, const char* name) {
-      return ResolveProjection(p, {n, k, block_n_, quant_tile_}, field(name), &any_quantized_);
-    };
-    w.input_norm = Extent<const uint16_t>(d.input_norm, s.hidden, field("input_norm"));
-    w.post_attention_norm = Extent<const uint16_t>(d.post_attention_norm, s.hidden, field("post_attention_norm"));
-    w.qkv = projection(d.qkv, qkv_n, s.hidden, recurrent ? "in_proj" : "qkv");
-    w.o = projection(d.o, s.hidden, recurrent ? dn.nv * dn.dv : q_n, recurrent ? "out_proj" : "o");
-    w.gate_up = projection(d.gate_up, 2 * s.intermediate, s.hidden, "gate_up");
-    w.down = projection(d.down, s.hidden, s.intermediate, "down");
-    if (recurrent) {
-      const size_t c = dn.conv_dim(), slots = dn.num_slots;
-      DeltaNetLayerWeights& r = w.deltanet;
-      r.conv_weight = Extent<const uint16_t>(d.conv_weight, c * dn.kernel, field("conv_weight"));
-      r.a_log = Extent<const uint16_t>(d.a_log, dn.nv, field("a_log"));
-      r.dt_bias = Extent<const uint16_t>(d.dt_bias, dn.nv, field("dt_bias"));
-      r.norm_weight = Extent<const uint16_t>(d.deltanet_norm, dn.dv, field("deltanet_norm"));
-      r.conv_state = Extent<uint16_t>(d.conv_state, CheckedProduct("conv_state", slots, c, dn.kernel - 1),
-                                      field("conv_state"));
-      r.ssm_state = Extent<float>(d.ssm_state, CheckedProduct("ssm_state", slots, dn.nv, dn.dv, dn.dk),
-                                  field("ssm_state"));
-    } else {
-      // Both q/k norms or neither.
-      if (d.q_norm.empty() != d.k_norm.empty()) {
-        throw std::invalid_argument(field("q_norm")() + " and k_norm: give both or neither");
-      }
-      if (!d.q_norm.empty()) {
-        w.q_norm = Extent<const uint16_t>(d.q_norm, s.head_dim, field("q_norm"));
-        w.k_norm = Extent<const uint16_t>(d.k_norm, s.head_dim, field("k_norm"));
-      }
-      const size_t pool = CheckedProduct("kv pool", s.num_slots, kv_n);
-      w.k_pool = Extent<uint16_t>(d.k_pool, pool, field("k_pool"));
-      w.v_pool = Extent<uint16_t>(d.v_pool, pool, field("v_pool"));
+    const unsigned bit = KindBit(kind);
+    w.kind = kind;
+    if (!shape_checked[kind_index]) {
+      LayerKindOf(kind).check_shape(s);
+      shape_checked[kind_index] = true;
+    }
+#define RVASCEND_CHECK_PROJECTION(name, n, k) \
+  w.name = ResolveProjection(d.name, {n, k, block_n_, quant_tile_}, field(#name), &any_quantized_);
+    RVASCEND_LAYER_PROJECTIONS(RVASCEND_CHECK_PROJECTION)
+#undef RVASCEND_CHECK_PROJECTION
+#define RVASCEND_CHECK_BUFFER(name, type, kinds, need, elements)                                             \
+  if (!((kinds) & bit)) {                                                                                    \
+    if (!d.name.empty()) {                                                                                   \
+      throw std::invalid_argument(field(#name)() + ": a layer of kind " + LayerKindName(kind) + " has none"); \
+    }                                                                                                        \
+  } else if (!((need) == kOptional && d.name.empty())) {                                                     \
+    [[maybe_unused]] const char* field_name = #name;                                                         \
+    w.name = Extent<type>(d.name, elements, field(field_name));                                             \
+  }
+    RVASCEND_LAYER_BUFFERS(RVASCEND_CHECK_BUFFER)
+#undef RVASCEND_CHECK_BUFFER
+    if ((w.q_norm == nullptr) != (w.k_norm == nullptr)) {
+      throw std::invalid_argument(field("q_norm")() + " and k_norm: give both or neither");
     }
   }
   if (!desc.final_norm.empty()) final_norm_ = Extent<const uint16_t>(desc.final_norm, s.hidden, "final_norm");

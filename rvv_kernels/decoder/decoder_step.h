@@ -38,15 +38,18 @@ struct ProjectionDesc {
   bool empty() const { return packed.empty() && parts.empty(); }
 };
 
-// One layer. Attention layers fill q_norm and k_norm (or leave them empty: no q/k
-// norm) and the K/V pool; Gated DeltaNet layers the fields after those, and their
-// qkv and o hold in_proj and out_proj.
+// One layer: its kind and every field of decoder_layer_table.h, a projection's as a
+// ProjectionDesc and any other buffer's as a Span. A field its kind does not carry
+// stays empty (filled, it is an error); q_norm and k_norm may both stay empty (no q/k
+// norm). A DeltaNet layer's qkv and o hold its in_proj and out_proj.
 struct LayerDesc {
   LayerKind kind = LayerKind::kAttention;
-  Span input_norm, post_attention_norm;
-  ProjectionDesc qkv, o, gate_up, down;
-  Span q_norm, k_norm, k_pool, v_pool;
-  Span conv_weight, a_log, dt_bias, deltanet_norm, conv_state, ssm_state;
+#define RVASCEND_DESC_PROJECTION(field, n, k) ProjectionDesc field;
+  RVASCEND_LAYER_PROJECTIONS(RVASCEND_DESC_PROJECTION)
+#undef RVASCEND_DESC_PROJECTION
+#define RVASCEND_DESC_BUFFER(field, type, kinds, need, elements) Span field;
+  RVASCEND_LAYER_BUFFERS(RVASCEND_DESC_BUFFER)
+#undef RVASCEND_DESC_BUFFER
 };
 
 struct DecoderModelDesc {

@@ -50,12 +50,13 @@ namespace rvascend {
 
 void BindDecoderStep(pybind11::module_& m, void (*stage_marker)(int)) {
   namespace py = pybind11;
-  py::enum_<LayerKind>(m, "LayerKind", "A decoder layer's mixer (decoder_layers.h).")
-      .value("attention", LayerKind::kAttention)
-      .value("gated_attention", LayerKind::kGatedAttention)
-      .value("deltanet", LayerKind::kDeltaNet);
-  m.def("decoder_stage_names", &DecoderStageNames, py::arg("kind"),
-        "The stages a layer of this kind runs, in order (the step profiler's region names).");
+  py::enum_<LayerKind> kinds(m, "LayerKind", "A decoder layer's mixer (decoder_layer_table.h).");
+#define RVASCEND_BIND_KIND(enumerator, name) kinds.value(#name, LayerKind::enumerator);
+  RVASCEND_LAYER_KINDS(RVASCEND_BIND_KIND)
+#undef RVASCEND_BIND_KIND
+  m.def(
+      "decoder_stage_names", [](LayerKind kind) { return LayerKindOf(kind).stages; }, py::arg("kind"),
+      "The stages a layer of this kind runs, in order (the step profiler's region names).");
 
   py::class_<DeltaNetShape>(m, "DeltaNetShape")
       .def(py::init<>())
@@ -92,26 +93,16 @@ void BindDecoderStep(pybind11::module_& m, void (*stage_marker)(int)) {
            py::kw_only(), py::arg("packed") = py::none(), py::arg("parts") = std::vector<QuantPartDesc>())
       .def_readwrite("packed", &ProjectionDesc::packed)
       .def_readwrite("parts", &ProjectionDesc::parts);
-  py::class_<LayerDesc>(m, "LayerDesc")
-      .def(py::init<>())
+  py::class_<LayerDesc> layer(m, "LayerDesc", "One layer: its kind and every field of decoder_layer_table.h.");
+  layer.def(py::init<>())
       .def(py::init<const LayerDesc&>(), py::arg("other"), "A copy.")
-      .def_readwrite("kind", &LayerDesc::kind)
-      .def_readwrite("input_norm", &LayerDesc::input_norm)
-      .def_readwrite("post_attention_norm", &LayerDesc::post_attention_norm)
-      .def_readwrite("qkv", &LayerDesc::qkv)
-      .def_readwrite("o", &LayerDesc::o)
-      .def_readwrite("gate_up", &LayerDesc::gate_up)
-      .def_readwrite("down", &LayerDesc::down)
-      .def_readwrite("q_norm", &LayerDesc::q_norm)
-      .def_readwrite("k_norm", &LayerDesc::k_norm)
-      .def_readwrite("k_pool", &LayerDesc::k_pool)
-      .def_readwrite("v_pool", &LayerDesc::v_pool)
-      .def_readwrite("conv_weight", &LayerDesc::conv_weight)
-      .def_readwrite("a_log", &LayerDesc::a_log)
-      .def_readwrite("dt_bias", &LayerDesc::dt_bias)
-      .def_readwrite("deltanet_norm", &LayerDesc::deltanet_norm)
-      .def_readwrite("conv_state", &LayerDesc::conv_state)
-      .def_readwrite("ssm_state", &LayerDesc::ssm_state);
+      .def_readwrite("kind", &LayerDesc::kind);
+#define RVASCEND_BIND_PROJECTION(field, n, k) layer.def_readwrite(#field, &LayerDesc::field);
+  RVASCEND_LAYER_PROJECTIONS(RVASCEND_BIND_PROJECTION)
+#undef RVASCEND_BIND_PROJECTION
+#define RVASCEND_BIND_BUFFER(field, type, kinds, need, elements) layer.def_readwrite(#field, &LayerDesc::field);
+  RVASCEND_LAYER_BUFFERS(RVASCEND_BIND_BUFFER)
+#undef RVASCEND_BIND_BUFFER
   py::class_<DecoderModelDesc>(m, "DecoderModelDesc")
       .def(py::init<>())
       .def(py::init<const DecoderModelDesc&>(), py::arg("other"), "A copy.")

@@ -318,7 +318,10 @@ def test_the_native_model_checks_every_buffer_by_its_field_name(fusing_model):
             ({}, dict(head=_native.ProjectionDesc(packed=(desc.head.packed[0], desc.head.packed[1] - 1))),
              "head has"),
             ({}, dict(vocab=0), "head: vocab is 0"),
-            ({}, dict(block_n=0), "layer 0 qkv: a BF16 projection needs the model's block_n")):
+            ({}, dict(block_n=0), "layer 0 qkv: a BF16 projection needs the model's block_n"),
+            # A buffer the layer's kind does not carry is refused, not ignored.
+            (dict(conv_state=pool.k[0]), {}, "layer 0 conv_state: a layer of kind attention has none"),
+            (dict(kind=_native.LayerKind(7)), {}, "layer 0 kind: unknown layer kind 7")):
         with pytest.raises(ValueError, match=message):
             _native.DecoderModel(_desc_with(desc, layer0, **fields))
     assert c.num_hidden_layers == _native.DecoderModel(_desc_with(desc)).num_layers
