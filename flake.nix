@@ -46,7 +46,7 @@
           mkdir -p $out/python/rvascend/_native
           cp -r python/rvascend $out/python/
           touch $out/python/rvascend/_native/__init__.py
-          cp _rvv_kernels.so _rgdr.so $out/python/rvascend/_native/
+          cp _rvv_kernels.so _recurrent_gated_delta_rule.so $out/python/rvascend/_native/
         '';
       };
 

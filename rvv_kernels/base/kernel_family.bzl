@@ -1,7 +1,7 @@
 """What every kernel family's BUILD file shares: its vector sets, the library that
 dispatches between them, its test pair and its benchmark.
 
-A family (rvv_kernels/<family>/, ascend_kernels/.../cpu/) has an RVV set built with
+A family (rvv_kernels/<family>/) has an RVV set built with
 V, x86 sets built per ISA level, a portable set, and one library that picks the best
 set the CPU reports at run time; its test runs on the host and under QEMU at every
 VLEN; its benchmark is built for the host and, statically, for riscv64.

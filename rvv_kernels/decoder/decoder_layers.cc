@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/deltanet_decode.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/deltanet_decode.h"
 #include "rvv_kernels/attention/kv_pool_attention.h"
 #include "rvv_kernels/elementwise/elementwise.h"
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"

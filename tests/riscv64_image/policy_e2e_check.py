@@ -60,20 +60,20 @@ def check_hybrid() -> bool:
     """Qwen3.5: check() with its kernels, every DeltaNet layer's step in its one native call
     (policy off: prefill and decode; on: prefill, its decode steps in the fused step)."""
     from rvascend.models import qwen3_5
-    from rvascend.ops import gated_delta_rule
+    from rvascend.ops import recurrent_gated_delta_rule
 
     calls = []
-    real = gated_delta_rule.deltanet_decode
+    real = recurrent_gated_delta_rule.deltanet_decode
 
     def counted(*args):
         calls.append(1)
         return real(*args)
 
-    gated_delta_rule.deltanet_decode = counted
+    recurrent_gated_delta_rule.deltanet_decode = counted
     try:
         ok = check("qwen3.5", QWEN3_5, HYBRID_KERNELS)
     finally:
-        gated_delta_rule.deltanet_decode = real
+        recurrent_gated_delta_rule.deltanet_decode = real
     # One prefill and 5 decode steps with the policy off, then the prefill with it on; 3 DeltaNet
     # layers each.
     print(f"qwen3.5: prompts through the DeltaNet call: {qwen3_5.RECURRENT_PROMPTS}, {len(calls)} calls")

@@ -38,7 +38,7 @@ image_py_test = rule(
         "env": attr.string_dict(),
         "extension": attr.label(default = "//python:rvv_kernels_extension_riscv64_image"),
         # More of the package's extensions built for the image (the gated-delta-rule op's
-        # _rgdr.so, for hybrid models), staged into rvascend/ops/ under their own names.
+        # _recurrent_gated_delta_rule.so, for hybrid models), staged into rvascend/ops/ under their own names.
         "extra_extensions": attr.label_list(),
         "package": attr.label(default = "//python:rvascend"),
         "_template": attr.label(

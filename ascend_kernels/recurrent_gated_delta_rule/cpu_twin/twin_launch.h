@@ -2,7 +2,7 @@
 #ifndef RGDR_CPU_TWIN_TWIN_LAUNCH_H_
 #define RGDR_CPU_TWIN_TWIN_LAUNCH_H_
 
-#include "cpu/rgdr_args.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_args.h"
 #include "cpu_twin/twin_runtime.h"
 #include "op_host/recurrent_gated_delta_rule_platforms.h"
 #include "op_kernel/recurrent_gated_delta_rule_tiling_data.h"

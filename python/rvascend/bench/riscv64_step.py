@@ -58,7 +58,7 @@ def _define_flags() -> None:
                         "setup/qemu_plugins.py).")
     flags.DEFINE_string("image", None, "riscv64 image root (default: .deps/riscv64_image).")
     flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image (default: built with Bazel).")
-    flags.DEFINE_string("rgdr_extension", None, "_rgdr.so (the gated-delta-rule op, for hybrid models) built for the "
+    flags.DEFINE_string("recurrent_gated_delta_rule_extension", None, "_recurrent_gated_delta_rule.so (the gated-delta-rule op, for hybrid models) built for the "
                         "image (default: built with Bazel).")
     flags.DEFINE_string("plugin", None, "qemu_count_plugin .so (default: built with Bazel).")
     flags.DEFINE_string("package", None, "Directory holding the rvascend package (default: this source tree).")
@@ -125,13 +125,13 @@ def library_of(path: str) -> str:
 
 def _bazel_outputs() -> tuple[str, str, str]:
     targets = ["//python:rvv_kernels_extension_riscv64_image", "//python:qemu_count_plugin.so",
-               "//python:rgdr_extension_riscv64_image"]
+               "//python:recurrent_gated_delta_rule_extension_riscv64_image"]
     from rvascend.setup import steps
 
     bin_dir = steps.bazel_bin(targets)
     return (os.path.join(bin_dir, "python", "rvv_kernels_extension_riscv64_image", "_rvv_kernels.so"),
             os.path.join(bin_dir, "python", "qemu_count_plugin.so"),
-            os.path.join(bin_dir, "python", "rgdr_extension_riscv64_image", "_rgdr.so"))
+            os.path.join(bin_dir, "python", "recurrent_gated_delta_rule_extension_riscv64_image", "_recurrent_gated_delta_rule.so"))
 
 
 def _check_qemu(qemu: str) -> str:
@@ -431,10 +431,10 @@ def main(argv: list[str]) -> int:
     from rvascend.repro import manifest
 
     image = FLAGS.image or os.path.join(checkout.root(), ".deps", "riscv64_image")
-    extension, plugin, rgdr = FLAGS.extension, FLAGS.plugin, FLAGS.rgdr_extension
-    if extension is None or plugin is None or rgdr is None:
-        built_ext, built_plugin, built_rgdr = _bazel_outputs()
-        extension, plugin, rgdr = extension or built_ext, plugin or built_plugin, rgdr or built_rgdr
+    extension, plugin, rule_extension = FLAGS.extension, FLAGS.plugin, FLAGS.recurrent_gated_delta_rule_extension
+    if extension is None or plugin is None or rule_extension is None:
+        built_ext, built_plugin, built_rule = _bazel_outputs()
+        extension, plugin, rule_extension = extension or built_ext, plugin or built_plugin, rule_extension or built_rule
     from rvascend.setup import qemu_plugins
 
     qemu = FLAGS.qemu or qemu_plugins.emulator(os.path.join(checkout.root(), ".deps"))
@@ -453,7 +453,7 @@ def main(argv: list[str]) -> int:
         shutil.copytree(os.path.join(FLAGS.package or os.path.join(checkout.root(), "python"), "rvascend"),
                         os.path.join(stage, "rvascend"), ignore=shutil.ignore_patterns("*.so", "_native", "__pycache__"))
         shutil.copy(extension, os.path.join(stage, "rvascend", "ops", "_rvv_kernels.so"))
-        shutil.copy(rgdr, os.path.join(stage, "rvascend", "ops", "_rgdr.so"))
+        shutil.copy(rule_extension, os.path.join(stage, "rvascend", "ops", "_recurrent_gated_delta_rule.so"))
         target_layers = FLAGS.target_layers or random_checkpoint.SHAPES[FLAGS.shape]["num_hidden_layers"]
         checkpoints = {n: random_checkpoint.write(FLAGS.shape, os.path.join(tmp, f"model-{n}l"), layers=n)
                        for n in layers}

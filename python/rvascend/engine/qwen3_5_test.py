@@ -89,7 +89,7 @@ def test_logits_match_transformers_through_prefill_and_32_decode_steps(pair, chu
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-5), (torch.bfloat16, 3e-2)])
 def test_the_one_call_decode_step_equals_the_torch_layer(pair, dtype, tol, monkeypatch):
     from rvascend.models import qwen3_5
-    from rvascend.ops import gated_delta_rule
+    from rvascend.ops import recurrent_gated_delta_rule
 
     path = pair[2]
     model = load_model(path, dtype)
@@ -99,8 +99,8 @@ def test_the_one_call_decode_step_equals_the_torch_layer(pair, dtype, tol, monke
     for r in (native, stepwise):
         r.step([(i, p, 0) for i, p in enumerate(prompts)])
     calls = []
-    real = gated_delta_rule.deltanet_decode
-    monkeypatch.setattr(gated_delta_rule, "deltanet_decode", lambda *a: calls.append(1) or real(*a))
+    real = recurrent_gated_delta_rule.deltanet_decode
+    monkeypatch.setattr(recurrent_gated_delta_rule, "deltanet_decode", lambda *a: calls.append(1) or real(*a))
     lens = [len(p) for p in prompts]
     for step in range(4):
         rows = [(i, [(7 * step + i) % VOCAB], lens[i]) for i in range(3)]
@@ -117,7 +117,7 @@ def test_the_one_call_decode_step_equals_the_torch_layer(pair, dtype, tol, monke
 
 
 def test_the_one_call_decode_step_refuses_bad_slots_and_dtypes(pair):
-    from rvascend.ops.gated_delta_rule import deltanet_decode
+    from rvascend.ops.recurrent_gated_delta_rule import deltanet_decode
 
     model = pair[1]
     layer = model.model.layers[0].linear_attn
@@ -150,7 +150,7 @@ def test_the_one_call_decode_step_refuses_bad_slots_and_dtypes(pair):
 def test_the_one_call_step_reads_one_slot_and_writes_another(pair, lengths):
     """Double-buffered states (read_slots): the output and the written slots' states equal
     an in-place step's on the same states, and the slots read are left as they were."""
-    from rvascend.ops.gated_delta_rule import deltanet_decode
+    from rvascend.ops.recurrent_gated_delta_rule import deltanet_decode
 
     model = pair[1]
     layer = model.model.layers[0].linear_attn
@@ -179,7 +179,7 @@ def test_the_one_call_step_reads_one_slot_and_writes_another(pair, lengths):
 def test_the_one_call_step_keeps_each_verified_tokens_states_in_its_token_slot(pair):
     """A verify step (token_slots): the output equals the step without them, and token j's
     slot holds the states a step over tokens 0..j alone leaves, conv window and delta rule."""
-    from rvascend.ops.gated_delta_rule import deltanet_decode
+    from rvascend.ops.recurrent_gated_delta_rule import deltanet_decode
 
     model = pair[1]
     layer = model.model.layers[0].linear_attn

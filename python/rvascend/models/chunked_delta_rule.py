@@ -18,7 +18,7 @@ products each:
     S_end = exp(G_last) S0 + sum_j exp(G_last - G_j) k_j u_j^T.
 
 So a prompt costs a few GEMMs per chunk instead of a rank-one update per token.
-The decode path is the project's op (ops/gated_delta_rule.py); both are checked
+The decode path is the project's op (ops/recurrent_gated_delta_rule.py); both are checked
 against transformers' `torch_recurrent_gated_delta_rule` in qwen3_5_test.py.
 """
 

@@ -130,7 +130,7 @@ class GatedDeltaNet(nn.Module):
         if self._one_native_call(batch, mixed, conv_pool, weight):
             # From the conv to the gated norm in one call: every sequence decodes one token, or
             # (RECURRENT_PROMPTS) prompts too, from zeroed slots for a prompt's first chunk.
-            from rvascend.ops.gated_delta_rule import deltanet_decode
+            from rvascend.ops.recurrent_gated_delta_rule import deltanet_decode
 
             index = batch.recurrent_index()
             for slot in index.starting:
@@ -154,8 +154,8 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(t, self.nv, self.dv)
         core = torch.empty(t, self.nv, self.dv, dtype=torch.float32)
         if decode_rows:
-            # Imported here: the op's extension (_rgdr) is needed only by models that have these layers.
-            from rvascend.ops.gated_delta_rule import recurrent_gated_delta_rule
+            # Imported here: the op's extension (_recurrent_gated_delta_rule) is needed only by models that have these layers.
+            from rvascend.ops.recurrent_gated_delta_rule import recurrent_gated_delta_rule
 
             rows = torch.tensor(decode_rows)
             core[rows] = recurrent_gated_delta_rule(

@@ -3,7 +3,7 @@
 Owns the `torch.ops.rvascend.*` namespace: the op schemas, their CPU and fake
 (meta) implementations, input validation, and the loading of the compiled
 kernel extension. Importing this package registers the packed-linear ops;
-importing `rvascend.ops.gated_delta_rule` registers recurrent_gated_delta_rule
+importing `rvascend.ops.recurrent_gated_delta_rule` registers recurrent_gated_delta_rule
 (its extension is built for x86-64 hosts, not for the riscv64 image).
 """
 

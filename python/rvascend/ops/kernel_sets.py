@@ -16,11 +16,11 @@ def available() -> dict[str, list[str]]:
            "quantized_linear": quantized_linear.available_quant_kernel_sets(),
            "attention": available_attention_kernels(), "elementwise": elementwise.available_elementwise_kernels()}
     try:
-        from rvascend.ops import gated_delta_rule
+        from rvascend.ops import recurrent_gated_delta_rule
     except ImportError:  # an install without the DeltaNet extension: no hybrid model runs there either
         return out
-    out["deltanet_bf16"] = gated_delta_rule.available_row_kernels("bfloat16")
-    out["deltanet_f32"] = gated_delta_rule.available_row_kernels("float32")
+    out["deltanet_bf16"] = recurrent_gated_delta_rule.available_row_kernels("bfloat16")
+    out["deltanet_f32"] = recurrent_gated_delta_rule.available_row_kernels("float32")
     return out
 
 

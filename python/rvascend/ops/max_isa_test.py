@@ -16,7 +16,7 @@ import json
 import torch
 import torch.nn.functional as F
 from rvascend import ops
-from rvascend.ops import elementwise, gated_delta_rule, quantized_linear
+from rvascend.ops import elementwise, recurrent_gated_delta_rule, quantized_linear
 
 torch.manual_seed(0)
 x = torch.randn(5, 96).bfloat16()
@@ -29,7 +29,7 @@ print(json.dumps({
     "quantized": quantized_linear.available_quant_kernel_sets(),
     "attention": ops.available_attention_kernels(),
     "elementwise": elementwise.available_elementwise_kernels(),
-    "gated_delta_rule": gated_delta_rule.available_row_kernels(),
+    "recurrent_gated_delta_rule": recurrent_gated_delta_rule.available_row_kernels(),
     "linear_error": float(((got - want).abs() / (want.abs() + 1)).max()),
 }))
 """
@@ -41,7 +41,7 @@ def _report(cap: str) -> subprocess.CompletedProcess:
 
 
 def _sets(report: dict) -> list[str]:
-    return [s for family in ("linear", "quantized", "attention", "elementwise", "gated_delta_rule")
+    return [s for family in ("linear", "quantized", "attention", "elementwise", "recurrent_gated_delta_rule")
             for s in report[family]]
 
 
@@ -69,7 +69,7 @@ def test_avx2_cap_leaves_no_avx512_kernel_in_any_family():
     # Every family keeps its AVX2 kernels, first where the host had AVX-512 ones.
     assert capped["linear"][0] == "avx2" and capped["attention"][0] == "avx2", capped
     assert capped["quantized"][0] == "avx2" and capped["elementwise"][0] == "avx2", capped
-    assert capped["gated_delta_rule"][0].startswith("avx2"), capped
+    assert capped["recurrent_gated_delta_rule"][0].startswith("avx2"), capped
     assert capped["linear_error"] < 1e-2, capped  # BF16 output rounding, against FP64
     assert set(_sets(capped)) <= set(_sets(native))
 

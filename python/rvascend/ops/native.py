@@ -1,4 +1,4 @@
-"""Finds and loads the compiled extensions (`_rvv_kernels`, `_rgdr`).
+"""Finds and loads the compiled extensions (`_rvv_kernels`, `_recurrent_gated_delta_rule`).
 
 Under Bazel it sits next to this file (a runfile of //python:rvascend). In the
 project venv `./dev setup` installs a copy into `rvascend/_native/`; a name
@@ -20,7 +20,7 @@ def _has_extension(directory: str, name: str) -> bool:
 
 
 def load_extension(name: str) -> ModuleType:
-    """The compiled module `name` (e.g. "_rvv_kernels", "_rgdr")."""
+    """The compiled module `name` (e.g. "_rvv_kernels", "_recurrent_gated_delta_rule")."""
     if _has_extension(_HERE, name):
         return importlib.import_module(f"rvascend.ops.{name}")
     if _has_extension(os.path.join(os.path.dirname(_HERE), "_native"), name):

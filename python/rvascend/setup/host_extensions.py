@@ -1,4 +1,4 @@
-"""The host extensions (_rvv_kernels, _rgdr) built without Bazel, from one source list.
+"""The host extensions (_rvv_kernels, _recurrent_gated_delta_rule) built without Bazel, from one source list.
 
 Nix builds the package without Bazel (flake.nix's `kernels`), and a hand-kept list of
 sources there went stale as kernels came and went. The list is now made from Bazel's
@@ -26,7 +26,7 @@ from typing import Any
 from absl import app, flags, logging
 
 MANIFEST = os.path.join("toolchains", "nix", "host_extensions.json")
-TARGETS = {"_rvv_kernels": "//python:rvascend/ops/_rvv_kernels.so", "_rgdr": "//python:rvascend/ops/_rgdr.so"}
+TARGETS = {"_rvv_kernels": "//python:rvascend/ops/_rvv_kernels.so", "_recurrent_gated_delta_rule": "//python:rvascend/ops/_recurrent_gated_delta_rule.so"}
 # What every object and link gets; the per-source flags come from the manifest.
 COMMON_FLAGS = ["-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG"]
 # Of a Bazel compile line, what says how a source is built (not where Bazel keeps things).

@@ -23,7 +23,7 @@ def load(name):
     spec.loader.exec_module(module)
     return module
 kernels = load("_rvv_kernels")
-print(kernels.cpu_features(), kernels.available_kernel_sets(), load("_rgdr").MAX_MTP)
+print(kernels.cpu_features(), kernels.available_kernel_sets(), load("_recurrent_gated_delta_rule").MAX_MTP)
 """
 
 
@@ -40,7 +40,7 @@ def manifest():
 
 def test_the_list_builds_both_extensions_and_they_run(manifest, tmp_path):
     made = host_extensions.build(manifest, checkout.root(), str(tmp_path))
-    assert sorted(os.path.basename(m) for m in made) == ["_rgdr.so", "_rvv_kernels.so"]
+    assert sorted(os.path.basename(m) for m in made) == ["_recurrent_gated_delta_rule.so", "_rvv_kernels.so"]
     done = _import(str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "portable" in done.stdout and done.stdout.split()[-1] == "8"  # MAX_MTP
@@ -48,10 +48,10 @@ def test_the_list_builds_both_extensions_and_they_run(manifest, tmp_path):
 
 def test_a_list_short_of_a_source_fails_at_import(manifest, tmp_path):
     short = copy.deepcopy(manifest)
-    objects = short["extensions"]["_rgdr"]["objects"]
-    short["extensions"] = {"_rgdr": short["extensions"]["_rgdr"]}
-    del objects[[o["src"] for o in objects].index("ascend_kernels/recurrent_gated_delta_rule/cpu/rgdr_cpu.cc")]
+    objects = short["extensions"]["_recurrent_gated_delta_rule"]["objects"]
+    short["extensions"] = {"_recurrent_gated_delta_rule": short["extensions"]["_recurrent_gated_delta_rule"]}
+    del objects[[o["src"] for o in objects].index("rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_cpu.cc")]
     host_extensions.build(short, checkout.root(), str(tmp_path))
-    spec = importlib.util.spec_from_file_location("_rgdr", os.path.join(tmp_path, "_rgdr.so"))
+    spec = importlib.util.spec_from_file_location("_recurrent_gated_delta_rule", os.path.join(tmp_path, "_recurrent_gated_delta_rule.so"))
     with pytest.raises(ImportError, match="undefined symbol"):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))

@@ -246,7 +246,7 @@ def install_into_venv(dry_run: bool) -> None:
 # `import rvascend` needs outside Bazel; copied into rvascend/_native/.
 NATIVE_EXTENSIONS: tuple[tuple[str, str], ...] = (
     ("//python:rvascend/ops/_rvv_kernels.so", "python/rvascend/ops/_rvv_kernels.so"),
-    ("//python:rvascend/ops/_rgdr.so", "python/rvascend/ops/_rgdr.so"),
+    ("//python:rvascend/ops/_recurrent_gated_delta_rule.so", "python/rvascend/ops/_recurrent_gated_delta_rule.so"),
 )
 
 

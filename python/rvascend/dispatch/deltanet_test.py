@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from rvascend.dispatch.gated_delta_net import install_gated_delta_net_decode
+from rvascend.dispatch.deltanet import install_deltanet_decode
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,7 +28,7 @@ def tiny_qwen3_next():
 def test_same_greedy_tokens_with_decode_routed(batch):
     base = tiny_qwen3_next()
     routed = copy.deepcopy(base)
-    counters = install_gated_delta_net_decode(routed)
+    counters = install_deltanet_decode(routed)
     ids = torch.randint(0, 256, (batch, 10), generator=torch.Generator().manual_seed(batch))
     with torch.no_grad():
         want = base.generate(ids, max_new_tokens=8, do_sample=False)
@@ -43,7 +43,7 @@ def test_same_greedy_tokens_with_decode_routed(batch):
 def test_logits_match_on_a_decode_step():
     base = tiny_qwen3_next()
     routed = copy.deepcopy(base)
-    install_gated_delta_net_decode(routed)
+    install_deltanet_decode(routed)
     ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         a = base(ids, use_cache=True)
@@ -56,7 +56,7 @@ def test_logits_match_on_a_decode_step():
 
 def test_a_model_without_gated_deltanet_is_rejected():
     with pytest.raises(ValueError, match="no Qwen3NextGatedDeltaNet"):
-        install_gated_delta_net_decode(torch.nn.Linear(2, 2))
+        install_deltanet_decode(torch.nn.Linear(2, 2))
 
 
 if __name__ == "__main__":

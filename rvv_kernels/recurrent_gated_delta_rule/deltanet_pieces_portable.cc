@@ -3,8 +3,8 @@
 #include <cmath>
 #include <type_traits>
 
-#include "cpu/deltanet_pieces.h"
-#include "cpu/elem_values.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/deltanet_pieces.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/elem_values.h"
 #include "rvv_kernels/base/cpu_features.h"
 
 namespace rgdr {

@@ -1,4 +1,4 @@
-// The row loop of the CPU op (rgdr_units.h) in RVV 1.0 intrinsics,
+// The row loop of the CPU op (recurrent_gated_delta_rule_units.h) in RVV 1.0 intrinsics,
 // VLEN-agnostic. BF16 rows widen by zero-extend and shift (no BF16 vector
 // extension needed). Rows go two at a time: k and q are loaded once for both,
 // and one loop runs both rows' four dot products.
@@ -13,7 +13,7 @@
 // reduction pass: (c r + d k) . q = c (r . q) + d (k . q).
 #include <riscv_vector.h>
 
-#include "cpu/rgdr_units.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_units.h"
 #include "rvv_kernels/base/bf16.h"
 #include "rvv_kernels/base/rvv_lmul.h"
 

@@ -1,12 +1,12 @@
 // Element values as FP32 and back (round-to-nearest-even into BF16 and FP16),
 // for element types known at compile time or only at run time (Elem).
-#ifndef RGDR_CPU_ELEM_VALUES_H_
-#define RGDR_CPU_ELEM_VALUES_H_
+#ifndef RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_ELEM_VALUES_H_
+#define RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_ELEM_VALUES_H_
 
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu/rgdr_args.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_args.h"
 #include "rvv_kernels/base/bf16.h"
 
 namespace rgdr {
@@ -45,4 +45,4 @@ inline float LoadElem(Elem e, const void* p, size_t i) {
 
 }  // namespace rgdr
 
-#endif  // RGDR_CPU_ELEM_VALUES_H_
+#endif  // RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_ELEM_VALUES_H_

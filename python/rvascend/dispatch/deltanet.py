@@ -20,14 +20,14 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from rvascend.ops.gated_delta_rule import recurrent_gated_delta_rule
+from rvascend.ops.recurrent_gated_delta_rule import recurrent_gated_delta_rule
 
 _ATTR = "_rvascend_gdn_routed"
 _lock = threading.Lock()
 
 
 @dataclasses.dataclass
-class GdnRouteCounters:
+class DeltaNetRouteCounters:
     decode_via_op: int = 0
     tokens_via_op: int = 0
 
@@ -37,7 +37,7 @@ def _modeling():
     return modeling_qwen3_next
 
 
-def _adapter(original, counters: GdnRouteCounters):
+def _adapter(original, counters: DeltaNetRouteCounters):
     modeling = _modeling()
 
     def decode(query, key, value, g, beta, initial_state=None, output_final_state=False,
@@ -80,11 +80,11 @@ def _swapped(module, name: str, replacement) -> Iterator[None]:
             setattr(module, name, original)
 
 
-def install_gated_delta_net_decode(model: nn.Module) -> GdnRouteCounters:
+def install_deltanet_decode(model: nn.Module) -> DeltaNetRouteCounters:
     """Routes the decode of every Qwen3-Next Gated DeltaNet layer of `model`
     through the op; returns counters of the routed calls."""
     modeling = _modeling()
-    counters = GdnRouteCounters()
+    counters = DeltaNetRouteCounters()
     layers = [m for m in model.modules() if isinstance(m, modeling.Qwen3NextGatedDeltaNet)]
     if not layers:
         raise ValueError("the model has no Qwen3NextGatedDeltaNet layers to route")

@@ -21,7 +21,7 @@ from rvascend.bench.results import write_jsonl
 FLAGS = flags.FLAGS
 
 def _define_flags() -> None:
-    flags.DEFINE_string("binary", None, "riscv64 rgdr_decode_bench binary.")
+    flags.DEFINE_string("binary", None, "riscv64 recurrent_gated_delta_rule_decode_bench binary.")
     flags.DEFINE_string("qemu", None, "qemu-riscv64 to run it with.")
     flags.DEFINE_string("nm", "llvm-nm-19", "nm that reads riscv64 ELF files.")
     flags.DEFINE_list("vlens", ["128", "256", "512"], "VLENs to count at.")
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
                         [f"--elem={elem}", f"--b={b}", f"--nk={nk}", f"--nv={nv}", f"--dk={dk}", f"--dv={dv}",
                          f"--rows={rows}", "--reps=1", "--threads=1"], ranges)
                     per = insns / elements
-                    out.append({"bench": "rgdr_instruction_count", "model": model, "b": int(b), "vlen": int(vlen),
+                    out.append({"bench": "recurrent_gated_delta_rule_instruction_count", "model": model, "b": int(b), "vlen": int(vlen),
                                 "elem": elem, "rows": rows, "instructions": insns, "state_elements": elements,
                                 "instructions_per_element": per, "floor_per_element": floor})
                     print(f"{shape:18s} {vlen:>5s} {elem:5s} {rows:9s} {insns:10d} {per:9.4f} {floor:7.4f} "

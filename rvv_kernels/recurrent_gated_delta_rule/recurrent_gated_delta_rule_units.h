@@ -12,13 +12,13 @@
 // for its update, which goes on with the next token's dot products; the state
 // crosses memory once each way, so the op runs at memory speed (one read and
 // one write of every state row).
-#ifndef RGDR_CPU_RGDR_UNITS_H_
-#define RGDR_CPU_RGDR_UNITS_H_
+#ifndef RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_RECURRENT_GATED_DELTA_RULE_UNITS_H_
+#define RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_RECURRENT_GATED_DELTA_RULE_UNITS_H_
 
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu/rgdr_args.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_args.h"
 
 namespace rgdr {
 
@@ -62,7 +62,7 @@ struct RowKernels {
   PrepareFn prepare;
 };
 
-// Generic vectors (rgdr_rows_simd.cc), compiled for the baseline ISA and,
+// Generic vectors (recurrent_gated_delta_rule_rows_simd.cc), compiled for the baseline ISA and,
 // on x86-64, for AVX2, AVX-512 and AVX-512 with BF16.
 extern const RowKernels kRowsPortable;
 #if defined(RGDR_HAVE_X86_ROWS)
@@ -77,4 +77,4 @@ extern const RowKernels kRowsRvv;
 
 }  // namespace rgdr
 
-#endif  // RGDR_CPU_RGDR_UNITS_H_
+#endif  // RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_RECURRENT_GATED_DELTA_RULE_UNITS_H_

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/rgdr_cpu.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_cpu.h"
 #include "rvv_kernels/base/bf16.h"
 #include "rvv_kernels/base/cpu_features.h"
 #include "rvv_kernels/base/kernel_testing.h"

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import rvascend.ops.gated_delta_rule as R
-from rvascend.ops.gated_delta_rule_reference import reference
+import rvascend.ops.recurrent_gated_delta_rule as R
+from rvascend.ops.recurrent_gated_delta_rule_reference import reference
 
 # Upstream golden tolerances; >= 99.5 % of elements must be within them.
 TOL = {torch.bfloat16: (2.0 ** -7, 1e-4), torch.float16: (5e-3, 2.5e-5), torch.float32: (1e-5, 1e-6)}
@@ -254,7 +254,7 @@ def test_kernel_given_a_length_past_max_mtp_skips_it_without_writing_out_of_boun
     lengths = torch.tensor([9, 0], dtype=torch.int32)
     spec, _keep = R._spec(shapes, args["query"], args["key"], args["value"], state, args["beta"], args["scale"],
                           lengths, args["ssm_state_indices"], None, args["g"], None, out)
-    R._rgdr.run_twin(spec, plan, R.DEFAULT_SOC)
+    R._recurrent_gated_delta_rule.run_twin(spec, plan, R.DEFAULT_SOC)
     assert torch.equal(state, args["state"]) and not out.any()
 
 

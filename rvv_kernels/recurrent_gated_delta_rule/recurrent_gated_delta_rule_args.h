@@ -2,8 +2,8 @@
 // implementation and the twin launcher). Shapes follow the op definition:
 // query/key [T, NK, Dk], value [T, NV, Dv], beta [T, NV], g [T, NV] (FP32),
 // gk [T, NV] or [T, NV, Dk] (FP32), state [S, NV, Dv, Dk], out [T, NV, Dv].
-#ifndef RGDR_CPU_RGDR_ARGS_H_
-#define RGDR_CPU_RGDR_ARGS_H_
+#ifndef RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_RECURRENT_GATED_DELTA_RULE_ARGS_H_
+#define RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_RECURRENT_GATED_DELTA_RULE_ARGS_H_
 
 #include <cstdint>
 
@@ -43,4 +43,4 @@ struct RgdrArgs {
 
 }  // namespace rgdr
 
-#endif  // RGDR_CPU_RGDR_ARGS_H_
+#endif  // RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_RECURRENT_GATED_DELTA_RULE_ARGS_H_

@@ -1,15 +1,15 @@
 // Native CPU implementation of recurrent_gated_delta_rule (the torch op's CPU
-// path): FP32 math, one pass over the state each way (rgdr_units.h), (sequence,
+// path): FP32 math, one pass over the state each way (recurrent_gated_delta_rule_units.h), (sequence,
 // value head) units threaded, rows vectorised for AVX-512, AVX2 or RVV as the
 // CPU reports. Inputs must already be validated.
-#ifndef RGDR_CPU_RGDR_CPU_H_
-#define RGDR_CPU_RGDR_CPU_H_
+#ifndef RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_RECURRENT_GATED_DELTA_RULE_CPU_H_
+#define RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_RECURRENT_GATED_DELTA_RULE_CPU_H_
 
 #include <cstddef>
 #include <string>
 #include <vector>
 
-#include "cpu/rgdr_args.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_args.h"
 
 namespace rgdr {
 
@@ -21,4 +21,4 @@ std::vector<std::string> AvailableRowKernels(Elem elem);
 
 }  // namespace rgdr
 
-#endif  // RGDR_CPU_RGDR_CPU_H_
+#endif  // RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_RECURRENT_GATED_DELTA_RULE_CPU_H_

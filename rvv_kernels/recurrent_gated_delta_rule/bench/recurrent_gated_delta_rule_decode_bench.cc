@@ -1,8 +1,8 @@
 // One decode token of recurrent_gated_delta_rule through the native CPU op: B sequences of one
 // token, NV value heads of Dv x Dk state each, FP32 or BF16 state. Timed on real hardware
-// (--reps > 1), or run once for instruction counting under QEMU (python/rvascend/bench/gated_delta_rule_kernel_counts.py).
+// (--reps > 1), or run once for instruction counting under QEMU (python/rvascend/bench/recurrent_gated_delta_rule_kernel_counts.py).
 //
-//   rgdr_decode_bench [--elem=f32|bf16] [--b=1] [--nk=16] [--nv=16] [--dk=128] [--dv=128]
+//   recurrent_gated_delta_rule_decode_bench [--elem=f32|bf16] [--b=1] [--nk=16] [--nv=16] [--dk=128] [--dv=128]
 //                     [--rows=NAME] [--reps=20] [--threads=1]
 // Prints one line: elem b nk nv dk dv rows threads seconds_per_call state_elements
 #include <chrono>
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/rgdr_cpu.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_cpu.h"
 #include "rvv_kernels/base/bf16.h"
 
 namespace {

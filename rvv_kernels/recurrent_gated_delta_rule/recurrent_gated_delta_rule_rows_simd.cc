@@ -1,4 +1,4 @@
-// The row loop of the CPU op (rgdr_units.h) in GCC/Clang generic vectors (16
+// The row loop of the CPU op (recurrent_gated_delta_rule_units.h) in GCC/Clang generic vectors (16
 // FP32 lanes with AVX-512, 8 below it). Compiled once per ISA level the
 // dispatcher may pick (BUILD: baseline, AVX2 + FMA, AVX-512, AVX-512 with
 // BF16), each object defining the RowKernels named by RGDR_ROWS_SYMBOL; with
@@ -12,7 +12,7 @@
 #include <immintrin.h>
 #endif
 
-#include "cpu/rgdr_units.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_units.h"
 #include "rvv_kernels/base/bf16.h"
 #include "rvv_kernels/base/simd_vectors.h"
 

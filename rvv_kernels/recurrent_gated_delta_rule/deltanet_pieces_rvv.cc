@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu/deltanet_pieces.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/deltanet_pieces.h"
 #include "rvv_kernels/base/rvv_lmul.h"
 #include "rvv_kernels/base/rvv_math.h"
 

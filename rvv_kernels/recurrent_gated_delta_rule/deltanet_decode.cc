@@ -1,4 +1,4 @@
-#include "cpu/deltanet_decode.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/deltanet_decode.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu/deltanet_pieces.h"
-#include "cpu/elem_values.h"
-#include "cpu/rgdr_cpu.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/deltanet_pieces.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/elem_values.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_cpu.h"
 #include "rvv_kernels/base/thread_pool.h"
 
 namespace rgdr {

@@ -13,8 +13,8 @@
 // The portable pieces are the scalar statement of these contracts; the RVV
 // ones and the x86 ones (AVX2, AVX-512; float and BF16) run the same steps over
 // channels / values in vectors.
-#ifndef RGDR_CPU_DELTANET_PIECES_H_
-#define RGDR_CPU_DELTANET_PIECES_H_
+#ifndef RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_DELTANET_PIECES_H_
+#define RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_DELTANET_PIECES_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -55,4 +55,4 @@ const DeltaNetPieces<T>& ChooseDeltaNetPieces();
 
 }  // namespace rgdr
 
-#endif  // RGDR_CPU_DELTANET_PIECES_H_
+#endif  // RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_DELTANET_PIECES_H_

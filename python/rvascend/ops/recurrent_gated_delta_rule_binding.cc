@@ -1,7 +1,7 @@
-// pybind11 module `_rgdr`: recurrent_gated_delta_rule's native CPU
+// pybind11 module `_recurrent_gated_delta_rule`: recurrent_gated_delta_rule's native CPU
 // implementation, its host tiling, and the CPU twin that runs the AscendC
 // kernel source. Tensors cross as data pointers inside a spec dict; the torch
-// op (gated_delta_rule.py) validates every shape, dtype and index
+// op (recurrent_gated_delta_rule.py) validates every shape, dtype and index
 // before calling in.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -10,8 +10,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu/deltanet_decode.h"
-#include "cpu/rgdr_cpu.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/deltanet_decode.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_cpu.h"
 #include "cpu_twin/twin_launch.h"
 #include "op_host/recurrent_gated_delta_rule_tiling.h"
 
@@ -114,7 +114,7 @@ py::dict ComputeTiling(const py::dict& spec, uint32_t ub_bytes, uint32_t vector_
 
 }  // namespace
 
-PYBIND11_MODULE(_rgdr, m) {
+PYBIND11_MODULE(_recurrent_gated_delta_rule, m) {
   m.doc() = "recurrent_gated_delta_rule: native CPU op, host tiling, and the AscendC kernel on the CPU twin";
   m.attr("MAX_MTP") = rgdr::kMaxMtp;
   m.attr("MAX_HEADS") = rgdr::kMaxHeads;

@@ -17,13 +17,13 @@
 // rounding where the PyTorch layer (python/rvascend/models/qwen3_5.py) does.
 // Arguments are validated by the caller, except the conv taps, the lengths and
 // the slots (ValidateDeltaNetDecode, which DeltaNetDecodeCpu calls first).
-#ifndef RGDR_CPU_DELTANET_DECODE_H_
-#define RGDR_CPU_DELTANET_DECODE_H_
+#ifndef RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_DELTANET_DECODE_H_
+#define RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_DELTANET_DECODE_H_
 
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu/rgdr_args.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_args.h"
 
 namespace rgdr {
 
@@ -73,4 +73,4 @@ void DeltaNetDecodeCpu(const DeltaNetDecodeArgs& args, size_t num_threads);
 
 }  // namespace rgdr
 
-#endif  // RGDR_CPU_DELTANET_DECODE_H_
+#endif  // RVV_KERNELS_RECURRENT_GATED_DELTA_RULE_DELTANET_DECODE_H_

@@ -18,8 +18,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "cpu/deltanet_pieces.h"
-#include "cpu/elem_values.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/deltanet_pieces.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/elem_values.h"
 #include "rvv_kernels/base/simd_vectors.h"
 
 namespace rgdr {

@@ -1,11 +1,11 @@
-#include "cpu/rgdr_cpu.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_cpu.h"
 
 #include <cmath>
 #include <stdexcept>
 #include <vector>
 
-#include "cpu/elem_values.h"
-#include "cpu/rgdr_units.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/elem_values.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_units.h"
 #include "rvv_kernels/base/cpu_features.h"
 #include "rvv_kernels/base/thread_pool.h"
 

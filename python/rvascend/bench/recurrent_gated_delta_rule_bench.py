@@ -19,7 +19,7 @@ import sys
 import torch
 from absl import app, flags
 
-import rvascend.ops.gated_delta_rule as R
+import rvascend.ops.recurrent_gated_delta_rule as R
 from rvascend.bench.results import print_table, write_jsonl
 from rvascend.bench.timing import time_calls
 
@@ -32,7 +32,7 @@ def _define_flags() -> None:
     flags.DEFINE_list("mtp", ["1", "4"], "Tokens per sequence.")
     flags.DEFINE_integer("cold-bytes", 256 << 20,
                          "Bytes the cold runs cycle through (several times the last-level cache).")
-    flags.DEFINE_string("output", "bench_results/gated_delta_rule.jsonl", "jsonl file to append to.")
+    flags.DEFINE_string("output", "bench_results/recurrent_gated_delta_rule.jsonl", "jsonl file to append to.")
 
 
 NK, NV, DK, DV = 16, 32, 128, 128
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
             dma = counters["dma_in_bytes"] + counters["dma_out_bytes"]
             # The kernel's work per token and 128 state rows (one value head of Qwen3-Next).
             per_token_chunk = T * NV * DV / 128
-            records.append({"bench": "gated_delta_rule_decode", "batch": batch, "mtp": mtp, "hf_s": t_hf,
+            records.append({"bench": "recurrent_gated_delta_rule_decode", "batch": batch, "mtp": mtp, "hf_s": t_hf,
                             "op_s": t_op, "speedup": t_hf / t_op, "state_bytes_moved": moved,
                             "op_gbps": moved / t_op / 1e9, "copy_gbps": moved / t_copy / 1e9,
                             "bandwidth_fraction": t_copy / t_op, "op_cold_s": t_op_cold,
