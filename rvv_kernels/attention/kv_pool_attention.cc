@@ -6,7 +6,7 @@
 
 #include "rvv_kernels/attention/attention_ukernels.h"
 #include "rvv_kernels/base/bf16.h"
-#include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/base/kernel_set_selection.h"
 #include "rvv_kernels/base/thread_pool.h"
 
 namespace rvascend {
@@ -16,7 +16,6 @@ struct Kernel {
   const char* name;
   AttentionRowUkernel row;
   AttentionBlockUkernel block;  // nullptr: a block runs row by row
-  bool (*supported)(const CpuFeatures&);
   F32AttentionRowUkernel f32_row;  // over an FP32 pool
 };
 
@@ -26,41 +25,40 @@ struct Kernel {
 // for 8 threads.
 constexpr size_t kBlockRows = 12;
 
-const Kernel kKernels[] = {
 #if defined(RVASCEND_HAVE_RVV)
-    {"rvv", bf16_attention_row__rvv, bf16_attention_block__rvv, [](const CpuFeatures& f) { return f.rvv; },
-     f32_attention_row__rvv},
-    // Every row by the decode kernel: the baseline the block kernel is counted against.
-    {"rvv_rows", bf16_attention_row__rvv, nullptr, [](const CpuFeatures& f) { return f.rvv; },
-     f32_attention_row__rvv},
+const Kernel kRvv{"rvv", bf16_attention_row__rvv, bf16_attention_block__rvv, f32_attention_row__rvv};
+// Every row by the decode kernel: the baseline the block kernel is counted against.
+const Kernel kRvvRows{"rvv_rows", bf16_attention_row__rvv, nullptr, f32_attention_row__rvv};
 #endif
 #if defined(RVASCEND_HAVE_X86_VARIANTS)
-    {"avx512", bf16_attention_row__avx512, nullptr, [](const CpuFeatures& f) { return f.avx512; },
-     f32_attention_row__avx512},
-    {"avx2", bf16_attention_row__avx2, nullptr, [](const CpuFeatures& f) { return f.avx2; }, f32_attention_row__avx2},
+const Kernel kAvx512{"avx512", bf16_attention_row__avx512, nullptr, f32_attention_row__avx512};
+const Kernel kAvx2{"avx2", bf16_attention_row__avx2, nullptr, f32_attention_row__avx2};
 #endif
-    {"portable", bf16_attention_row__portable, nullptr, [](const CpuFeatures&) { return true; },
-     f32_attention_row__portable},
+const Kernel kPortable{"portable", bf16_attention_row__portable, nullptr, f32_attention_row__portable};
+
+// Best first.
+const KernelSetEntry<Kernel> kKernels[] = {
+#if defined(RVASCEND_HAVE_RVV)
+    {&kRvv, {Isa::kRvv}},
+    {&kRvvRows, {Isa::kRvv}},
+#endif
+#if defined(RVASCEND_HAVE_X86_VARIANTS)
+    {&kAvx512, {Isa::kAvx512}},
+    {&kAvx2, {Isa::kAvx2}},
+#endif
+    {&kPortable, {Isa::kAny}},
 };
 
 const Kernel& Choose(const std::string& name) {
-  for (const Kernel& k : kKernels) {
-    if ((name.empty() || name == k.name) && k.supported(GetCpuFeatures())) return k;
-  }
-  throw std::invalid_argument("attention kernel '" + name + "' is not available on this CPU/build");
+  static const std::vector<const Kernel*> supported = SupportedKernelSets(kKernels);
+  return SelectKernelSet(supported, name, "attention");
 }
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-std::vector<std::string> AvailableAttentionKernels() {
-  std::vector<std::string> names;
-  for (const Kernel& k : kKernels) {
-    if (k.supported(GetCpuFeatures())) names.emplace_back(k.name);
-  }
-  return names;
-}
+std::vector<std::string> AvailableAttentionKernels() { return KernelSetNames(SupportedKernelSets(kKernels)); }
 
 bool AttentionKernelHasBlockForm(const std::string& kernel) { return Choose(kernel).block != nullptr; }
 

@@ -2,27 +2,22 @@
 
 #include <stdexcept>
 
-#include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/base/kernel_set_selection.h"
 #include "rvv_kernels/base/thread_pool.h"
 
 namespace rvascend {
 namespace {
 
-struct Entry {
-  const ElementwiseKernels* kernels;
-  bool (*supported)(const CpuFeatures&);
-};
-
 // Best first.
-const Entry kEntries[] = {
+const KernelSetEntry<ElementwiseKernels> kSets[] = {
 #if defined(RVASCEND_HAVE_RVV)
-    {&kElementwiseRvv, [](const CpuFeatures& f) { return f.rvv; }},
+    {&kElementwiseRvv, {Isa::kRvv}},
 #endif
 #if defined(RVASCEND_HAVE_X86_VARIANTS)
-    {&kElementwiseAvx512, [](const CpuFeatures& f) { return f.avx512; }},
-    {&kElementwiseAvx2, [](const CpuFeatures& f) { return f.avx2; }},
+    {&kElementwiseAvx512, {Isa::kAvx512}},
+    {&kElementwiseAvx2, {Isa::kAvx2}},
 #endif
-    {&kElementwisePortable, [](const CpuFeatures&) { return true; }},
+    {&kElementwisePortable, {Isa::kAny}},
 };
 
 constexpr size_t kMaxRopeDim = 1024;
@@ -34,19 +29,11 @@ void Require(bool ok, const std::string& what) {
 }  // namespace
 
 const ElementwiseKernels& ChooseElementwiseKernels(const std::string& name) {
-  for (const Entry& e : kEntries) {
-    if ((name.empty() || name == e.kernels->name) && e.supported(GetCpuFeatures())) return *e.kernels;
-  }
-  throw std::invalid_argument("elementwise kernels '" + name + "' are not available on this CPU/build");
+  static const std::vector<const ElementwiseKernels*> supported = SupportedKernelSets(kSets);
+  return SelectKernelSet(supported, name, "elementwise");
 }
 
-std::vector<std::string> AvailableElementwiseKernels() {
-  std::vector<std::string> names;
-  for (const Entry& e : kEntries) {
-    if (e.supported(GetCpuFeatures())) names.emplace_back(e.kernels->name);
-  }
-  return names;
-}
+std::vector<std::string> AvailableElementwiseKernels() { return KernelSetNames(SupportedKernelSets(kSets)); }
 
 void RmsNormRows(const ElementwiseKernels& k, size_t rows, size_t d, const uint16_t* x, size_t x_stride,
                  const uint16_t* residual, size_t residual_stride, const uint16_t* weight, float eps,

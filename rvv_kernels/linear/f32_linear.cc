@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/base/kernel_set_selection.h"
 #include "rvv_kernels/base/thread_pool.h"
 #include "rvv_kernels/linear/f32_dot_tiles.h"
 
@@ -13,25 +13,32 @@ namespace {
 struct TileSet {
   const char* name;
   F32DotTile tile;
-  bool (*supported)(const CpuFeatures&);
 };
 
-const TileSet kSets[] = {
 #if defined(RVASCEND_HAVE_RVV)
-    {"rvv", f32_dot_tile__rvv, [](const CpuFeatures& f) { return f.rvv; }},
+const TileSet kRvv{"rvv", f32_dot_tile__rvv};
 #endif
 #if defined(RVASCEND_HAVE_X86_VARIANTS)
-    {"avx512", f32_dot_tile__avx512, [](const CpuFeatures& f) { return f.avx512; }},
-    {"avx2", f32_dot_tile__avx2, [](const CpuFeatures& f) { return f.avx2; }},
+const TileSet kAvx512{"avx512", f32_dot_tile__avx512};
+const TileSet kAvx2{"avx2", f32_dot_tile__avx2};
 #endif
-    {"portable", f32_dot_tile__portable, [](const CpuFeatures&) { return true; }},
+const TileSet kPortable{"portable", f32_dot_tile__portable};
+
+// Best first.
+const KernelSetEntry<TileSet> kSets[] = {
+#if defined(RVASCEND_HAVE_RVV)
+    {&kRvv, {Isa::kRvv}},
+#endif
+#if defined(RVASCEND_HAVE_X86_VARIANTS)
+    {&kAvx512, {Isa::kAvx512}},
+    {&kAvx2, {Isa::kAvx2}},
+#endif
+    {&kPortable, {Isa::kAny}},
 };
 
 const TileSet& Choose(const std::string& name) {
-  for (const TileSet& s : kSets) {
-    if ((name.empty() || name == s.name) && s.supported(GetCpuFeatures())) return s;
-  }
-  throw std::invalid_argument("f32_linear kernel set '" + name + "' is not available on this CPU/build");
+  static const std::vector<const TileSet*> supported = SupportedKernelSets(kSets);
+  return SelectKernelSet(supported, name, "f32_linear");
 }
 
 // Columns per task: a task's weight rows (64 x K floats) stay in cache while every row
@@ -42,13 +49,7 @@ constexpr size_t kMinParallelMacs = 1 << 18;
 
 }  // namespace
 
-std::vector<std::string> AvailableF32LinearKernels() {
-  std::vector<std::string> names;
-  for (const TileSet& s : kSets) {
-    if (s.supported(GetCpuFeatures())) names.emplace_back(s.name);
-  }
-  return names;
-}
+std::vector<std::string> AvailableF32LinearKernels() { return KernelSetNames(SupportedKernelSets(kSets)); }
 
 void F32Linear(const F32LinearArgs& a, size_t num_threads, const std::string& kernel) {
   const TileSet& set = Choose(kernel);

@@ -2,34 +2,41 @@
 
 #include <stdexcept>
 
-#include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/base/kernel_set_selection.h"
 
 namespace rvascend {
 
+namespace {
+
+#if defined(RVASCEND_HAVE_X86_VARIANTS)
+// The VNNI set is built at first use by code compiled for AVX-512 (copying the AVX2
+// set): built only on a CPU that runs it, else null (a table line that never matches).
+const QuantKernelSet* Avx512VnniIfRuns() {
+  return CpuMeets({Isa::kAvx512Vnni}, GetCpuFeatures()) ? &Avx512VnniQuantKernels() : nullptr;
+}
+#endif
+
+}  // namespace
+
 std::vector<const QuantKernelSet*> AvailableQuantKernelSets() {
-  std::vector<const QuantKernelSet*> sets;
+  // Best first.
+  static const KernelSetEntry<QuantKernelSet> kSets[] = {
 #if defined(RVASCEND_HAVE_RVV)
-  // The RVV tile is one e8 m2 group: at least 32 columns (VLEN >= 128).
-  if (GetCpuFeatures().rvv && GetCpuFeatures().vlen_bits >= 128) sets.push_back(&kRvvQuantKernels);
+      // The RVV tile is one e8 m2 group: at least 32 columns (VLEN >= 128).
+      {&kRvvQuantKernels, {Isa::kRvv, 128}},
 #endif
 #if defined(RVASCEND_HAVE_X86_VARIANTS)
-  if (GetCpuFeatures().avx512vnni && GetCpuFeatures().avx2) sets.push_back(&Avx512VnniQuantKernels());
-  if (GetCpuFeatures().avx2) sets.push_back(&kAvx2QuantKernels);
+      {Avx512VnniIfRuns(), {Isa::kAvx512Vnni}},
+      {&kAvx2QuantKernels, {Isa::kAvx2}},
 #endif
-  sets.push_back(&kPortableQuantKernels);
-  return sets;
+      {&kPortableQuantKernels, {Isa::kAny}},
+  };
+  return SupportedKernelSets(kSets);
 }
 
 const QuantKernelSet& FindQuantKernelSet(const std::string& name) {
-  const auto sets = AvailableQuantKernelSets();
-  if (name.empty()) return *sets.front();
-  std::string names;
-  for (const auto* s : sets) {
-    if (name == s->name) return *s;
-    names += std::string(names.empty() ? "" : ", ") + s->name;
-  }
-  throw std::invalid_argument("quantized kernel set '" + name + "' is not available on this CPU/build (available: " +
-                              names + ")");
+  static const std::vector<const QuantKernelSet*> supported = AvailableQuantKernelSets();
+  return SelectKernelSet(supported, name, "quantized");
 }
 
 size_t QuantKernelSetTile(const QuantKernelSet& set) {

@@ -5,7 +5,7 @@
 
 #include "rvv_kernels/recurrent_gated_delta_rule/deltanet_pieces.h"
 #include "rvv_kernels/recurrent_gated_delta_rule/elem_values.h"
-#include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/base/kernel_set_selection.h"
 
 namespace rgdr {
 namespace {
@@ -60,40 +60,38 @@ template const DeltaNetPieces<float>& PortableDeltaNetPieces<float>();
 template const DeltaNetPieces<_Float16>& PortableDeltaNetPieces<_Float16>();
 template const DeltaNetPieces<uint16_t>& PortableDeltaNetPieces<uint16_t>();
 
-// The vector sets of one element type that this CPU runs, fastest first (null: not in this build).
-template <typename T>
-void AddVectorSets(std::vector<const DeltaNetPieces<T>*>* sets, const DeltaNetPieces<T>* rvv,
-                   const DeltaNetPieces<T>* avx512, const DeltaNetPieces<T>* avx2) {
-  const rvascend::CpuFeatures& f = rvascend::GetCpuFeatures();
-  if (rvv != nullptr && f.rvv) sets->push_back(rvv);
-  if (avx512 != nullptr && f.avx512) sets->push_back(avx512);
-  if (avx2 != nullptr && f.avx2) sets->push_back(avx2);
-}
-
-#if defined(RVASCEND_HAVE_RVV)
-#define RGDR_RVV_PIECES(set) (&(set))
-#else
-#define RGDR_RVV_PIECES(set) nullptr
-#endif
-#if defined(RGDR_HAVE_X86_ROWS)
-#define RGDR_X86_PIECES(set) (&(set))
-#else
-#define RGDR_X86_PIECES(set) nullptr
-#endif
-
 template <typename T>
 std::vector<const DeltaNetPieces<T>*> AvailableDeltaNetPieces() {
-  std::vector<const DeltaNetPieces<T>*> sets;
+  using rvascend::Isa;
+  using Entry = rvascend::KernelSetEntry<DeltaNetPieces<T>>;
   if constexpr (std::is_same_v<T, float>) {
-    AddVectorSets<T>(&sets, RGDR_RVV_PIECES(kDeltaNetPiecesRvvF32), RGDR_X86_PIECES(kDeltaNetPiecesAvx512F32),
-                     RGDR_X86_PIECES(kDeltaNetPiecesAvx2F32));
+    static const Entry kSets[] = {
+#if defined(RVASCEND_HAVE_RVV)
+        {&kDeltaNetPiecesRvvF32, {Isa::kRvv}},
+#endif
+#if defined(RGDR_HAVE_X86_ROWS)
+        {&kDeltaNetPiecesAvx512F32, {Isa::kAvx512}},
+        {&kDeltaNetPiecesAvx2F32, {Isa::kAvx2}},
+#endif
+        {&PortableDeltaNetPieces<T>(), {Isa::kAny}},
+    };
+    return rvascend::SupportedKernelSets(kSets);
+  } else if constexpr (std::is_same_v<T, uint16_t>) {
+    static const Entry kSets[] = {
+#if defined(RVASCEND_HAVE_RVV)
+        {&kDeltaNetPiecesRvvBf16, {Isa::kRvv}},
+#endif
+#if defined(RGDR_HAVE_X86_ROWS)
+        {&kDeltaNetPiecesAvx512Bf16, {Isa::kAvx512}},
+        {&kDeltaNetPiecesAvx2Bf16, {Isa::kAvx2}},
+#endif
+        {&PortableDeltaNetPieces<T>(), {Isa::kAny}},
+    };
+    return rvascend::SupportedKernelSets(kSets);
+  } else {  // FP16: the portable pieces only
+    static const Entry kSets[] = {{&PortableDeltaNetPieces<T>(), {Isa::kAny}}};
+    return rvascend::SupportedKernelSets(kSets);
   }
-  if constexpr (std::is_same_v<T, uint16_t>) {
-    AddVectorSets<T>(&sets, RGDR_RVV_PIECES(kDeltaNetPiecesRvvBf16), RGDR_X86_PIECES(kDeltaNetPiecesAvx512Bf16),
-                     RGDR_X86_PIECES(kDeltaNetPiecesAvx2Bf16));
-  }
-  sets.push_back(&PortableDeltaNetPieces<T>());
-  return sets;
 }
 
 template std::vector<const DeltaNetPieces<float>*> AvailableDeltaNetPieces<float>();

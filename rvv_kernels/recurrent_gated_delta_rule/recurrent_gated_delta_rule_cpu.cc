@@ -1,12 +1,13 @@
 #include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
 
 #include "rvv_kernels/recurrent_gated_delta_rule/elem_values.h"
 #include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_units.h"
-#include "rvv_kernels/base/cpu_features.h"
+#include "rvv_kernels/base/kernel_set_selection.h"
 #include "rvv_kernels/base/thread_pool.h"
 
 namespace rgdr {
@@ -20,27 +21,28 @@ size_t ElemBytes(Elem elem) { return elem == Elem::kFloat32 ? 4 : 2; }
 
 // Best first; FP16 rows stay on the generic-vector code on riscv64 (no Zvfh assumed).
 std::vector<const RowKernels*> Candidates(Elem elem) {
-  const rvascend::CpuFeatures& f = rvascend::GetCpuFeatures();
-  std::vector<const RowKernels*> out;
+  using rvascend::Isa;
+  static const rvascend::KernelSetEntry<RowKernels> kSets[] = {
 #if defined(RVASCEND_HAVE_RVV)
-  if (f.rvv && elem != Elem::kFloat16) out.push_back(&kRowsRvv);
+      {&kRowsRvv, {Isa::kRvv}},
+#endif
+#if defined(RGDR_HAVE_X86_ROWS)
+      {&kRowsAvx512Bf16, {Isa::kAvx512Bf16}},
+      {&kRowsAvx512, {Isa::kAvx512}},
+      {&kRowsAvx2, {Isa::kAvx2}},
+#endif
+      {&kRowsPortable, {Isa::kAny}},
+  };
+  std::vector<const RowKernels*> sets = rvascend::SupportedKernelSets(kSets);
+#if defined(RVASCEND_HAVE_RVV)
+  if (elem == Elem::kFloat16) sets.erase(std::remove(sets.begin(), sets.end(), &kRowsRvv), sets.end());
 #endif
   (void)elem;
-  (void)f;
-#if defined(RGDR_HAVE_X86_ROWS)
-  if (f.avx512bf16) out.push_back(&kRowsAvx512Bf16);
-  if (f.avx512) out.push_back(&kRowsAvx512);
-  if (f.avx2) out.push_back(&kRowsAvx2);
-#endif
-  out.push_back(&kRowsPortable);
-  return out;
+  return sets;
 }
 
 const RowKernels& ChooseRows(Elem elem, const std::string& name) {
-  for (const RowKernels* k : Candidates(elem)) {
-    if (name.empty() || name == k->name) return *k;
-  }
-  throw std::invalid_argument("recurrent_gated_delta_rule: row kernels '" + name + "' are not available here");
+  return rvascend::SelectKernelSet(Candidates(elem), name, "recurrent_gated_delta_rule rows");
 }
 
 // Scratch of one thread: per token q, k (FP32) and k . q, shared by the value

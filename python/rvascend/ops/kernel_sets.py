@@ -19,8 +19,9 @@ def available() -> dict[str, list[str]]:
         from rvascend.ops import recurrent_gated_delta_rule
     except ImportError:  # an install without the DeltaNet extension: no hybrid model runs there either
         return out
-    out["deltanet_bf16"] = recurrent_gated_delta_rule.available_row_kernels("bfloat16")
-    out["deltanet_f32"] = recurrent_gated_delta_rule.available_row_kernels("float32")
+    for dtype, short in (("bfloat16", "bf16"), ("float32", "f32")):
+        out[f"deltanet_rows_{short}"] = recurrent_gated_delta_rule.available_row_kernels(dtype)
+        out[f"deltanet_pieces_{short}"] = recurrent_gated_delta_rule.available_deltanet_pieces(dtype)
     return out
 
 

@@ -21,19 +21,25 @@ import torch
 from rvascend.ops.native import load_extension
 from rvascend.ops.packed_linear import register_fake
 
-_recurrent_gated_delta_rule = load_extension("_recurrent_gated_delta_rule")
+_native = load_extension("_recurrent_gated_delta_rule")
 
-MAX_MTP: int = int(_recurrent_gated_delta_rule.MAX_MTP)
-MAX_HEADS: int = int(_recurrent_gated_delta_rule.MAX_HEADS)
-MAX_HEAD_DIM: int = int(_recurrent_gated_delta_rule.MAX_HEAD_DIM)
-TwinError = _recurrent_gated_delta_rule.TwinError
+MAX_MTP: int = int(_native.MAX_MTP)
+MAX_HEADS: int = int(_native.MAX_HEADS)
+MAX_HEAD_DIM: int = int(_native.MAX_HEAD_DIM)
+TwinError = _native.TwinError
 
 
 def available_row_kernels(dtype: str = "bfloat16") -> list[str]:
     """The CPU op's row kernels on this CPU for `dtype` ("bfloat16", "float16", "float32"), best first."""
-    return list(_recurrent_gated_delta_rule.available_row_kernels(dtype))
+    return list(_native.available_row_kernels(dtype))
+
+
+def available_deltanet_pieces(dtype: str = "bfloat16") -> list[str]:
+    """A DeltaNet decode step's piece sets (conv + SiLU, L2 norm, gated norm) on this CPU for
+    `dtype` ("bfloat16", "float32"), best first."""
+    return list(_native.available_deltanet_pieces(dtype))
 # SoC name -> (UB bytes per vector core, vector cores): op_host/recurrent_gated_delta_rule_platforms.h.
-PLATFORMS = {name: (int(spec["ub_bytes"]), int(spec["vector_cores"])) for name, spec in _recurrent_gated_delta_rule.SOCS.items()}
+PLATFORMS = {name: (int(spec["ub_bytes"]), int(spec["vector_cores"])) for name, spec in _native.SOCS.items()}
 DEFAULT_SOC = "Ascend910B3"
 
 _ELEM = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -173,7 +179,7 @@ def _rgdr_cpu(query, key, value, state, beta, scale, actual_seq_lengths, ssm_sta
     if shapes["t"]:
         spec, _keep = _spec(shapes, query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
                             num_accepted_tokens, g, gk, out)
-        _recurrent_gated_delta_rule.run_cpu(spec, torch.get_num_threads())
+        _native.run_cpu(spec, torch.get_num_threads())
     return out
 
 
@@ -235,7 +241,7 @@ def gated_delta_rule_prompts(query: torch.Tensor, key: torch.Tensor, value: torc
     if shapes["t"]:
         spec, _keep = _spec(shapes, query, key, value, state, beta, scale, lengths, indices, None, g, None, out)
         spec["last_state_only"] = True
-        _recurrent_gated_delta_rule.run_cpu(spec, torch.get_num_threads())
+        _native.run_cpu(spec, torch.get_num_threads())
     return out
 
 
@@ -302,7 +308,7 @@ def deltanet_decode(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: to
         raise _shape_error("token_slots", token_slots, f"contiguous int64 [{T}] (one per token, -1 for none)")
     out = torch.empty((T, NV * Dv), dtype=dtype)
     if T:
-        _recurrent_gated_delta_rule.deltanet_decode({
+        _native.deltanet_decode({
             "elem": _ELEM[dtype], "t": T, "sequences": B, "lens": lengths.data_ptr() if lengths is not None else 0,
             "nk": num_key_heads, "nv": NV, "dk": Dk, "dv": Dv, "kernel": K,
             "num_slots": S, "mixed": mixed.data_ptr(), "mixed_stride": mixed.stride(0) if T > 1 else C,
@@ -329,7 +335,7 @@ def tiling(query: torch.Tensor, value: torch.Tensor, state: torch.Tensor, batche
             "has_g": has_g, "has_gk": gk is not None, "gk_per_dim": gk is not None and gk.dim() == 3,
             "has_accepted": has_accepted, "seq_lens_int64": seq_lens_int64, "indices_int64": indices_int64,
             "scale": float(scale)}
-    return _recurrent_gated_delta_rule.compute_tiling(spec, ub, cores)
+    return _native.compute_tiling(spec, ub, cores)
 
 
 def run_on_twin(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: torch.Tensor, beta: torch.Tensor,
@@ -350,5 +356,5 @@ def run_on_twin(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sta
     out = torch.empty((shapes["t"], shapes["nv"], shapes["dv"]), dtype=query.dtype)
     spec, _keep = _spec(shapes, query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
                         num_accepted_tokens, g, gk, out)
-    counters = _recurrent_gated_delta_rule.run_twin(spec, plan, platform)
+    counters = _native.run_twin(spec, plan, platform)
     return out, counters, plan

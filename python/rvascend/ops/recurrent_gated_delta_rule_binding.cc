@@ -10,7 +10,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "rvv_kernels/base/kernel_set_selection.h"
 #include "rvv_kernels/recurrent_gated_delta_rule/deltanet_decode.h"
+#include "rvv_kernels/recurrent_gated_delta_rule/deltanet_pieces.h"
 #include "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_cpu.h"
 #include "cpu_twin/twin_launch.h"
 #include "op_host/recurrent_gated_delta_rule_tiling.h"
@@ -177,6 +179,11 @@ PYBIND11_MODULE(_recurrent_gated_delta_rule, m) {
   m.def("available_row_kernels", [](const std::string& elem) {
     return rgdr::AvailableRowKernels(elem == "float16" ? rgdr::Elem::kFloat16
                                      : elem == "bfloat16" ? rgdr::Elem::kBFloat16 : rgdr::Elem::kFloat32);
+  });
+  m.def("available_deltanet_pieces", [](const std::string& elem) {
+    if (elem == "bfloat16") return rvascend::KernelSetNames(rgdr::AvailableDeltaNetPieces<uint16_t>());
+    if (elem == "float32") return rvascend::KernelSetNames(rgdr::AvailableDeltaNetPieces<float>());
+    throw std::invalid_argument("deltanet pieces: dtype " + elem + " (bfloat16 or float32)");
   });
   m.def("compute_tiling", &ComputeTiling, py::arg("spec"), py::arg("ub_bytes"), py::arg("vector_cores"));
   m.def("run_twin", [](const py::dict& spec, const py::dict& tiling, const std::string& soc_name) {

@@ -254,7 +254,7 @@ def test_kernel_given_a_length_past_max_mtp_skips_it_without_writing_out_of_boun
     lengths = torch.tensor([9, 0], dtype=torch.int32)
     spec, _keep = R._spec(shapes, args["query"], args["key"], args["value"], state, args["beta"], args["scale"],
                           lengths, args["ssm_state_indices"], None, args["g"], None, out)
-    R._recurrent_gated_delta_rule.run_twin(spec, plan, R.DEFAULT_SOC)
+    R._native.run_twin(spec, plan, R.DEFAULT_SOC)
     assert torch.equal(state, args["state"]) and not out.any()
 
 
