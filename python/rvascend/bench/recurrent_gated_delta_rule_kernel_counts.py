@@ -60,8 +60,8 @@ def main(argv: list[str]) -> int:
                         [f"--elem={elem}", f"--b={b}", f"--nk={nk}", f"--nv={nv}", f"--dk={dk}", f"--dv={dv}",
                          f"--rows={rows}", "--reps=1", "--threads=1"], ranges)
                     per = insns / elements
-                    out.append({"bench": "recurrent_gated_delta_rule_instruction_count", "model": model, "b": int(b), "vlen": int(vlen),
-                                "elem": elem, "rows": rows, "instructions": insns, "state_elements": elements,
+                    out.append({"bench": "recurrent_gated_delta_rule_instruction_count", "model": model,
+                                "b": int(b), "vlen": int(vlen), "elem": elem, "rows": rows, "instructions": insns, "state_elements": elements,
                                 "instructions_per_element": per, "floor_per_element": floor})
                     print(f"{shape:18s} {vlen:>5s} {elem:5s} {rows:9s} {insns:10d} {per:9.4f} {floor:7.4f} "
                           f"{per / floor:8.2f}")

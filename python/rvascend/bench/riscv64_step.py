@@ -58,7 +58,8 @@ def _define_flags() -> None:
                         "setup/qemu_plugins.py).")
     flags.DEFINE_string("image", None, "riscv64 image root (default: .deps/riscv64_image).")
     flags.DEFINE_string("extension", None, "_rvv_kernels.so built for the image (default: built with Bazel).")
-    flags.DEFINE_string("recurrent_gated_delta_rule_extension", None, "_recurrent_gated_delta_rule.so (the gated-delta-rule op, for hybrid models) built for the "
+    flags.DEFINE_string("recurrent_gated_delta_rule_extension", None,
+                        "_recurrent_gated_delta_rule.so (the op of hybrid models' DeltaNet layers) built for the "
                         "image (default: built with Bazel).")
     flags.DEFINE_string("plugin", None, "qemu_count_plugin .so (default: built with Bazel).")
     flags.DEFINE_string("package", None, "Directory holding the rvascend package (default: this source tree).")
@@ -131,7 +132,8 @@ def _bazel_outputs() -> tuple[str, str, str]:
     bin_dir = steps.bazel_bin(targets)
     return (os.path.join(bin_dir, "python", "rvv_kernels_extension_riscv64_image", "_rvv_kernels.so"),
             os.path.join(bin_dir, "python", "qemu_count_plugin.so"),
-            os.path.join(bin_dir, "python", "recurrent_gated_delta_rule_extension_riscv64_image", "_recurrent_gated_delta_rule.so"))
+            os.path.join(bin_dir, "python", "recurrent_gated_delta_rule_extension_riscv64_image",
+                         "_recurrent_gated_delta_rule.so"))
 
 
 def _check_qemu(qemu: str) -> str:

@@ -154,7 +154,8 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(t, self.nv, self.dv)
         core = torch.empty(t, self.nv, self.dv, dtype=torch.float32)
         if decode_rows:
-            # Imported here: the op's extension (_recurrent_gated_delta_rule) is needed only by models that have these layers.
+            # Imported here: the op's extension (_recurrent_gated_delta_rule) is needed only by
+            # models that have these layers.
             from rvascend.ops.recurrent_gated_delta_rule import recurrent_gated_delta_rule
 
             rows = torch.tensor(decode_rows)

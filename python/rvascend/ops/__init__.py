@@ -3,8 +3,8 @@
 Owns the `torch.ops.rvascend.*` namespace: the op schemas, their CPU and fake
 (meta) implementations, input validation, and the loading of the compiled
 kernel extension. Importing this package registers the packed-linear ops;
-importing `rvascend.ops.recurrent_gated_delta_rule` registers recurrent_gated_delta_rule
-(its extension is built for x86-64 hosts, not for the riscv64 image).
+importing `rvascend.ops.recurrent_gated_delta_rule` registers that op (its own
+extension, on x86-64 hosts and in the riscv64 wheel alike).
 """
 
 from rvascend.ops import elementwise, quantized_linear

@@ -24,6 +24,7 @@ def main(argv: list[str]) -> int:
     del argv
     opts = server_args.from_flags()
     try:
+        server_options = uvicorn_options(opts)
         engine, name, policy = build_engine(opts)
     except (ValueError, FileNotFoundError) as e:
         logging.error("%s", e)
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
     app_ = create_app(engine, name, policy, limits.resolve_api_key(opts.api_key), opts.watchdog_timeout, info,
                       limits.allowed_hosts(opts.host, opts.allowed_hosts),
                       tool_call_parser=opts.tool_call_parser, reasoning_parser=opts.reasoning_parser)
-    uvicorn.run(app_, host=opts.host, port=opts.port, **uvicorn_options(opts))
+    uvicorn.run(app_, host=opts.host, port=opts.port, **server_options)
     return 0
 
 

@@ -46,6 +46,8 @@ def default_chunked_prefill_size() -> int:
 
 def uvicorn_options(opts: ServerArgs) -> dict:
     """What uvicorn runs with, for `serve` and the tests' server alike."""
+    if not opts.timeout_keep_alive > 0:
+        raise ValueError(f"--timeout-keep-alive {opts.timeout_keep_alive}: give a positive number of seconds")
     return dict(log_level="warning", timeout_keep_alive=opts.timeout_keep_alive,
                 timeout_graceful_shutdown=opts.graceful_shutdown_timeout)
 

@@ -168,3 +168,10 @@ def test_the_server_flags_load_the_mtp_head_and_its_draft_vocabulary(tmp_path, t
     token_map.write_text(f"1 2 {vocab + 5}")
     with pytest.raises(ValueError, match=f"token {vocab + 5} is outside"):
         launch.build_engine(ServerArgs(**opts))
+
+
+@pytest.mark.parametrize("seconds", [0.0, -5.0, float("nan")])
+def test_a_keep_alive_that_is_not_a_positive_time_is_refused_by_flag_name(seconds):
+    with pytest.raises(ValueError, match="--timeout-keep-alive"):
+        launch.uvicorn_options(ServerArgs(timeout_keep_alive=seconds))
+    assert launch.uvicorn_options(ServerArgs())["timeout_keep_alive"] == 75.0

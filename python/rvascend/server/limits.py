@@ -92,21 +92,29 @@ def check_prompt_bytes(what: str, size: int, max_bytes: int, context_length: int
                          f"{context_length} tokens")
 
 
-async def send_json_error(send, status: int, message: str, kind: str, path: str = "") -> None:
-    """The error in the shape of the API `path` belongs to (Anthropic's on its paths)."""
+def announces_body(headers: dict) -> bool:
+    return headers.get(b"content-length", b"0") not in (b"", b"0") or b"transfer-encoding" in headers
+
+
+async def send_json_error(send, status: int, message: str, kind: str, path: str = "", close: bool = False) -> None:
+    """The error in the shape of the API `path` belongs to (Anthropic's on its paths); the
+    connection closes after it with `close` and after every 413 and above."""
     shape = anthropic_protocol.error_body(status, message) if path.startswith(anthropic_protocol.PATH_PREFIX) \
         else {"error": {"message": message, "type": kind, "code": status}}
     body = json.dumps(shape).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-                + ([(b"connection", b"close")] if status >= 413 else [])})
+                + ([(b"connection", b"close")] if close or status >= 413 else [])})
     await send({"type": "http.response.body", "body": body})
 
 
 async def _refuse(receive, send, headers: dict, status: int, message: str, kind: str, path: str = "") -> None:
-    """An error answered before the body is read: the body is drained first (drain_body)."""
+    """An error answered before the body is read: the body is drained first (drain_body),
+    and a connection that carried one closes after the answer (the drain is bounded: what a
+    client sends past it must not be read as its next request, and a refused client is not
+    kept for the keep-alive time)."""
     await drain_body(receive, headers)
-    await send_json_error(send, status, message, kind, path)
+    await send_json_error(send, status, message, kind, path, close=announces_body(headers))
 
 
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})

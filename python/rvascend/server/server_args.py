@@ -146,8 +146,9 @@ class ServerArgs:
     graceful_shutdown_timeout: float = _arg(5.0, "On SIGTERM/SIGINT, seconds open requests get before the "
                                                  "server exits anyway.")
     timeout_keep_alive: float = _arg(
-        75.0, "Seconds an idle keep-alive connection stays open. Above the clients' own pool expiry (httpx: 5 s, "
-        "Node: 4 s), so a client never sends a request on a connection the server is closing.")
+        75.0, "Seconds an idle keep-alive connection stays open (> 0). Above the pool expiry of the OpenAI and "
+        "Anthropic SDKs (httpx: 5 s), Node's (4 s) and the router's (50 s), so those clients never send a request "
+        "on a connection the server is closing; a client whose pool keeps connections longer must retry.")
 
 
 def flag_name(field: dataclasses.Field) -> str:

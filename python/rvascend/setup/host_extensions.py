@@ -26,7 +26,8 @@ from typing import Any
 from absl import app, flags, logging
 
 MANIFEST = os.path.join("toolchains", "nix", "host_extensions.json")
-TARGETS = {"_rvv_kernels": "//python:rvascend/ops/_rvv_kernels.so", "_recurrent_gated_delta_rule": "//python:rvascend/ops/_recurrent_gated_delta_rule.so"}
+TARGETS = {"_rvv_kernels": "//python:rvascend/ops/_rvv_kernels.so",
+           "_recurrent_gated_delta_rule": "//python:rvascend/ops/_recurrent_gated_delta_rule.so"}
 # What every object and link gets; the per-source flags come from the manifest.
 COMMON_FLAGS = ["-std=c++17", "-fPIC", "-fvisibility=hidden", "-DNDEBUG"]
 # Of a Bazel compile line, what says how a source is built (not where Bazel keeps things).

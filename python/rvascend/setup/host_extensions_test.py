@@ -48,10 +48,12 @@ def test_the_list_builds_both_extensions_and_they_run(manifest, tmp_path):
 
 def test_a_list_short_of_a_source_fails_at_import(manifest, tmp_path):
     short = copy.deepcopy(manifest)
-    objects = short["extensions"]["_recurrent_gated_delta_rule"]["objects"]
-    short["extensions"] = {"_recurrent_gated_delta_rule": short["extensions"]["_recurrent_gated_delta_rule"]}
-    del objects[[o["src"] for o in objects].index("rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_cpu.cc")]
+    name = "_recurrent_gated_delta_rule"
+    objects = short["extensions"][name]["objects"]
+    short["extensions"] = {name: short["extensions"][name]}
+    source = "rvv_kernels/recurrent_gated_delta_rule/recurrent_gated_delta_rule_cpu.cc"
+    del objects[[o["src"] for o in objects].index(source)]
     host_extensions.build(short, checkout.root(), str(tmp_path))
-    spec = importlib.util.spec_from_file_location("_recurrent_gated_delta_rule", os.path.join(tmp_path, "_recurrent_gated_delta_rule.so"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(tmp_path, name + ".so"))
     with pytest.raises(ImportError, match="undefined symbol"):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))

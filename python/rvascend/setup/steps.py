@@ -235,11 +235,18 @@ def install_into_venv(dry_run: bool) -> None:
     targets = [target for target, _ in NATIVE_EXTENSIONS]
     if _run(["bazel", "build", *targets], dry_run, cwd=REPO_ROOT) != 0:
         raise SetupError("bazel could not build " + " ".join(targets))
+    installed = set()
     for _, built in NATIVE_EXTENSIONS:
         dest = os.path.join(native_dir, os.path.basename(built))
         shutil.copyfile(os.path.join(REPO_ROOT, "bazel-bin", built), dest + ".tmp")
         os.replace(dest + ".tmp", dest)
+        installed.add(os.path.basename(dest))
         logging.info("venv: installed %s", os.path.relpath(dest, REPO_ROOT))
+    # An extension an older checkout installed under a name no longer built would still
+    # import (and answer with old code).
+    for stale in sorted(set(n for n in os.listdir(native_dir) if n.endswith(".so")) - installed):
+        os.remove(os.path.join(native_dir, stale))
+        logging.info("venv: removed %s (no longer built)", stale)
 
 
 # (Bazel target, its output under bazel-bin) of every compiled extension that
