@@ -49,16 +49,18 @@ const KernelSetEntry<Kernel> kKernels[] = {
     {&kPortable, {Isa::kAny}},
 };
 
-const Kernel& Choose(const std::string& name) {
+const std::vector<const Kernel*>& Supported() {
   static const std::vector<const Kernel*> supported = SupportedKernelSets(kKernels);
-  return SelectKernelSet(supported, name, "attention");
+  return supported;
 }
+
+const Kernel& Choose(const std::string& name) { return SelectKernelSet(Supported(), name, "attention"); }
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-std::vector<std::string> AvailableAttentionKernels() { return KernelSetNames(SupportedKernelSets(kKernels)); }
+std::vector<std::string> AvailableAttentionKernels() { return KernelSetNames(Supported()); }
 
 bool AttentionKernelHasBlockForm(const std::string& kernel) { return Choose(kernel).block != nullptr; }
 

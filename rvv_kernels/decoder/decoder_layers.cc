@@ -242,7 +242,7 @@ void ValidateHead(const DecoderHead& head, const uint16_t* final_norm, size_t to
 
 const LayerKindInfo& LayerKindOf(LayerKind kind) {
   const int i = static_cast<int>(kind);
-  if (i < 0 || i >= kNumLayerKinds) throw std::invalid_argument("unknown decoder layer kind " + std::to_string(i));
+  if (i < 0 || i >= kNumLayerKinds) throw std::invalid_argument("unknown layer kind " + std::to_string(i));
   return kLayerKinds[i];
 }
 

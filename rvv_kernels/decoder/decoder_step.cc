@@ -76,15 +76,17 @@ DecoderModel::DecoderModel(const DecoderModelDesc& desc)
     DecoderLayerWeights& w = layers_[l];
     const auto field = [l](const char* name) { return [l, name] { return "layer " + std::to_string(l) + " " + name; }; };
     const LayerKind kind = d.kind;
-    const int kind_index = static_cast<int>(kind);
-    if (kind_index < 0 || kind_index >= kNumLayerKinds) {
-      throw std::invalid_argument(field("kind")() + ": unknown layer kind " + std::to_string(kind_index));
+    const LayerKindInfo* info;
+    try {
+      info = &LayerKindOf(kind);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(field("kind")() + ": " + e.what());
     }
     const unsigned bit = KindBit(kind);
     w.kind = kind;
-    if (!shape_checked[kind_index]) {
-      LayerKindOf(kind).check_shape(s);
-      shape_checked[kind_index] = true;
+    if (!shape_checked[static_cast<int>(kind)]) {
+      info->check_shape(s);
+      shape_checked[static_cast<int>(kind)] = true;
     }
 #define RVASCEND_CHECK_PROJECTION(name, n, k) \
   w.name = ResolveProjection(d.name, {n, k, block_n_, quant_tile_}, field(#name), &any_quantized_);

@@ -26,14 +26,18 @@ void Require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument(what);
 }
 
+const std::vector<const ElementwiseKernels*>& Supported() {
+  static const std::vector<const ElementwiseKernels*> supported = SupportedKernelSets(kSets);
+  return supported;
+}
+
 }  // namespace
 
 const ElementwiseKernels& ChooseElementwiseKernels(const std::string& name) {
-  static const std::vector<const ElementwiseKernels*> supported = SupportedKernelSets(kSets);
-  return SelectKernelSet(supported, name, "elementwise");
+  return SelectKernelSet(Supported(), name, "elementwise");
 }
 
-std::vector<std::string> AvailableElementwiseKernels() { return KernelSetNames(SupportedKernelSets(kSets)); }
+std::vector<std::string> AvailableElementwiseKernels() { return KernelSetNames(Supported()); }
 
 void RmsNormRows(const ElementwiseKernels& k, size_t rows, size_t d, const uint16_t* x, size_t x_stride,
                  const uint16_t* residual, size_t residual_stride, const uint16_t* weight, float eps,

@@ -66,7 +66,7 @@ std::vector<const Bf16PackedKernelSet*> CompiledKernelSets() {
   return sets;
 }
 
-std::vector<const Bf16PackedKernelSet*> AvailableKernelSets() {
+const std::vector<const Bf16PackedKernelSet*>& AvailableKernelSets() {
   static const std::vector<const Bf16PackedKernelSet*> supported = SupportedKernelSets(kSets);
   return supported;
 }

@@ -9,8 +9,8 @@
 
 namespace rvascend {
 
-// Sets compiled into this build whose ISA the CPU reports, best first.
-std::vector<const Bf16PackedKernelSet*> AvailableKernelSets();
+// Sets compiled into this build whose ISA the CPU reports, best first (chosen once).
+const std::vector<const Bf16PackedKernelSet*>& AvailableKernelSets();
 
 // Every set compiled into this build, usable or not.
 std::vector<const Bf16PackedKernelSet*> CompiledKernelSets();

@@ -36,10 +36,12 @@ const KernelSetEntry<TileSet> kSets[] = {
     {&kPortable, {Isa::kAny}},
 };
 
-const TileSet& Choose(const std::string& name) {
+const std::vector<const TileSet*>& Supported() {
   static const std::vector<const TileSet*> supported = SupportedKernelSets(kSets);
-  return SelectKernelSet(supported, name, "f32_linear");
+  return supported;
 }
+
+const TileSet& Choose(const std::string& name) { return SelectKernelSet(Supported(), name, "f32_linear"); }
 
 // Columns per task: a task's weight rows (64 x K floats) stay in cache while every row
 // tile of the input passes over them.
@@ -49,7 +51,7 @@ constexpr size_t kMinParallelMacs = 1 << 18;
 
 }  // namespace
 
-std::vector<std::string> AvailableF32LinearKernels() { return KernelSetNames(SupportedKernelSets(kSets)); }
+std::vector<std::string> AvailableF32LinearKernels() { return KernelSetNames(Supported()); }
 
 void F32Linear(const F32LinearArgs& a, size_t num_threads, const std::string& kernel) {
   const TileSet& set = Choose(kernel);

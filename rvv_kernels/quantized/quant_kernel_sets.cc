@@ -18,7 +18,7 @@ const QuantKernelSet* Avx512VnniIfRuns() {
 
 }  // namespace
 
-std::vector<const QuantKernelSet*> AvailableQuantKernelSets() {
+const std::vector<const QuantKernelSet*>& AvailableQuantKernelSets() {
   // Best first.
   static const KernelSetEntry<QuantKernelSet> kSets[] = {
 #if defined(RVASCEND_HAVE_RVV)
@@ -31,12 +31,12 @@ std::vector<const QuantKernelSet*> AvailableQuantKernelSets() {
 #endif
       {&kPortableQuantKernels, {Isa::kAny}},
   };
-  return SupportedKernelSets(kSets);
+  static const std::vector<const QuantKernelSet*> supported = SupportedKernelSets(kSets);
+  return supported;
 }
 
 const QuantKernelSet& FindQuantKernelSet(const std::string& name) {
-  static const std::vector<const QuantKernelSet*> supported = AvailableQuantKernelSets();
-  return SelectKernelSet(supported, name, "quantized");
+  return SelectKernelSet(AvailableQuantKernelSets(), name, "quantized");
 }
 
 size_t QuantKernelSetTile(const QuantKernelSet& set) {

@@ -19,8 +19,8 @@ const QuantKernelSet& Avx512VnniQuantKernels();
 extern const QuantKernelSet kRvvQuantKernels;
 #endif
 
-// Sets compiled into this build whose ISA the CPU reports, best first.
-std::vector<const QuantKernelSet*> AvailableQuantKernelSets();
+// Sets compiled into this build whose ISA the CPU reports, best first (chosen once).
+const std::vector<const QuantKernelSet*>& AvailableQuantKernelSets();
 
 // The available set called `name` ("" = the best), or a std::invalid_argument naming the choices.
 const QuantKernelSet& FindQuantKernelSet(const std::string& name);

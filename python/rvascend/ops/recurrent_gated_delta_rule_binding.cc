@@ -31,10 +31,14 @@ const void* Ptr(const py::dict& d, const char* key) {
   return reinterpret_cast<const void*>(d.contains(key) ? d[key].cast<uintptr_t>() : 0);
 }
 
+// The element type a spec's "elem" names (the Python op has checked it: float16, bfloat16 or float32).
+rgdr::Elem ElemNamed(const std::string& elem) {
+  return elem == "float16" ? rgdr::Elem::kFloat16 : elem == "bfloat16" ? rgdr::Elem::kBFloat16 : rgdr::Elem::kFloat32;
+}
+
 rgdr::RgdrArgs ArgsFrom(const py::dict& d) {
   rgdr::RgdrArgs a;
-  const std::string elem = Get<std::string>(d, "elem");
-  a.elem = elem == "float16" ? rgdr::Elem::kFloat16 : elem == "bfloat16" ? rgdr::Elem::kBFloat16 : rgdr::Elem::kFloat32;
+  a.elem = ElemNamed(Get<std::string>(d, "elem"));
   a.t = Get<uint32_t>(d, "t");
   a.b = Get<uint32_t>(d, "b");
   a.nk = Get<uint32_t>(d, "nk");
@@ -140,8 +144,7 @@ PYBIND11_MODULE(_recurrent_gated_delta_rule, m) {
   }, py::arg("spec"), py::arg("threads"), py::arg("rows") = "");
   m.def("deltanet_decode", [](const py::dict& d, size_t threads) {
     rgdr::DeltaNetDecodeArgs a;
-    const std::string elem = Get<std::string>(d, "elem");
-    a.elem = elem == "float16" ? rgdr::Elem::kFloat16 : elem == "bfloat16" ? rgdr::Elem::kBFloat16 : rgdr::Elem::kFloat32;
+    a.elem = ElemNamed(Get<std::string>(d, "elem"));
     a.t = Get<uint32_t>(d, "t");
     a.sequences = Get<uint32_t>(d, "sequences");
     a.lens = static_cast<const int64_t*>(Ptr(d, "lens"));
@@ -177,8 +180,7 @@ PYBIND11_MODULE(_recurrent_gated_delta_rule, m) {
     rgdr::DeltaNetDecodeCpu(a, threads == 0 ? 1 : threads);
   }, py::arg("spec"), py::arg("threads"));
   m.def("available_row_kernels", [](const std::string& elem) {
-    return rgdr::AvailableRowKernels(elem == "float16" ? rgdr::Elem::kFloat16
-                                     : elem == "bfloat16" ? rgdr::Elem::kBFloat16 : rgdr::Elem::kFloat32);
+    return rgdr::AvailableRowKernels(ElemNamed(elem));
   });
   m.def("available_deltanet_pieces", [](const std::string& elem) {
     if (elem == "bfloat16") return rvascend::KernelSetNames(rgdr::AvailableDeltaNetPieces<uint16_t>());

@@ -20,6 +20,7 @@
 #include "rvv_kernels/linear/bf16_packed_kernel_sets.h"
 #include "rvv_kernels/attention/kv_pool_attention.h"
 #include "rvv_kernels/base/checked_buffer.h"
+#include "rvv_kernels/base/kernel_set_selection.h"
 #include "rvv_kernels/base/checked_size.h"
 #include "rvv_kernels/base/cpu_features.h"
 #include "rvv_kernels/base/huge_pages.h"
@@ -481,12 +482,6 @@ void QuantDequantizeGgml(const std::string& format, uintptr_t ggml, size_t ggml_
   DequantizeGgmlRows(f, src, n, k, dst, num_threads ? num_threads : 1);
 }
 
-std::vector<std::string> Names(const std::vector<const Bf16PackedKernelSet*>& sets) {
-  std::vector<std::string> names;
-  for (const auto* s : sets) names.emplace_back(s->name);
-  return names;
-}
-
 }  // namespace
 
 // Marks a region boundary for instruction counting under QEMU: the exec-log
@@ -574,11 +569,11 @@ PYBIND11_MODULE(_rvv_kernels, m) {
         "First index of the maximum of each BF16 row; -1 for a row with a NaN.");
   m.def("available_elementwise_kernels", &AvailableElementwiseKernels,
         "Elementwise kernel sets this build has and this CPU runs, best first.");
-  m.def("available_kernel_sets", [] { return Names(AvailableKernelSets()); },
+  m.def("available_kernel_sets", [] { return KernelSetNames(AvailableKernelSets()); },
         "Kernel sets this build has and this CPU supports, best first.");
   m.def("kernel_set_block_n", [](const std::string& name) { return KernelSetBlockN(ChooseKernelSet(name, 0)); },
         py::arg("name"), "The packed block_n an available kernel set reads.");
-  m.def("compiled_kernel_sets", [] { return Names(CompiledKernelSets()); },
+  m.def("compiled_kernel_sets", [] { return KernelSetNames(CompiledKernelSets()); },
         "Every kernel set compiled into this build.");
   BindDecoderStep(m, &StageMarker);
   m.attr("QUANT_LAYOUT_VERSION") = kQuantLayoutVersion;
@@ -614,11 +609,8 @@ PYBIND11_MODULE(_rvv_kernels, m) {
   m.def("quant_dequantize_ggml", &QuantDequantizeGgml, py::arg("format"), py::arg("ggml"), py::arg("ggml_bytes"),
         py::arg("n"), py::arg("k"), py::arg("out"), py::arg("out_elements"), py::arg("num_threads"),
         "FP32 values of GGML blocks.");
-  m.def("available_quant_kernel_sets", [] {
-    std::vector<std::string> names;
-    for (const auto* s : AvailableQuantKernelSets()) names.emplace_back(s->name);
-    return names;
-  }, "Quantized kernel sets this build has and this CPU runs, best first.");
+  m.def("available_quant_kernel_sets", [] { return KernelSetNames(AvailableQuantKernelSets()); },
+        "Quantized kernel sets this build has and this CPU runs, best first.");
   m.def("quant_kernel_set_tile", [](const std::string& name) { return QuantKernelSetTile(FindQuantKernelSet(name)); },
         py::arg("name"), "The tile width a quantized kernel set reads ('' = the best).");
   m.def("count_marker", &rvascend_count_marker, "Marks a region for instruction counting under QEMU.");
